@@ -1,0 +1,150 @@
+#pragma once
+/// \file
+/// The communicator policy: a base concept (`communicator`: rank, size, group name, timeout)
+/// plus one capability concept per operation, so a stage asks only for what it uses and a
+/// framework may bring a communicator that can, say, only all-reduce and still get stage 0.
+///
+/// Every operation is asynchronous: it starts the operation and returns a handle whose `wait()`
+/// blocks until the local part is complete, or throws `timeout_error` naming the operation, the
+/// group, the rank and the bytes when the communicator's timeout passes first. A synchronous call
+/// is `comm.all_reduce(...).wait()`. Buffers are typed pointers with element counts; send and
+/// receive buffers follow `nccl.h`'s rules, in-place forms included:
+///
+/// | operation | send | receive | in place when |
+/// |---|---|---|---|
+/// | all_reduce | count | count | recv == send |
+/// | reduce_scatter | size*count | count | recv == send + rank*count |
+/// | all_gather | count | size*count | send == recv + rank*count |
+/// | broadcast | count (root) | count | recv == send |
+/// | all_to_all | size*count | size*count | never |
+///
+/// Until `wait()` returns, the caller must not touch either buffer.
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "zero/core/dtype.hpp"
+
+namespace zero {
+
+/// Reduction applied by all_reduce and reduce_scatter. `avg` divides the sum by the group size.
+enum class reduce_op : std::uint8_t { sum, avg, max };
+
+/// Name of a reduction for messages.
+[[nodiscard]] constexpr std::string_view name_of(reduce_op op) noexcept {
+  switch (op) {
+  case reduce_op::sum:
+    return "sum";
+  case reduce_op::avg:
+    return "avg";
+  case reduce_op::max:
+    return "max";
+  }
+  return "?";
+}
+
+/// The timeout a communicator uses when none is configured: 300 s, DeepSpeed's and NCCL's habit.
+inline constexpr std::chrono::milliseconds default_comm_timeout{300'000};
+
+/// A handle to an operation in flight. `wait()` completes it or throws.
+template <class H>
+concept wait_handle = std::movable<H> && requires(H& h) {
+  { h.wait() } -> std::same_as<void>;
+};
+
+/// Base communicator concept: who am I, how many are we, and how long do we wait.
+template <class C>
+concept communicator = std::movable<C> && requires(const C& c, C& m, std::chrono::milliseconds t) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  { c.name() } -> std::convertible_to<std::string_view>;
+  { c.timeout() } -> std::same_as<std::chrono::milliseconds>;
+  m.set_timeout(t);
+};
+
+/// The element type every capability concept is checked with; implementations are templates
+/// over all of `zero::element_type`.
+using probe_t = float;
+
+template <class C>
+concept can_all_reduce = communicator<C> && requires(C& c, const probe_t* s, probe_t* r, std::size_t n) {
+  { c.all_reduce(s, r, n, reduce_op::sum) } -> wait_handle;
+};
+
+template <class C>
+concept can_reduce_scatter = communicator<C> && requires(C& c, const probe_t* s, probe_t* r, std::size_t n) {
+  { c.reduce_scatter(s, r, n, reduce_op::sum) } -> wait_handle;
+};
+
+template <class C>
+concept can_all_gather = communicator<C> && requires(C& c, const probe_t* s, probe_t* r, std::size_t n) {
+  { c.all_gather(s, r, n) } -> wait_handle;
+};
+
+template <class C>
+concept can_broadcast = communicator<C> && requires(C& c, const probe_t* s, probe_t* r, std::size_t n, int root) {
+  { c.broadcast(s, r, n, root) } -> wait_handle;
+};
+
+template <class C>
+concept can_barrier = communicator<C> && requires(C& c) {
+  { c.barrier() } -> wait_handle;
+};
+
+template <class C>
+concept can_send_recv = communicator<C> && requires(C& c, const probe_t* s, probe_t* r, std::size_t n, int peer) {
+  { c.send(s, n, peer) } -> wait_handle;
+  { c.recv(r, n, peer) } -> wait_handle;
+};
+
+template <class C>
+concept can_all_to_all = communicator<C> && requires(C& c, const probe_t* s, probe_t* r, std::size_t n) {
+  { c.all_to_all(s, r, n) } -> wait_handle;
+};
+
+/// `split(color, key)` is collective over the group and returns the communicator of the ranks
+/// that passed the same color, ordered by (key, old rank).
+template <class C>
+concept can_split = communicator<C> && requires(C& c, int color, int key) {
+  { c.split(color, key) } -> std::same_as<C>;
+};
+
+/// Everything: what stage 3, checkpoints and the examples use.
+template <class C>
+concept full_communicator = can_all_reduce<C> && can_reduce_scatter<C> && can_all_gather<C> && can_broadcast<C> &&
+                            can_barrier<C> && can_send_recv<C> && can_all_to_all<C> && can_split<C>;
+
+/// Compile-time checks with a sentence a user understands, for code that needs one capability.
+/// Call as `zero::require_all_reduce<C>();` at the top of a function template.
+template <class C>
+constexpr void require_all_reduce() {
+  static_assert(can_all_reduce<C>, "zero: this needs a communicator with all_reduce(const T* send, T* recv, size_t count, "
+                                   "reduce_op) returning a handle with wait() (see zero/comm/communicator.hpp)");
+}
+template <class C>
+constexpr void require_reduce_scatter() {
+  static_assert(can_reduce_scatter<C>, "zero: this needs a communicator with reduce_scatter(const T* send, T* recv, "
+                                       "size_t recv_count, reduce_op) returning a handle with wait() "
+                                       "(ZeRO stage 2 and 3 reduce gradients this way)");
+}
+template <class C>
+constexpr void require_all_gather() {
+  static_assert(can_all_gather<C>, "zero: this needs a communicator with all_gather(const T* send, T* recv, size_t "
+                                   "send_count) returning a handle with wait() (ZeRO stages 1-3 gather parameters)");
+}
+
+namespace detail {
+/// The message of a timeout, shared by every communicator so users see one format.
+inline std::string timeout_message(std::string_view op, std::string_view group, int rank, int size,
+                                   std::size_t bytes, std::chrono::milliseconds timeout) {
+  return std::string(op) + " on group \"" + std::string(group) + "\" (size " + std::to_string(size) + ") at rank " +
+         std::to_string(rank) + " did not complete within " + std::to_string(timeout.count()) + " ms (" +
+         std::to_string(bytes) + " bytes); a rank that never joined the operation, or joined a different one, " +
+         "is the usual cause";
+}
+} // namespace detail
+
+} // namespace zero
