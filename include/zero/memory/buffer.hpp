@@ -4,6 +4,7 @@
 /// copies; returns its memory to the allocator it came from with the tag it was counted under.
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -25,7 +26,7 @@ public:
   /// Allocates `count` elements from `alloc` under `tag`. \throws whatever the allocator throws.
   buffer(A alloc, std::size_t count, memory_tag tag = memory_tag::other, std::size_t alignment = buffer_alignment)
       : alloc_(std::move(alloc)), count_(count), tag_(tag), alignment_(alignment) {
-    data_ = static_cast<T*>(allocate_tagged(alloc_, count_ * sizeof(T), alignment_, tag_));
+    data_ = static_cast<T*>(allocate_tagged(*alloc_, count_ * sizeof(T), alignment_, tag_));
   }
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
@@ -68,14 +69,14 @@ public:
   /// Returns the memory now; the buffer becomes empty.
   void release() noexcept {
     if (data_ != nullptr) {
-      deallocate_tagged(alloc_, data_, count_ * sizeof(T), alignment_, tag_);
+      deallocate_tagged(*alloc_, data_, count_ * sizeof(T), alignment_, tag_);
       data_ = nullptr;
       count_ = 0;
     }
   }
 
 private:
-  A alloc_{};
+  std::optional<A> alloc_; // empty in a default-constructed buffer, so A need not be default-constructible
   T* data_ = nullptr;
   std::size_t count_ = 0;
   memory_tag tag_ = memory_tag::other;

@@ -1,0 +1,155 @@
+/// \file
+/// The fused AdamW step against its ceiling, device copy bandwidth, measured in the same run.
+///
+/// Each iteration times, with CUDA events on one stream, one `zero::cuda::adamw_step` over n parameters and
+/// then one `cudaMemcpyAsync` device-to-device copy moving the same traffic: bytes_per_param / 2 per
+/// parameter read and as many written (14 + 14 for bf16 grad and param: 12 bytes of fp32 master, m, v read
+/// and written, 2 of grad read, 2 of param written). The iteration time is the AdamW time (UseManualTime);
+/// the counters are
+///   Gparam/s   parameters updated per second / 1e9
+///   GB/s       AdamW traffic (bytes_per_param * n) per second / 1e9
+///   copy_GB/s  copy traffic (read + written) per second / 1e9
+///   ratio      GB/s / copy_GB/s, the fraction of copy bandwidth the step reaches (target >= 0.9)
+/// Works with --benchmark_format=json and --benchmark_out.
+
+#include "zero/backend/cuda_check.hpp"
+#include "zero/backend/cuda_kernels.hpp"
+#include "zero/memory/device_allocator.hpp"
+
+#include <benchmark/benchmark.h>
+#include <cstddef>
+#include <cuda_runtime_api.h>
+#include <exception>
+#include <string>
+
+namespace {
+
+// A device buffer for the length of one benchmark.
+class buffer {
+public:
+  buffer(zero::device_allocator& alloc, std::size_t bytes) : alloc_(alloc), bytes_(bytes), p_(alloc.allocate(bytes)) {}
+  ~buffer() { alloc_.deallocate(p_, bytes_); }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  template <class T> [[nodiscard]] T* as() const noexcept { return static_cast<T*>(p_); }
+
+private:
+  zero::device_allocator& alloc_;
+  std::size_t bytes_;
+  void* p_;
+};
+
+class event {
+public:
+  event() { ZERO_CHECK_CUDA(cudaEventCreate(&e_)); }
+  ~event() { ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e_)); }
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+
+private:
+  cudaEvent_t e_ = nullptr;
+};
+
+double seconds_between(const event& a, const event& b) {
+  float ms = 0.0f;
+  ZERO_CHECK_CUDA(cudaEventElapsedTime(&ms, a.get(), b.get()));
+  return static_cast<double>(ms) * 1e-3;
+}
+
+template <class G, class P, bool WithParam> void run(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  constexpr std::size_t bytes_per_param = 3 * 2 * sizeof(float) + sizeof(G) + (WithParam ? sizeof(P) : 0);
+  // The copy reads and writes half of the step's traffic each, rounded up to whole 16-byte words.
+  const std::size_t copy_bytes = (n * bytes_per_param / 2 + 15) / 16 * 16;
+
+  zero::device_allocator alloc;
+  cudaStream_t stream = nullptr;
+  ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    const buffer master(alloc, n * sizeof(float));
+    const buffer m(alloc, n * sizeof(float));
+    const buffer v(alloc, n * sizeof(float));
+    const buffer grad(alloc, n * sizeof(G));
+    const buffer param(alloc, n * sizeof(P));
+    const buffer copy_src(alloc, copy_bytes);
+    const buffer copy_dst(alloc, copy_bytes);
+    // Real values, not zeros: a step over zeros can run faster than over data.
+    zero::cuda::fill(master.as<float>(), n, 0.5f, stream);
+    zero::cuda::fill(m.as<float>(), n, 0.01f, stream);
+    zero::cuda::fill(v.as<float>(), n, 1e-4f, stream);
+    zero::cuda::fill(grad.as<G>(), n, zero::from_float<G>(0.25f), stream);
+    ZERO_CHECK_CUDA(cudaMemsetAsync(copy_src.as<void>(), 0x3c, copy_bytes, stream));
+
+    zero::adamw_step_args args;
+    args.weight_decay = 0.01f;
+    args.set_step(10);
+    P* param_out = WithParam ? param.as<P>() : nullptr;
+    const auto step = [&] {
+      zero::cuda::adamw_step(master.as<float>(), m.as<float>(), v.as<float>(), grad.as<const G>(), param_out, n, args,
+                             stream);
+    };
+    const auto copy = [&] {
+      ZERO_CHECK_CUDA(
+          cudaMemcpyAsync(copy_dst.as<void>(), copy_src.as<void>(), copy_bytes, cudaMemcpyDeviceToDevice, stream));
+    };
+    for (int i = 0; i < 3; ++i) { // warm-up: module load, clocks
+      step();
+      copy();
+    }
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(stream));
+
+    const event start;
+    const event stepped;
+    const event copied;
+    double step_seconds = 0.0;
+    double copy_seconds = 0.0;
+    for (auto _ : state) {
+      ZERO_CHECK_CUDA(cudaEventRecord(start.get(), stream));
+      step();
+      ZERO_CHECK_CUDA(cudaEventRecord(stepped.get(), stream));
+      copy();
+      ZERO_CHECK_CUDA(cudaEventRecord(copied.get(), stream));
+      ZERO_CHECK_CUDA(cudaEventSynchronize(copied.get()));
+      const double s = seconds_between(start, stepped);
+      step_seconds += s;
+      copy_seconds += seconds_between(stepped, copied);
+      state.SetIterationTime(s);
+    }
+    const auto iterations = static_cast<double>(state.iterations());
+    const double step_gbs = static_cast<double>(n * bytes_per_param) * iterations / step_seconds * 1e-9;
+    const double copy_gbs = 2.0 * static_cast<double>(copy_bytes) * iterations / copy_seconds * 1e-9;
+    state.counters["Gparam/s"] = static_cast<double>(n) * iterations / step_seconds * 1e-9;
+    state.counters["GB/s"] = step_gbs;
+    state.counters["copy_GB/s"] = copy_gbs;
+    state.counters["ratio"] = step_gbs / copy_gbs;
+    state.counters["bytes_per_param"] = static_cast<double>(bytes_per_param);
+  }
+  ZERO_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+template <class G, class P, bool WithParam> void bm_adamw(benchmark::State& state) {
+  try {
+    run<G, P, WithParam>(state);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// 1M .. 256M parameters, x4. The headline is bf16 grad + bf16 param: 28 bytes per parameter.
+#define ZERO_ADAMW_BENCH(G, P, WITH_PARAM, NAME)                                                                       \
+  BENCHMARK_TEMPLATE(bm_adamw, G, P, WITH_PARAM)                                                                       \
+      ->Name(NAME)                                                                                                     \
+      ->RangeMultiplier(4)                                                                                             \
+      ->Range(1 << 20, 1 << 28)                                                                                        \
+      ->UseManualTime()                                                                                                \
+      ->Unit(benchmark::kMicrosecond)
+
+ZERO_ADAMW_BENCH(zero::bf16, zero::bf16, true, "adamw/grad:bf16/param:bf16");
+ZERO_ADAMW_BENCH(zero::f16, zero::f16, true, "adamw/grad:fp16/param:fp16");
+ZERO_ADAMW_BENCH(float, float, true, "adamw/grad:fp32/param:fp32");
+ZERO_ADAMW_BENCH(zero::bf16, zero::bf16, false, "adamw/grad:bf16/param:none");
+
+} // namespace
+
+BENCHMARK_MAIN();

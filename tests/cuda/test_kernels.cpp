@@ -1,0 +1,470 @@
+/// \file
+/// zero::cuda's kernels against plain host references written here: fill, every cast (ties, inf/NaN,
+/// subnormals, all 65536 16-bit patterns), unscale_and_check, squared_norm (against a double reference,
+/// and bit-identical across runs) and adamw_step for every G x P over several steps (against the fp32
+/// formula of adamw_args.hpp), at odd sizes and misaligned pointers, with guard zones around every output.
+
+#include "cuda_test_support.hpp"
+#include "zero/backend/cuda_kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <doctest/doctest.h>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using zero::bf16;
+using zero::f16;
+using zero::test::bits_of;
+using zero::test::device_buffer;
+using zero::test::test_sizes;
+using zero::test::test_stream;
+
+template <class S, class D> struct type_pair {
+  using first = S;
+  using second = D;
+};
+
+// Host reference of one conversion: widen exactly, then round to nearest even (dtype.hpp).
+template <class S, class D> D host_cast(S x) { return zero::from_float<D>(zero::to_float(x)); }
+
+// Equal bits, or both NaN when the types differ (CUDA writes its canonical NaN, dtype.hpp keeps payloads).
+template <class S, class D> bool same_conversion(D device, D expected) {
+  if constexpr (!std::is_same_v<S, D>) {
+    if (zero::test::is_nan(expected)) {
+      return zero::test::is_nan(device);
+    }
+  }
+  return bits_of(device) == bits_of(expected);
+}
+
+template <class T> std::vector<T> cast_inputs() {
+  std::vector<T> in;
+  if constexpr (sizeof(T) == 2) {
+    for (std::uint32_t b = 0; b < 65536; ++b) { // every 16-bit pattern
+      in.push_back(zero::test::from_bits<T>(b));
+    }
+  } else {
+    const float specials[] = {0.0f,
+                              -0.0f,
+                              1.0f,
+                              -1.0f,
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(),
+                              -std::numeric_limits<float>::quiet_NaN(),
+                              65504.0f,
+                              65519.99f,
+                              65520.0f,
+                              -65520.0f,
+                              1e6f, // f16 max, last below overflow, overflow
+                              1.0f + 0x1p-11f,
+                              1.0f + 3 * 0x1p-11f, // f16 ties: to 1, and up to 1 + 2^-9
+                              1.0f + 0x1p-8f,
+                              1.0f + 3 * 0x1p-8f,
+                              -(1.0f + 0x1p-8f), // bf16 ties: to 1, up, negative
+                              0x1p-24f,
+                              0x1p-25f,
+                              3 * 0x1p-25f,
+                              0x1p-14f,
+                              0x1.ff8p-15f, // f16 subnormals and their ties
+                              std::numeric_limits<float>::denorm_min(),
+                              std::numeric_limits<float>::min(),
+                              -2.5e-40f,
+                              1e-40f,
+                              std::numeric_limits<float>::max(),
+                              -std::numeric_limits<float>::max(),
+                              3.3895e38f};
+    in.assign(std::begin(specials), std::end(specials));
+    std::mt19937 rng(12345);
+    for (int i = 0; i < (1 << 20); ++i) { // random bit patterns: every exponent, NaN payloads, subnormals
+      in.push_back(zero::test::from_bits<float>(rng()));
+    }
+  }
+  return in;
+}
+
+template <class T> double squared_norm_reference(const std::vector<T>& x) {
+  double sum = 0.0;
+  for (const T& e : x) {
+    const double d = zero::to_float(e);
+    sum += d * d;
+  }
+  return sum;
+}
+
+// The per-element formula of zero/optim/adamw_args.hpp, literally, in fp32 (this file is compiled with
+// -ffp-contract=off, so each operation rounds once as written).
+void adamw_reference(float& master, float& m, float& v, float grad, const zero::adamw_step_args& a) {
+  float g = grad * a.grad_scale;
+  if (!a.adam_w_mode) {
+    g += a.weight_decay * master;
+  }
+  m = a.beta1 * m + (1.0f - a.beta1) * g;
+  v = a.beta2 * v + (1.0f - a.beta2) * g * g;
+  if (a.adam_w_mode) {
+    master *= 1.0f - a.lr * a.weight_decay;
+  }
+  const float denom = std::sqrt(v) / std::sqrt(a.bias_correction2) + a.eps;
+  master -= (a.lr / a.bias_correction1) * m / denom;
+}
+
+// |d - r| <= tol * |r| (exactly equal also passes, so zeros compare).
+bool close(float d, float r, float tol) { return d == r || std::fabs(d - r) <= tol * std::fabs(r); }
+
+} // namespace
+
+TEST_SUITE("kernels") {
+
+  TEST_CASE_TEMPLATE("fill writes the value to every element and nothing else", T, float, f16, bf16) {
+    test_stream stream;
+    const T value = zero::from_float<T>(-3.25f);
+    for (const std::size_t n : test_sizes) {
+      for (const std::size_t offset : {0u, 1u}) {
+        CAPTURE(n);
+        CAPTURE(offset);
+        device_buffer<T> buf(n, offset);
+        zero::cuda::fill(buf.get(), n, value, stream.get());
+        stream.sync();
+        const auto host = buf.download();
+        CHECK(std::all_of(host.begin(), host.end(), [&](T x) { return bits_of(x) == bits_of(value); }));
+        CHECK(buf.guards_intact());
+      }
+    }
+    SUBCASE("n == 0 touches nothing, even through a null pointer") {
+      device_buffer<T> buf(0, 1);
+      zero::cuda::fill(buf.get(), 0, value, stream.get());
+      zero::cuda::fill(static_cast<T*>(nullptr), 0, value, stream.get());
+      stream.sync();
+      CHECK(buf.guards_intact());
+    }
+    SUBCASE("a null pointer with n > 0 is a usage error") {
+      CHECK_THROWS_AS(zero::cuda::fill(static_cast<T*>(nullptr), 5, value, stream.get()), zero::usage_error);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("cast rounds to nearest even and keeps inf, NaN and subnormals", P, type_pair<float, float>,
+                     type_pair<float, f16>, type_pair<float, bf16>, type_pair<f16, float>, type_pair<f16, f16>,
+                     type_pair<f16, bf16>, type_pair<bf16, float>, type_pair<bf16, f16>, type_pair<bf16, bf16>) {
+    using S = typename P::first;
+    using D = typename P::second;
+    test_stream stream;
+    const std::vector<S> input = cast_inputs<S>();
+    std::vector<D> expected(input.size());
+    if constexpr (std::is_same_v<S, D>) {
+      expected = input; // a bit copy, NaN payloads included
+    } else {
+      std::transform(input.begin(), input.end(), expected.begin(), host_cast<S, D>);
+    }
+
+    // (src offset, dst offset): both aligned; both off by one element (vector body, scalar head); off by one
+    // relative to each other (scalar path throughout).
+    for (const auto& [src_offset, dst_offset] : {std::pair{0u, 0u}, std::pair{1u, 1u}, std::pair{0u, 1u}}) {
+      CAPTURE(src_offset);
+      CAPTURE(dst_offset);
+      device_buffer<S> src(input.size(), src_offset);
+      device_buffer<D> dst(input.size(), dst_offset);
+      src.upload(input);
+      zero::cuda::cast(src.get(), dst.get(), input.size(), stream.get());
+      stream.sync();
+      const auto out = dst.download();
+      std::size_t wrong = 0;
+      std::size_t first_wrong = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        if (!same_conversion<S, D>(out[i], expected[i])) {
+          first_wrong = wrong++ == 0 ? i : first_wrong;
+        }
+      }
+      CAPTURE(first_wrong);
+      CHECK(wrong == 0);
+      CHECK(dst.guards_intact());
+      CHECK(src.guards_intact());
+    }
+    SUBCASE("odd sizes") {
+      for (const std::size_t n : {1u, 3u, 9u}) {
+        CAPTURE(n);
+        const std::vector<S> part(input.begin() + 5, input.begin() + 5 + static_cast<std::ptrdiff_t>(n));
+        device_buffer<S> src(n, 1);
+        device_buffer<D> dst(n, 1);
+        src.upload(part);
+        zero::cuda::cast(src.get(), dst.get(), n, stream.get());
+        stream.sync();
+        const auto out = dst.download();
+        for (std::size_t i = 0; i < n; ++i) {
+          CHECK(same_conversion<S, D>(out[i], expected[5 + i]));
+        }
+        CHECK(dst.guards_intact());
+      }
+    }
+  }
+
+  TEST_CASE("cast ties and overflow land where IEEE says") {
+    // Spelled out, independent of dtype.hpp: the host conversions are themselves under test elsewhere.
+    test_stream stream;
+    const std::vector<float> in = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65520.0f,          0x1p-25f,
+                                   3 * 0x1p-25f,    1.0f + 0x1p-8f,      1.0f + 3 * 0x1p-8f};
+    device_buffer<float> src(in.size());
+    device_buffer<f16> half(in.size());
+    device_buffer<bf16> brain(in.size());
+    src.upload(in);
+    zero::cuda::cast(src.get(), half.get(), in.size(), stream.get());
+    zero::cuda::cast(src.get(), brain.get(), in.size(), stream.get());
+    stream.sync();
+    const auto h = half.download();
+    const auto b = brain.download();
+    CHECK(h[0].bits == 0x3c00); // 1 + 2^-11 ties to even: 1
+    CHECK(h[1].bits == 0x3c02); // 1 + 3 * 2^-11 ties to even: 1 + 2^-9
+    CHECK(h[2].bits == 0x7c00); // 65520 overflows to inf
+    CHECK(h[3].bits == 0x0000); // 2^-25, half the smallest subnormal, ties to 0
+    CHECK(h[4].bits == 0x0002); // 3 * 2^-25 ties to 2 * 2^-24
+    CHECK(b[5].bits == 0x3f80); // 1 + 2^-8 ties to even: 1
+    CHECK(b[6].bits == 0x3f82); // 1 + 3 * 2^-8 ties to even: 1 + 2^-6
+  }
+
+  TEST_CASE_TEMPLATE("unscale_and_check scales in place and flags only non-finite values", T, float, f16, bf16) {
+    test_stream stream;
+    device_buffer<int> flag(1);
+
+    const auto run = [&](std::vector<T> data, float scale, std::size_t offset, int flag_before) {
+      device_buffer<T> x(data.size(), offset);
+      x.upload(data);
+      ZERO_CHECK_CUDA(cudaMemcpy(flag.get(), &flag_before, sizeof(int), cudaMemcpyHostToDevice));
+      zero::cuda::unscale_and_check(x.get(), data.size(), scale, flag.get(), stream.get());
+      stream.sync();
+      int found = -1;
+      ZERO_CHECK_CUDA(cudaMemcpy(&found, flag.get(), sizeof(int), cudaMemcpyDeviceToHost));
+      CHECK(x.guards_intact());
+      return std::pair{x.download(), found};
+    };
+
+    SUBCASE("finite values: exact products, flag stays 0") {
+      for (const std::size_t n : test_sizes) {
+        for (const std::size_t offset : {0u, 1u}) {
+          for (const float scale : {1.0f / 1024.0f, 0.3f}) {
+            CAPTURE(n);
+            CAPTURE(offset);
+            CAPTURE(scale);
+            const auto data = zero::test::random_values<T>(n, n + offset, 100.0f);
+            const auto [out, found] = run(data, scale, offset, 0);
+            CHECK(found == 0);
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+              const T expected = zero::from_float<T>(zero::to_float(data[i]) * scale);
+              wrong += bits_of(out[i]) != bits_of(expected);
+            }
+            CHECK(wrong == 0);
+          }
+        }
+      }
+    }
+    SUBCASE("inf or NaN anywhere (head, body, tail) sets the flag") {
+      const std::size_t n = 1000003;
+      for (const std::size_t where : {std::size_t{0}, n / 2, n - 1}) {
+        for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN()}) {
+          CAPTURE(where);
+          CAPTURE(bad);
+          auto data = zero::test::random_values<T>(n, 7);
+          data[where] = zero::from_float<T>(bad);
+          CHECK(run(data, 0.5f, 1, 0).second == 1);
+          CHECK(run(data, 0.5f, 0, 0).second == 1);
+        }
+      }
+    }
+    SUBCASE("a product that overflows T sets the flag") {
+      const float big = std::is_same_v<T, f16> ? 60000.0f : 3e38f;
+      auto data = zero::test::random_values<T>(1000, 3);
+      data[517] = zero::from_float<T>(big);
+      const auto [out, found] = run(data, 4.0f, 0, 0);
+      CHECK(found == 1);
+      CHECK(std::isinf(zero::to_float(out[517])));
+    }
+    SUBCASE("the flag is never cleared, and n == 0 does nothing") {
+      CHECK(run(zero::test::random_values<T>(100, 5), 0.5f, 0, 1).second == 1);
+      CHECK(run({}, 0.5f, 0, 0).second == 0);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("squared_norm matches a double reference and is bit-identical across runs", T, float, f16, bf16) {
+    test_stream stream;
+    device_buffer<float> out(2);
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{4097}, std::size_t{1000003},
+                                std::size_t{20000001}}) {
+      for (const std::size_t offset : {0u, 1u}) {
+        CAPTURE(n);
+        CAPTURE(offset);
+        const auto data = zero::test::random_values<T>(n, 1000 + n + offset, 0.5f);
+        device_buffer<T> x(n, offset);
+        x.upload(data);
+        const std::size_t ws_bytes = zero::cuda::squared_norm_workspace_bytes<T>(n);
+        CHECK(ws_bytes <= 4096);
+        device_buffer<unsigned char> ws(ws_bytes);
+        zero::cuda::squared_norm(x.get(), n, out.get(), ws.get(), ws_bytes, stream.get());
+        zero::cuda::squared_norm(x.get(), n, out.get() + 1, ws.get(), ws_bytes, stream.get());
+        stream.sync();
+        const auto result = out.download();
+        const double reference = squared_norm_reference(data);
+        CHECK(bits_of(result[0]) == bits_of(result[1]));
+        if (n == 0) {
+          CHECK(result[0] == 0.0f);
+        } else {
+          CHECK(std::fabs(result[0] - reference) <= 1e-5 * reference);
+        }
+        CHECK(ws.guards_intact());
+        CHECK(x.guards_intact());
+      }
+    }
+    SUBCASE("a workspace too small is a usage error") {
+      const std::size_t n = 1000003;
+      device_buffer<T> x(n);
+      device_buffer<unsigned char> ws(4);
+      CHECK(zero::cuda::squared_norm_workspace_bytes<T>(n) > 4);
+      CHECK_THROWS_AS(zero::cuda::squared_norm(x.get(), n, out.get(), ws.get(), 4, stream.get()), zero::usage_error);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("adamw_step matches the fp32 formula of adamw_args.hpp over several steps", P,
+                     type_pair<float, float>, type_pair<float, f16>, type_pair<float, bf16>, type_pair<f16, float>,
+                     type_pair<f16, f16>, type_pair<f16, bf16>, type_pair<bf16, float>, type_pair<bf16, f16>,
+                     type_pair<bf16, bf16>) {
+    using G = typename P::first;
+    using Out = typename P::second;
+    test_stream stream;
+    constexpr int steps = 4;
+    constexpr float tolerance = 1e-6f; // the documented bound; in fact the kernel is expected to be bit-exact
+
+    struct layout {
+      std::size_t state_offset; // master, m, v and param_out
+      std::size_t grad_offset;
+      bool with_param;
+    };
+    // Aligned; all off by one element (vector body, scalar head); grad misaligned relative to the rest
+    // (scalar path); no param_out.
+    const layout layouts[] = {{0, 0, true}, {1, 1, true}, {0, 1, true}, {1, 1, false}};
+
+    for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1000003}}) {
+      for (const layout& l : layouts) {
+        for (const bool adam_w_mode : {true, false}) {
+          CAPTURE(n);
+          CAPTURE(l.state_offset);
+          CAPTURE(l.grad_offset);
+          CAPTURE(l.with_param);
+          CAPTURE(adam_w_mode);
+          zero::adamw_step_args args;
+          args.lr = 1e-2f;
+          args.weight_decay = 0.01f;
+          args.adam_w_mode = adam_w_mode;
+
+          std::vector<float> master = zero::test::random_values<float>(n, 11 + n);
+          std::vector<float> m(n, 0.0f);
+          std::vector<float> v(n, 0.0f);
+          device_buffer<float> d_master(n, l.state_offset);
+          device_buffer<float> d_m(n, l.state_offset);
+          device_buffer<float> d_v(n, l.state_offset);
+          device_buffer<G> d_grad(n, l.grad_offset);
+          device_buffer<Out> d_param(n, l.state_offset);
+          d_master.upload(master);
+          d_m.upload(m);
+          d_v.upload(v);
+
+          for (int step = 1; step <= steps; ++step) {
+            CAPTURE(step);
+            args.set_step(step);
+            args.grad_scale = 1.0f / static_cast<float>(1 << step); // an unscale factor that changes per step
+            const std::vector<G> grad =
+                zero::test::random_values<G>(n, 100 * n + static_cast<unsigned>(step), static_cast<float>(1 << step));
+            d_grad.upload(grad);
+            zero::cuda::adamw_step(d_master.get(), d_m.get(), d_v.get(), d_grad.get(),
+                                   l.with_param ? d_param.get() : static_cast<Out*>(nullptr), n, args, stream.get());
+            for (std::size_t i = 0; i < n; ++i) {
+              adamw_reference(master[i], m[i], v[i], zero::to_float(grad[i]), args);
+            }
+            stream.sync();
+            const auto dm = d_master.download();
+            const auto dmm = d_m.download();
+            const auto dv = d_v.download();
+            std::size_t outside = 0;
+            std::size_t not_bitwise = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+              outside += !close(dm[i], master[i], tolerance) || !close(dmm[i], m[i], tolerance) ||
+                         !close(dv[i], v[i], tolerance);
+              not_bitwise += bits_of(dm[i]) != bits_of(master[i]) || bits_of(dmm[i]) != bits_of(m[i]) ||
+                             bits_of(dv[i]) != bits_of(v[i]);
+            }
+            CHECK(outside == 0);
+            CHECK(not_bitwise == 0);
+            if (l.with_param) {
+              const auto dp = d_param.download();
+              std::size_t wrong = 0;
+              for (std::size_t i = 0; i < n; ++i) {
+                wrong += bits_of(dp[i]) != bits_of(zero::from_float<Out>(dm[i]));
+              }
+              CHECK(wrong == 0);
+            }
+            // Go on from the device's state, so a mismatch is reported in the step it happens, not compounded.
+            master = dm;
+            m = dmm;
+            v = dv;
+          }
+          CHECK(d_master.guards_intact());
+          CHECK(d_m.guards_intact());
+          CHECK(d_v.guards_intact());
+          CHECK(d_param.guards_intact()); // also: untouched entirely when param_out is null
+          if (!l.with_param) {
+            const auto dp = d_param.download();
+            CHECK(std::all_of(dp.begin(), dp.end(),
+                              [](Out x) { return bits_of(x) == bits_of(zero::test::from_bits<Out>(0xA5A5A5A5u)); }));
+          }
+        }
+      }
+    }
+    SUBCASE("a null required buffer is a usage error") {
+      device_buffer<float> s(8);
+      device_buffer<G> g(8);
+      CHECK_THROWS_AS(zero::cuda::adamw_step(s.get(), static_cast<float*>(nullptr), s.get(), g.get(),
+                                             static_cast<Out*>(nullptr), 8, zero::adamw_step_args{}, stream.get()),
+                      zero::usage_error);
+    }
+  }
+
+  TEST_CASE("adamw_step with Adam (L2) and without bias correction follows the same formula") {
+    test_stream stream;
+    const std::size_t n = 4099;
+    zero::adamw_step_args args;
+    args.adam_w_mode = false;
+    args.weight_decay = 0.1f;
+    args.lr = 3e-4f;
+    args.set_step(1, /*bias_correction=*/false);
+    CHECK(args.bias_correction1 == 1.0f);
+    std::vector<float> master = zero::test::random_values<float>(n, 1);
+    std::vector<float> m = zero::test::random_values<float>(n, 2, 0.1f);
+    std::vector<float> v(n);
+    std::transform(m.begin(), m.end(), v.begin(), [](float x) { return x * x; });
+    const auto grad = zero::test::random_values<bf16>(n, 3);
+    device_buffer<float> dm(n);
+    device_buffer<float> dmm(n);
+    device_buffer<float> dv(n);
+    device_buffer<bf16> dg(n);
+    dm.upload(master);
+    dmm.upload(m);
+    dv.upload(v);
+    dg.upload(grad);
+    zero::cuda::adamw_step(dm.get(), dmm.get(), dv.get(), dg.get(), static_cast<bf16*>(nullptr), n, args, stream.get());
+    stream.sync();
+    for (std::size_t i = 0; i < n; ++i) {
+      adamw_reference(master[i], m[i], v[i], zero::to_float(grad[i]), args);
+    }
+    const auto out = dm.download();
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      wrong += !close(out[i], master[i], 1e-6f);
+    }
+    CHECK(wrong == 0);
+  }
+
+} // TEST_SUITE("kernels")
