@@ -1,0 +1,402 @@
+#pragma once
+/// \file
+/// `zero::config`: a DeepSpeed `ds_config.json` read into typed, fully resolved values.
+///
+/// The reader accepts the configs users already run with DeepSpeed or the Hugging Face Trainer:
+/// DeepSpeed's key names and defaults (where DeepSpeed's documentation and code differ, its code),
+/// the deprecated aliases DeepSpeed still accepts, integers written as `5e8` or `1e14`, `//` and
+/// `/* */` comments, and `"auto"` wherever Hugging Face writes it, resolved from `config_inputs`
+/// (model hidden size, world size, command-line values) or refused with a message that says what
+/// must be given. It is strict: an unknown key, a key in the wrong block, a value of the wrong type
+/// or out of range, a duplicate key, a contradiction, or a setting that needs a feature this
+/// version does not implement (the table in `unimplemented.hpp`) throws `zero::config_error`
+/// naming the JSON path, what was found and what is allowed, with "did you mean" for near misses.
+/// Settings that are accepted but have no effect in the chosen setup (a stage-3 key at stage 2, a
+/// deprecated alias) are listed in `config::notes`, never dropped silently.
+///
+/// Every member holds the value in force: defaults filled in, aliases folded, `"auto"` resolved.
+/// `to_json()` writes them back under DeepSpeed's names; reading that back gives the same config.
+///
+/// Needs nlohmann-json (`nlohmann_json::nlohmann_json`); the rest of zero does not.
+
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zero {
+
+/// Where ZeRO keeps offloaded state. DeepSpeed's `"none"`, `"cpu"`, `"nvme"`.
+enum class offload_device : std::uint8_t { none, cpu, nvme };
+
+/// DeepSpeed's name of an offload device: "none", "cpu", "nvme".
+[[nodiscard]] constexpr std::string_view name_of(offload_device d) noexcept {
+  switch (d) {
+  case offload_device::none:
+    return "none";
+  case offload_device::cpu:
+    return "cpu";
+  case offload_device::nvme:
+    return "nvme";
+  }
+  return "?";
+}
+
+/// The optimizers this version runs: DeepSpeed's `"Adam"` and `"AdamW"`.
+enum class optimizer_type : std::uint8_t { adam, adamw };
+
+/// DeepSpeed's name of an optimizer type: "Adam", "AdamW".
+[[nodiscard]] constexpr std::string_view name_of(optimizer_type t) noexcept {
+  return t == optimizer_type::adam ? "Adam" : "AdamW";
+}
+
+/// The learning-rate schedules this version runs (DeepSpeed's `deepspeed.runtime.lr_schedules`).
+enum class scheduler_type : std::uint8_t { warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+
+/// DeepSpeed's name of a schedule: "WarmupLR", "WarmupDecayLR", "WarmupCosineLR".
+[[nodiscard]] constexpr std::string_view name_of(scheduler_type t) noexcept {
+  switch (t) {
+  case scheduler_type::warmup_lr:
+    return "WarmupLR";
+  case scheduler_type::warmup_decay_lr:
+    return "WarmupDecayLR";
+  case scheduler_type::warmup_cosine_lr:
+    return "WarmupCosineLR";
+  }
+  return "?";
+}
+
+/// How a schedule rises during warm-up: DeepSpeed's `"log"` (default) or `"linear"`.
+enum class warmup_curve : std::uint8_t { log, linear };
+
+/// DeepSpeed's name of a warm-up curve: "log", "linear".
+[[nodiscard]] constexpr std::string_view name_of(warmup_curve c) noexcept {
+  return c == warmup_curve::log ? "log" : "linear";
+}
+
+/// The `fp16` block: fp16 mixed precision and its dynamic loss scaler.
+struct fp16_config {
+  /// `fp16.enabled`: parameters and gradients in fp16 with fp32 master weights. Default false.
+  bool enabled = false;
+  /// `fp16.loss_scale`: a static loss scale, or 0 (default) for dynamic loss scaling.
+  double loss_scale = 0.0;
+  /// `fp16.initial_scale_power`: the dynamic scaler starts at 2^initial_scale_power. Default 16.
+  std::int64_t initial_scale_power = 16;
+  /// `fp16.loss_scale_window`: overflow-free steps before the dynamic scale doubles. Default 1000.
+  std::int64_t loss_scale_window = 1000;
+  /// `fp16.hysteresis`: overflows tolerated before the scale is halved. Default 2.
+  std::int64_t hysteresis = 2;
+  /// `fp16.consecutive_hysteresis`: refill the hysteresis after every overflow-free step. Default false.
+  bool consecutive_hysteresis = false;
+  /// `fp16.min_loss_scale`: the dynamic scale never drops below this. Default 1.
+  double min_loss_scale = 1.0;
+
+  /// True when the loss scale adapts (loss_scale == 0).
+  [[nodiscard]] bool dynamic() const noexcept { return loss_scale == 0.0; }
+  /// The first loss scale: 2^initial_scale_power when dynamic, else loss_scale.
+  [[nodiscard]] double initial_scale() const noexcept {
+    return dynamic() ? std::ldexp(1.0, static_cast<int>(initial_scale_power)) : loss_scale;
+  }
+  friend bool operator==(const fp16_config&, const fp16_config&) = default;
+};
+
+/// The `bf16` block (DeepSpeed also reads it as `bfloat16`).
+struct bf16_config {
+  /// `bf16.enabled`: parameters and gradients in bf16 with fp32 master weights. Default false.
+  bool enabled = false;
+  friend bool operator==(const bf16_config&, const bf16_config&) = default;
+};
+
+/// The `optimizer` block. Only Adam and AdamW are implemented; other DeepSpeed optimizers are
+/// refused by `unimplemented_features`.
+struct optimizer_config {
+  /// `optimizer.type`: "Adam" or "AdamW" (case-insensitive, as in DeepSpeed).
+  optimizer_type type = optimizer_type::adamw;
+  /// `optimizer.params.lr`. Default 1e-3 (DeepSpeed's FusedAdam and CPUAdam).
+  double lr = 1e-3;
+  /// `optimizer.params.betas`: [beta1, beta2]. Default [0.9, 0.999].
+  std::array<double, 2> betas{0.9, 0.999};
+  /// `optimizer.params.eps`. Default 1e-8.
+  double eps = 1e-8;
+  /// `optimizer.params.weight_decay`. Default 0, or 0.01 for AdamW with `torch_adam` (PyTorch's default).
+  double weight_decay = 0.0;
+  /// Decoupled weight decay (AdamW) when true, L2 added to the gradient (Adam) when false. DeepSpeed
+  /// runs AdamW for type "AdamW" and for type "Adam" unless `optimizer.params.adam_w_mode` is false.
+  bool adam_w_mode = true;
+  /// `optimizer.params.bias_correction`. Default true.
+  bool bias_correction = true;
+  friend bool operator==(const optimizer_config&, const optimizer_config&) = default;
+};
+
+/// The `scheduler` block: one of DeepSpeed's warm-up schedules.
+struct scheduler_config {
+  /// `scheduler.type`: "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR" (exact case, as in DeepSpeed).
+  scheduler_type type = scheduler_type::warmup_lr;
+  /// `warmup_min_lr` (WarmupLR, WarmupDecayLR): the learning rate at step 0. Default 0.
+  double warmup_min_lr = 0.0;
+  /// `warmup_max_lr` (WarmupLR, WarmupDecayLR): the learning rate after warm-up. WarmupDecayLR
+  /// defaults to 0.001; WarmupLR defaults to the optimizer's lr, and stays empty when the config has
+  /// no optimizer block (the framework's optimizer lr then applies, as in DeepSpeed).
+  std::optional<double> warmup_max_lr;
+  /// `warmup_num_steps`: length of the warm-up in optimizer steps (>= 1). Default 1000.
+  std::int64_t warmup_num_steps = 1000;
+  /// `warmup_type`: how the rate rises during warm-up. Default log.
+  warmup_curve warmup_type = warmup_curve::log;
+  /// `last_batch_iteration`: the step to resume from; -1 (default) starts at the beginning.
+  std::int64_t last_batch_iteration = -1;
+  /// `total_num_steps` (WarmupDecayLR, WarmupCosineLR; required there): steps of the whole run.
+  /// 0 for WarmupLR, which has none.
+  std::int64_t total_num_steps = 0;
+  /// `warmup_min_ratio` (WarmupCosineLR): the fraction of lr at step 0. Default 0.
+  double warmup_min_ratio = 0.0;
+  /// `cos_min_ratio` (WarmupCosineLR): the fraction of lr at the end of the cosine. Default 1e-4.
+  double cos_min_ratio = 1e-4;
+  friend bool operator==(const scheduler_config&, const scheduler_config&) = default;
+};
+
+/// `zero_optimization.offload_optimizer`: where the fp32 master weights, Adam moments and the
+/// gradient shard live, and where the optimizer step runs (CPU for any device but none).
+struct offload_optimizer_config {
+  /// `device`: none (default), cpu. nvme is refused as not implemented yet.
+  offload_device device = offload_device::none;
+  /// `nvme_path`: directory for NVMe offload. Default empty.
+  std::string nvme_path;
+  /// `pin_memory`: page-locked host memory for faster transfers. Default false.
+  bool pin_memory = false;
+  /// `buffer_count`: buffers for NVMe transfers. Default 4.
+  std::int64_t buffer_count = 4;
+  /// `ratio`: fraction of optimizer state offloaded. Default 1; below 1 is refused as not implemented.
+  double ratio = 1.0;
+  friend bool operator==(const offload_optimizer_config&, const offload_optimizer_config&) = default;
+};
+
+/// `zero_optimization.offload_param` (stage 3): where parameter shards live between uses.
+struct offload_param_config {
+  /// `device`: none (default), cpu. nvme is refused as not implemented yet.
+  offload_device device = offload_device::none;
+  /// `nvme_path`: directory for NVMe offload. Default empty.
+  std::string nvme_path;
+  /// `pin_memory`: page-locked host memory. Default false.
+  bool pin_memory = false;
+  /// `buffer_count`: buffers for NVMe transfers. Default 5.
+  std::int64_t buffer_count = 5;
+  /// `buffer_size`: elements per NVMe transfer buffer. Default 1e8.
+  std::int64_t buffer_size = 100'000'000;
+  /// `max_in_cpu`: parameter elements kept in CPU memory under NVMe offload. Default 1e9.
+  std::int64_t max_in_cpu = 1'000'000'000;
+  friend bool operator==(const offload_param_config&, const offload_param_config&) = default;
+};
+
+/// The `zero_optimization` block. Sizes are in elements, as in DeepSpeed.
+struct zero_optimization_config {
+  /// `stage`: 0 (plain data parallel, default), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters).
+  int stage = 0;
+  /// `contiguous_gradients`: copy gradients into one contiguous buffer as they are produced. Default true.
+  bool contiguous_gradients = true;
+  /// `overlap_comm`: overlap gradient reduction with the backward pass. DeepSpeed's default: true at
+  /// stage 3, false otherwise.
+  bool overlap_comm = false;
+  /// `reduce_scatter`: reduce gradients with reduce-scatter rather than all-reduce. Default true.
+  bool reduce_scatter = true;
+  /// `reduce_bucket_size`: elements reduced at a time. Default 5e8.
+  std::int64_t reduce_bucket_size = 500'000'000;
+  /// `allgather_partitions`: all-gather updated shards (true, default) or broadcast them one by one.
+  bool allgather_partitions = true;
+  /// `allgather_bucket_size`: elements all-gathered at a time (stages 1 and 2). Default 5e8.
+  std::int64_t allgather_bucket_size = 500'000'000;
+  /// `offload_optimizer` (stages 1-3). Also set by the deprecated `cpu_offload: true`.
+  offload_optimizer_config offload_optimizer;
+  /// `offload_param` (stage 3). Also set by the deprecated `cpu_offload_param: true`.
+  offload_param_config offload_param;
+  /// `sub_group_size`: elements the optimizer step processes at a time (stage 3). Default 1e9.
+  std::int64_t sub_group_size = 1'000'000'000;
+  /// `stage3_max_live_parameters`: gathered parameter elements a rank may hold at once. Default 1e9.
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;
+  /// `stage3_max_reuse_distance`: keep a gathered parameter if it is reused within this many elements. Default 1e9.
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;
+  /// `stage3_prefetch_bucket_size`: elements prefetched ahead of use. Default 5e7.
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;
+  /// `stage3_param_persistence_threshold`: parameters smaller than this stay whole. Default 1e5.
+  std::int64_t stage3_param_persistence_threshold = 100'000;
+  /// `stage3_gather_16bit_weights_on_model_save` (alias `stage3_gather_fp16_weights_on_model_save`):
+  /// gather the whole 16-bit model when saving it. Default false.
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  /// `round_robin_gradients`: spread gradient copies to CPU over ranks (stages 1-2). Default false.
+  bool round_robin_gradients = false;
+  /// `ignore_unused_parameters`: tolerate parameters that receive no gradient. Default true.
+  bool ignore_unused_parameters = true;
+  /// `elastic_checkpoint`: always false in this version (true is refused as not implemented).
+  bool elastic_checkpoint = false;
+  friend bool operator==(const zero_optimization_config&, const zero_optimization_config&) = default;
+};
+
+/// The top-level `aio` block: asynchronous I/O settings for NVMe offload.
+struct aio_config {
+  /// `block_size`: bytes per I/O request. Default 1048576.
+  std::int64_t block_size = 1'048'576;
+  /// `queue_depth`: I/O requests in flight. Default 8.
+  std::int64_t queue_depth = 8;
+  /// `thread_count` (newer DeepSpeed: `intra_op_parallelism`): I/O threads per request. Default 1.
+  std::int64_t thread_count = 1;
+  /// `single_submit`: submit requests one at a time. Default false.
+  bool single_submit = false;
+  /// `overlap_events`: overlap submission and completion. Default true.
+  bool overlap_events = true;
+  friend bool operator==(const aio_config&, const aio_config&) = default;
+};
+
+/// The three batch keys as the config and the inputs give them, before DeepSpeed's rule
+/// train = micro x accumulation x world fills in the missing ones. Empty means not given (absent,
+/// or `"auto"` with no input to resolve it).
+struct batch_spec {
+  std::optional<std::int64_t> train_batch_size;               ///< `train_batch_size`
+  std::optional<std::int64_t> train_micro_batch_size_per_gpu; ///< `train_micro_batch_size_per_gpu`
+  std::optional<std::int64_t> gradient_accumulation_steps;    ///< `gradient_accumulation_steps`
+  /// Which of micro batch / accumulation came from `"auto"` left unresolved, for the error message.
+  bool micro_was_auto = false;
+  bool accumulation_was_auto = false;
+  friend bool operator==(const batch_spec&, const batch_spec&) = default;
+};
+
+/// The batch sizes in force.
+struct batch_sizes {
+  std::int64_t train_batch_size = 0;               ///< samples per optimizer step over all ranks
+  std::int64_t train_micro_batch_size_per_gpu = 0; ///< samples per forward/backward on one rank
+  std::int64_t gradient_accumulation_steps = 0;    ///< micro batches per optimizer step
+};
+
+/// Applies DeepSpeed's batch rule: train = micro x accumulation x world_size. With all three given
+/// they must agree; with two, the third is derived and must come out whole; with only train or only
+/// micro, accumulation is 1 (as in DeepSpeed).
+/// \param given      the batch keys from the config and inputs.
+/// \param world_size data-parallel ranks (>= 1).
+/// \returns the three sizes, each >= 1.
+/// \throws config_error naming the keys when they contradict, do not divide, or too few are given.
+[[nodiscard]] batch_sizes resolve_batch(const batch_spec& given, std::int64_t world_size);
+
+/// Values from outside the config file that resolve `"auto"` (Hugging Face's placeholder) and the
+/// batch rule. When an input is given and the config has a concrete value for the same key, they
+/// must agree (as Hugging Face's Trainer checks); when the key is absent or `"auto"`, the input is
+/// used. An `"auto"` with no input to resolve it is refused with a message naming the input.
+struct config_inputs {
+  /// Data-parallel ranks for the batch rule. When empty, 1 is assumed and a note says so.
+  std::optional<std::int64_t> world_size;
+  /// The model's hidden size: `"auto"` reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
+  /// floor(0.9*h*h), stage3_param_persistence_threshold = 10*h (Hugging Face's formulas).
+  std::optional<std::int64_t> hidden_size;
+  /// `train_micro_batch_size_per_gpu` (Hugging Face: per_device_train_batch_size).
+  std::optional<std::int64_t> micro_batch_size;
+  /// `gradient_accumulation_steps`.
+  std::optional<std::int64_t> gradient_accumulation_steps;
+  /// `gradient_clipping` (Hugging Face: max_grad_norm).
+  std::optional<double> max_grad_norm;
+  /// `optimizer.params.lr`, and the scheduler's `warmup_max_lr` (Hugging Face: learning_rate).
+  std::optional<double> lr;
+  /// `optimizer.params.betas` (Hugging Face: adam_beta1, adam_beta2).
+  std::optional<std::array<double, 2>> betas;
+  /// `optimizer.params.eps` (Hugging Face: adam_epsilon).
+  std::optional<double> eps;
+  /// `optimizer.params.weight_decay`.
+  std::optional<double> weight_decay;
+  /// The scheduler's `warmup_num_steps` (Hugging Face: warmup_steps).
+  std::optional<std::int64_t> warmup_steps;
+  /// The scheduler's `total_num_steps` (Hugging Face: the number of training steps).
+  std::optional<std::int64_t> total_steps;
+  /// The training precision: fp16 sets `fp16.enabled`, bf16 sets `bf16.enabled`, fp32 neither.
+  std::optional<dtype> precision;
+  /// `zero_optimization.stage3_gather_16bit_weights_on_model_save` (Accelerate writes "auto" there).
+  std::optional<bool> gather_16bit_weights_on_model_save;
+};
+
+/// A DeepSpeed config, read, validated and resolved. Build one with `from_file`, `from_string` or
+/// `from_json`; the members then hold the values in force.
+struct config {
+  /// `train_batch_size`, resolved by the batch rule.
+  std::int64_t train_batch_size = 1;
+  /// `train_micro_batch_size_per_gpu`, resolved by the batch rule.
+  std::int64_t train_micro_batch_size_per_gpu = 1;
+  /// `gradient_accumulation_steps`, resolved by the batch rule.
+  std::int64_t gradient_accumulation_steps = 1;
+  /// The data-parallel world size the batch rule was resolved for (1 when none was given).
+  std::int64_t world_size = 1;
+  /// The batch keys as given, so the rule can be applied again for another world size (`rebatched`).
+  batch_spec batch_given;
+  /// `gradient_clipping`: global gradient-norm clip; 0 (default) disables clipping.
+  double gradient_clipping = 0.0;
+  /// `steps_per_print`: log every this many steps; empty (DeepSpeed's code default, None) never.
+  std::optional<std::int64_t> steps_per_print;
+  /// `wall_clock_breakdown`: time forward, backward and step. Default false.
+  bool wall_clock_breakdown = false;
+  /// `fp16`.
+  fp16_config fp16;
+  /// `bf16` (or DeepSpeed's old name `bfloat16`).
+  bf16_config bf16;
+  /// `data_types.grad_accum_dtype`, resolved as DeepSpeed does when absent: fp32 for bf16 at stage 0,
+  /// the parameter dtype otherwise.
+  dtype grad_accum_dtype = dtype::f32;
+  /// `communication_data_type`, resolved as DeepSpeed does when absent: the parameter dtype.
+  dtype communication_data_type = dtype::f32;
+  /// `optimizer`; empty when the config has none (the framework then supplies the hyper-parameters).
+  std::optional<optimizer_config> optimizer;
+  /// `scheduler`; empty when the config has none.
+  std::optional<scheduler_config> scheduler;
+  /// `zero_optimization`.
+  zero_optimization_config zero_optimization;
+  /// `aio`.
+  aio_config aio;
+  /// Settings accepted but without effect here, and aliases read under their new name, one line
+  /// each, e.g. "zero_optimization.stage3_max_live_parameters: no effect at stage 2". Tools print them.
+  std::vector<std::string> notes;
+
+  /// The dtype of parameters and gradients: fp16 when fp16.enabled, bf16 when bf16.enabled, else fp32.
+  [[nodiscard]] dtype param_dtype() const noexcept {
+    return fp16.enabled ? dtype::f16 : (bf16.enabled ? dtype::bf16 : dtype::f32);
+  }
+  /// The ZeRO stage, 0-3.
+  [[nodiscard]] int stage() const noexcept { return zero_optimization.stage; }
+
+  /// Reads and resolves a config file (JSON; `//` and `/* */` comments allowed).
+  /// \param path   the file.
+  /// \param inputs values that resolve `"auto"` and the batch rule.
+  /// \returns the resolved config.
+  /// \throws config_error when the file cannot be read, is not valid JSON, or any setting is refused;
+  ///         the message names the file.
+  [[nodiscard]] static config from_file(const std::filesystem::path& path, const config_inputs& inputs = {});
+
+  /// Reads and resolves a config held in a string.
+  /// \param text   the JSON text.
+  /// \param inputs values that resolve `"auto"` and the batch rule.
+  /// \param source how messages name the text, e.g. a file name; empty for none.
+  /// \throws config_error as `from_file`.
+  [[nodiscard]] static config from_string(std::string_view text, const config_inputs& inputs = {},
+                                          std::string_view source = {});
+
+  /// Resolves an already parsed JSON object.
+  /// \param j      the config object.
+  /// \param inputs values that resolve `"auto"` and the batch rule.
+  /// \param source how messages name the config; empty for none.
+  /// \throws config_error naming the JSON path of the first refused setting.
+  [[nodiscard]] static config from_json(const nlohmann::json& j, const config_inputs& inputs = {},
+                                        std::string_view source = {});
+
+  /// The resolved config under DeepSpeed's key names, every default filled in. `from_json` of the
+  /// result gives back this config (notes aside) for the same world size.
+  [[nodiscard]] nlohmann::json to_json() const;
+
+  /// This config with the batch rule applied again for another data-parallel world size, e.g. once
+  /// the communicator is known.
+  /// \throws config_error when the batch keys as given do not fit `world_size`.
+  [[nodiscard]] config rebatched(std::int64_t world_size) const;
+};
+
+} // namespace zero
+
+#include "zero/config/detail/parse.hpp"

@@ -1,0 +1,177 @@
+#pragma once
+/// \file
+/// The one table of DeepSpeed config settings that this version of zero knows but does not
+/// implement. A config that asks for any of them is refused with a `config_error` that names the
+/// key, the value found, the feature it needs and what is accepted instead; a key of the table
+/// written with a value that asks for nothing (DeepSpeed's default, a block switched off) is
+/// accepted. When a feature lands, delete its rows here and parse the key in `config.hpp`.
+
+#include <cstdint>
+#include <string_view>
+
+namespace zero {
+
+/// How a row of `unimplemented_features` decides that a value asks for a missing feature.
+enum class unimplemented_when : std::uint8_t {
+  differs_from, ///< any value other than `operand` (DeepSpeed's default) needs the feature
+  equals,       ///< the value `operand` needs the feature (strings compared case-insensitively)
+  one_of,       ///< any value of the JSON array `operand` needs it (strings case-insensitively)
+  below,        ///< a number below `operand` needs it
+  active,       ///< a block that is switched on: not null, not empty, not `"enabled": false`, not all values off
+};
+
+/// A DeepSpeed setting this version refuses, and why.
+struct unimplemented_feature {
+  std::string_view path;     ///< JSON path of the key, e.g. "zero_optimization.offload_param.device"
+  unimplemented_when when;   ///< how the value found there is tested
+  std::string_view operand;  ///< JSON text the value is compared with; empty for `active`
+  std::string_view feature;  ///< what such a value needs, in words
+  std::string_view status;   ///< "planned" or "not planned"
+  std::string_view accepted; ///< what to write instead, when the rule alone does not say it well; may be empty
+};
+
+/// Every DeepSpeed setting zero knows and refuses. Keys under `bfloat16` (DeepSpeed's old name of
+/// `bf16`) are looked up under `bf16`.
+inline constexpr unimplemented_feature unimplemented_features[] = {
+    // ---- offload targets -------------------------------------------------------------------
+    {"zero_optimization.offload_optimizer.device", unimplemented_when::equals, R"("nvme")",
+     "NVMe offload of optimizer state (ZeRO-Infinity)", "planned", R"("cpu" or "none")"},
+    {"zero_optimization.offload_param.device", unimplemented_when::equals, R"("nvme")",
+     "NVMe offload of parameters (ZeRO-Infinity)", "planned", R"("cpu" or "none")"},
+    {"zero_optimization.offload_optimizer.device", unimplemented_when::equals, R"("hpu")",
+     "offload to Intel Gaudi (HPU) memory", "not planned", R"("cpu" or "none")"},
+    {"zero_optimization.offload_param.device", unimplemented_when::equals, R"("hpu")",
+     "offload to Intel Gaudi (HPU) memory", "not planned", R"("cpu" or "none")"},
+    {"zero_optimization.offload_optimizer.ratio", unimplemented_when::below, "1",
+     "partial optimizer offload (part of the optimizer step on the GPU)", "not planned", ""},
+    {"zero_optimization.offload_optimizer.pipeline_read", unimplemented_when::differs_from, "false",
+     "pipelined NVMe reads of optimizer state", "planned with NVMe offload", ""},
+    {"zero_optimization.offload_optimizer.pipeline_write", unimplemented_when::differs_from, "false",
+     "pipelined NVMe writes of optimizer state", "planned with NVMe offload", ""},
+    {"zero_optimization.offload_optimizer.fast_init", unimplemented_when::differs_from, "false",
+     "fast optimizer initialisation on NVMe", "planned with NVMe offload", ""},
+    {"aio.use_gds", unimplemented_when::differs_from, "false", "GPUDirect Storage", "not planned", ""},
+    // ---- ZeRO variants and stage 3 internals ------------------------------------------------
+    {"zero_optimization.elastic_checkpoint", unimplemented_when::differs_from, "false",
+     "loading a checkpoint saved with a different number of ranks", "planned with checkpoints", ""},
+    {"zero_optimization.load_from_fp32_weights", unimplemented_when::differs_from, "true",
+     "rebuilding fp32 master weights from 16-bit weights when loading", "planned with checkpoints", ""},
+    {"zero_optimization.legacy_stage1", unimplemented_when::differs_from, "false", "DeepSpeed's legacy stage 1",
+     "not planned", ""},
+    {"zero_optimization.zero_quantized_weights", unimplemented_when::differs_from, "false",
+     "ZeRO++ quantized weight all-gather", "not planned", ""},
+    {"zero_optimization.zero_quantized_nontrainable_weights", unimplemented_when::differs_from, "false",
+     "ZeRO++ quantized non-trainable weights", "not planned", ""},
+    {"zero_optimization.zero_quantized_gradients", unimplemented_when::differs_from, "false",
+     "ZeRO++ quantized gradient reduction", "not planned", ""},
+    {"zero_optimization.zero_hpz_partition_size", unimplemented_when::differs_from, "1",
+     "ZeRO++ hierarchical (secondary) partitioning", "not planned", ""},
+    {"zero_optimization.zeropp_loco_param", unimplemented_when::active, "", "ZeRO++ LoCo error feedback", "not planned",
+     ""},
+    {"zero_optimization.mics_shard_size", unimplemented_when::differs_from, "-1", "MiCS sharding", "not planned", ""},
+    {"zero_optimization.mics_hierarchical_params_gather", unimplemented_when::differs_from, "false",
+     "MiCS hierarchical gather", "not planned", ""},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", unimplemented_when::differs_from, "true",
+     "per-rank reduce of gradient buckets", "not planned", ""},
+    {"zero_optimization.stage3_model_persistence_threshold", unimplemented_when::differs_from, "9223372036854775807",
+     "a cap on the total size of persistent stage-3 parameters", "planned", ""},
+    {"zero_optimization.model_persistence_threshold", unimplemented_when::differs_from, "9223372036854775807",
+     "a cap on the total size of persistent stage-3 parameters", "planned", ""},
+    {"zero_optimization.stage3_module_granularity_threshold", unimplemented_when::differs_from, "0",
+     "fetching fine-grained modules as one unit", "not planned", ""},
+    {"zero_optimization.module_granularity_threshold", unimplemented_when::differs_from, "0",
+     "fetching fine-grained modules as one unit", "not planned", ""},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", unimplemented_when::differs_from, "false",
+     "all-reduce instead of all-gather to fetch stage-3 parameters", "not planned", ""},
+    {"zero_optimization.use_all_reduce_for_fetch_params", unimplemented_when::differs_from, "false",
+     "all-reduce instead of all-gather to fetch stage-3 parameters", "not planned", ""},
+    {"zero_optimization.memory_efficient_linear", unimplemented_when::differs_from, "true",
+     "switching off PyTorch's memory-efficient linear (PyTorch only)", "not planned", ""},
+    {"zero_optimization.override_module_apply", unimplemented_when::differs_from, "true",
+     "switching off PyTorch's nn.Module.apply override (PyTorch only)", "not planned", ""},
+    {"zero_optimization.pipeline_loading_checkpoint", unimplemented_when::differs_from, "false",
+     "pipeline-parallel checkpoint loading", "not planned", ""},
+    {"zero_optimization.log_trace_cache_warnings", unimplemented_when::differs_from, "false",
+     "stage-3 trace cache warnings", "not planned", ""},
+    {"zero_optimization.zenflow", unimplemented_when::active, "", "ZenFlow", "not planned", ""},
+    // ---- precision ---------------------------------------------------------------------------
+    {"fp16.auto_cast", unimplemented_when::differs_from, "false", "casting inputs to fp16 (the framework casts)",
+     "not planned", ""},
+    {"fp16.fp16_master_weights_and_grads", unimplemented_when::differs_from, "false",
+     "fp16 master weights and gradients", "not planned", ""},
+    {"bf16.immediate_grad_update", unimplemented_when::differs_from, "false", "immediate bf16 gradient updates",
+     "not planned", ""},
+    {"bf16.check_grad_overflow", unimplemented_when::differs_from, "false", "overflow checks in bf16 mode",
+     "not planned", ""},
+    {"bf16.bf16_master_weights_and_grads", unimplemented_when::differs_from, "false",
+     "bf16 master weights and gradients", "not planned", ""},
+    {"bf16.bf16_optimizer_states", unimplemented_when::differs_from, "false", "bf16 optimizer states", "not planned",
+     ""},
+    {"data_types.param_dtype", unimplemented_when::differs_from, "null",
+     "a parameter dtype other than the one fp16/bf16 selects", "not planned", ""},
+    {"data_types.buffer_dtype", unimplemented_when::differs_from, "null", "casting module buffers", "not planned", ""},
+    {"amp", unimplemented_when::active, "", "NVIDIA Apex AMP (use fp16 or bf16)", "not planned", ""},
+    {"torch_autocast", unimplemented_when::active, "", "torch.autocast mixed precision (use fp16 or bf16)",
+     "not planned", ""},
+    {"seq_parallel_communication_data_type", unimplemented_when::differs_from, R"("fp32")",
+     "sequence-parallel communication", "not planned", ""},
+    // ---- optimizer and scheduler ---------------------------------------------------------------
+    {"optimizer.type", unimplemented_when::one_of,
+     R"(["lamb", "onebitadam", "zerooneadam", "onebitlamb", "adagrad", "muadam", "muadamw", "musgd", "lion", "muon",)"
+     R"( "sgd", "rmsprop", "adadelta", "adamax", "asgd", "lbfgs", "nadam", "radam", "rprop", "sparseadam"])",
+     "optimizers other than Adam and AdamW", "not planned", R"("Adam" or "AdamW")"},
+    {"optimizer.legacy_fusion", unimplemented_when::differs_from, "false", "legacy fused fp16 optimizer", "not planned",
+     ""},
+    {"optimizer.params.amsgrad", unimplemented_when::differs_from, "false", "AMSGrad", "not planned", ""},
+    {"scheduler.type", unimplemented_when::one_of, R"(["OneCycle", "LRRangeTest"])",
+     "the OneCycle and LRRangeTest schedules", "not planned", R"("WarmupLR", "WarmupDecayLR" or "WarmupCosineLR")"},
+    // ---- gradients and communication ---------------------------------------------------------
+    {"prescale_gradients", unimplemented_when::differs_from, "false", "pre-scaling gradients before all-reduce",
+     "not planned", ""},
+    {"gradient_predivide_factor", unimplemented_when::differs_from, "1", "a gradient pre-divide factor", "not planned",
+     ""},
+    {"sparse_gradients", unimplemented_when::differs_from, "false", "CSR sparse gradients", "not planned", ""},
+    {"disable_allgather", unimplemented_when::differs_from, "false", "disabling the parameter all-gather",
+     "not planned", ""},
+    {"sequence_parallel_size", unimplemented_when::differs_from, "1", "sequence parallelism", "not planned", ""},
+    {"use_data_before_expert_parallelism", unimplemented_when::differs_from, "false", "expert parallelism",
+     "not planned", ""},
+    {"expert_parallel", unimplemented_when::active, "", "expert parallelism", "not planned", ""},
+    {"tensor_parallel", unimplemented_when::active, "", "tensor parallelism", "not planned", ""},
+    {"pipeline", unimplemented_when::active, "", "pipeline parallelism", "not planned", ""},
+    // ---- training features outside ZeRO ------------------------------------------------------
+    {"activation_checkpointing", unimplemented_when::active, "",
+     "DeepSpeed activation checkpointing (the framework checkpoints its own activations)", "not planned", ""},
+    {"checkpoint", unimplemented_when::active, "",
+     "checkpoint options (tag validation, universal checkpoints, node-local storage)", "planned with checkpoints", ""},
+    {"elasticity", unimplemented_when::active, "", "elastic training", "not planned", ""},
+    {"sparse_attention", unimplemented_when::active, "", "sparse attention kernels", "not planned", ""},
+    {"progressive_layer_drop", unimplemented_when::active, "", "progressive layer drop", "not planned", ""},
+    {"curriculum_learning", unimplemented_when::active, "", "curriculum learning", "not planned", ""},
+    {"data_efficiency", unimplemented_when::active, "", "data efficiency (sampling and routing)", "not planned", ""},
+    {"compression_training", unimplemented_when::active, "", "compression training", "not planned", ""},
+    {"quantize_training", unimplemented_when::active, "", "quantized training (MoQ)", "not planned", ""},
+    {"weight_quantization", unimplemented_when::active, "", "weight quantization", "not planned", ""},
+    {"eigenvalue", unimplemented_when::active, "", "eigenvalue computation", "not planned", ""},
+    {"hybrid_engine", unimplemented_when::active, "", "the hybrid (RLHF) engine", "not planned", ""},
+    {"compile", unimplemented_when::active, "", "torch.compile integration", "not planned", ""},
+    {"dataloader_drop_last", unimplemented_when::differs_from, "false",
+     "DeepSpeed's data loader (the framework loads data)", "not planned", ""},
+    {"vocabulary_size", unimplemented_when::differs_from, "null", "vocabulary-size alignment checks", "not planned",
+     ""},
+    {"graph_harvesting", unimplemented_when::differs_from, "false", "graph harvesting", "not planned", ""},
+    // ---- monitoring and tooling ----------------------------------------------------------------
+    {"flops_profiler", unimplemented_when::active, "", "the FLOPs profiler", "not planned", ""},
+    {"comms_logger", unimplemented_when::active, "", "the communication logger", "not planned", ""},
+    {"tensorboard", unimplemented_when::active, "", "TensorBoard monitoring", "not planned", ""},
+    {"wandb", unimplemented_when::active, "", "Weights & Biases monitoring", "not planned", ""},
+    {"csv_monitor", unimplemented_when::active, "", "CSV monitoring", "not planned", ""},
+    {"comet", unimplemented_when::active, "", "Comet monitoring", "not planned", ""},
+    {"autotuning", unimplemented_when::active, "", "the autotuner", "not planned", ""},
+    {"nebula", unimplemented_when::active, "", "Nebula checkpointing", "not planned", ""},
+    {"timers", unimplemented_when::active, "", "DeepSpeed's throughput timers", "not planned", ""},
+    {"memory_breakdown", unimplemented_when::differs_from, "false", "memory breakdown logging", "not planned", ""},
+    {"dump_state", unimplemented_when::differs_from, "false", "dumping engine state", "not planned", ""},
+};
+
+} // namespace zero

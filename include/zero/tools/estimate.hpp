@@ -1,0 +1,543 @@
+#pragma once
+/// \file
+/// Memory estimates for model states, as `zero-estimate` prints them:
+///
+/// - DeepSpeed's own formulas, reproduced exactly: `estimate_zero2_model_states_mem_needs` (in
+///   deepspeed/runtime/zero/stage_1_and_2.py) and `estimate_zero3_model_states_mem_needs` (in
+///   deepspeed/runtime/zero/stage3.py), with the tables their `*_all_cold` functions print;
+/// - zero's own accounting of the bytes each rank and each node holds for every stage and offload
+///   choice, from the ZeRO paper's model-state table in DESIGN.md plus the communication buffers the
+///   config asks for.
+///
+/// A model is a parameter count, or a description file listing modules and their parameter shapes
+/// (the largest module is stage 3's working set). Needs nlohmann-json.
+
+#include "zero/config/config.hpp"
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace zero::tools {
+
+using zero::detail::cat;
+
+/// The largest model the estimates accept: 1e15 parameters keeps every byte count inside int64.
+inline constexpr std::int64_t max_params = 1'000'000'000'000'000;
+
+// ---- DeepSpeed's formulas ------------------------------------------------------------------------
+
+/// One result of DeepSpeed's estimators, in bytes. `cpu_bytes` is per node, `gpu_bytes` per GPU.
+struct deepspeed_estimate {
+  std::int64_t cpu_bytes = 0; ///< DeepSpeed's "per CPU" column: host memory of one node
+  std::int64_t gpu_bytes = 0; ///< DeepSpeed's "per GPU" column
+};
+
+/// DeepSpeed's `estimate_zero2_model_states_mem_needs` (stage 1 and 2), evaluated in the same order
+/// and with the same integer/float mix as its Python, so the bytes match to the last one.
+/// \param total_params      parameters in the model.
+/// \param gpus_per_node     GPUs per node (>= 1).
+/// \param nodes             nodes (>= 1).
+/// \param cpu_offload       offload_optimizer=cpu.
+/// \param buffer_factor     DeepSpeed's additional_buffer_factor (1.5).
+[[nodiscard]] inline deepspeed_estimate deepspeed_zero2_estimate(std::int64_t total_params, std::int64_t gpus_per_node,
+                                                                 std::int64_t nodes, bool cpu_offload,
+                                                                 double buffer_factor = 1.5) {
+  const std::int64_t total_gpus = nodes * gpus_per_node;
+  double cpu = 0;
+  double gpu = 0;
+  if (cpu_offload) {
+    gpu = static_cast<double>(2 * total_params);
+    cpu = static_cast<double>(total_params * std::max<std::int64_t>(4 * total_gpus, 16)) * buffer_factor;
+  } else {
+    // 2 bytes of 16-bit params, plus 18 per parameter sharded: 16-bit and fp32 grads, fp32 master, Adam m and v.
+    gpu = static_cast<double>(2 * total_params) +
+          static_cast<double>(
+              static_cast<std::int64_t>(static_cast<double>(18 * total_params) / static_cast<double>(total_gpus)));
+    cpu = static_cast<double>(total_params * 4 * gpus_per_node) * buffer_factor;
+  }
+  return {static_cast<std::int64_t>(cpu), static_cast<std::int64_t>(gpu)};
+}
+
+/// DeepSpeed's `estimate_zero3_model_states_mem_needs`, evaluated as its Python does.
+/// \param total_params          parameters in the model.
+/// \param largest_layer_params  parameters of the largest module (stage 3 gathers one module at a time).
+/// \param gpus_per_node         GPUs per node (>= 1).
+/// \param nodes                 nodes (>= 1).
+/// \param cpu_offload           offload_optimizer=cpu.
+/// \param cpu_offload_params    offload_param=cpu.
+/// \param zero_init             the model is built partitioned (deepspeed.zero.Init).
+/// \param buffer_factor         DeepSpeed's additional_buffer_factor (1.5).
+[[nodiscard]] inline deepspeed_estimate deepspeed_zero3_estimate(std::int64_t total_params,
+                                                                 std::int64_t largest_layer_params,
+                                                                 std::int64_t gpus_per_node, std::int64_t nodes,
+                                                                 bool cpu_offload, bool cpu_offload_params,
+                                                                 bool zero_init, double buffer_factor = 1.5) {
+  const std::int64_t total_gpus = nodes * gpus_per_node;
+  const double gpus_factor = 1.0 / static_cast<double>(nodes);
+  const std::int64_t largest_layer_memory = 4 * largest_layer_params;
+  const auto P = static_cast<double>(total_params);
+  double cpu = 0;
+  double gpu = 0;
+  // Python's max(int, float) keeps whichever is larger, with its own type; the product is the same.
+  const auto max_mixed = [](double a, double b) { return a >= b ? a : b; };
+  if (cpu_offload) {
+    if (cpu_offload_params) {
+      gpu = static_cast<double>(largest_layer_memory);
+      cpu = zero_init ? static_cast<double>(total_params * 18) * gpus_factor * buffer_factor
+                      : P * max_mixed(static_cast<double>(4 * gpus_per_node), 18 * gpus_factor) * buffer_factor;
+    } else {
+      gpu = static_cast<double>(largest_layer_memory) +
+            static_cast<double>(
+                static_cast<std::int64_t>(static_cast<double>(2 * total_params) / static_cast<double>(total_gpus)));
+      cpu = zero_init ? static_cast<double>(total_params * 16) * gpus_factor * buffer_factor
+                      : P * max_mixed(static_cast<double>(4 * gpus_per_node), 16 * gpus_factor) * buffer_factor;
+    }
+  } else {
+    gpu = static_cast<double>(largest_layer_memory) +
+          static_cast<double>(
+              static_cast<std::int64_t>(static_cast<double>(18 * total_params) / static_cast<double>(total_gpus)));
+    cpu = zero_init ? static_cast<double>(largest_layer_params * 4 * gpus_per_node) * buffer_factor
+                    : static_cast<double>(total_params * 4 * gpus_per_node) * buffer_factor;
+  }
+  return {static_cast<std::int64_t>(cpu), static_cast<std::int64_t>(gpu)};
+}
+
+namespace detail {
+/// Python's f"{x:{width}.2f}".
+inline std::string fixed2(double x, int width) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%*.2f", width, x);
+  return buf;
+}
+inline std::string hw_line(std::int64_t gpus_per_node, std::int64_t nodes) {
+  return cat("HW: Setup with ", std::to_string(nodes), (nodes > 1 ? " nodes, " : " node, "),
+             std::to_string(gpus_per_node), (gpus_per_node > 1 ? " GPUs" : " GPU"), " per node.\n");
+}
+} // namespace detail
+
+/// The table DeepSpeed's `estimate_zero2_model_states_mem_needs_all_cold` prints, byte for byte
+/// (its "cpu" is padded to 4 characters, as its format string does).
+[[nodiscard]] inline std::string deepspeed_zero2_table(std::int64_t total_params, std::int64_t gpus_per_node,
+                                                       std::int64_t nodes, double buffer_factor = 1.5) {
+  std::string out =
+      cat("Estimated memory needed for params, optim states and gradients for a:\n",
+          detail::hw_line(gpus_per_node, nodes), "SW: Model with ", std::to_string(total_params / 1'000'000),
+          "M total params.\n", "  per CPU  |  per GPU |   Options\n");
+  for (bool offload : {true, false}) {
+    const auto e = deepspeed_zero2_estimate(total_params, gpus_per_node, nodes, offload, buffer_factor);
+    out += cat(" ", detail::fixed2(static_cast<double>(e.cpu_bytes) / 1073741824.0, 7), "GB | ",
+               detail::fixed2(static_cast<double>(e.gpu_bytes) / 1073741824.0, 6), "GB | ",
+               (offload ? "offload_optimizer=cpu " : "offload_optimizer=none"), "\n");
+  }
+  return out;
+}
+
+/// The table DeepSpeed's `estimate_zero3_model_states_mem_needs_all_cold` prints, byte for byte.
+[[nodiscard]] inline std::string deepspeed_zero3_table(std::int64_t total_params, std::int64_t largest_layer_params,
+                                                       std::int64_t gpus_per_node, std::int64_t nodes,
+                                                       double buffer_factor = 1.5) {
+  std::string out =
+      cat("Estimated memory needed for params, optim states and gradients for a:\n",
+          detail::hw_line(gpus_per_node, nodes), "SW: Model with ", std::to_string(total_params / 1'000'000),
+          "M total params, ", std::to_string(largest_layer_params / 1'000'000), "M largest layer params.\n",
+          "  per CPU  |  per GPU |   Options\n");
+  for (bool offload : {true, false}) {
+    for (bool offload_params : {true, false}) {
+      if (!offload && offload_params) {
+        continue;
+      }
+      for (bool zero_init : {true, false}) {
+        const auto e = deepspeed_zero3_estimate(total_params, largest_layer_params, gpus_per_node, nodes, offload,
+                                                offload_params, zero_init, buffer_factor);
+        out += cat(" ", detail::fixed2(static_cast<double>(e.cpu_bytes) / 1073741824.0, 7), "GB | ",
+                   detail::fixed2(static_cast<double>(e.gpu_bytes) / 1073741824.0, 6), "GB | ",
+                   "offload_param=", (offload_params ? "cpu " : "none"),
+                   ", offload_optimizer=", (offload ? "cpu " : "none"), ", zero_init=", (zero_init ? "1" : "0"), "\n");
+      }
+    }
+  }
+  return out;
+}
+
+// ---- zero's accounting ---------------------------------------------------------------------------
+
+/// What zero-estimate accounts for. Sizes in elements unless named bytes.
+struct estimate_options {
+  std::int64_t params = 0;                                 ///< parameters in the model (Ψ)
+  std::int64_t largest_layer_params = 0;                   ///< parameters of the largest module (stage 3 working set)
+  std::int64_t gpus_per_node = 1;                          ///< ranks per node
+  std::int64_t nodes = 1;                                  ///< nodes
+  dtype param_dtype = dtype::bf16;                         ///< dtype of parameters (fp32, fp16, bf16)
+  dtype grad_dtype = dtype::bf16;                          ///< dtype gradients accumulate in
+  std::int64_t reduce_bucket_size = 500'000'000;           ///< zero_optimization.reduce_bucket_size
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;   ///< zero_optimization.stage3_prefetch_bucket_size
+  std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
+  bool overlap_comm = false;                               ///< double-buffered gradient buckets at stages 2 and 3
+  std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
+  std::int64_t offload_optimizer_buffer_count = 4;         ///< offload_optimizer.buffer_count
+  std::int64_t offload_param_buffer_count = 5;             ///< offload_param.buffer_count
+  std::int64_t offload_param_buffer_size = 100'000'000;    ///< offload_param.buffer_size
+  std::int64_t offload_param_max_in_cpu = 1'000'000'000;   ///< offload_param.max_in_cpu
+
+  /// Data-parallel ranks: nodes x gpus_per_node.
+  [[nodiscard]] std::int64_t ranks() const noexcept { return nodes * gpus_per_node; }
+};
+
+/// Bytes of one stage/offload choice.
+struct estimate_row {
+  int stage = 0;                                           ///< 0..3
+  offload_device offload_optimizer = offload_device::none; ///< where optimizer state lives
+  offload_device offload_param = offload_device::none;     ///< where parameter shards live (stage 3)
+  std::int64_t gpu_model_state_bytes = 0; ///< params, grads and optimizer state on one GPU (the DESIGN.md table)
+  std::int64_t gpu_buffer_bytes = 0;      ///< gradient buckets and the stage-3 gathered working set
+  std::int64_t gpu_bytes_per_rank = 0;    ///< the two above
+  std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
+  std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
+  std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
+  bool implemented = true;                ///< false for NVMe rows: NVMe offload is planned, not implemented
+};
+
+/// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
+/// offload none/cpu/nvme; stage 3 with optimizer offload none/cpu/nvme and parameter offload
+/// none/cpu/nvme (parameters offloaded only when the optimizer is, as DeepSpeed's estimator).
+///
+/// Per rank, with Ψ params, N ranks, shard S = ceil(Ψ/N), p/g the bytes of a parameter/gradient,
+/// m = 4 bytes of fp32 master weight (0 when parameters are fp32) and 8 bytes of Adam moments:
+///
+///     stage 0: Ψ(p + g + m + 8)             stage 1: Ψ(p + g) + S(m + 8)
+///     stage 2: Ψp + S(g + m + 8)            stage 3: S(p + g + m + 8)
+///
+/// Optimizer offload moves S(m + 8) and an fp32 gradient shard (4S) to the host, and the sharded
+/// gradients of stages 2-3 leave the GPU; parameter offload moves the stage-3 parameter shard too.
+/// Buffers: stages 2-3 hold a gradient bucket of min(reduce_bucket_size, Ψ) elements (two with
+/// overlap_comm); stage 3 holds the gathered working set, min(Ψ, max_live, largest layer +
+/// prefetch bucket) parameters. NVMe rows keep `sub_group_size` tiles (optimizer) or
+/// buffer_count x buffer_size elements (parameters) in host memory and the rest on NVMe.
+/// \throws usage_error when params, ranks or dtypes are out of range.
+[[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
+  // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
+  if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
+      o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params) {
+    throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20 and "
+                      "0 <= largest_layer_params <= params");
+  }
+  for (dtype t : {o.param_dtype, o.grad_dtype}) {
+    if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
+      throw usage_error(cat("estimate_memory: dtypes must be fp32, fp16 or bf16, not ", std::string(name_of(t))));
+    }
+  }
+  const std::int64_t psi = o.params;
+  const std::int64_t n = o.ranks();
+  const std::int64_t shard = (psi + n - 1) / n;
+  const auto p = static_cast<std::int64_t>(size_of(o.param_dtype));
+  const auto g = static_cast<std::int64_t>(size_of(o.grad_dtype));
+  const std::int64_t master = o.param_dtype == dtype::f32 ? 0 : 4;
+  const std::int64_t moments = 8;
+  const std::int64_t fp32_grad = 4;
+  const std::int64_t bucket = std::min(o.reduce_bucket_size, psi) * g * (o.overlap_comm ? 2 : 1);
+  const std::int64_t working =
+      std::min({psi, o.stage3_max_live_parameters, o.largest_layer_params + o.stage3_prefetch_bucket_size}) * p;
+
+  std::vector<estimate_row> rows;
+  auto add = [&](int stage, offload_device opt, offload_device par) {
+    estimate_row r;
+    r.stage = stage;
+    r.offload_optimizer = opt;
+    r.offload_param = par;
+    r.implemented = opt != offload_device::nvme && par != offload_device::nvme;
+    std::int64_t host = 0;
+    std::int64_t nvme = 0;
+    const std::int64_t optimizer_state = shard * (master + moments);
+    // Optimizer state, and the fp32 gradient shard the CPU step reads.
+    if (opt == offload_device::cpu) {
+      host += optimizer_state + shard * fp32_grad;
+    } else if (opt == offload_device::nvme) {
+      host += o.offload_optimizer_buffer_count * std::min(o.sub_group_size, shard) * 4 + shard * fp32_grad;
+      nvme += optimizer_state;
+    }
+    switch (stage) {
+    case 0:
+      r.gpu_model_state_bytes = psi * (p + g + master + moments);
+      break;
+    case 1:
+      r.gpu_model_state_bytes = psi * (p + g) + (opt == offload_device::none ? optimizer_state : 0);
+      break;
+    case 2:
+      r.gpu_model_state_bytes = psi * p + (opt == offload_device::none ? shard * g + optimizer_state : 0);
+      r.gpu_buffer_bytes = bucket;
+      break;
+    default: {
+      std::int64_t on_gpu = 0;
+      if (par == offload_device::none) {
+        on_gpu += shard * p;
+      } else if (par == offload_device::cpu) {
+        host += shard * p;
+      } else {
+        host += std::min(o.offload_param_max_in_cpu, shard) * p +
+                o.offload_param_buffer_count * o.offload_param_buffer_size * p;
+        nvme += shard * p;
+      }
+      if (opt == offload_device::none) {
+        on_gpu += shard * g + optimizer_state;
+      }
+      r.gpu_model_state_bytes = on_gpu;
+      r.gpu_buffer_bytes = bucket + working;
+      break;
+    }
+    }
+    r.gpu_bytes_per_rank = r.gpu_model_state_bytes + r.gpu_buffer_bytes;
+    r.host_bytes_per_rank = host;
+    r.host_bytes_per_node = host * o.gpus_per_node;
+    r.nvme_bytes_per_node = nvme * o.gpus_per_node;
+    rows.push_back(r);
+  };
+  add(0, offload_device::none, offload_device::none);
+  for (int stage : {1, 2}) {
+    for (offload_device opt : {offload_device::none, offload_device::cpu, offload_device::nvme}) {
+      add(stage, opt, offload_device::none);
+    }
+  }
+  for (offload_device opt : {offload_device::none, offload_device::cpu, offload_device::nvme}) {
+    for (offload_device par : {offload_device::none, offload_device::cpu, offload_device::nvme}) {
+      if (opt == offload_device::none && par != offload_device::none) {
+        continue;
+      }
+      add(3, opt, par);
+    }
+  }
+  return rows;
+}
+
+/// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
+/// "nodes", "param_dtype", "grad_dtype", "rows": [{"stage", "offload_optimizer", "offload_param",
+/// "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
+[[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
+  nlohmann::json j = {{"params", o.params},
+                      {"largest_layer_params", o.largest_layer_params},
+                      {"gpus", o.ranks()},
+                      {"gpus_per_node", o.gpus_per_node},
+                      {"nodes", o.nodes},
+                      {"param_dtype", name_of(o.param_dtype)},
+                      {"grad_dtype", name_of(o.grad_dtype)},
+                      {"rows", nlohmann::json::array()}};
+  for (const estimate_row& r : rows) {
+    j["rows"].push_back({{"stage", r.stage},
+                         {"offload_optimizer", name_of(r.offload_optimizer)},
+                         {"offload_param", name_of(r.offload_param)},
+                         {"gpu_bytes_per_rank", r.gpu_bytes_per_rank},
+                         {"gpu_model_state_bytes", r.gpu_model_state_bytes},
+                         {"gpu_buffer_bytes", r.gpu_buffer_bytes},
+                         {"host_bytes_per_node", r.host_bytes_per_node},
+                         {"nvme_bytes_per_node", r.nvme_bytes_per_node},
+                         {"implemented", r.implemented}});
+  }
+  return j;
+}
+
+// ---- model descriptions --------------------------------------------------------------------------
+
+/// Parameter counts read from a model description.
+struct model_summary {
+  std::string name;                      ///< "name" of the description, if any
+  std::int64_t params = 0;               ///< parameters over all modules
+  std::int64_t largest_layer_params = 0; ///< parameters of the largest module
+  std::string largest_layer;             ///< its name
+  std::int64_t modules = 0;              ///< modules, repeats counted
+};
+
+/// Reads a model description:
+///
+///     {"name": "gpt-small",
+///      "modules": [{"name": "embed", "params": [{"name": "weight", "shape": [50257, 768]}]},
+///                  {"name": "block", "repeat": 12, "params": [{"name": "qkv", "shape": [2304, 768]}, ...]}]}
+///
+/// A module's parameters are gathered together at stage 3, so the largest module bounds stage 3's
+/// working set. `repeat` (default 1) counts a module that many times. Every key is checked.
+/// \throws config_error naming the JSON path of anything missing, unknown or out of range.
+[[nodiscard]] inline model_summary read_model_description(const nlohmann::json& j, std::string_view source = {}) {
+  using json = nlohmann::json;
+  zero::detail::parse_context ctx;
+  ctx.source = std::string(source);
+  static constexpr std::string_view top_keys[] = {"name", "modules"};
+  static constexpr std::string_view module_keys[] = {"name", "repeat", "params"};
+  static constexpr std::string_view param_keys[] = {"name", "shape"};
+  static constexpr std::int64_t max_count = std::numeric_limits<std::int64_t>::max() / 4;
+  if (!j.is_object()) {
+    ctx.fail("", cat("found ", zero::detail::show(j), "; a model description is a JSON object with \"modules\""));
+  }
+  model_summary m;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find(std::begin(top_keys), std::end(top_keys), it.key()) == std::end(top_keys)) {
+      auto near = zero::detail::closest_match(it.key(), top_keys);
+      ctx.fail(it.key(), std::string("unknown key") +
+                             (near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)")) +
+                             "; keys: name, modules");
+    }
+  }
+  if (auto it = j.find("name"); it != j.end()) {
+    m.name = zero::detail::as_string(ctx, "name", *it);
+  }
+  auto mods = j.find("modules");
+  if (mods == j.end() || !mods->is_array() || mods->empty()) {
+    ctx.fail("modules", mods == j.end()
+                            ? "missing; expected an array of modules"
+                            : cat("found ", zero::detail::show(*mods), "; expected a non-empty array of modules"));
+  }
+  auto checked_mul = [&](std::string_view path, std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r) || r > max_count) {
+      ctx.fail(path, "the parameter count overflows");
+    }
+    return r;
+  };
+  for (std::size_t i = 0; i < mods->size(); ++i) {
+    const std::string mp = cat("modules[", std::to_string(i), "]");
+    const json& mod = (*mods)[i];
+    if (!mod.is_object()) {
+      ctx.fail(mp, cat("found ", zero::detail::show(mod), "; expected an object {\"name\", \"params\"}"));
+    }
+    for (auto it = mod.begin(); it != mod.end(); ++it) {
+      if (std::find(std::begin(module_keys), std::end(module_keys), it.key()) == std::end(module_keys)) {
+        auto near = zero::detail::closest_match(it.key(), module_keys);
+        ctx.fail(mp + "." + it.key(), std::string("unknown key") +
+                                          (near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)")) +
+                                          "; keys: name, repeat, params");
+      }
+    }
+    std::string name = mp;
+    if (auto it = mod.find("name"); it != mod.end()) {
+      name = zero::detail::as_string(ctx, mp + ".name", *it);
+    }
+    std::int64_t repeat = 1;
+    if (auto it = mod.find("repeat"); it != mod.end()) {
+      repeat = zero::detail::as_int(ctx, mp + ".repeat", *it, 1, 1'000'000);
+    }
+    auto params = mod.find("params");
+    if (params == mod.end() || !params->is_array()) {
+      ctx.fail(mp + ".params", params == mod.end() ? "missing; expected an array of {\"name\", \"shape\"}"
+                                                   : cat("found ", zero::detail::show(*params), "; expected an array"));
+    }
+    std::int64_t module_params = 0;
+    for (std::size_t k = 0; k < params->size(); ++k) {
+      const std::string pp = mp + ".params[" + std::to_string(k) + "]";
+      const json& prm = (*params)[k];
+      if (!prm.is_object()) {
+        ctx.fail(pp, cat("found ", zero::detail::show(prm), "; expected an object {\"name\", \"shape\"}"));
+      }
+      for (auto it = prm.begin(); it != prm.end(); ++it) {
+        if (std::find(std::begin(param_keys), std::end(param_keys), it.key()) == std::end(param_keys)) {
+          auto near = zero::detail::closest_match(it.key(), param_keys);
+          ctx.fail(pp + "." + it.key(), std::string("unknown key") +
+                                            (near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)")) +
+                                            "; keys: name, shape");
+        }
+      }
+      if (auto it = prm.find("name"); it != prm.end()) {
+        static_cast<void>(zero::detail::as_string(ctx, pp + ".name", *it));
+      }
+      auto shape = prm.find("shape");
+      if (shape == prm.end() || !shape->is_array()) {
+        ctx.fail(pp + ".shape", shape == prm.end() ? "missing; expected an array of dimensions, e.g. [4096, 4096]"
+                                                   : cat("found ", zero::detail::show(*shape), "; expected an array"));
+      }
+      std::int64_t count = 1;
+      for (std::size_t d = 0; d < shape->size(); ++d) {
+        const std::string dp = pp + ".shape[" + std::to_string(d) + "]";
+        count = checked_mul(dp, count,
+                            zero::detail::as_int(ctx, dp, (*shape)[d], 1, std::numeric_limits<std::int64_t>::max()));
+      }
+      module_params += count;
+      if (module_params > max_count) {
+        ctx.fail(pp, "the parameter count overflows");
+      }
+    }
+    m.params += checked_mul(mp, module_params, repeat);
+    if (m.params > max_count) {
+      ctx.fail(mp, "the parameter count overflows");
+    }
+    m.modules += repeat;
+    if (module_params > m.largest_layer_params) {
+      m.largest_layer_params = module_params;
+      m.largest_layer = name;
+    }
+  }
+  if (m.params == 0) {
+    ctx.fail("modules", "the modules hold no parameters");
+  }
+  return m;
+}
+
+/// Reads a model description file (see `read_model_description`).
+/// \throws config_error when the file cannot be read, is not JSON, or does not describe a model.
+[[nodiscard]] inline model_summary read_model_description_file(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    throw config_error(cat("cannot read model description ", path.string()));
+  }
+  std::ostringstream text;
+  text << f.rdbuf();
+  return read_model_description(zero::detail::parse_text(text.str(), path.string()), path.string());
+}
+
+/// Parses a count such as "7e9", "7000000000", "6.7B", "125M", "1.5T" or "350k".
+/// \throws usage_error for anything else, or a count that is not a whole number >= 1.
+[[nodiscard]] inline std::int64_t parse_count(std::string_view text) {
+  std::string s(text);
+  double scale = 1;
+  if (!s.empty()) {
+    switch (s.back()) {
+    case 'k':
+    case 'K':
+      scale = 1e3;
+      break;
+    case 'm':
+    case 'M':
+      scale = 1e6;
+      break;
+    case 'b':
+    case 'B':
+    case 'g':
+    case 'G':
+      scale = 1e9;
+      break;
+    case 't':
+    case 'T':
+      scale = 1e12;
+      break;
+    default:
+      break;
+    }
+    if (scale != 1) {
+      s.pop_back();
+    }
+  }
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  // With a suffix, 6.7B is 6.7 * 1e9 rounded (the product is not exact in binary); without one the
+  // number itself must be whole.
+  const double count = scale != 1 ? std::round(v * scale) : v;
+  if (s.empty() || used != s.size() || !(count >= 1) || count >= 9.2e18 || count != std::floor(count)) {
+    throw usage_error(cat("\"", std::string(text),
+                          "\" is not a count: expected a whole number >= 1 such as 7e9, "
+                          "7000000000, 6.7B, 125M or 350k"));
+  }
+  return static_cast<std::int64_t>(count);
+}
+
+} // namespace zero::tools

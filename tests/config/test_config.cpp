@@ -1,0 +1,549 @@
+// zero::config accepts the configs people run with DeepSpeed and Hugging Face, fills in DeepSpeed's
+// defaults, folds DeepSpeed's aliases, resolves "auto" from the inputs, and writes itself back.
+
+#include "support.hpp"
+#include "zero/config/config.hpp"
+#include "zero/config/schema.hpp"
+#include "zero/config/unimplemented.hpp"
+
+#include <doctest/doctest.h>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+using zero::config;
+using zero::dtype;
+using zero::offload_device;
+using zero_test::data;
+using zero_test::has;
+
+namespace {
+
+bool has_note(const config& c, std::string_view needle) {
+  for (const auto& n : c.notes) {
+    if (n.find(needle) != std::string::npos) {
+      return true;
+    }
+  }
+  std::string all;
+  for (const auto& n : c.notes) {
+    all += "\n  " + n;
+  }
+  MESSAGE("no note with [" << needle << "]; notes:" << all);
+  return false;
+}
+
+/// Reading back what to_json wrote gives the same config.
+void check_round_trip(const config& c) {
+  zero::config_inputs in;
+  in.world_size = c.world_size;
+  const config back = config::from_json(c.to_json(), in);
+  CHECK(back.to_json() == c.to_json());
+}
+
+} // namespace
+
+TEST_CASE("DeepSpeed's defaults, from its code, fill in everything a config leaves out") {
+  const config c = config::from_string(R"({"train_micro_batch_size_per_gpu": 1})");
+  CHECK(c.train_batch_size == 1);
+  CHECK(c.gradient_accumulation_steps == 1);
+  CHECK(c.gradient_clipping == 0.0);
+  CHECK_FALSE(c.steps_per_print.has_value()); // DeepSpeed's code: None (its docs say 10)
+  CHECK_FALSE(c.wall_clock_breakdown);
+  CHECK_FALSE(c.fp16.enabled);
+  CHECK(c.fp16.loss_scale == 0.0);
+  CHECK(c.fp16.dynamic());
+  CHECK(c.fp16.initial_scale_power == 16);
+  CHECK(c.fp16.initial_scale() == 65536.0);
+  CHECK(c.fp16.loss_scale_window == 1000);
+  CHECK(c.fp16.hysteresis == 2);
+  CHECK_FALSE(c.fp16.consecutive_hysteresis);
+  CHECK(c.fp16.min_loss_scale == 1.0);
+  CHECK_FALSE(c.bf16.enabled);
+  CHECK(c.param_dtype() == dtype::f32);
+  CHECK(c.grad_accum_dtype == dtype::f32);
+  CHECK(c.communication_data_type == dtype::f32);
+  CHECK_FALSE(c.optimizer.has_value());
+  CHECK_FALSE(c.scheduler.has_value());
+  const auto& z = c.zero_optimization;
+  CHECK(z.stage == 0);
+  CHECK(c.stage() == 0);
+  CHECK(z.contiguous_gradients);
+  CHECK_FALSE(z.overlap_comm); // DeepSpeed: true only at stage 3
+  CHECK(z.reduce_scatter);
+  CHECK(z.reduce_bucket_size == 500'000'000);
+  CHECK(z.allgather_partitions);
+  CHECK(z.allgather_bucket_size == 500'000'000);
+  CHECK(z.offload_optimizer.device == offload_device::none);
+  CHECK_FALSE(z.offload_optimizer.pin_memory);
+  CHECK(z.offload_optimizer.buffer_count == 4);
+  CHECK(z.offload_optimizer.ratio == 1.0);
+  CHECK(z.offload_param.device == offload_device::none);
+  CHECK(z.offload_param.buffer_count == 5);
+  CHECK(z.offload_param.buffer_size == 100'000'000);
+  CHECK(z.offload_param.max_in_cpu == 1'000'000'000);
+  CHECK(z.sub_group_size == 1'000'000'000); // DeepSpeed's code: 1e9 (its format string says 1e12)
+  CHECK(z.stage3_max_live_parameters == 1'000'000'000);
+  CHECK(z.stage3_max_reuse_distance == 1'000'000'000);
+  CHECK(z.stage3_prefetch_bucket_size == 50'000'000);
+  CHECK(z.stage3_param_persistence_threshold == 100'000);
+  CHECK_FALSE(z.stage3_gather_16bit_weights_on_model_save);
+  CHECK_FALSE(z.round_robin_gradients);
+  CHECK(z.ignore_unused_parameters);
+  CHECK_FALSE(z.elastic_checkpoint);
+  CHECK(c.aio.block_size == 1'048'576);
+  CHECK(c.aio.queue_depth == 8);
+  CHECK(c.aio.thread_count == 1);
+  CHECK_FALSE(c.aio.single_submit);
+  CHECK(c.aio.overlap_events);
+  CHECK(has_note(c, "no world size given"));
+  check_round_trip(c);
+}
+
+TEST_CASE("overlap_comm defaults to true at stage 3, as DeepSpeed's validator sets it") {
+  CHECK(config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3}})")
+            .zero_optimization.overlap_comm);
+  CHECK_FALSE(config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})")
+                  .zero_optimization.overlap_comm);
+  CHECK_FALSE(
+      config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": false}})")
+          .zero_optimization.overlap_comm);
+}
+
+TEST_CASE("Hugging Face's tests/deepspeed/ds_config_zero2.json, every \"auto\" resolved from the Trainer's values") {
+  const config c = config::from_file(data("hf_ds_config_zero2.json"), zero_test::hf_inputs());
+  CHECK(c.world_size == 4);
+  CHECK(c.train_micro_batch_size_per_gpu == 8);
+  CHECK(c.gradient_accumulation_steps == 2);
+  CHECK(c.train_batch_size == 64); // 8 x 2 x 4
+  CHECK(c.gradient_clipping == 1.0);
+  CHECK(c.steps_per_print == 2000);
+  CHECK_FALSE(c.fp16.enabled);
+  CHECK(c.bf16.enabled);
+  CHECK(c.param_dtype() == dtype::bf16);
+  CHECK(c.grad_accum_dtype == dtype::bf16);
+  CHECK(c.communication_data_type == dtype::bf16);
+  REQUIRE(c.optimizer);
+  CHECK(c.optimizer->type == zero::optimizer_type::adamw);
+  CHECK(c.optimizer->lr == 3e-5);
+  CHECK(c.optimizer->betas[0] == 0.9);
+  CHECK(c.optimizer->betas[1] == 0.999);
+  CHECK(c.optimizer->eps == 1e-8);
+  CHECK(c.optimizer->weight_decay == 0.01);
+  CHECK(c.optimizer->adam_w_mode);
+  REQUIRE(c.scheduler);
+  CHECK(c.scheduler->type == zero::scheduler_type::warmup_lr);
+  CHECK(c.scheduler->warmup_min_lr == 0.0); // Hugging Face fills "auto" with 0
+  CHECK(c.scheduler->warmup_max_lr == 3e-5);
+  CHECK(c.scheduler->warmup_num_steps == 100);
+  const auto& z = c.zero_optimization;
+  CHECK(z.stage == 2);
+  CHECK(z.offload_optimizer.device == offload_device::cpu);
+  CHECK(z.offload_optimizer.pin_memory);
+  CHECK(z.allgather_bucket_size == 200'000'000);
+  CHECK(z.reduce_bucket_size == 200'000'000);
+  CHECK(z.overlap_comm);
+  CHECK(has_note(c, "fp16: loss-scale settings have no effect"));
+  check_round_trip(c);
+}
+
+TEST_CASE("Hugging Face's tests/deepspeed/ds_config_zero3.json: 1e14, zeros, and the deprecated fp16 name") {
+  zero::config_inputs in;
+  in.world_size = 2;
+  in.micro_batch_size = 4;
+  const config c = config::from_file(data("hf_ds_config_zero3.json"), in);
+  CHECK(c.train_batch_size == 8);
+  CHECK(c.gradient_accumulation_steps == 1);
+  CHECK(c.fp16.enabled);
+  CHECK(c.param_dtype() == dtype::f16);
+  CHECK(c.communication_data_type == dtype::f16);
+  const auto& z = c.zero_optimization;
+  CHECK(z.stage == 3);
+  CHECK(z.sub_group_size == 100'000'000'000'000); // 1e14
+  CHECK(z.reduce_bucket_size == 0);
+  CHECK(z.stage3_prefetch_bucket_size == 0);
+  CHECK(z.stage3_param_persistence_threshold == 0);
+  CHECK(z.stage3_max_live_parameters == 1'000'000'000);
+  CHECK(z.stage3_gather_16bit_weights_on_model_save);
+  CHECK(z.offload_param.device == offload_device::cpu);
+  CHECK(z.offload_param.pin_memory);
+  REQUIRE(c.optimizer);
+  CHECK(c.optimizer->betas[0] == 0.8);
+  CHECK(c.optimizer->weight_decay == 3e-7);
+  REQUIRE(c.scheduler);
+  CHECK(c.scheduler->warmup_max_lr == 3e-5);
+  CHECK(c.scheduler->warmup_num_steps == 500);
+  CHECK(has_note(c, "stage3_gather_fp16_weights_on_model_save: deprecated; read as "
+                    "stage3_gather_16bit_weights_on_model_save"));
+  check_round_trip(c);
+}
+
+TEST_CASE("Hugging Face's documented ZeRO-3 config: hidden-size \"auto\" uses the Trainer's formulas") {
+  const config c = config::from_file(data("hf_docs_zero3_auto.json"), zero_test::hf_inputs());
+  const auto& z = c.zero_optimization;
+  CHECK(z.reduce_bucket_size == 16'777'216);             // 4096 * 4096
+  CHECK(z.stage3_prefetch_bucket_size == 15'099'494);    // floor(0.9 * 16777216 = 15099494.4)
+  CHECK(z.stage3_param_persistence_threshold == 40'960); // 10 * 4096
+  REQUIRE(c.scheduler);
+  CHECK(c.scheduler->type == zero::scheduler_type::warmup_decay_lr);
+  CHECK(c.scheduler->total_num_steps == 1000);
+  CHECK(c.scheduler->warmup_num_steps == 100);
+  CHECK(c.scheduler->warmup_max_lr == 3e-5);
+  CHECK(z.offload_optimizer.device == offload_device::cpu);
+  CHECK(z.offload_param.device == offload_device::cpu);
+  check_round_trip(c);
+}
+
+TEST_CASE("DeepSpeed's documented first example: the boolean zero_optimization and Adam's AdamW default") {
+  const config c = config::from_file(data("ds_docs_basic.json"));
+  CHECK(c.world_size == 1);
+  CHECK(c.train_batch_size == 8);
+  CHECK(c.train_micro_batch_size_per_gpu == 8);
+  CHECK(c.gradient_accumulation_steps == 1);
+  CHECK(c.stage() == 1);
+  CHECK(c.fp16.enabled);
+  REQUIRE(c.optimizer);
+  CHECK(c.optimizer->type == zero::optimizer_type::adam);
+  CHECK(c.optimizer->lr == 0.00015);
+  CHECK(c.optimizer->adam_w_mode); // DeepSpeed runs AdamW for "Adam" unless adam_w_mode is false
+  CHECK(c.optimizer->weight_decay == 0.0);
+  CHECK(has_note(c, "zero_optimization: deprecated boolean form; read as stage 1"));
+  zero::config_inputs two;
+  two.world_size = 2;
+  CHECK(config::from_file(data("ds_docs_basic.json"), two).train_micro_batch_size_per_gpu == 4);
+  check_round_trip(c);
+}
+
+TEST_CASE("DeepSpeed's ZeRO-Offload and ZeRO-3 tutorial configs") {
+  zero::config_inputs in;
+  in.world_size = 2;
+  SUBCASE("ZeRO-Offload: stage 2, optimizer on the CPU") {
+    const config c = config::from_file(data("ds_tutorial_zero_offload.json"), in);
+    CHECK(c.train_batch_size == 10);
+    CHECK(c.train_micro_batch_size_per_gpu == 5); // 10 / (1 x 2)
+    CHECK(c.stage() == 2);
+    CHECK(c.zero_optimization.offload_optimizer.device == offload_device::cpu);
+    CHECK_FALSE(c.zero_optimization.offload_optimizer.pin_memory);
+    CHECK(c.wall_clock_breakdown);
+    CHECK(c.steps_per_print == 1);
+    CHECK(c.gradient_clipping == 1.0);
+    CHECK(c.optimizer->type == zero::optimizer_type::adam);
+    CHECK(c.optimizer->adam_w_mode);
+    check_round_trip(c);
+  }
+  SUBCASE("ZeRO-3 with CPU offload of parameters and optimizer") {
+    const config c = config::from_file(data("ds_tutorial_zero3.json"), in);
+    CHECK(c.train_batch_size == 64); // 4 x 8 x 2
+    CHECK(c.zero_optimization.stage3_prefetch_bucket_size == 10'000'000);
+    CHECK(c.zero_optimization.stage3_param_persistence_threshold == 100'000);
+    CHECK(c.zero_optimization.reduce_bucket_size == 10'000'000);
+    CHECK(c.zero_optimization.overlap_comm); // stage 3 default
+    CHECK(c.zero_optimization.offload_param.device == offload_device::cpu);
+    CHECK(c.scheduler->warmup_max_lr == 0.001);
+    CHECK(has_note(c, "aio: no effect without NVMe offload"));
+    check_round_trip(c);
+  }
+}
+
+TEST_CASE("LLaMA-Factory's ds_z0_config.json: stage-1/2 keys at stage 0 are accepted and noted") {
+  zero::config_inputs in = zero_test::hf_inputs();
+  const config c = config::from_file(data("llama_factory_ds_z0.json"), in);
+  CHECK(c.stage() == 0);
+  CHECK(c.zero_optimization.overlap_comm);
+  CHECK(c.zero_optimization.round_robin_gradients);
+  CHECK(c.grad_accum_dtype == dtype::f32); // DeepSpeed: bf16 without ZeRO accumulates in fp32
+  CHECK(has_note(c, "zero_optimization.round_robin_gradients: no effect at stage 0 (used at stage 1, 2)"));
+  CHECK(has_note(c, "zero_optimization.allgather_bucket_size: no effect at stage 0"));
+  CHECK(has_note(c, "zero_optimization.reduce_scatter: no effect at stage 0 (used at stage 2, 3)"));
+  CHECK(has_note(c, "zero_allow_untested_optimizer: no effect"));
+  check_round_trip(c);
+}
+
+TEST_CASE("axolotl's zero3_bf16.json: zeros, initial_scale_power 32 and auto_cast false") {
+  zero::config_inputs in = zero_test::hf_inputs();
+  const config c = config::from_file(data("axolotl_zero3_bf16.json"), in);
+  CHECK(c.bf16.enabled);
+  CHECK_FALSE(c.fp16.enabled);
+  CHECK(c.fp16.initial_scale_power == 32);
+  CHECK(c.zero_optimization.sub_group_size == 0);
+  CHECK(c.zero_optimization.stage3_max_live_parameters == 0);
+  CHECK(c.zero_optimization.stage3_max_reuse_distance == 0);
+  CHECK(c.zero_optimization.reduce_bucket_size == 4096 * 4096);
+  check_round_trip(c);
+}
+
+TEST_CASE("MedicalGPT's zero3 config: \"auto\" for gather_16bit is resolved from the inputs") {
+  zero::config_inputs in = zero_test::hf_inputs();
+  in.precision = dtype::f16;
+  in.gather_16bit_weights_on_model_save = true;
+  const config c = config::from_file(data("medicalgpt_zero3.json"), in);
+  CHECK(c.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  REQUIRE(c.optimizer);
+  CHECK(c.optimizer->lr == 3e-5);
+  CHECK(c.optimizer->betas[1] == 0.999); // absent in the file: the input
+  check_round_trip(c);
+}
+
+TEST_CASE("a hand-written DeepSpeed config: comments, old names, case-insensitive names, switched-off blocks") {
+  zero::config_inputs in;
+  in.world_size = 4;
+  const config c = config::from_file(data("ds_zero2_offload_commented.json"), in);
+  CHECK(c.train_batch_size == 64);
+  CHECK(c.train_micro_batch_size_per_gpu == 4);
+  CHECK(c.gradient_accumulation_steps == 4); // 64 / (4 x 4)
+  CHECK(c.bf16.enabled);
+  CHECK(c.grad_accum_dtype == dtype::f32);
+  CHECK(c.communication_data_type == dtype::f32);
+  REQUIRE(c.optimizer);
+  CHECK(c.optimizer->type == zero::optimizer_type::adamw);
+  CHECK(c.optimizer->betas[1] == 0.95);
+  REQUIRE(c.scheduler);
+  CHECK(c.scheduler->type == zero::scheduler_type::warmup_cosine_lr);
+  CHECK(c.scheduler->total_num_steps == 10000);
+  CHECK(c.scheduler->warmup_min_ratio == 0.01);
+  CHECK(c.scheduler->cos_min_ratio == 0.1);
+  CHECK(c.scheduler->warmup_type == zero::warmup_curve::linear);
+  CHECK(c.zero_optimization.offload_optimizer.device == offload_device::cpu);
+  CHECK(c.zero_optimization.offload_optimizer.pin_memory); // from cpu_offload_use_pin_memory
+  CHECK(has_note(c, "bfloat16: DeepSpeed's old name; read as bf16"));
+  CHECK(has_note(c, "zero_optimization.cpu_offload: deprecated; read as offload_optimizer.device = \"cpu\""));
+  check_round_trip(c);
+}
+
+TEST_CASE("integers written as 5e8, 1e14 or 2.0 are integers") {
+  const config c = config::from_string(R"({"train_batch_size": 1.6e1, "gradient_accumulation_steps": 2.0,
+      "zero_optimization": {"stage": 3.0, "reduce_bucket_size": 5e8, "sub_group_size": 1e14,
+                            "stage3_max_live_parameters": 9.007199254740992e15}})");
+  CHECK(c.train_batch_size == 16);
+  CHECK(c.gradient_accumulation_steps == 2);
+  CHECK(c.train_micro_batch_size_per_gpu == 8);
+  CHECK(c.stage() == 3);
+  CHECK(c.zero_optimization.reduce_bucket_size == 500'000'000);
+  CHECK(c.zero_optimization.sub_group_size == 100'000'000'000'000);
+  CHECK(c.zero_optimization.stage3_max_live_parameters == 9'007'199'254'740'992);
+}
+
+TEST_CASE("the batch rule: train = micro x accumulation x world, any one derived from the other two") {
+  using zero::batch_spec;
+  using zero::resolve_batch;
+  auto spec = [](std::optional<std::int64_t> t, std::optional<std::int64_t> m, std::optional<std::int64_t> g) {
+    batch_spec b;
+    b.train_batch_size = t;
+    b.train_micro_batch_size_per_gpu = m;
+    b.gradient_accumulation_steps = g;
+    return b;
+  };
+  SUBCASE("all three agree") {
+    const auto b = resolve_batch(spec(64, 4, 2), 8);
+    CHECK(b.train_batch_size == 64);
+  }
+  SUBCASE("accumulation derived") { CHECK(resolve_batch(spec(64, 4, {}), 4).gradient_accumulation_steps == 4); }
+  SUBCASE("micro derived") { CHECK(resolve_batch(spec(64, {}, 2), 4).train_micro_batch_size_per_gpu == 8); }
+  SUBCASE("train derived") { CHECK(resolve_batch(spec({}, 3, 5), 7).train_batch_size == 105); }
+  SUBCASE("only train: accumulation 1, as DeepSpeed") {
+    const auto b = resolve_batch(spec(32, {}, {}), 4);
+    CHECK(b.train_micro_batch_size_per_gpu == 8);
+    CHECK(b.gradient_accumulation_steps == 1);
+  }
+  SUBCASE("only micro: accumulation 1, as DeepSpeed") {
+    const auto b = resolve_batch(spec({}, 3, {}), 4);
+    CHECK(b.train_batch_size == 12);
+    CHECK(b.gradient_accumulation_steps == 1);
+  }
+  SUBCASE("a config's batch keys re-resolved for another world size") {
+    const config c = config::from_string(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4})");
+    CHECK(c.gradient_accumulation_steps == 16);
+    const config c8 = c.rebatched(8);
+    CHECK(c8.world_size == 8);
+    CHECK(c8.gradient_accumulation_steps == 2);
+    CHECK_THROWS_AS(static_cast<void>(c.rebatched(3)), zero::config_error);
+  }
+}
+
+TEST_CASE("gradient accumulation dtype and communication dtype resolve as DeepSpeed's engine does") {
+  auto read = [](std::string_view text) { return config::from_string(text); };
+  CHECK(read(R"({"train_batch_size": 1, "bf16": {"enabled": true}})").grad_accum_dtype == dtype::f32);
+  CHECK(read(R"({"train_batch_size": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 1}})")
+            .grad_accum_dtype == dtype::bf16);
+  CHECK(read(R"({"train_batch_size": 1, "fp16": {"enabled": true}})").grad_accum_dtype == dtype::f16);
+  CHECK(read(R"({"train_batch_size": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 2},
+                 "data_types": {"grad_accum_dtype": "fp32"}})")
+            .grad_accum_dtype == dtype::f32);
+  CHECK(
+      read(
+          R"({"train_batch_size": 1, "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "torch.bfloat16"}})")
+          .grad_accum_dtype == dtype::bf16);
+  CHECK(read(R"({"train_batch_size": 1, "fp16": {"enabled": true}})").communication_data_type == dtype::f16);
+  CHECK(read(R"({"train_batch_size": 1, "fp16": {"enabled": true}, "communication_data_type": "fp32"})")
+            .communication_data_type == dtype::f32);
+  CHECK(read(R"({"train_batch_size": 1, "data_types": null, "communication_data_type": null})").grad_accum_dtype ==
+        dtype::f32);
+}
+
+TEST_CASE("Adam and AdamW: DeepSpeed's adam_w_mode rule and PyTorch's defaults with torch_adam") {
+  auto opt = [](std::string_view o) {
+    return *config::from_string(std::string(R"({"train_batch_size": 1, "optimizer": )") + std::string(o) + "}")
+                .optimizer;
+  };
+  CHECK(opt(R"({"type": "Adam"})").adam_w_mode);
+  CHECK_FALSE(opt(R"({"type": "Adam", "params": {"adam_w_mode": false}})").adam_w_mode);
+  CHECK(opt(R"({"type": "ADAMW"})").type == zero::optimizer_type::adamw);
+  CHECK(opt(R"({"type": "AdamW", "params": {"torch_adam": true}})").weight_decay == 0.01);
+  CHECK(opt(R"({"type": "Adam", "params": {"torch_adam": true, "adam_w_mode": false}})").weight_decay == 0.0);
+  CHECK(opt(R"({"type": "AdamW"})").weight_decay == 0.0);
+  CHECK_FALSE(opt(R"({"type": "AdamW", "params": {"bias_correction": false}})").bias_correction);
+  const auto o = opt(R"({"type": "AdamW"})");
+  CHECK(o.lr == 1e-3);
+  CHECK(o.eps == 1e-8);
+  CHECK(o.betas == std::array<double, 2>{0.9, 0.999});
+}
+
+TEST_CASE("scheduler defaults follow DeepSpeed's constructors") {
+  auto sched = [](std::string_view s, std::string_view opt = "") {
+    std::string text = R"({"train_batch_size": 1, "scheduler": )" + std::string(s);
+    if (!opt.empty()) {
+      text += R"(, "optimizer": )" + std::string(opt);
+    }
+    return *config::from_string(text + "}").scheduler;
+  };
+  const auto lr = sched(R"({"type": "WarmupLR"})");
+  CHECK(lr.warmup_min_lr == 0.0);
+  CHECK_FALSE(lr.warmup_max_lr.has_value()); // the framework optimizer's lr, as DeepSpeed
+  CHECK(lr.warmup_num_steps == 1000);
+  CHECK(lr.warmup_type == zero::warmup_curve::log);
+  CHECK(lr.last_batch_iteration == -1);
+  CHECK(sched(R"({"type": "WarmupLR"})", R"({"type": "AdamW", "params": {"lr": 0.02}})").warmup_max_lr == 0.02);
+  CHECK(sched(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 10}})").warmup_max_lr == 0.001);
+  const auto cosine = sched(R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 10}})");
+  CHECK(cosine.warmup_min_ratio == 0.0);
+  CHECK(cosine.cos_min_ratio == 1e-4);
+  CHECK(cosine.warmup_num_steps == 1000);
+  CHECK(
+      sched(R"({"type": "WarmupLR", "params": {"warmup_max_lr": null}})", R"({"type": "Adam", "params": {"lr": 0.5}})")
+          .warmup_max_lr == 0.5);
+}
+
+TEST_CASE("deprecated aliases DeepSpeed still accepts") {
+  SUBCASE("cpu_offload_param and cpu_offload_use_pin_memory") {
+    const config c = config::from_string(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3,
+        "cpu_offload": true, "cpu_offload_param": true, "cpu_offload_use_pin_memory": true}})");
+    CHECK(c.zero_optimization.offload_optimizer.device == offload_device::cpu);
+    CHECK(c.zero_optimization.offload_param.device == offload_device::cpu);
+    CHECK(c.zero_optimization.offload_param.pin_memory);
+    CHECK(has_note(c, "cpu_offload_param: deprecated"));
+  }
+  SUBCASE("cpu_offload false") {
+    const config c = config::from_string(R"({"train_batch_size": 1, "zero_optimization": {"cpu_offload": false}})");
+    CHECK(c.zero_optimization.offload_optimizer.device == offload_device::none);
+    CHECK(has_note(c, "deprecated; false has no effect"));
+  }
+  SUBCASE("DeepSpeed's field names of the stage3_ keys") {
+    const config c = config::from_string(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3,
+        "max_live_parameters": 7, "max_reuse_distance": 8, "prefetch_bucket_size": 9,
+        "param_persistence_threshold": 10, "gather_16bit_weights_on_model_save": true}})");
+    const auto& z = c.zero_optimization;
+    CHECK(z.stage3_max_live_parameters == 7);
+    CHECK(z.stage3_max_reuse_distance == 8);
+    CHECK(z.stage3_prefetch_bucket_size == 9);
+    CHECK(z.stage3_param_persistence_threshold == 10);
+    CHECK(z.stage3_gather_16bit_weights_on_model_save);
+    CHECK(has_note(c, "zero_optimization.prefetch_bucket_size: read as zero_optimization.stage3_prefetch_bucket_size"));
+  }
+  SUBCASE("both names, same value") {
+    CHECK(config::from_string(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3,
+        "stage3_max_live_parameters": 7, "max_live_parameters": 7}})")
+              .zero_optimization.stage3_max_live_parameters == 7);
+  }
+  SUBCASE("allgather_size with the boolean zero_optimization") {
+    const config c =
+        config::from_string(R"({"train_batch_size": 1, "zero_optimization": true, "allgather_size": 2e8})");
+    CHECK(c.zero_optimization.allgather_bucket_size == 200'000'000);
+  }
+  SUBCASE("aio's newer intra_op_parallelism") {
+    const config c = config::from_string(R"({"train_batch_size": 1, "aio": {"intra_op_parallelism": 4}})");
+    CHECK(c.aio.thread_count == 4);
+    CHECK(has_note(c, "aio: no effect without NVMe offload"));
+  }
+}
+
+TEST_CASE("DeepSpeed keys zero does not implement are accepted when they ask for nothing") {
+  const config c = config::from_string(R"({"train_batch_size": 2,
+      "amp": {"enabled": "auto", "opt_level": "auto"},
+      "fp16": {"enabled": true, "auto_cast": false, "fp16_master_weights_and_grads": false},
+      "wandb": {"enabled": false, "project": "x"},
+      "comms_logger": {"enabled": false},
+      "checkpoint": {"use_node_local_storage": false},
+      "prescale_gradients": false, "gradient_predivide_factor": 1.0, "sparse_gradients": false,
+      "dump_state": false, "memory_breakdown": false, "vocabulary_size": null,
+      "data_types": {"param_dtype": null},
+      "optimizer": {"type": "AdamW", "legacy_fusion": false, "params": {"amsgrad": false}},
+      "zero_optimization": {"stage": 3, "load_from_fp32_weights": true, "zero_hpz_partition_size": 1,
+                            "mics_shard_size": -1, "zero_quantized_weights": false, "memory_efficient_linear": true,
+                            "stage3_model_persistence_threshold": 9223372036854775807,
+                            "offload_optimizer": {"device": "cpu", "ratio": 1.0, "fast_init": false}},
+      "aio": {"use_gds": false}})");
+  CHECK(c.fp16.enabled);
+  CHECK(c.stage() == 3);
+}
+
+TEST_CASE("outside values: an absent key takes the input, a concrete value equal to it is fine") {
+  zero::config_inputs in;
+  in.max_grad_norm = 0.5;
+  in.lr = 0.25;
+  in.micro_batch_size = 2;
+  in.world_size = 3;
+  const config c = config::from_string(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.25}},
+                                          "scheduler": {"type": "WarmupLR"}})",
+                                       in);
+  CHECK(c.gradient_clipping == 0.5);
+  CHECK(c.optimizer->lr == 0.25);
+  CHECK(c.scheduler->warmup_max_lr == 0.25);
+  CHECK(c.train_batch_size == 6);
+  in.precision = dtype::f16;
+  CHECK(config::from_string("{}", in).fp16.enabled);
+  in.precision = dtype::f32;
+  CHECK(config::from_string("{}", in).param_dtype() == dtype::f32);
+}
+
+TEST_CASE("to_json writes every key under DeepSpeed's names") {
+  const config c = config::from_file(data("hf_docs_zero3_auto.json"), zero_test::hf_inputs());
+  const auto j = c.to_json();
+  for (std::string_view key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+        "steps_per_print", "wall_clock_breakdown", "fp16", "bf16", "data_types", "communication_data_type", "optimizer",
+        "scheduler", "zero_optimization", "aio"}) {
+    CHECK_MESSAGE(j.contains(std::string(key)), key);
+  }
+  for (std::string_view key : zero::detail::schema::zero_optimization) {
+    const bool alias = key.find("stage3_") != 0 && (key.find("max_") == 0 || key.find("prefetch") == 0 ||
+                                                    key.find("param_persistence") == 0 || key.find("gather_") == 0);
+    const bool deprecated = key.find("cpu_offload") == 0 || key == "stage3_gather_fp16_weights_on_model_save";
+    if (!alias && !deprecated) {
+      CHECK_MESSAGE(j["zero_optimization"].contains(std::string(key)), key);
+    }
+  }
+  CHECK(j["zero_optimization"]["offload_param"]["device"] == "cpu");
+  CHECK(j["data_types"]["grad_accum_dtype"] == "bf16");
+}
+
+TEST_CASE("docs/config.md documents every key zero reads and every key it refuses") {
+  std::ifstream f(ZERO_CONFIG_DOCS);
+  REQUIRE_MESSAGE(f.good(), "cannot open " ZERO_CONFIG_DOCS);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  for (const zero::config_block& b : zero::config_blocks) {
+    for (std::string_view k : b.keys) {
+      std::string path = "`";
+      path += zero::detail::join_path(b.path, k);
+      path += '`';
+      CHECK_MESSAGE(doc.find(path) != std::string::npos, "docs/config.md lacks " << path);
+    }
+  }
+  for (const zero::unimplemented_feature& f2 : zero::unimplemented_features) {
+    std::string path = "`";
+    path += f2.path;
+    path += '`';
+    CHECK_MESSAGE(doc.find(path) != std::string::npos, "docs/config.md lacks " << path);
+  }
+}

@@ -1,0 +1,400 @@
+// Every way zero::config refuses a config, and that each message names the JSON path, what was
+// found and what is allowed.
+
+#include "support.hpp"
+#include "zero/config/config.hpp"
+
+#include <doctest/doctest.h>
+#include <string>
+
+using zero::config;
+using zero_test::error_of;
+using zero_test::has;
+
+TEST_CASE("every error is a zero::config_error whose what() starts with [zero.config_error]") {
+  const std::string e = error_of(R"({"train_batch_szie": 8})");
+  CHECK(e.rfind("[zero.config_error] ", 0) == 0);
+  try {
+    static_cast<void>(config::from_string(R"({"train_batch_szie": 8})"));
+  } catch (const zero::error& base) {
+    CHECK(base.id() == "config_error");
+  }
+}
+
+TEST_CASE("unknown keys: did you mean, and the keys that are allowed") {
+  SUBCASE("top level") {
+    const auto e = error_of(R"({"train_batch_szie": 8})");
+    CHECK(has(e, "train_batch_szie: unknown key (did you mean \"train_batch_size\"?)"));
+    CHECK(has(e, "; keys of the top level: train_batch_size, train_micro_batch_size_per_gpu"));
+  }
+  SUBCASE("zero_optimization") {
+    const auto e = error_of(R"({"zero_optimization": {"stage3_prefech_bucket_size": 5e7}})");
+    CHECK(has(e, "zero_optimization.stage3_prefech_bucket_size: unknown key (did you mean "
+                 "\"stage3_prefetch_bucket_size\"?)"));
+  }
+  SUBCASE("offload block") {
+    const auto e = error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"pin_memmory": true}}})");
+    CHECK(has(e, "zero_optimization.offload_optimizer.pin_memmory: unknown key (did you mean \"pin_memory\"?)"));
+  }
+  SUBCASE("case only") {
+    const auto e = error_of(R"({"FP16": {"enabled": true}})");
+    CHECK(has(e, "FP16: unknown key (did you mean \"fp16\"?)"));
+  }
+  SUBCASE("nothing near") {
+    const auto e = error_of(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"qwerty": 1}})");
+    CHECK(has(e, "zero_optimization.qwerty: unknown key; keys of zero_optimization: stage, contiguous_gradients"));
+  }
+  SUBCASE("a key a tool would understand, written where DeepSpeed does not read it") {
+    const auto e = error_of(R"({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}})");
+    CHECK(has(e, "optimizer.params.max_grad_norm: not a DeepSpeed key here; use gradient_clipping (top level)"));
+  }
+}
+
+TEST_CASE("a key in the wrong block says where it belongs") {
+  SUBCASE("stage at the top level") {
+    const auto e = error_of(R"({"train_batch_size": 8, "stage": 2})");
+    CHECK(has(e, "stage: \"stage\" is not a key of the top level; it belongs in zero_optimization.stage"));
+  }
+  SUBCASE("aio inside zero_optimization, as in Hugging Face's NVMe example") {
+    const auto e = error_of(R"({"zero_optimization": {"stage": 3, "aio": {"block_size": 262144}}})");
+    CHECK(has(e, "zero_optimization.aio: \"aio\" is not a key of zero_optimization; it belongs in aio (at the top "
+                 "level)"));
+  }
+  SUBCASE("adam_w_mode beside params") {
+    const auto e = error_of(R"({"optimizer": {"type": "Adam", "adam_w_mode": true, "params": {}}})");
+    CHECK(has(e, "optimizer.adam_w_mode: \"adam_w_mode\" is not a key of optimizer; it belongs in "
+                 "optimizer.params.adam_w_mode"));
+  }
+  SUBCASE("lr beside params") {
+    CHECK(has(error_of(R"({"optimizer": {"type": "Adam", "lr": 0.1}})"), "it belongs in optimizer.params.lr"));
+  }
+  SUBCASE("pin_memory directly in zero_optimization") {
+    const auto e = error_of(R"({"zero_optimization": {"stage": 3, "pin_memory": true}})");
+    CHECK(has(e, "it belongs in zero_optimization.offload_optimizer.pin_memory or "
+                 "zero_optimization.offload_param.pin_memory"));
+  }
+  SUBCASE("warmup_num_steps beside params") {
+    CHECK(has(error_of(R"({"scheduler": {"type": "WarmupLR", "warmup_num_steps": 10}})"),
+              "it belongs in scheduler.params.warmup_num_steps"));
+  }
+  SUBCASE("a refused key in the wrong block is named too") {
+    CHECK(has(error_of(R"({"zero_optimization": {"use_gds": false}})"), "it belongs in aio.use_gds"));
+  }
+}
+
+TEST_CASE("wrong types name the type found and the type expected") {
+  CHECK(has(error_of(R"({"zero_optimization": {"stage": "2"}})"),
+            "zero_optimization.stage: found \"2\" (a string); expected an integer from 0 to 3"));
+  CHECK(has(error_of(R"({"wall_clock_breakdown": "yes"})"),
+            "wall_clock_breakdown: found \"yes\" (a string); expected true or false"));
+  CHECK(has(error_of(R"({"wall_clock_breakdown": 1})"),
+            "wall_clock_breakdown: found 1 (an integer); expected true or false"));
+  CHECK(has(error_of(R"({"fp16": true})"), "fp16: found true (a boolean); expected an object {...}"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "Adam", "params": {"lr": "1e-3"}}})"),
+            "optimizer.params.lr: found \"1e-3\" (a string); expected a number >= 0"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "Adam", "params": {"betas": 0.9}}})"),
+            "optimizer.params.betas: found 0.9; expected [beta1, beta2], two numbers >= 0 and < 1"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, 0.99, 0.999]}}})"),
+            "optimizer.params.betas: found [0.9,0.99,0.999]; expected [beta1, beta2]"));
+  CHECK(has(
+      error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": 1}}})"),
+      "zero_optimization.offload_optimizer.device: found 1 (an integer); expected one of \"none\", \"cpu\", \"nvme\""));
+  CHECK(has(error_of("[1, 2]"), "(top level): found [1,2] (an array); a DeepSpeed config is a JSON object"));
+  CHECK(has(error_of(R"({"communication_data_type": 16})"), "communication_data_type: found 16 (an integer)"));
+}
+
+TEST_CASE("out-of-range values name the range") {
+  CHECK(has(error_of(R"({"zero_optimization": {"stage": 4}})"),
+            "zero_optimization.stage: found 4; expected an integer from 0 to 3"));
+  CHECK(has(error_of(R"({"zero_optimization": {"reduce_bucket_size": -1}})"),
+            "zero_optimization.reduce_bucket_size: found -1; expected an integer >= 0"));
+  CHECK(has(error_of(R"({"train_batch_size": 2.5})"),
+            "train_batch_size: found 2.5; expected an integer >= 1 (a whole number; 5e8 is fine, 2.5 is not)"));
+  CHECK(has(error_of(R"({"train_batch_size": 0})"), "train_batch_size: found 0; expected an integer >= 1"));
+  CHECK(has(error_of(R"({"zero_optimization": {"sub_group_size": 1e30}})"),
+            "zero_optimization.sub_group_size: found 1e+30; expected an integer >= 0"));
+  CHECK(has(error_of(R"({"zero_optimization": {"sub_group_size": 18446744073709551615}})"),
+            "zero_optimization.sub_group_size: found 18446744073709551615; expected an integer >= 0"));
+  CHECK(has(error_of(R"({"fp16": {"hysteresis": 0}})"), "fp16.hysteresis: found 0; expected an integer >= 1"));
+  CHECK(has(error_of(R"({"fp16": {"initial_scale_power": 200}})"),
+            "fp16.initial_scale_power: found 200; expected an integer from 0 to 127"));
+  CHECK(has(error_of(R"({"fp16": {"loss_scale": -1}})"), "fp16.loss_scale: found -1; expected a number >= 0"));
+  CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})"),
+            "zero_optimization.offload_optimizer.ratio: found 1.5; expected a number >= 0 and <= 1"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.0]}}})"),
+            "optimizer.params.betas[1]: found 1.0; expected a number >= 0 and < 1"));
+  CHECK(has(error_of(R"({"steps_per_print": 0})"), "steps_per_print: found 0; expected an integer >= 1"));
+  CHECK(has(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})"),
+            "scheduler.params.warmup_num_steps: found 0; expected an integer >= 1"));
+  CHECK(has(
+      error_of(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "cos_min_ratio": 2}}})"),
+      "scheduler.params.cos_min_ratio: found 2; expected a number >= 0 and <= 1"));
+  CHECK(has(error_of(R"({"aio": {"queue_depth": 0}})"), "aio.queue_depth: found 0; expected an integer >= 1"));
+  CHECK(has(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -2}}})"),
+            "scheduler.params.last_batch_iteration: found -2; expected an integer >= -1"));
+}
+
+TEST_CASE("enumerated values suggest the nearest accepted one") {
+  CHECK(has(error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpuu"}}})"),
+            "zero_optimization.offload_optimizer.device: found \"cpuu\"; expected one of \"none\", \"cpu\", \"nvme\"; "
+            "did you mean \"cpu\"?"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "Adamm"}})"),
+            "optimizer.type: found \"Adamm\"; expected one of \"Adam\", \"AdamW\"; did you mean \"Adam\"?"));
+  CHECK(has(error_of(R"({"scheduler": {"type": "WarmupLr"}})"), "did you mean \"WarmupLR\"?"));
+  CHECK(has(
+      error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linaer"}}})"),
+      "scheduler.params.warmup_type: found \"linaer\"; expected one of \"log\", \"linear\"; did you mean \"linear\"?"));
+  CHECK(has(error_of(R"({"data_types": {"grad_accum_dtype": "fp33"}})"), "did you mean \"fp32\"?"));
+  CHECK(has(error_of(R"({"communication_data_type": "int8"})"),
+            "communication_data_type: found \"int8\"; expected one of \"fp32\", \"fp16\", \"bf16\""));
+}
+
+TEST_CASE("settings that need a feature this version lacks say so, and what is accepted instead") {
+  SUBCASE("NVMe offload, Hugging Face's ZeRO-Infinity example") {
+    try {
+      static_cast<void>(config::from_file(zero_test::data("hf_docs_zero3_nvme.json"), zero_test::hf_inputs()));
+      FAIL("expected a config_error");
+    } catch (const zero::config_error& e) {
+      const std::string m = e.what();
+      CHECK(has(m, "zero_optimization.offload_optimizer.device: found \"nvme\"; this needs NVMe offload of optimizer "
+                   "state (ZeRO-Infinity), which is not implemented in this version (planned); accepted here: \"cpu\" "
+                   "or \"none\""));
+      CHECK(has(m, "hf_docs_zero3_nvme.json"));
+    }
+  }
+  SUBCASE("NVMe parameters") {
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "NVME"}}})"),
+              "zero_optimization.offload_param.device: found \"NVME\"; this needs NVMe offload of parameters"));
+  }
+  SUBCASE("HPU") {
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "hpu"}}})"),
+              "offload to Intel Gaudi (HPU) memory, which is not implemented in this version (not planned)"));
+  }
+  SUBCASE("partial offload") {
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})"),
+              "zero_optimization.offload_optimizer.ratio: found 0.3; this needs partial optimizer offload"));
+  }
+  SUBCASE("other optimizers") {
+    const auto e = error_of(R"({"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}})");
+    CHECK(has(e, "optimizer.type: found \"Lamb\"; this needs optimizers other than Adam and AdamW, which is not "
+                 "implemented in this version (not planned); accepted here: \"Adam\" or \"AdamW\""));
+    CHECK(has(error_of(R"({"optimizer": {"type": "OneBitAdam"}})"), "optimizers other than Adam and AdamW"));
+    CHECK(has(error_of(R"({"optimizer": {"type": "SGD"}})"), "optimizers other than Adam and AdamW"));
+  }
+  SUBCASE("other schedules") {
+    CHECK(has(error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})"),
+              "scheduler.type: found \"OneCycle\"; this needs the OneCycle and LRRangeTest schedules"));
+  }
+  SUBCASE("switched-on blocks") {
+    CHECK(
+        has(error_of(R"({"amp": {"enabled": true}})"),
+            "amp: found {\"enabled\":true}; this needs NVIDIA Apex AMP (use fp16 or bf16), which is not implemented"));
+    CHECK(has(error_of(R"({"activation_checkpointing": {"partition_activations": true}})"),
+              "activation_checkpointing: found {\"partition_activations\":true}; this needs DeepSpeed activation "
+              "checkpointing"));
+    CHECK(has(error_of(R"({"tensorboard": {"enabled": true, "output_path": "runs"}})"), "TensorBoard monitoring"));
+    CHECK(has(error_of(R"({"pipeline": {"stages": "auto"}})"), "pipeline parallelism"));
+    CHECK(has(error_of(R"({"checkpoint": {"tag_validation": "Warn"}})"), "planned with checkpoints"));
+  }
+  SUBCASE("non-default values of refused keys") {
+    CHECK(has(error_of(R"({"fp16": {"enabled": true, "auto_cast": true}})"),
+              "fp16.auto_cast: found true; this needs casting inputs to fp16 (the framework casts), which is not "
+              "implemented in this version (not planned); accepted here: only false (DeepSpeed's default)"));
+    CHECK(has(error_of(R"({"bfloat16": {"enabled": true, "immediate_grad_update": true}})"),
+              "bfloat16.immediate_grad_update: found true; this needs immediate bf16 gradient updates"));
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})"),
+              "ZeRO++ quantized weight all-gather"));
+    CHECK(
+        has(error_of(R"({"zero_optimization": {"stage": 2, "elastic_checkpoint": true}})"),
+            "zero_optimization.elastic_checkpoint: found true; this needs loading a checkpoint saved with a different "
+            "number of ranks"));
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})"), "MiCS sharding"));
+    CHECK(has(error_of(R"({"prescale_gradients": true})"), "pre-scaling gradients before all-reduce"));
+    CHECK(has(error_of(R"({"gradient_predivide_factor": 2.0})"),
+              "gradient_predivide_factor: found 2.0; this needs a gradient pre-divide factor"));
+    CHECK(has(error_of(R"({"aio": {"use_gds": true}})"), "GPUDirect Storage"));
+    CHECK(has(
+        error_of(R"({"data_types": {"param_dtype": "bf16"}})"),
+        "data_types.param_dtype: found \"bf16\"; this needs a parameter dtype other than the one fp16/bf16 selects"));
+    CHECK(has(error_of(R"({"optimizer": {"type": "Adam", "params": {"amsgrad": true}}})"), "AMSGrad"));
+    CHECK(has(
+        error_of(
+            R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pipeline_read": true}}})"),
+        "pipelined NVMe reads of optimizer state, which is not implemented in this version (planned with NVMe "
+        "offload)"));
+  }
+}
+
+TEST_CASE("contradictions are refused with both sides named") {
+  CHECK(has(error_of(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
+            "bf16.enabled: found true, but fp16.enabled is true too; DeepSpeed allows one of them"));
+  CHECK(has(
+      error_of(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})"),
+      "train_batch_size: 32 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world size 1 = 8"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})"),
+            "optimizer.params.adam_w_mode: found false, but optimizer.type \"AdamW\" always decouples weight decay"));
+  CHECK(has(
+      error_of(R"({"zero_optimization": {"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})"),
+      "zero_optimization.cpu_offload: found true together with zero_optimization.offload_optimizer"));
+  CHECK(
+      has(error_of(R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 5, "max_live_parameters": 6}})"),
+          "zero_optimization.max_live_parameters: found 6, but zero_optimization.stage3_max_live_parameters is 5; they "
+          "are the same setting, give one"));
+  CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true,
+                         "stage3_gather_fp16_weights_on_model_save": false}})"),
+            "zero_optimization.stage3_gather_fp16_weights_on_model_save: found false, but "
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save is true; the first is the deprecated name"));
+  CHECK(has(error_of(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})"),
+            "bfloat16: found both bf16 and bfloat16 (DeepSpeed's old name of bf16); give only bf16"));
+  CHECK(has(error_of(R"({"optimizer": {"type": "AdamW", "params": {"torch_adam": true, "bias_correction": true}}})"),
+            "optimizer.params.bias_correction: found true with torch_adam true"));
+  CHECK(has(error_of(R"({"aio": {"thread_count": 2, "intra_op_parallelism": 3}})"),
+            "aio.intra_op_parallelism: found 3, but aio.thread_count is 2"));
+  CHECK(has(error_of(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp16"}})"),
+            "data_types.grad_accum_dtype: found \"fp16\", but parameters are bf16; gradients accumulate in fp32 or in "
+            "the parameter dtype (bf16)"));
+}
+
+TEST_CASE("a config value that disagrees with an outside value is refused, as Hugging Face's Trainer does") {
+  zero::config_inputs in;
+  in.lr = 1e-4;
+  CHECK(has(error_of(R"({"optimizer": {"type": "AdamW", "params": {"lr": 3e-5}}})", in),
+            "optimizer.params.lr: found 3e-05, but config_inputs::lr (--lr) is 0.0001; make them agree, or write "
+            "\"auto\" to take 0.0001"));
+  zero::config_inputs p;
+  p.precision = zero::dtype::bf16;
+  CHECK(has(
+      error_of(R"({"fp16": {"enabled": true}})", p),
+      "fp16.enabled: found true, but the training precision given (config_inputs::precision, --precision) is bf16"));
+  zero::config_inputs m;
+  m.micro_batch_size = 4;
+  CHECK(has(error_of(R"({"train_micro_batch_size_per_gpu": 8})", m),
+            "train_micro_batch_size_per_gpu: found 8, but config_inputs::micro_batch_size (--micro-batch-size) is 4"));
+  zero::config_inputs g;
+  g.gather_16bit_weights_on_model_save = false;
+  CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})", g),
+            "found true, but config_inputs::gather_16bit_weights_on_model_save is false"));
+  zero::config_inputs w;
+  w.warmup_steps = 0;
+  CHECK(
+      has(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}})", w),
+          "scheduler.params.warmup_num_steps (from config_inputs::warmup_steps (--warmup-steps)): found 0; expected an "
+          "integer >= 1"));
+}
+
+TEST_CASE("batch sizes that do not divide, or are missing") {
+  zero::config_inputs four;
+  four.world_size = 4;
+  CHECK(has(error_of(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})", four),
+            "train_batch_size: 30 is not a multiple of train_micro_batch_size_per_gpu 4 x world size 4 = 16, so "
+            "gradient_accumulation_steps cannot be derived"));
+  CHECK(has(error_of(R"({"train_batch_size": 30, "gradient_accumulation_steps": 4})", four),
+            "so train_micro_batch_size_per_gpu cannot be derived"));
+  CHECK(has(error_of(R"({"train_batch_size": 30})", four), "30 is not a multiple of the world size 4"));
+  CHECK(has(error_of(R"({"gradient_accumulation_steps": 4})"),
+            "train_batch_size: missing; give train_batch_size or train_micro_batch_size_per_gpu (DeepSpeed needs one); "
+            "gradient_accumulation_steps alone is not enough"));
+  CHECK(has(error_of(R"({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto"})"),
+            "train_micro_batch_size_per_gpu is \"auto\" and no micro batch size was given; give it "
+            "(config_inputs::micro_batch_size, --micro-batch-size)"));
+  CHECK(has(error_of(R"({"train_micro_batch_size_per_gpu": 4611686018427387904, "gradient_accumulation_steps": 4})"),
+            "overflow"));
+  zero::config_inputs zero_world;
+  zero_world.world_size = 0;
+  CHECK(has(error_of(R"({"train_batch_size": 4})", zero_world), "the world size given (0) must be >= 1"));
+}
+
+TEST_CASE("an \"auto\" that nothing resolves says what must be given") {
+  CHECK(has(error_of(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})"),
+            "optimizer.params.lr: found \"auto\"; resolving it needs the learning rate (config_inputs::lr, --lr)"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {"betas": "auto"}}})"),
+            "resolving it needs Adam's betas (config_inputs::betas, --adam-beta1 and --adam-beta2)"));
+  CHECK(
+      has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"reduce_bucket_size": "auto"}})"),
+          "zero_optimization.reduce_bucket_size: found \"auto\"; resolving it (hidden_size^2) needs the model's hidden "
+          "size (config_inputs::hidden_size, --hidden-size)"));
+  CHECK(has(
+      error_of(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}})"),
+      "resolving it (0.9 * hidden_size^2) needs the model's hidden size"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "fp16": {"enabled": "auto"}})"),
+            "fp16.enabled: found \"auto\"; resolving it needs the training precision (config_inputs::precision, "
+            "--precision fp32|fp16|bf16)"));
+  CHECK(
+      has(error_of(R"({"train_batch_size": 1, "gradient_clipping": "auto"})"),
+          "gradient_clipping: found \"auto\"; resolving it needs the gradient-norm clip (config_inputs::max_grad_norm, "
+          "--max-grad-norm)"));
+  CHECK(has(
+      error_of(
+          R"({"train_batch_size": 1, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})"),
+      "scheduler.params.total_num_steps: found \"auto\"; resolving it needs the number of training steps"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3,
+                        "stage3_gather_16bit_weights_on_model_save": "auto"}})"),
+            "--gather-16bit-weights true|false"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"stage": "auto"}})"),
+            "zero_optimization.stage: found \"auto\" (a string); expected an integer from 0 to 3; \"auto\" is resolved "
+            "only where Hugging Face writes it"));
+  CHECK(
+      has(error_of(
+              R"({"train_batch_size": 1, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "auto"}}})"),
+          "\"auto\" is not resolved for this key"));
+  zero::config_inputs h;
+  h.hidden_size = 4'000'000'000;
+  CHECK(has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"reduce_bucket_size": "auto"}})", h),
+            "the hidden size given (4000000000) must be from 1 to 3037000499"));
+}
+
+TEST_CASE("stage requirements of offload and DeepSpeed's alignment rule") {
+  CHECK(
+      has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
+          "zero_optimization.offload_optimizer.device: found \"cpu\", but offload_optimizer needs ZeRO stage 1, 2 or 3 "
+          "and zero_optimization.stage is 0"));
+  CHECK(
+      has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
+          "found \"cpu\", but offload_param needs ZeRO stage 3 and zero_optimization.stage is 2"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"stage": 2, "cpu_offload_param": true}})"),
+            "offload_param needs ZeRO stage 3"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "zero_optimization": {"stage": 2, "allgather_bucket_size": 5}})"),
+            "zero_optimization.allgather_bucket_size: found 5; expected a multiple of 2 at stage 1 and 2"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "allgather_size": 5})"),
+            "allgather_size: found 5; allgather_size is read only with the deprecated \"zero_optimization\": true"));
+}
+
+TEST_CASE("scheduler parameters belong to their schedule") {
+  CHECK(has(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 100}}})"),
+            "scheduler.params.total_num_steps: not a parameter of WarmupLR (it takes warmup_min_lr, warmup_max_lr, "
+            "warmup_num_steps, warmup_type, last_batch_iteration); WarmupDecayLR and WarmupCosineLR take it"));
+  CHECK(has(
+      error_of(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 1}}})"),
+      "scheduler.params.warmup_max_lr: not a parameter of WarmupCosineLR"));
+  CHECK(has(error_of(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupDecayLR"}})"),
+            "scheduler.params.total_num_steps: missing; WarmupDecayLR needs the number of training steps"));
+  CHECK(has(error_of(R"({"scheduler": {"params": {}}})"), "scheduler.type: missing"));
+  CHECK(has(error_of(R"({"optimizer": {"params": {"lr": 1}}})"),
+            "optimizer.type: missing; expected \"Adam\" or \"AdamW\""));
+}
+
+TEST_CASE("JSON that is not valid, duplicate keys, and unreadable files") {
+  CHECK(has(error_of("{\"train_batch_size\": 8,\n \"fp16\": {\"enabled\": true,}}"),
+            "not valid JSON: parse error at line 2, column"));
+  CHECK(has(error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}})"),
+            "zero_optimization.stage: duplicate key; give each key once"));
+  CHECK(has(error_of(R"({"train_batch_size": 8, "train_batch_size": 8})"), "train_batch_size: duplicate key"));
+  CHECK(has(error_of(""), "not valid JSON"));
+  // Found by the fuzzer: a number beyond double's range is nlohmann's out_of_range, not a parse error.
+  CHECK(
+      has(error_of(R"({"train_batch_size": 1e400})"), "not valid JSON for DeepSpeed: number overflow parsing '1e400'"));
+  try {
+    static_cast<void>(config::from_file("/nonexistent/ds_config.json"));
+    FAIL("expected a config_error");
+  } catch (const zero::config_error& e) {
+    CHECK(has(e.what(), "cannot read config file /nonexistent/ds_config.json: No such file or directory"));
+    CHECK(e.status() == ENOENT);
+  }
+  try {
+    static_cast<void>(config::from_file(zero_test::data("bad_offload_device.json")));
+    FAIL("expected a config_error");
+  } catch (const zero::config_error& e) {
+    CHECK(has(e.what(), "(in "));
+    CHECK(has(e.what(), "bad_offload_device.json)"));
+  }
+}

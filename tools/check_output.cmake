@@ -1,0 +1,28 @@
+# Runs a tool and checks its exit status and output; used by the tools' ctest tests.
+#   cmake -DCMD=<prog>^^<arg>^^... -DRC=<expected exit status> -DMATCH=<regex>^^<regex>...
+#         [-DNOT_MATCH=<regex>^^...] -P check_output.cmake
+# Every MATCH regex must be found in stdout+stderr, no NOT_MATCH regex may be, and the exit status
+# must equal RC (any status when RC is "any"). ("^^" separates list items so that they survive add_test.)
+string(REPLACE "^^" ";" cmd "${CMD}")
+string(REPLACE "^^" ";" match "${MATCH}")
+string(REPLACE "^^" ";" not_match "${NOT_MATCH}")
+execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(all "${out}${err}")
+set(failed "")
+if(NOT "${RC}" STREQUAL "any" AND NOT "${rc}" STREQUAL "${RC}")
+  string(APPEND failed "exit status ${rc}, expected ${RC}\n")
+endif()
+foreach(re IN LISTS match)
+  if(NOT all MATCHES "${re}")
+    string(APPEND failed "output lacks: ${re}\n")
+  endif()
+endforeach()
+foreach(re IN LISTS not_match)
+  if(all MATCHES "${re}")
+    string(APPEND failed "output has: ${re}\n")
+  endif()
+endforeach()
+if(failed)
+  message(FATAL_ERROR "${failed}--- output of ${cmd}:\n${all}")
+endif()
+message(STATUS "ok: ${cmd}")

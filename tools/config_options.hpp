@@ -1,0 +1,75 @@
+#pragma once
+/// \file
+/// Command-line options shared by zero's tools: the values that resolve "auto" in a DeepSpeed
+/// config (`zero::config_inputs`), under the names Hugging Face's Trainer uses where it has one.
+/// Tools only; not installed.
+
+#include "zero/config/config.hpp"
+#include "zero/core/dtype.hpp"
+
+#include <CLI/CLI.hpp>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace zero::tools {
+
+/// Holds the raw option values until `inputs()` turns them into `config_inputs`.
+class config_options {
+public:
+  /// Adds the options to `app`, in an option group "Config inputs".
+  void add_to(CLI::App& app) {
+    auto* g = app.add_option_group("Config inputs", "values that resolve \"auto\" in the config");
+    g->add_option("--world-size", world_size_, "data-parallel ranks for the batch rule (default 1)");
+    g->add_option("--hidden-size", hidden_size_, "model hidden size, for \"auto\" bucket sizes");
+    g->add_option("--micro-batch-size", micro_batch_, "train_micro_batch_size_per_gpu (per_device_train_batch_size)");
+    g->add_option("--gradient-accumulation-steps", accumulation_, "gradient_accumulation_steps");
+    g->add_option("--max-grad-norm", max_grad_norm_, "gradient_clipping");
+    g->add_option("--lr", lr_, "optimizer lr and scheduler warmup_max_lr (learning_rate)");
+    g->add_option("--adam-beta1", beta1_, "optimizer betas[0]");
+    g->add_option("--adam-beta2", beta2_, "optimizer betas[1]");
+    g->add_option("--adam-epsilon", eps_, "optimizer eps");
+    g->add_option("--weight-decay", weight_decay_, "optimizer weight_decay");
+    g->add_option("--warmup-steps", warmup_steps_, "scheduler warmup_num_steps");
+    g->add_option("--total-steps", total_steps_, "scheduler total_num_steps");
+    g->add_option("--precision", precision_, "training precision: fp32, fp16 or bf16 (fp16.enabled / bf16.enabled)")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+    g->add_option("--gather-16bit-weights", gather_, "stage3_gather_16bit_weights_on_model_save (true/false)");
+  }
+
+  /// The options given, as `config_inputs`.
+  /// \throws CLI::ValidationError when only one of --adam-beta1/--adam-beta2 is given.
+  [[nodiscard]] config_inputs inputs() const {
+    config_inputs in;
+    in.world_size = world_size_;
+    in.hidden_size = hidden_size_;
+    in.micro_batch_size = micro_batch_;
+    in.gradient_accumulation_steps = accumulation_;
+    in.max_grad_norm = max_grad_norm_;
+    in.lr = lr_;
+    if (beta1_.has_value() != beta2_.has_value()) {
+      throw CLI::ValidationError("--adam-beta1/--adam-beta2", "give both betas or neither");
+    }
+    if (beta1_) {
+      in.betas = std::array<double, 2>{*beta1_, *beta2_};
+    }
+    in.eps = eps_;
+    in.weight_decay = weight_decay_;
+    in.warmup_steps = warmup_steps_;
+    in.total_steps = total_steps_;
+    if (precision_) {
+      in.precision = parse_dtype(*precision_);
+    }
+    in.gather_16bit_weights_on_model_save = gather_;
+    return in;
+  }
+
+private:
+  std::optional<std::int64_t> world_size_, hidden_size_, micro_batch_, accumulation_, warmup_steps_, total_steps_;
+  std::optional<double> max_grad_norm_, lr_, beta1_, beta2_, eps_, weight_decay_;
+  std::optional<std::string> precision_;
+  std::optional<bool> gather_;
+};
+
+} // namespace zero::tools

@@ -1,0 +1,156 @@
+// zero-estimate: memory for model states at every ZeRO stage and offload choice, per GPU and per
+// node, like DeepSpeed's estimate_zero2/zero3_model_states_mem_needs_all_cold (whose tables it also
+// prints, with DeepSpeed's own formulas).
+//
+//   zero-estimate --params 7e9 --gpus-per-node 8 --nodes 2
+//   zero-estimate --model gpt2.json --dtype fp16 --json
+//
+// Exit status: 0 on success, 1 for an unreadable model description, 2 for a command-line error.
+
+#include "zero/tools/estimate.hpp"
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+namespace {
+
+using zero::detail::cat;
+
+std::string gib(std::int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%9.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  return buf;
+}
+
+std::string pad(std::string s, std::size_t n) {
+  s.resize(std::max(n, s.size()), ' ');
+  return s;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zero-estimate: memory needed for params, gradients and optimizer state at each ZeRO stage"};
+  std::string params_text, largest_text;
+  std::optional<std::string> model_file;
+  std::int64_t gpus_per_node = 1, nodes = 1;
+  std::string dtype_text = "bf16";
+  std::optional<std::string> grad_dtype_text;
+  std::string reduce_bucket = "5e8", prefetch_bucket = "5e7", max_live = "1e9", sub_group = "1e9";
+  bool overlap_comm = false;
+  double buffer_factor = 1.5;
+  bool json_out = false;
+
+  auto* params_opt = app.add_option("--params", params_text, "parameter count, e.g. 7e9, 6.7B, 125M");
+  auto* model_opt = app.add_option("--model", model_file, "model description JSON (modules and parameter shapes)")
+                        ->check(CLI::ExistingFile);
+  params_opt->excludes(model_opt);
+  app.add_option("--largest-layer-params", largest_text,
+                 "parameters of the largest module (stage 3 working set); with --params, default 0")
+      ->excludes(model_opt);
+  app.add_option("--gpus-per-node", gpus_per_node, "GPUs per node")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--nodes", nodes, "nodes")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_option("--dtype", dtype_text, "parameter dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  app.add_option("--grad-dtype", grad_dtype_text, "gradient accumulation dtype (default: the parameter dtype)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  app.add_option("--reduce-bucket-size", reduce_bucket, "zero_optimization.reduce_bucket_size (elements)")
+      ->capture_default_str();
+  app.add_option("--prefetch-bucket-size", prefetch_bucket, "zero_optimization.stage3_prefetch_bucket_size")
+      ->capture_default_str();
+  app.add_option("--max-live-parameters", max_live, "zero_optimization.stage3_max_live_parameters")
+      ->capture_default_str();
+  app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size (NVMe rows)")->capture_default_str();
+  app.add_flag("--overlap-comm", overlap_comm, "double-buffered gradient buckets (zero_optimization.overlap_comm)");
+  app.add_option("--additional-buffer-factor", buffer_factor, "DeepSpeed's additional_buffer_factor (its tables only)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_flag("--json", json_out, "end with one line of JSON: {\"params\", \"gpus\", \"rows\": [...]}");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every command-line mistake exits 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  zero::tools::estimate_options o;
+  std::string model_name;
+  std::string largest_name;
+  try {
+    if (model_file) {
+      const auto m = zero::tools::read_model_description_file(*model_file);
+      o.params = m.params;
+      o.largest_layer_params = m.largest_layer_params;
+      model_name = m.name;
+      largest_name = m.largest_layer;
+    } else if (!params_text.empty()) {
+      o.params = zero::tools::parse_count(params_text);
+      o.largest_layer_params = largest_text.empty() ? 0 : zero::tools::parse_count(largest_text);
+      if (o.largest_layer_params > o.params) {
+        throw zero::usage_error(
+            cat("--largest-layer-params (", largest_text, ") exceeds --params (", params_text, ")"));
+      }
+    } else {
+      std::cerr << "zero-estimate: give --params N or --model FILE\nRun with --help for more information.\n";
+      return 2;
+    }
+    if (o.params > zero::tools::max_params) {
+      throw zero::usage_error(
+          cat("the model has ", std::to_string(o.params), " parameters; the estimates take up to 1e15"));
+    }
+    o.gpus_per_node = gpus_per_node;
+    o.nodes = nodes;
+    o.param_dtype = zero::parse_dtype(dtype_text);
+    o.grad_dtype = grad_dtype_text ? zero::parse_dtype(*grad_dtype_text) : o.param_dtype;
+    o.reduce_bucket_size = zero::tools::parse_count(reduce_bucket);
+    o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
+    o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
+    o.sub_group_size = zero::tools::parse_count(sub_group);
+    o.overlap_comm = overlap_comm;
+  } catch (const zero::config_error& e) {
+    std::cerr << "zero-estimate: " << e.what() << "\n";
+    return 1;
+  } catch (const zero::usage_error& e) {
+    std::cerr << "zero-estimate: " << e.what() << "\n";
+    return 2;
+  }
+
+  const auto rows = zero::tools::estimate_memory(o);
+  std::cout << "zero-estimate: " << (model_name.empty() ? "" : model_name + ", ") << o.params << " params ("
+            << o.params / 1'000'000 << "M), largest layer " << o.largest_layer_params << " params"
+            << (largest_name.empty() ? "" : cat(" (", largest_name, ")")) << "\n";
+  std::cout << "hardware: " << o.nodes << (o.nodes > 1 ? " nodes" : " node") << " x " << o.gpus_per_node
+            << (o.gpus_per_node > 1 ? " GPUs" : " GPU") << " = " << o.ranks() << " data-parallel ranks\n";
+  std::cout << "dtypes: parameters " << zero::name_of(o.param_dtype) << ", gradients " << zero::name_of(o.grad_dtype)
+            << ", optimizer Adam/AdamW (fp32 master" << (o.param_dtype == zero::dtype::f32 ? " = parameters" : "")
+            << ", fp32 moments)\n";
+  if (!model_file && largest_text.empty()) {
+    std::cout << "note: largest layer unknown; stage 3 counts only the prefetch bucket as its working set "
+                 "(pass --model FILE or --largest-layer-params N)\n";
+  }
+  std::cout << "\nzero's accounting (model states + gradient buckets + stage-3 working set):\n";
+  std::cout << " stage | offload_optimizer | offload_param |   per GPU     | host per node | NVMe per node\n";
+  for (const auto& r : rows) {
+    std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
+              << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
+              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
+              << (r.implemented ? "" : "  (NVMe offload planned, not implemented)") << "\n";
+  }
+  std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
+               "16-bit training):\n"
+            << zero::tools::deepspeed_zero2_table(o.params, o.gpus_per_node, o.nodes, buffer_factor);
+  std::cout << "\nDeepSpeed's estimate_zero3_model_states_mem_needs_all_cold (stage 3):\n"
+            << zero::tools::deepspeed_zero3_table(o.params, o.largest_layer_params, o.gpus_per_node, o.nodes,
+                                                  buffer_factor);
+  if (json_out) {
+    std::cout << zero::tools::estimate_json(o, rows).dump() << "\n";
+  }
+  return 0;
+}
