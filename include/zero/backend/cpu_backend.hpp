@@ -1,0 +1,449 @@
+#pragma once
+/// \file
+/// `zero::cpu_backend`: the kernels of a ZeRO step on the host, vectorised (AVX-512, AVX2 or
+/// portable scalar code, chosen at run time) and spread over a small thread pool it owns.
+///
+/// Work is cut into fixed chunks of `chunk_elements` elements; the pool's threads take chunks as
+/// they come. Element-wise kernels do not care who runs a chunk. `squared_norm` computes one fp32
+/// partial per chunk in a fixed in-chunk order and adds the partials as a fixed pairwise tree, so
+/// its result depends on n only: bit-identical across runs, thread counts and SIMD levels.
+///
+/// Every SIMD level computes the same bits as the scalar code (same IEEE operations in the same
+/// order, no fused multiply-add, f16/bf16 rounding exactly as zero/core/dtype.hpp; NaN results
+/// are NaN in every level, though the payload of a NaN made by arithmetic on two NaNs may differ).
+/// That holds when the compiler does not contract multiply-adds (GCC and Clang in ISO mode,
+/// `-std=c++20`, the project's setting).
+///
+/// The CPU has no asynchrony to hide: streams and events are empty tags and every kernel has
+/// finished when it returns. They keep the shape of `zero::backend` so engines are written once.
+
+#include "zero/backend/backend.hpp"
+#include "zero/backend/detail/cpu_features.hpp"
+#include "zero/backend/detail/cpu_kernels_avx2.hpp"
+#include "zero/backend/detail/cpu_kernels_avx512.hpp"
+#include "zero/backend/detail/cpu_kernels_scalar.hpp"
+#include "zero/backend/detail/thread_pool.hpp"
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+#include "zero/memory/allocator.hpp"
+#include "zero/memory/host_allocator.hpp"
+#include "zero/optim/adamw_args.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+namespace zero {
+
+/// Which instruction set `cpu_backend`'s kernels use.
+enum class simd_level : std::uint8_t {
+  scalar,   ///< portable C++, no intrinsics
+  avx2,     ///< AVX2 + F16C, 8 fp32 lanes
+  avx512,   ///< AVX-512F + AVX-512BW, 16 fp32 lanes
+  automatic ///< the widest level this CPU has
+};
+
+/// Name of a SIMD level for reports: "scalar", "avx2", "avx512", "automatic".
+[[nodiscard]] constexpr std::string_view name_of(simd_level s) noexcept {
+  switch (s) {
+  case simd_level::scalar:
+    return "scalar";
+  case simd_level::avx2:
+    return "avx2";
+  case simd_level::avx512:
+    return "avx512";
+  case simd_level::automatic:
+    return "automatic";
+  }
+  return "?";
+}
+
+/// True when this build and this CPU can run kernels of level `s` (`automatic` always can).
+[[nodiscard]] inline bool simd_supported(simd_level s) noexcept {
+  switch (s) {
+  case simd_level::scalar:
+  case simd_level::automatic:
+    return true;
+  case simd_level::avx2:
+    return detail::cpu::has_avx2();
+  case simd_level::avx512:
+    return detail::cpu::has_avx512();
+  }
+  return false;
+}
+
+/// The widest SIMD level this build and this CPU support.
+[[nodiscard]] inline simd_level best_simd_level() noexcept {
+  if (detail::cpu::has_avx512()) {
+    return simd_level::avx512;
+  }
+  if (detail::cpu::has_avx2()) {
+    return simd_level::avx2;
+  }
+  return simd_level::scalar;
+}
+
+/// How a `cpu_backend` runs its kernels.
+struct cpu_backend_options {
+  /// Threads that run a kernel, the calling thread included; 0 means `std::thread::hardware_concurrency()`.
+  unsigned threads = 0;
+  /// The instruction set; `automatic` takes the widest one the CPU has.
+  simd_level simd = simd_level::automatic;
+};
+
+/// The CPU's stream: an empty tag, since every CPU kernel completes before it returns.
+struct cpu_stream {};
+
+/// The CPU's event: an empty tag; recording it and waiting for it are no-ops.
+struct cpu_event {};
+
+/// The host backend, over memory from allocator `A` (pageable `host_allocator` by default; a pinned
+/// allocator for offload). Owns a thread pool; movable, not copyable. A moved-from backend may only
+/// be destroyed or assigned to. Thread-safe: kernels may be called from several threads at once
+/// (each call's own buffers); calls big enough to use the pool take turns on it.
+///
+/// Each kernel checks its arguments (null pointers with n > 0, workspace too small) and throws
+/// `usage_error` naming the kernel and the argument; otherwise it throws nothing.
+template <host_allocator_policy A = host_allocator> class basic_cpu_backend {
+public:
+  /// The stream type: see `cpu_stream`.
+  using stream_type = cpu_stream;
+  /// The event type: see `cpu_event`.
+  using event_type = cpu_event;
+  /// Allocator of the memory the kernels read and write.
+  using allocator_type = A;
+  /// Construction options.
+  using options = cpu_backend_options;
+
+  /// Elements per unit of work handed to a thread (64 KiB of fp32). Part of `squared_norm`'s
+  /// summation order, so fixed.
+  static constexpr std::size_t chunk_elements = 16384;
+
+  /// Starts the thread pool and picks the SIMD level.
+  /// \param opt   threads (0: hardware concurrency) and SIMD level.
+  /// \param alloc the allocator `get_allocator()` returns.
+  /// \throws config_error when `opt.simd` names a level this CPU or build cannot run, naming the
+  ///         level and what the CPU lacks; std::system_error when a thread cannot start.
+  explicit basic_cpu_backend(options opt = {}, A alloc = A{}) : alloc_(std::move(alloc)) {
+    if (opt.simd == simd_level::automatic) {
+      simd_ = best_simd_level();
+    } else if (!simd_supported(opt.simd)) {
+      throw config_error("cpu_backend: simd level \"" + std::string(name_of(opt.simd)) +
+                         "\" is not available on this CPU or build (" +
+                         (opt.simd == simd_level::avx512 ? "needs AVX-512F and AVX-512BW" : "needs AVX2 and F16C") +
+                         "); use simd_level::automatic to take the widest level available (" +
+                         std::string(name_of(best_simd_level())) + " here)");
+    } else {
+      simd_ = opt.simd;
+    }
+    unsigned threads = opt.threads;
+    if (threads == 0) {
+      threads = std::max(1u, std::thread::hardware_concurrency());
+    }
+    pool_ = std::make_unique<detail::thread_pool>(threads);
+  }
+
+  /// "cpu".
+  [[nodiscard]] std::string_view name() const noexcept { return "cpu"; }
+  /// The allocator of memory the kernels may touch.
+  [[nodiscard]] A get_allocator() const { return alloc_; }
+  /// Threads that run a kernel, the caller included.
+  [[nodiscard]] unsigned threads() const noexcept { return pool_->size(); }
+  /// The SIMD level in use (never `automatic`).
+  [[nodiscard]] simd_level simd() const noexcept { return simd_; }
+
+  /// A new stream (an empty tag).
+  [[nodiscard]] stream_type make_stream() const noexcept { return {}; }
+  /// A new event (an empty tag).
+  [[nodiscard]] event_type make_event() const noexcept { return {}; }
+  /// Records `e` on `s`: a no-op, everything before it has already completed.
+  void record(event_type& /*e*/, const stream_type& /*s*/) const noexcept {}
+  /// Makes `s` wait for `e`: a no-op, `e`'s work has already completed.
+  void wait(const stream_type& /*s*/, const event_type& /*e*/) const noexcept {}
+  /// Blocks until `s` is idle: returns at once.
+  void synchronize(const stream_type& /*s*/) const noexcept {}
+  /// Blocks until `e` has completed: returns at once.
+  void synchronize(const event_type& /*e*/) const noexcept {}
+  /// The sync point for scalars that kernels write into backend memory: returns `*p` (the work on
+  /// `s` that wrote it has completed). \param p an `int` flag or a `float` result in host memory.
+  template <class T> [[nodiscard]] T read_scalar(const T* p, const stream_type& /*s*/) const {
+    require(p != nullptr, "read_scalar", "p");
+    return *p;
+  }
+
+  /// One Adam/AdamW step over `n` elements, exactly as zero/optim/adamw_args.hpp defines it.
+  /// \param master fp32 master weights, updated in place.
+  /// \param m,v    fp32 first and second moments, updated in place.
+  /// \param grad   gradients in `G` (float, f16, bf16); multiplied by `args.grad_scale` first.
+  /// \param param  low-precision copy of the updated master written in `P` (rounded to nearest
+  ///               even), or null for none. No buffer may overlap another.
+  template <backend_float G, backend_float P>
+  void adamw_step(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
+                  const adamw_step_args& args, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(master != nullptr, "adamw_step", "master");
+    require(m != nullptr, "adamw_step", "m");
+    require(v != nullptr, "adamw_step", "v");
+    require(grad != nullptr, "adamw_step", "grad");
+    const auto c = detail::cpu::adamw_consts::from(args);
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      P* out = param != nullptr ? param + b : nullptr;
+      if (c.adam_w_mode) {
+        adamw_chunk<true>(master + b, m + b, v + b, grad + b, out, len, c);
+      } else {
+        adamw_chunk<false>(master + b, m + b, v + b, grad + b, out, len, c);
+      }
+    });
+  }
+
+  /// dst[i] = D(src[i]) for i < n, rounding to nearest even (a copy when S == D). No overlap.
+  template <backend_float S, backend_float D> void cast(const S* src, D* dst, std::size_t n, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(src != nullptr, "cast", "src");
+    require(dst != nullptr, "cast", "dst");
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      if constexpr (std::is_same_v<S, D>) {
+        std::memcpy(dst + b, src + b, len * sizeof(S));
+      } else {
+        dispatch([&](auto isa) noexcept { decltype(isa)::cast(src + b, dst + b, len); });
+      }
+    });
+  }
+
+  /// x[i] = T(float(x[i]) * factor) for i < n, and `*found_nonfinite = 1` when any stored x[i] is inf
+  /// or NaN; otherwise `*found_nonfinite` keeps its value (zero it with `fill` before a series of calls).
+  template <backend_float T>
+  void unscale_and_check(T* x, std::size_t n, float factor, int* found_nonfinite, const stream_type& /*s*/) {
+    require(found_nonfinite != nullptr, "unscale_and_check", "found_nonfinite");
+    if (n == 0) {
+      return;
+    }
+    require(x != nullptr, "unscale_and_check", "x");
+    std::atomic<bool> found{false};
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      bool f = false;
+      dispatch([&](auto isa) noexcept { f = decltype(isa)::unscale_and_check(x + b, len, factor); });
+      if (f) {
+        found.store(true, std::memory_order_relaxed);
+      }
+    });
+    if (found.load(std::memory_order_relaxed)) {
+      *found_nonfinite = 1;
+    }
+  }
+
+  /// Bytes of workspace `squared_norm` needs for `n` elements: 0 up to one chunk, else 4 per chunk.
+  template <backend_float T> [[nodiscard]] std::size_t squared_norm_workspace_bytes(std::size_t n) const noexcept {
+    return n <= chunk_elements ? 0 : chunks(n) * sizeof(float);
+  }
+
+  /// `*out` = the sum of float(x[i])^2 for i < n in fp32: per chunk of `chunk_elements`, 16
+  /// interleaved partial sums (element i to partial i % 16) added as a fixed tree; then the chunk
+  /// sums added as a fixed pairwise tree. The order depends on n alone.
+  /// \param workspace       at least `squared_norm_workspace_bytes<T>(n)` bytes of host memory,
+  ///                        suitably aligned for float (may be null when that size is 0).
+  /// \throws usage_error when the workspace is missing or too small.
+  template <backend_float T>
+  void squared_norm(const T* x, std::size_t n, float* out, void* workspace, std::size_t workspace_bytes,
+                    const stream_type& /*s*/) {
+    require(out != nullptr, "squared_norm", "out");
+    if (n == 0) {
+      *out = 0.0f;
+      return;
+    }
+    require(x != nullptr, "squared_norm", "x");
+    if (n <= chunk_elements) {
+      dispatch([&](auto isa) noexcept { *out = decltype(isa)::squared_norm(x, n); });
+      return;
+    }
+    const std::size_t need = squared_norm_workspace_bytes<T>(n);
+    if (workspace == nullptr || workspace_bytes < need) {
+      throw usage_error("cpu_backend::squared_norm: the workspace for " + std::to_string(n) + " elements needs " +
+                        std::to_string(need) + " bytes (squared_norm_workspace_bytes), got " +
+                        std::to_string(workspace == nullptr ? 0 : workspace_bytes));
+    }
+    float* partial = static_cast<float*>(workspace);
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      dispatch([&](auto isa) noexcept { partial[b / chunk_elements] = decltype(isa)::squared_norm(x + b, len); });
+    });
+    const std::size_t count = chunks(n);
+    for (std::size_t w = 1; w < count; w *= 2) {
+      for (std::size_t i = 0; i + w < count; i += 2 * w) {
+        partial[i] = partial[i] + partial[i + w];
+      }
+    }
+    *out = partial[0];
+  }
+
+  /// x[i] = value for i < n (T: float, f16, bf16, int).
+  template <class T>
+  requires backend_float<T> || std::is_same_v<T, int>
+  void fill(T* x, std::size_t n, T value, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(x != nullptr, "fill", "x");
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept { std::fill_n(x + b, len, value); });
+  }
+
+  /// dst[i] = D(float(dst[i]) + float(src[i])) for i < n: gradient accumulation over micro-steps.
+  template <backend_float S, backend_float D>
+  void accumulate(const S* src, D* dst, std::size_t n, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(src != nullptr, "accumulate", "src");
+    require(dst != nullptr, "accumulate", "dst");
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      dispatch([&](auto isa) noexcept { decltype(isa)::accumulate(src + b, dst + b, len); });
+    });
+  }
+
+  /// x[i] = T(float(x[i]) * factor) for i < n.
+  template <backend_float T> void scale(T* x, std::size_t n, float factor, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(x != nullptr, "scale", "x");
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      dispatch([&](auto isa) noexcept { decltype(isa)::scale(x + b, len, factor); });
+    });
+  }
+
+private:
+  // One tag type per instruction set with the same static interface, so each kernel is written
+  // once and `dispatch` picks the set.
+  struct isa_scalar {
+    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
+      detail::cpu::cast_chunk(s, d, n);
+    }
+    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
+      return detail::cpu::unscale_and_check_chunk(x, n, f);
+    }
+    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
+      return detail::cpu::squared_norm_chunk(x, n);
+    }
+    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
+      detail::cpu::accumulate_chunk(s, d, n);
+    }
+    template <class T> static void scale(T* x, std::size_t n, float f) noexcept { detail::cpu::scale_chunk(x, n, f); }
+    template <bool W, class G, class P>
+    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
+                      const detail::cpu::adamw_consts& c) noexcept {
+      detail::cpu::adamw_chunk<W>(p, m, v, g, o, n, c);
+    }
+  };
+#if ZERO_CPU_X86_SIMD
+  struct isa_avx2 {
+    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
+      detail::cpu::avx2::cast_chunk(s, d, n);
+    }
+    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
+      return detail::cpu::avx2::unscale_and_check_chunk(x, n, f);
+    }
+    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
+      return detail::cpu::avx2::squared_norm_chunk(x, n);
+    }
+    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
+      detail::cpu::avx2::accumulate_chunk(s, d, n);
+    }
+    template <class T> static void scale(T* x, std::size_t n, float f) noexcept {
+      detail::cpu::avx2::scale_chunk(x, n, f);
+    }
+    template <bool W, class G, class P>
+    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
+                      const detail::cpu::adamw_consts& c) noexcept {
+      detail::cpu::avx2::adamw_chunk<W>(p, m, v, g, o, n, c);
+    }
+  };
+  struct isa_avx512 {
+    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
+      detail::cpu::avx512::cast_chunk(s, d, n);
+    }
+    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
+      return detail::cpu::avx512::unscale_and_check_chunk(x, n, f);
+    }
+    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
+      return detail::cpu::avx512::squared_norm_chunk(x, n);
+    }
+    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
+      detail::cpu::avx512::accumulate_chunk(s, d, n);
+    }
+    template <class T> static void scale(T* x, std::size_t n, float f) noexcept {
+      detail::cpu::avx512::scale_chunk(x, n, f);
+    }
+    template <bool W, class G, class P>
+    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
+                      const detail::cpu::adamw_consts& c) noexcept {
+      detail::cpu::avx512::adamw_chunk<W>(p, m, v, g, o, n, c);
+    }
+  };
+#endif
+
+  /// Calls `fn(isa_tag{})` with the tag of the SIMD level in use.
+  template <class F> void dispatch(F&& fn) const noexcept {
+#if ZERO_CPU_X86_SIMD
+    if (simd_ == simd_level::avx512) {
+      fn(isa_avx512{});
+      return;
+    }
+    if (simd_ == simd_level::avx2) {
+      fn(isa_avx2{});
+      return;
+    }
+#endif
+    fn(isa_scalar{});
+  }
+
+  template <bool AdamW, class G, class P>
+  void adamw_chunk(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
+                   const detail::cpu::adamw_consts& c) const noexcept {
+    dispatch([&](auto isa) noexcept { decltype(isa)::template adamw<AdamW>(p, m, v, g, o, n, c); });
+  }
+
+  static constexpr std::size_t chunks(std::size_t n) noexcept { return (n + chunk_elements - 1) / chunk_elements; }
+
+  /// Runs `fn(begin, length)` over the chunks of [0, n): inline when there is one chunk, else on the pool.
+  template <class F> void for_chunks(std::size_t n, F&& fn) {
+    if (n <= chunk_elements) {
+      fn(std::size_t{0}, n);
+      return;
+    }
+    pool_->parallel_for(chunks(n), [&](std::size_t c) noexcept {
+      const std::size_t b = c * chunk_elements;
+      fn(b, std::min(chunk_elements, n - b));
+    });
+  }
+
+  // Takes the test rather than the pointer: passing a pointer to an uninitialised result (`float
+  // norm; b.squared_norm(..., &norm, ...)`) to a const-pointer parameter trips GCC's -Wmaybe-uninitialized.
+  static void require(bool non_null, const char* kernel, const char* arg) {
+    if (!non_null) {
+      throw usage_error(std::string("cpu_backend::") + kernel + ": " + arg + " is null");
+    }
+  }
+
+  A alloc_;
+  simd_level simd_ = simd_level::scalar;
+  std::unique_ptr<detail::thread_pool> pool_;
+};
+
+/// The host backend over pageable host memory.
+using cpu_backend = basic_cpu_backend<>;
+
+static_assert(backend<cpu_backend>, "cpu_backend must satisfy zero::backend");
+static_assert(check_backend<cpu_backend>());
+
+} // namespace zero
