@@ -4,14 +4,21 @@
 /// CUDA and io_uring parts have headers of their own (`zero/comm/mpi_communicator.hpp`, ...)
 /// and targets of their own (`zero::mpi`, `zero::nccl`, `zero::cuda`, `zero::uring`).
 
+#include "zero/backend/backend.hpp"
+#include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
+#include "zero/config/config.hpp"
+#include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/engine.hpp"
 #include "zero/memory/allocator.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/failing_allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
 #include "zero/optim/adamw_args.hpp"
+#include "zero/optim/loss_scaler.hpp"
+#include "zero/optim/lr_schedule.hpp"

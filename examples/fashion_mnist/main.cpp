@@ -1,0 +1,319 @@
+// zero-fashion-mnist: a data-parallel MLP trained on Fashion-MNIST with zero's ZeRO stages.
+//
+//   zero-fashion-mnist --ranks 4 --stage 2            in-process ranks (thread_communicator)
+//   mpirun -np 4 zero-fashion-mnist --stage 2         one process per rank (mpi_communicator)
+//   zero-fashion-mnist --ranks 4 --stages all         every stage, then a table
+//
+// The framework (mlp.hpp) keeps its own forward and backward; zero owns parameters, gradients and
+// optimizer state, reduces gradients bucket by bucket and steps AdamW on each rank's shard.
+
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <zero/backend/cpu_backend.hpp>
+#include <zero/comm/thread_communicator.hpp>
+#include <zero/config/config.hpp>
+#include <zero/engine/engine.hpp>
+#if ZERO_HAS_MPI
+#include <zero/comm/mpi_communicator.hpp>
+#endif
+
+#include "idx.hpp"
+#include "mlp.hpp"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+// The config used without --config: what a DeepSpeed user would write for this model.
+constexpr const char* default_config = R"({
+  "train_micro_batch_size_per_gpu": 64,
+  "gradient_accumulation_steps": 1,
+  "steps_per_print": 100,
+  "gradient_clipping": 1.0,
+  "bf16": {"enabled": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
+  "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-3, "warmup_num_steps": 50,
+                                                "warmup_type": "linear"}},
+  "zero_optimization": {"stage": 2, "reduce_bucket_size": 50000, "allgather_bucket_size": 50000,
+                        "overlap_comm": true, "contiguous_gradients": true,
+                        "stage3_param_persistence_threshold": 1000, "stage3_prefetch_bucket_size": 100000,
+                        "stage3_max_live_parameters": 300000, "stage3_max_reuse_distance": 0}
+})";
+
+struct options {
+  int ranks = 4;
+  std::optional<int> stage;
+  std::string stages;
+  std::optional<long> steps;
+  int epochs = 3;
+  std::string config_file;
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  int hidden = 256;
+  bool json = false;
+};
+
+struct outcome {
+  int stage = 0;
+  int ranks = 1;
+  double test_accuracy = 0;
+  double final_loss = 0;
+  long steps = 0;
+  double seconds = 0;
+  zero::memory_report memory;
+};
+
+template <class Comm>
+outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, const fmnist::dataset& train_set,
+              const fmnist::dataset& test_set) {
+  zero::config_inputs inputs;
+  inputs.world_size = comm.size();
+  const auto cfg = zero::config::from_json(cfg_json, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
+  zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
+  zero::engine<zero::cpu_backend, Comm> eng(cfg, comm, backend);
+  fmnist::mlp model(eng, {static_cast<int>(train_set.pixels), opt.hidden, opt.hidden / 2, 10});
+  eng.finalize();
+  model.init();
+
+  const auto micro = static_cast<std::size_t>(cfg.train_micro_batch_size_per_gpu);
+  const auto gas = static_cast<std::size_t>(cfg.gradient_accumulation_steps);
+  const auto global = static_cast<std::size_t>(cfg.train_batch_size);
+  const auto world = static_cast<std::size_t>(comm.size());
+  const auto rank = static_cast<std::size_t>(comm.rank());
+  const std::size_t per_epoch = train_set.count / global;
+  const long total = opt.steps ? *opt.steps : static_cast<long>(per_epoch) * opt.epochs;
+  const long print_every = cfg.steps_per_print.value_or(100);
+
+  std::vector<std::size_t> perm(train_set.count);
+  std::vector<float> xb(micro * train_set.pixels);
+  std::vector<int> yb(micro);
+  double window_loss = 0;
+  std::size_t window_samples = 0;
+  double last_loss = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto window_start = start;
+  for (long step = 0; step < total; ++step) {
+    const std::size_t in_epoch = static_cast<std::size_t>(step) % per_epoch;
+    if (in_epoch == 0) {
+      // The same shuffle on every rank: each takes its own slice of every global batch.
+      std::iota(perm.begin(), perm.end(), std::size_t{0});
+      std::mt19937_64 rng(1234 + static_cast<std::uint64_t>(step) / per_epoch);
+      std::shuffle(perm.begin(), perm.end(), rng);
+    }
+    zero::step_result r;
+    for (std::size_t k = 0; k < gas; ++k) {
+      const std::size_t first = in_epoch * global + (k * world + rank) * micro;
+      for (std::size_t j = 0; j < micro; ++j) {
+        const std::size_t s = perm[first + j];
+        std::copy_n(train_set.images.data() + s * train_set.pixels, train_set.pixels, xb.data() + j * train_set.pixels);
+        yb[j] = train_set.labels[s];
+      }
+      int correct = 0;
+      {
+        auto t = eng.time("forward+backward");
+        window_loss += model.run(xb.data(), yb.data(), static_cast<int>(micro), true, eng.loss_scale(), correct);
+      }
+      window_samples += micro;
+      r = eng.step();
+    }
+    if ((step + 1) % print_every == 0 || step + 1 == total) {
+      double sums[2] = {window_loss, static_cast<double>(window_samples)};
+      comm.all_reduce(sums, sums, 2, zero::reduce_op::sum).wait();
+      last_loss = sums[0] / sums[1];
+      const auto now = std::chrono::steady_clock::now();
+      const double secs = std::chrono::duration<double>(now - window_start).count();
+      if (rank == 0 && !opt.json) {
+        std::printf("stage %d step %5ld  loss %.4f  lr %.3e  grad norm %.3f  %.0f samples/s\n", cfg.stage(), step + 1,
+                    last_loss, r.lr, r.grad_norm, sums[1] / secs);
+        std::fflush(stdout);
+      }
+      window_loss = 0;
+      window_samples = 0;
+      window_start = now;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // Evaluation: rank r takes every world-th test image; the counts are summed over ranks.
+  std::int64_t counts[2] = {0, 0};
+  const std::size_t eval_batch = 500;
+  auto evaluation = eng.evaluation(); // forward only: stage 3 keeps its training trace intact
+  std::vector<float> xe;
+  std::vector<int> ye;
+  for (std::size_t b = rank * eval_batch; b < test_set.count; b += world * eval_batch) {
+    const std::size_t n = std::min(eval_batch, test_set.count - b);
+    xe.assign(test_set.images.data() + b * test_set.pixels, test_set.images.data() + (b + n) * test_set.pixels);
+    ye.assign(test_set.labels.data() + b, test_set.labels.data() + b + n);
+    int correct = 0;
+    model.run(xe.data(), ye.data(), static_cast<int>(n), false, 1.0, correct);
+    counts[0] += correct;
+    counts[1] += static_cast<std::int64_t>(n);
+  }
+  comm.all_reduce(counts, counts, 2, zero::reduce_op::sum).wait();
+
+  outcome o;
+  o.stage = cfg.stage();
+  o.ranks = comm.size();
+  o.test_accuracy = static_cast<double>(counts[0]) / static_cast<double>(counts[1]);
+  o.final_loss = last_loss;
+  o.steps = total;
+  o.seconds = seconds;
+  o.memory = eng.memory();
+  return o;
+}
+
+void report(const outcome& o, bool json) {
+  const auto& m = o.memory;
+  if (json) {
+    nlohmann::json j{{"stage", o.stage},
+                     {"ranks", o.ranks},
+                     {"steps", o.steps},
+                     {"seconds", o.seconds},
+                     {"final_loss", o.final_loss},
+                     {"test_accuracy", o.test_accuracy},
+                     {"parameters", m.parameters},
+                     {"model_state_bytes_per_rank", m.model_state_peak},
+                     {"formula_bytes_per_rank", m.formula},
+                     {"ratio_to_formula", m.ratio()},
+                     {"params_bytes", m.params_peak},
+                     {"grads_bytes", m.grads_peak},
+                     {"optimizer_bytes", m.optimizer_peak},
+                     {"buffer_bytes_peak", m.buffers_peak},
+                     {"working_set_peak_bytes", m.working_set_peak}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("stage %d: test accuracy %.2f%% after %ld steps in %.1f s\n%s", o.stage, 100 * o.test_accuracy,
+                o.steps, o.seconds, m.table().c_str());
+  }
+  std::fflush(stdout);
+}
+
+std::vector<int> parse_stages(const options& opt) {
+  if (opt.stages.empty()) {
+    return {};
+  }
+  if (opt.stages == "all") {
+    return {0, 1, 2, 3};
+  }
+  std::vector<int> out;
+  std::stringstream ss(opt.stages);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.size() != 1 || item[0] < '0' || item[0] > '3') {
+      throw CLI::ValidationError("--stages", "expected \"all\" or a comma-separated list of 0..3, got \"" + opt.stages + "\"");
+    }
+    out.push_back(item[0] - '0');
+  }
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zero-fashion-mnist: data-parallel MLP on Fashion-MNIST with ZeRO stages 0-3"};
+  options opt;
+  app.add_option("--ranks", opt.ranks, "in-process ranks (ignored under mpirun)")->check(CLI::Range(1, 64));
+  app.add_option("--stage", opt.stage, "ZeRO stage, overriding the config's zero_optimization.stage")
+      ->check(CLI::Range(0, 3));
+  app.add_option("--stages", opt.stages, "run several stages and print a table: \"all\" or e.g. 0,2");
+  app.add_option("--steps", opt.steps, "optimizer steps (default: --epochs worth)")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", opt.epochs, "epochs over the training set")->check(CLI::Range(1, 100));
+  app.add_option("--config", opt.config_file, "DeepSpeed-style JSON config")->check(CLI::ExistingFile);
+  app.add_option("--data", opt.data, "folder with the Fashion-MNIST IDX files");
+  app.add_option("--hidden", opt.hidden, "width of the first hidden layer")->check(CLI::Range(8, 4096));
+  app.add_flag("--json", opt.json, "print one JSON object per run as the last line(s)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    nlohmann::json base;
+    if (opt.config_file.empty()) {
+      base = nlohmann::json::parse(default_config);
+    } else {
+      std::ifstream in(opt.config_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      base = nlohmann::json::parse(ss.str(), nullptr, true, true);
+    }
+    auto stages = parse_stages(opt);
+    if (stages.empty()) {
+      stages.push_back(opt.stage.value_or(base.value("/zero_optimization/stage"_json_pointer, 0)));
+    }
+    const auto train_set = fmnist::load(opt.data, "train");
+    const auto test_set = fmnist::load(opt.data, "t10k");
+
+    std::vector<outcome> results;
+    bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+#if ZERO_HAS_MPI
+    if (under_mpi) {
+      MPI_Init(&argc, &argv);
+      openblas_set_num_threads(1);
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      {
+        zero::mpi_communicator comm(MPI_COMM_WORLD);
+        for (int stage : stages) {
+          auto j = base;
+          j["zero_optimization"]["stage"] = stage;
+          auto o = train(comm, j, opt, train_set, test_set);
+          if (rank == 0) {
+            report(o, opt.json);
+            results.push_back(o);
+          }
+        }
+      }
+      MPI_Finalize();
+      if (rank != 0) {
+        return 0;
+      }
+    }
+#else
+    if (under_mpi) {
+      std::fprintf(stderr, "zero-fashion-mnist: started under mpirun but built without MPI; running in-process\n");
+      under_mpi = false;
+    }
+#endif
+    if (!under_mpi) {
+      if (opt.ranks > 1) {
+        openblas_set_num_threads(1);
+      }
+      for (int stage : stages) {
+        auto j = base;
+        j["zero_optimization"]["stage"] = stage;
+        outcome o;
+        zero::run_ranks(opt.ranks, [&](zero::thread_communicator& comm) {
+          auto r = train(comm, j, opt, train_set, test_set);
+          if (comm.rank() == 0) {
+            o = r;
+          }
+        });
+        report(o, opt.json);
+        results.push_back(o);
+      }
+    }
+    if (results.size() > 1 && !opt.json) {
+      std::printf("\n%-6s %-6s %18s %18s %8s %15s %10s %9s\n", "stage", "ranks", "model state/rank", "ZeRO formula",
+                  "ratio", "working set", "accuracy", "time");
+      for (const auto& o : results) {
+        std::printf("%-6d %-6d %16zu B %16.0f B %8.4f %13zu B %9.2f%% %8.1fs\n", o.stage, o.ranks,
+                    o.memory.model_state_peak, o.memory.formula, o.memory.ratio(), o.memory.working_set_peak,
+                    100 * o.test_accuracy, o.seconds);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-fashion-mnist: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

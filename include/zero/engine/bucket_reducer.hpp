@@ -1,0 +1,305 @@
+#pragma once
+/// \file
+/// `bucket_reducer`: gradients, bucket by bucket, from the framework's backward to the rank that
+/// owns them.
+///
+/// The framework asks `grad(p)` for the memory it accumulates a parameter's gradient into (`+=`,
+/// as autograd does) and calls `ready(p)` once that gradient is final for the micro-step. A bucket
+/// (a segment of the flat layout) whose parameters are all ready is reduced at once, on the
+/// communicator's asynchronous path, while backward goes on:
+///
+/// - `reduce_mode::all_reduce` (stages 0 and 1): one flat gradient buffer of the whole model; the
+///   framework accumulates micro-steps into it and nothing is communicated until the last micro-step
+///   of the accumulation, when each bucket is all-reduced (averaged over ranks) in place.
+/// - `reduce_mode::reduce_scatter` (stage 2): the rank keeps only the gradients of its shard. The
+///   framework writes into a staging buffer the size of one bucket, drawn from a small pool; a full
+///   bucket is reduce-scattered in place and the rank's slice is added into its shard. Every
+///   micro-step communicates, as in DeepSpeed's stage 2: waiting for the last micro-step would need
+///   gradient memory for the whole model, which is what stage 2 exists to avoid.
+///
+/// Buckets are launched in one order on every rank — from the last segment to the first, the order
+/// backward produces them — so a bucket that completes early waits for those behind it, and a
+/// parameter that one rank never used cannot make ranks issue collectives in different orders.
+
+#include <algorithm>
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/backend/backend.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/core/error.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
+namespace zero {
+
+/// How a bucket is reduced.
+enum class reduce_mode : std::uint8_t { all_reduce, reduce_scatter };
+
+/// Options of a `bucket_reducer`.
+struct reducer_options {
+  reduce_mode mode = reduce_mode::all_reduce;
+  /// Dtype of gradients: what the framework writes, what is communicated and kept.
+  dtype grad_type = dtype::f32;
+  /// Reduce a bucket while backward goes on (DeepSpeed's overlap_comm); false waits for each bucket
+  /// before returning from `ready`.
+  bool overlap = true;
+};
+
+/// Reduces gradients bucket by bucket; see the file comment. `Backend` runs the accumulate and fill
+/// kernels, `Comm` the collectives, `A` provides the memory (counted: gradients under
+/// `memory_tag::grads`, staging buffers under `memory_tag::buffers`).
+template <backend Backend, communicator Comm, allocator A>
+class bucket_reducer {
+  using counting = counting_allocator<A>;
+  using handle_type = decltype(std::declval<Comm&>().all_reduce(static_cast<const float*>(nullptr),
+                                                                static_cast<float*>(nullptr), 0, reduce_op::sum));
+
+public:
+  /// \param layout  the finalized layout (kept by reference; must outlive the reducer).
+  /// \param backend kernels; \param comm the data-parallel group (size must match the layout).
+  /// \param state   allocator for the persistent gradients; \param buffers allocator for staging.
+  /// \throws usage_error when the communicator's size differs from the layout's world size.
+  bucket_reducer(const flat_layout& layout, Backend& backend, Comm& comm, counting state, counting buffers,
+                 reducer_options opt, typename Backend::stream_type& stream)
+      : layout_(layout), backend_(backend), comm_(comm), buffers_alloc_(std::move(buffers)), opt_(opt),
+        stream_(stream), esize_(size_of(opt.grad_type)) {
+    if (opt_.mode == reduce_mode::reduce_scatter) {
+      require_reduce_scatter<Comm>();
+    } else {
+      require_all_reduce<Comm>();
+    }
+    if (comm_.size() != layout_.world_size()) {
+      throw usage_error("bucket_reducer: the communicator has " + std::to_string(comm_.size()) +
+                        " ranks but the layout was finalized for " + std::to_string(layout_.world_size()));
+    }
+    const std::size_t elements = opt_.mode == reduce_mode::all_reduce ? layout_.total_size() : layout_.shard_size();
+    grads_ = buffer<std::byte, counting>(std::move(state), elements * esize_, memory_tag::grads);
+    fill_zero(grads_.data(), elements);
+    const auto& segs = layout_.segments();
+    seg_ready_.assign(segs.size(), 0);
+    seg_launched_.assign(segs.size(), false);
+    seg_staging_.assign(segs.size(), -1);
+    param_touched_.assign(layout_.param_count(), false);
+    param_ready_.assign(layout_.param_count(), false);
+    for (const auto& s : segs) {
+      max_segment_ = std::max(max_segment_, s.range.size());
+    }
+    begin_micro_step(true);
+  }
+
+  bucket_reducer(const bucket_reducer&) = delete;
+  bucket_reducer& operator=(const bucket_reducer&) = delete;
+
+  /// Starts a micro-step; `boundary` is true for the last micro-step of an accumulation (the one
+  /// after which the optimizer steps).
+  void begin_micro_step(bool boundary) {
+    boundary_ = boundary;
+    std::fill(seg_ready_.begin(), seg_ready_.end(), 0);
+    std::fill(seg_launched_.begin(), seg_launched_.end(), false);
+    std::fill(param_touched_.begin(), param_touched_.end(), false);
+    std::fill(param_ready_.begin(), param_ready_.end(), false);
+    next_launch_ = static_cast<std::ptrdiff_t>(layout_.segments().size()) - 1;
+    open_ = true;
+  }
+
+  /// Where the framework accumulates the gradient of parameter `id` during this micro-step
+  /// (`layout.param(id).numel` elements of the gradient dtype). Valid until `ready(id)`'s bucket
+  /// is launched. \throws usage_error after the parameter was marked ready in this micro-step.
+  [[nodiscard]] void* grad(std::size_t id) {
+    const auto& p = layout_.param(id);
+    if (param_ready_[id]) {
+      throw usage_error("grad(\"" + p.name + "\") after grad_ready in the same micro-step; its bucket may be "
+                        "reducing already");
+    }
+    param_touched_[id] = true;
+    if (opt_.mode == reduce_mode::all_reduce) {
+      return grads_.data() + p.offset * esize_;
+    }
+    const auto& s = layout_.segments()[p.segment];
+    std::byte* st = staging_for(p.segment);
+    return st + (p.offset - s.range.begin) * esize_;
+  }
+
+  /// Marks parameter `id`'s gradient final for this micro-step; launches every bucket that is now
+  /// complete and next in the launch order. \throws usage_error when marked twice.
+  void ready(std::size_t id) {
+    const auto& p = layout_.param(id);
+    if (param_ready_[id]) {
+      throw usage_error("grad_ready(\"" + p.name + "\") called twice in one micro-step");
+    }
+    if (opt_.mode == reduce_mode::reduce_scatter && !param_touched_[id]) {
+      // Never written this micro-step: its bucket still needs a (zeroed) staging buffer.
+      (void)grad(id);
+    }
+    param_ready_[id] = true;
+    param_touched_[id] = true;
+    ++seg_ready_[p.segment];
+    launch_ready();
+  }
+
+  /// Ends the micro-step: parameters that received no gradient count as zero when
+  /// `ignore_unused`, the remaining buckets are launched in order, and every reduction is waited
+  /// for. \throws usage_error naming the parameters without a gradient when not `ignore_unused`.
+  void finish(bool ignore_unused) {
+    if (!ignore_unused) {
+      std::string missing;
+      std::size_t count = 0;
+      for (std::size_t id = 0; id < param_ready_.size(); ++id) {
+        if (!param_ready_[id]) {
+          if (++count <= 8) {
+            missing += (missing.empty() ? "\"" : ", \"") + layout_.param(id).name + "\"";
+          }
+        }
+      }
+      if (count > 0) {
+        open_ = false;
+        throw usage_error(std::to_string(count) + " parameter(s) received no gradient in this micro-step (" +
+                          missing + (count > 8 ? ", ..." : "") + " at rank " + std::to_string(comm_.rank()) +
+                          "); call grad_ready for every trainable parameter, freeze the ones that do not train, "
+                          "or set zero_optimization.ignore_unused_parameters to true to treat them as zero");
+      }
+    }
+    for (std::size_t id = 0; id < param_ready_.size(); ++id) {
+      if (!param_ready_[id]) {
+        ready(id);
+      }
+    }
+    while (!in_flight_.empty()) {
+      complete_oldest();
+    }
+    open_ = false;
+  }
+
+  /// The reduced gradient of flat range `r` (a rank's slice of one segment, or the whole buffer
+  /// with `reduce_mode::all_reduce`), whose optimizer state starts at `state_offset`.
+  [[nodiscard]] std::byte* reduced(const flat_range& r, std::size_t state_offset) noexcept {
+    return opt_.mode == reduce_mode::all_reduce ? grads_.data() + r.begin * esize_
+                                                : grads_.data() + state_offset * esize_;
+  }
+
+  /// Zeroes the kept gradients (after an optimizer step, applied or skipped).
+  void zero() { fill_zero(grads_.data(), grads_.size() / esize_); }
+
+  /// Dtype of the gradients.
+  [[nodiscard]] dtype grad_type() const noexcept { return opt_.grad_type; }
+  /// Bytes of staging buffers allocated (stage 2).
+  [[nodiscard]] std::size_t staging_buffers() const noexcept { return pool_.size(); }
+  /// Collectives launched since construction (for tests that count communication).
+  [[nodiscard]] std::size_t launches() const noexcept { return launches_; }
+
+private:
+  void fill_zero(std::byte* p, std::size_t n) {
+    visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) { backend_.fill(reinterpret_cast<T*>(p), n, T{}, stream_); });
+  }
+
+  std::byte* staging_for(std::size_t seg) {
+    if (seg_launched_[seg]) {
+      throw usage_error("a gradient of segment " + std::to_string(seg) + " was asked for after its bucket was "
+                        "launched in this micro-step");
+    }
+    if (seg_staging_[seg] < 0) {
+      if (free_.empty() && !in_flight_.empty()) {
+        complete_oldest();
+      }
+      if (free_.empty()) {
+        pool_.emplace_back(buffers_alloc_, max_segment_ * esize_, memory_tag::buffers);
+        free_.push_back(static_cast<int>(pool_.size()) - 1);
+      }
+      seg_staging_[seg] = free_.back();
+      free_.pop_back();
+      fill_zero(pool_[static_cast<std::size_t>(seg_staging_[seg])].data(), layout_.segments()[seg].range.size());
+    }
+    return pool_[static_cast<std::size_t>(seg_staging_[seg])].data();
+  }
+
+  std::size_t segment_params(std::size_t seg) const {
+    const auto& s = layout_.segments()[seg];
+    return s.last_param - s.first_param;
+  }
+
+  void launch_ready() {
+    while (next_launch_ >= 0) {
+      const auto seg = static_cast<std::size_t>(next_launch_);
+      if (seg_ready_[seg] != segment_params(seg)) {
+        return;
+      }
+      launch(seg);
+      --next_launch_;
+    }
+  }
+
+  void launch(std::size_t seg) {
+    seg_launched_[seg] = true;
+    const auto& s = layout_.segments()[seg];
+    if (opt_.mode == reduce_mode::all_reduce && !boundary_) {
+      return; // accumulation continues in place; nothing to communicate before the last micro-step
+    }
+    // Collectives read what the backend wrote: order them after the stream's work.
+    backend_.synchronize(stream_);
+    ++launches_;
+    visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+      if (opt_.mode == reduce_mode::all_reduce) {
+        T* p = reinterpret_cast<T*>(grads_.data()) + s.range.begin;
+        in_flight_.push_back({seg, comm_.all_reduce(p, p, s.range.size(), reduce_op::avg)});
+      } else {
+        T* st = reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[seg])].data());
+        T* mine = st + static_cast<std::size_t>(comm_.rank()) * s.slice;
+        in_flight_.push_back({seg, comm_.reduce_scatter(st, mine, s.slice, reduce_op::avg)});
+      }
+    });
+    if (!opt_.overlap) {
+      complete_oldest();
+    }
+  }
+
+  void complete_oldest() {
+    auto f = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    f.handle.wait();
+    if (opt_.mode == reduce_mode::reduce_scatter) {
+      const auto& s = layout_.segments()[f.segment];
+      const auto slot = static_cast<std::size_t>(seg_staging_[f.segment]);
+      visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+        const T* mine = reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
+        backend_.accumulate(mine, reinterpret_cast<T*>(grads_.data()) + s.shard_offset, s.slice, stream_);
+      });
+      free_.push_back(seg_staging_[f.segment]);
+      seg_staging_[f.segment] = -1;
+    }
+  }
+
+  struct flight {
+    std::size_t segment;
+    handle_type handle;
+  };
+
+  const flat_layout& layout_;
+  Backend& backend_;
+  Comm& comm_;
+  counting buffers_alloc_;
+  reducer_options opt_;
+  typename Backend::stream_type& stream_;
+  std::size_t esize_;
+  buffer<std::byte, counting> grads_;
+  std::vector<buffer<std::byte, counting>> pool_;
+  std::vector<int> free_;
+  std::deque<flight> in_flight_;
+  std::vector<std::size_t> seg_ready_;
+  std::vector<bool> seg_launched_;
+  std::vector<int> seg_staging_;
+  std::vector<bool> param_touched_;
+  std::vector<bool> param_ready_;
+  std::ptrdiff_t next_launch_ = -1;
+  std::size_t max_segment_ = 0;
+  std::size_t launches_ = 0;
+  bool boundary_ = true;
+  bool open_ = false;
+};
+
+} // namespace zero

@@ -1,0 +1,848 @@
+#pragma once
+/// \file
+/// `basic_engine<Backend, Communicator, Allocator>`: the front door. A framework registers its
+/// parameters, finalizes, writes gradients into the views the engine gives it, and calls `step()`;
+/// the engine shards optimizer state (stage 1), gradients (stage 2) and parameters (stage 3), following the config exactly as DeepSpeed reads it.
+///
+/// One micro-step, from the framework's side:
+///
+///     for each micro-batch:
+///       for each module, first to last:
+///         auto on = eng.gather(module);                 // stage 3 all-gathers it (or finds it prefetched)
+///         forward with eng.param(p)                     // scale the loss by eng.loss_scale() for fp16
+///       for each module, last to first:
+///         auto on = eng.gather(module);
+///         accumulate each gradient into eng.grad(p)     // +=, as autograd does
+///         eng.grad_ready(p)                             // a full bucket starts reducing now
+///       auto r = eng.step();                            // steps the optimizer on the last micro-step
+///
+/// The same code runs at every stage; the stage is a config value, and `gather` costs nothing at
+/// stages 0-2, where parameters are always whole.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/backend/backend.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/config/config.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/core/error.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/engine/bucket_reducer.hpp"
+#include "zero/engine/memory_report.hpp"
+#include "zero/engine/param_coordinator.hpp"
+#include "zero/engine/partitioned_adamw.hpp"
+#include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/tensor_view.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+#include "zero/optim/loss_scaler.hpp"
+#include "zero/optim/lr_schedule.hpp"
+
+namespace zero {
+
+/// Handle of a registered parameter.
+struct param_handle {
+  std::size_t index = std::numeric_limits<std::size_t>::max();
+  friend bool operator==(const param_handle&, const param_handle&) = default;
+};
+
+/// Per-parameter options at registration.
+struct param_options {
+  /// The parameter group's own lr; default: the optimizer's lr.
+  std::optional<double> lr{};
+  /// The group's weight decay; default: the optimizer's (0 is the usual choice for biases and norms).
+  std::optional<double> weight_decay{};
+  /// False freezes the parameter: it is kept whole on every rank, gets no gradient and no
+  /// optimizer state.
+  bool trainable = true;
+};
+
+/// What one call of `step()` did.
+struct step_result {
+  /// True when this micro-step ended an accumulation and the optimizer ran (or skipped).
+  bool boundary = false;
+  /// True when the optimizer updated the parameters; false for a skipped step (fp16 overflow) and
+  /// for micro-steps inside an accumulation.
+  bool applied = false;
+  /// True when the step was skipped because a gradient was inf or NaN on some rank.
+  bool overflow = false;
+  /// Global L2 norm of the averaged, unscaled gradients (before clipping); inf on overflow.
+  double grad_norm = 0;
+  /// The loss scale the step's gradients were computed with, and the one for the next step.
+  double loss_scale = 1;
+  double next_loss_scale = 1;
+  /// The lr the optimizer used (of the default group).
+  double lr = 0;
+  /// Optimizer steps applied so far (DeepSpeed's global_steps counts boundaries; this counts updates).
+  std::int64_t step = 0;
+};
+
+/// Wall-clock seconds per phase, summed since the last `reset`.
+struct step_timings {
+  std::map<std::string, double> seconds;
+  std::map<std::string, std::int64_t> calls;
+};
+
+/// Fills a rank's part of one parameter at initialisation: `out[k]` is element
+/// `first + k` (row-major) of parameter `p`. Called only for elements the rank owns (stages 1-3)
+/// or for whole parameters (stage 0), so the model is identical whatever the world size.
+using init_fn = std::function<void(const param_info& p, std::size_t first, std::span<float> out)>;
+
+/// The ZeRO engine; see the file comment. `Backend` runs the kernels and provides the allocator
+/// policy `Allocator` (its memory must be reachable by the backend's kernels); `Comm` is the
+/// data-parallel group.
+template <backend Backend, communicator Comm, allocator Allocator = typename Backend::allocator_type>
+class basic_engine {
+  static_assert(check_backend<Backend>());
+  using counting = counting_allocator<Allocator>;
+
+public:
+  /// \param cfg     a resolved config; the batch rule is applied again for the communicator's size.
+  /// \param comm    the data-parallel group (kept by reference).
+  /// \param backend the kernels (kept by reference).
+  /// \param alloc   where model state lives (default: the backend's allocator).
+  /// \throws config_error for settings this engine cannot honour (the message names the key).
+  basic_engine(const config& cfg, Comm& comm, Backend& backend, Allocator alloc)
+      : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc),
+        buffer_alloc_(alloc), work_alloc_(alloc), stream_(backend.make_stream()), layout_(cfg_.param_dtype()),
+        frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)), scheduler_(make_scheduler(cfg_)) {
+    require_all_reduce<Comm>();
+    const int stage = cfg_.stage();
+    if (stage >= 1) {
+      require_all_gather<Comm>();
+    }
+    if (stage >= 2) {
+      require_reduce_scatter<Comm>();
+    }
+    if (!cfg_.optimizer) {
+      throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
+                         "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");
+    }
+    if (cfg_.communication_data_type != cfg_.grad_accum_dtype && cfg_.communication_data_type != cfg_.param_dtype()) {
+      throw config_error("communication_data_type: " + std::string(name_of(cfg_.communication_data_type)) +
+                         " is neither the gradient dtype (" + std::string(name_of(cfg_.grad_accum_dtype)) +
+                         ") nor the parameter dtype; gradients are communicated in the gradient dtype");
+    }
+  }
+
+  /// The same, with the backend's allocator.
+  basic_engine(const config& cfg, Comm& comm, Backend& backend)
+    requires std::same_as<Allocator, typename Backend::allocator_type>
+      : basic_engine(cfg, comm, backend, backend.get_allocator()) {}
+
+  basic_engine(const basic_engine&) = delete;
+  basic_engine& operator=(const basic_engine&) = delete;
+
+  /// Registers a module (the unit stage 3 gathers) and returns its id.
+  int add_module(const std::string& name) {
+    check_open("add_module");
+    const int id = frozen_layout_.add_module(name);
+    layout_module_.push_back(layout_.add_module(name));
+    module_names_.push_back(name);
+    return id;
+  }
+
+  /// Registers a parameter of `module` with shape `shape` in the config's dtype.
+  /// \throws usage_error for a bad name, shape or module, or after finalize.
+  param_handle add_param(int module, const std::string& name, const std::vector<std::int64_t>& shape,
+                         const param_options& opt = {}) {
+    check_open("add_param(\"" + name + "\")");
+    if (layout_.find(name) || frozen_layout_.find(name)) {
+      throw usage_error("add_param: parameter \"" + name + "\" is already registered");
+    }
+    if (module < 0 || static_cast<std::size_t>(module) >= layout_module_.size()) {
+      throw usage_error("add_param(\"" + name + "\"): module id " + std::to_string(module) + " was not made by "
+                        "add_module (" + std::to_string(layout_module_.size()) + " modules are registered)");
+    }
+    entry e;
+    e.trainable = opt.trainable;
+    e.module = module;
+    if (opt.trainable) {
+      int layout_module = layout_module_[static_cast<std::size_t>(module)];
+      if (cfg_.stage() == 3 && numel_of(shape) < static_cast<std::size_t>(
+                                                      cfg_.zero_optimization.stage3_param_persistence_threshold)) {
+        // Small parameters stay whole on every rank (stage3_param_persistence_threshold).
+        if (persistent_module_ < 0) {
+          persistent_module_ = layout_.add_module("zero.persistent");
+        }
+        layout_module = persistent_module_;
+      }
+      e.id = layout_.add(name, shape, layout_.type(), layout_module);
+      e.group = group_index(opt);
+    } else {
+      e.id = frozen_layout_.add(name, shape, frozen_layout_.type(), module);
+    }
+    entries_.push_back(e);
+    return {entries_.size() - 1};
+  }
+
+  /// Lays out and allocates everything: parameters, gradients and the rank's optimizer state.
+  /// \throws usage_error when no trainable parameter was registered; memory_error when memory runs out
+  /// (nothing allocated so far leaks).
+  void finalize() {
+    check_open("finalize");
+    const auto& z = cfg_.zero_optimization;
+    const int stage = cfg_.stage();
+    const std::size_t esize = size_of(layout_.type());
+    const std::size_t bucket_bytes = static_cast<std::size_t>(z.reduce_bucket_size) * esize;
+    // Stages 0-2: segments are reduce buckets. Stage 3: one segment per module, the unit gathered.
+    layout_.finalize({.world_size = comm_.size(),
+                      .alignment_bytes = buffer_alignment,
+                      .grouping = stage == 3 ? segment_by::module : segment_by::bucket,
+                      .segment_bytes = bucket_bytes});
+    if (frozen_layout_.param_count() > 0) {
+      frozen_layout_.finalize({.world_size = 1, .alignment_bytes = buffer_alignment});
+      frozen_ = buffer<std::byte, counting>(state_alloc_, frozen_layout_.total_size() * esize, memory_tag::params);
+    }
+    if (stage == 3) {
+      std::vector<std::vector<std::size_t>> units(layout_module_.size());
+      std::vector<std::size_t> persistent;
+      for (std::size_t u = 0; u < layout_.segments().size(); ++u) {
+        const int m = layout_.segments()[u].module;
+        if (m == persistent_module_) {
+          persistent.push_back(u);
+          continue;
+        }
+        for (std::size_t user = 0; user < layout_module_.size(); ++user) {
+          if (layout_module_[user] == m) {
+            units[user].push_back(u);
+          }
+        }
+      }
+      coord_.emplace(layout_, std::move(units), std::move(persistent), module_names_, backend_, comm_, state_alloc_,
+                     work_alloc_,
+                     coordinator_options{
+                         .prefetch_elements = static_cast<std::size_t>(z.stage3_prefetch_bucket_size),
+                         .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
+                         .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
+                     stream_);
+      if (log_) {
+        coord_->set_log(log_);
+      } else if (comm_.rank() == 0) {
+        coord_->set_log([](const std::string& line) { std::printf("%s\n", line.c_str()); });
+      }
+    } else {
+      params_ = buffer<std::byte, counting>(state_alloc_, layout_.total_size() * esize, memory_tag::params);
+      zero_params();
+    }
+    std::vector<std::size_t> group_of(layout_.param_count());
+    for (const auto& e : entries_) {
+      if (e.trainable) {
+        group_of[e.id] = e.group;
+      }
+    }
+    reducer_.emplace(layout_, backend_, comm_, state_alloc_, buffer_alloc_,
+                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
+                                     .grad_type = cfg_.grad_accum_dtype,
+                                     .overlap = z.overlap_comm || stage >= 2},
+                     stream_);
+    optimizer_.emplace(layout_, comm_.rank(), stage >= 1, std::move(group_of), groups_, backend_, state_alloc_,
+                       stream_);
+    flag_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
+    norm_ = buffer<float, counting>(buffer_alloc_, 1, memory_tag::buffers);
+    norm_workspace_bytes_ = 0;
+    for (const auto& [range, off] : optimizer_->ranges()) {
+      visit_float(cfg_.grad_accum_dtype, [&]<class G>(type_tag<G>) {
+        norm_workspace_bytes_ = std::max(norm_workspace_bytes_, backend_.template squared_norm_workspace_bytes<G>(range.size()));
+      });
+    }
+    norm_workspace_ = buffer<std::byte, counting>(buffer_alloc_, std::max<std::size_t>(norm_workspace_bytes_, 1),
+                                                  memory_tag::buffers);
+    plain_refs_.assign(module_names_.size(), 0);
+    finalized_ = true;
+    begin_micro_step();
+  }
+
+  /// Initialises parameters: `fn` fills the elements this rank owns in fp32; the engine rounds them
+  /// to the parameter dtype, keeps the fp32 values as the master copy, and all-gathers the rest.
+  /// Frozen parameters are filled whole on every rank.
+  void init_params(const init_fn& fn) {
+    check_final("init_params");
+    const int stage = cfg_.stage();
+    std::vector<float> scratch;
+    auto fill_piece = [&](const param_info& p, std::size_t first, std::size_t count, std::byte* dst) {
+      scratch.resize(count);
+      fn(p, first, std::span<float>(scratch.data(), count));
+      visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+        backend_.cast(scratch.data(), reinterpret_cast<P*>(dst), count, stream_);
+        backend_.synchronize(stream_); // scratch is reused for the next piece
+      });
+    };
+    const std::size_t esize = size_of(layout_.type());
+    if (stage == 0) {
+      for (std::size_t id = 0; id < layout_.param_count(); ++id) {
+        const auto& p = layout_.param(id);
+        fill_piece(p, 0, p.numel, params_.data() + p.offset * esize);
+      }
+    } else {
+      // Stage 3 writes straight into the shard; stages 1-2 into the whole buffer, then gather.
+      const bool sharded = stage == 3;
+      std::byte* base = sharded ? coord_->shard() : params_.data();
+      for (const auto& piece : layout_.pieces(comm_.rank())) {
+        fill_piece(layout_.param(piece.param), piece.param_offset, piece.count,
+                   base + (sharded ? piece.shard_offset : piece.flat_offset) * esize);
+      }
+    }
+    for (std::size_t id = 0; id < frozen_layout_.param_count(); ++id) {
+      const auto& p = frozen_layout_.param(id);
+      fill_piece(p, 0, p.numel, frozen_.data() + p.offset * esize);
+    }
+    // The master copy takes the values the framework gave, rounded as the parameters are.
+    optimizer_->load_master(param_store(), stage == 3);
+    if (init_master_exact_) {
+      load_master_exact(fn);
+    }
+    if (stage == 3) {
+      coord_->refresh_persistent();
+    } else {
+      gather_params();
+    }
+  }
+
+  /// With `true`, `init_params` keeps the fp32 values the init function gave as the master copy
+  /// (DeepSpeed keeps the rounded 16-bit values, which is the default here too).
+  void keep_exact_master(bool exact) noexcept { init_master_exact_ = exact; }
+
+  /// The parameter as the framework computes with it: whole, in the config's dtype.
+  [[nodiscard]] tensor_view param(param_handle h) const {
+    const auto& e = entry_of(h, "param");
+    const auto& l = e.trainable ? layout_ : frozen_layout_;
+    const auto& p = l.param(e.id);
+    if (e.trainable && coord_) {
+      const auto& seg = layout_.segments()[p.segment];
+      std::byte* whole = coord_->full(p.segment, "parameter \"" + p.name + "\" of module \"" +
+                                                      module_names_[static_cast<std::size_t>(e.module)] + "\"");
+      return {whole + (p.offset - seg.range.begin) * size_of(l.type()), l.type(), p.shape, p.numel};
+    }
+    // The engine owns the memory; a const engine still hands out writable views, as frameworks
+    // write parameters (initialisation, loading) through them.
+    const std::byte* base = e.trainable ? params_.data() : frozen_.data();
+    return {const_cast<std::byte*>(base) + p.offset * size_of(l.type()), l.type(), p.shape, p.numel};
+  }
+
+  /// Where the framework accumulates (`+=`) the parameter's gradient in this micro-step, in the
+  /// gradient dtype (`data_types.grad_accum_dtype`). \throws usage_error for a frozen parameter.
+  [[nodiscard]] tensor_view grad(param_handle h) {
+    const auto& e = entry_of(h, "grad");
+    if (!e.trainable) {
+      throw usage_error("grad(\"" + frozen_layout_.param(e.id).name + "\"): the parameter is frozen and has no "
+                        "gradient");
+    }
+    const auto& p = layout_.param(e.id);
+    return {reducer_->grad(e.id), cfg_.grad_accum_dtype, p.shape, p.numel};
+  }
+
+  /// Marks the parameter's gradient final for this micro-step; a complete bucket starts reducing.
+  void grad_ready(param_handle h) {
+    const auto& e = entry_of(h, "grad_ready");
+    if (!e.trainable) {
+      throw usage_error("grad_ready(\"" + frozen_layout_.param(e.id).name + "\"): the parameter is frozen");
+    }
+    reducer_->ready(e.id);
+  }
+
+  /// Keeps a module gathered while alive (RAII for `gather`/`release`).
+  class gathered_module {
+  public:
+    gathered_module(basic_engine* e, int m) : e_(e), m_(m) {}
+    gathered_module(gathered_module&& o) noexcept : e_(std::exchange(o.e_, nullptr)), m_(o.m_) {}
+    gathered_module(const gathered_module&) = delete;
+    gathered_module& operator=(const gathered_module&) = delete;
+    gathered_module& operator=(gathered_module&&) = delete;
+    ~gathered_module() {
+      if (e_ != nullptr) {
+        e_->release(m_);
+      }
+    }
+
+  private:
+    basic_engine* e_;
+    int m_;
+  };
+
+  /// Gathers module `m`'s parameters (stage 3: all-gathered, or already prefetched) until the
+  /// returned guard goes out of scope. Free at stages 0-2. Call before the module's forward and
+  /// again before its backward.
+  /// \throws usage_error for an unknown module; timeout_error naming the module when the other
+  /// ranks do not gather it.
+  [[nodiscard]] gathered_module gather(int m) {
+    check_final("gather");
+    check_module(m);
+    if (coord_) {
+      auto t = time("gather");
+      coord_->gather(m);
+    } else {
+      ++plain_refs_[static_cast<std::size_t>(m)];
+    }
+    return gathered_module(this, m);
+  }
+
+  /// Gives module `m` back (what the guard of `gather` does). \throws usage_error on a double release.
+  void release(int m) {
+    check_module(m);
+    if (coord_) {
+      coord_->release(m);
+      return;
+    }
+    auto& refs = plain_refs_[static_cast<std::size_t>(m)];
+    if (refs == 0) {
+      throw usage_error("release(\"" + module_names_[static_cast<std::size_t>(m)] +
+                        "\") without a matching gather (a double release?)");
+    }
+    --refs;
+  }
+
+  /// A scope in which every parameter is whole (DeepSpeed's GatheredParameters). With
+  /// `modifier_rank >= 0`, the values that rank holds when the scope ends are written back to every
+  /// rank's shard and to the fp32 master copy; otherwise changes are discarded.
+  class gathered_all {
+  public:
+    gathered_all(basic_engine* e, int modifier) : e_(e), modifier_(modifier) {}
+    gathered_all(gathered_all&& o) noexcept : e_(std::exchange(o.e_, nullptr)), modifier_(o.modifier_) {}
+    gathered_all(const gathered_all&) = delete;
+    gathered_all& operator=(const gathered_all&) = delete;
+    gathered_all& operator=(gathered_all&&) = delete;
+    ~gathered_all() noexcept(false) {
+      if (e_ != nullptr) {
+        e_->end_gather_all(modifier_);
+      }
+    }
+
+  private:
+    basic_engine* e_;
+    int modifier_;
+  };
+  [[nodiscard]] gathered_all gather_all(int modifier_rank = -1) {
+    check_final("gather_all");
+    if (modifier_rank >= comm_.size()) {
+      throw usage_error("gather_all: modifier rank " + std::to_string(modifier_rank) + " is outside the group of " +
+                        std::to_string(comm_.size()));
+    }
+    if (coord_) {
+      coord_->gather_everything();
+    }
+    return gathered_all(this, modifier_rank);
+  }
+
+  /// A forward-only pass (evaluation) between training steps: stage 3 traces and prefetches it apart
+  /// from training, so the next training step still prefetches everything it needs.
+  class evaluation_scope {
+  public:
+    explicit evaluation_scope(basic_engine* e) : e_(e) {}
+    evaluation_scope(evaluation_scope&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    evaluation_scope(const evaluation_scope&) = delete;
+    evaluation_scope& operator=(const evaluation_scope&) = delete;
+    evaluation_scope& operator=(evaluation_scope&&) = delete;
+    ~evaluation_scope() noexcept(false) {
+      if (e_ != nullptr && e_->coord_) {
+        e_->coord_->end_eval();
+      }
+    }
+
+  private:
+    basic_engine* e_;
+  };
+  [[nodiscard]] evaluation_scope evaluation() {
+    check_final("evaluation");
+    if (coord_) {
+      coord_->begin_eval();
+    }
+    return evaluation_scope(this);
+  }
+
+  /// Stage 3's gathering counters (null at stages 0-2).
+  [[nodiscard]] const param_coordinator<Backend, Comm, Allocator>* coordinator() const noexcept {
+    return coord_ ? &*coord_ : nullptr;
+  }
+
+  /// The factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise).
+  [[nodiscard]] double loss_scale() const noexcept { return scaler_.scale(); }
+  /// True when the current micro-step is the last of its accumulation.
+  [[nodiscard]] bool is_boundary() const noexcept {
+    return (micro_step_ + 1) % cfg_.gradient_accumulation_steps == 0;
+  }
+
+  /// Ends a micro-step. On the last micro-step of an accumulation: waits for the reductions,
+  /// unscales and checks for inf/NaN (one all-reduce of a flag), computes the global gradient norm
+  /// (one all-reduce of partial sums), clips, runs AdamW on the rank's part, updates the loss scale,
+  /// and all-gathers the updated parameters (stages 1, 2).
+  /// \throws usage_error for parameters without a gradient (unless ignore_unused_parameters);
+  /// loss_scale_error when fp16 overflows at the minimum loss scale.
+  step_result step() {
+    check_final("step");
+    step_result r;
+    r.boundary = is_boundary();
+    r.loss_scale = scaler_.scale();
+    r.step = applied_steps_;
+    {
+      auto t = time("reduce");
+      reducer_->finish(cfg_.zero_optimization.ignore_unused_parameters);
+    }
+    ++micro_step_;
+    if (!r.boundary) {
+      if (coord_) {
+        coord_->end_step(false);
+      }
+      r.next_loss_scale = scaler_.scale();
+      begin_micro_step();
+      return r;
+    }
+    const bool partitioned = cfg_.stage() >= 1;
+    const double unscale = 1.0 / (scaler_.scale() * static_cast<double>(cfg_.gradient_accumulation_steps));
+    bool overflow = false;
+    double norm = 0;
+    {
+      auto t = time("step");
+      backend_.fill(flag_.data(), 1, 0, stream_);
+      double sq = 0;
+      visit_float(cfg_.grad_accum_dtype, [&]<class G>(type_tag<G>) {
+        for (const auto& [range, off] : optimizer_->ranges()) {
+          G* g = reinterpret_cast<G*>(reducer_->reduced(range, off));
+          backend_.unscale_and_check(g, range.size(), static_cast<float>(unscale), flag_.data(), stream_);
+          backend_.squared_norm(g, range.size(), norm_.data(), norm_workspace_.data(), norm_workspace_bytes_, stream_);
+          sq += static_cast<double>(backend_.read_scalar(norm_.data(), stream_));
+        }
+      });
+      std::int32_t local_flag = backend_.read_scalar(flag_.data(), stream_);
+      if (partitioned && comm_.size() > 1) {
+        // One all-reduce carries both: the overflow flag (max) and the squared norm (sum) each ride
+        // their own tiny collective; they are issued back to back and waited together.
+        float partial = static_cast<float>(sq);
+        auto hf = comm_.all_reduce(&local_flag, &local_flag, 1, reduce_op::max);
+        auto hn = comm_.all_reduce(&partial, &partial, 1, reduce_op::sum);
+        hf.wait();
+        hn.wait();
+        sq = static_cast<double>(partial);
+      }
+      overflow = local_flag != 0 || !std::isfinite(sq);
+      norm = overflow ? std::numeric_limits<double>::infinity() : std::sqrt(sq);
+    }
+    const auto upd = scaler_.update(overflow);
+    r.overflow = overflow;
+    r.grad_norm = norm;
+    r.next_loss_scale = upd.scale;
+    r.lr = scheduler_.group_lr(default_lr());
+    if (upd.applied) {
+      auto t = time("step");
+      adamw_step_args args;
+      const auto& o = *cfg_.optimizer;
+      args.beta1 = static_cast<float>(o.betas[0]);
+      args.beta2 = static_cast<float>(o.betas[1]);
+      args.eps = static_cast<float>(o.eps);
+      args.adam_w_mode = o.adam_w_mode;
+      args.set_step(applied_steps_ + 1, o.bias_correction);
+      const double clip = cfg_.gradient_clipping;
+      // DeepSpeed's clip: scale by max_norm / (norm + 1e-6) when that is below 1.
+      const double coef = clip > 0 ? clip / (norm + 1e-6) : 1.0;
+      args.grad_scale = static_cast<float>(coef < 1.0 ? coef : 1.0);
+      optimizer_->step(
+          args, [&](double group_lr) { return scheduler_.group_lr(group_lr); }, cfg_.grad_accum_dtype,
+          [&](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); }, param_store(),
+          cfg_.stage() == 3);
+      scheduler_.step();
+      ++applied_steps_;
+      r.applied = true;
+      r.step = applied_steps_;
+    }
+    if (upd.applied && partitioned && !coord_) {
+      auto t = time("gather");
+      gather_params();
+    }
+    if (coord_) {
+      coord_->end_step(upd.applied);
+    }
+    reducer_->zero();
+    ++boundaries_;
+    maybe_print_timings();
+    begin_micro_step();
+    return r;
+  }
+
+  /// Measures a phase for wall_clock_breakdown: `{ auto t = eng.time("forward"); ... }`.
+  [[nodiscard]] auto time(std::string name) {
+    struct timer {
+      basic_engine* e;
+      std::string name;
+      std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+      timer(basic_engine* eng, std::string n) : e(eng), name(std::move(n)) {}
+      timer(const timer&) = delete;
+      timer& operator=(const timer&) = delete;
+      ~timer() {
+        const std::chrono::duration<double> d = std::chrono::steady_clock::now() - start;
+        e->timings_.seconds[name] += d.count();
+        e->timings_.calls[name] += 1;
+      }
+    };
+    return timer(this, std::move(name));
+  }
+  /// The phases timed so far.
+  [[nodiscard]] const step_timings& timings() const noexcept { return timings_; }
+  /// Where log lines go (wall_clock_breakdown); default: stdout on rank 0.
+  void set_log(std::function<void(const std::string&)> sink) { log_ = std::move(sink); }
+
+  /// Bytes per tag from the counting allocator, beside the ZeRO formula.
+  [[nodiscard]] memory_report memory() const {
+    memory_report m;
+    m.stage = cfg_.stage();
+    m.world_size = comm_.size();
+    m.parameters = layout_.finalized() ? layout_.numel() : 0;
+    m.padding = layout_.finalized() ? layout_.padding() : 0;
+    m.params = state_alloc_.live(memory_tag::params);
+    m.grads = state_alloc_.live(memory_tag::grads);
+    m.optimizer = state_alloc_.live(memory_tag::optimizer);
+    m.buffers = buffer_alloc_.live(memory_tag::buffers);
+    m.params_peak = state_alloc_.peak(memory_tag::params);
+    m.grads_peak = state_alloc_.peak(memory_tag::grads);
+    m.optimizer_peak = state_alloc_.peak(memory_tag::optimizer);
+    m.buffers_peak = buffer_alloc_.peak(memory_tag::buffers);
+    m.model_state_peak = state_alloc_.total().peak;
+    m.working_set_peak = work_alloc_.total().peak;
+    m.formula = zero_formula_bytes(m.stage, static_cast<double>(m.parameters), m.world_size, layout_.type(),
+                                   cfg_.grad_accum_dtype);
+    return m;
+  }
+
+  /// The resolved config in force.
+  [[nodiscard]] const config& cfg() const noexcept { return cfg_; }
+  /// The flat layout of trainable parameters.
+  [[nodiscard]] const flat_layout& layout() const noexcept { return layout_; }
+  /// Optimizer steps applied so far.
+  [[nodiscard]] std::int64_t global_steps() const noexcept { return applied_steps_; }
+  /// Collectives the gradient reducer launched (tests count communication with it).
+  [[nodiscard]] std::size_t reduce_launches() const noexcept { return reducer_ ? reducer_->launches() : 0; }
+  /// This rank's optimizer (master weights, m, v over the owned ranges).
+  [[nodiscard]] partitioned_adamw<Backend, Allocator>& optimizer() { return check_final("optimizer"), *optimizer_; }
+  /// The scaler and scheduler, for checkpoints and logs.
+  [[nodiscard]] const loss_scaler& scaler() const noexcept { return scaler_; }
+  [[nodiscard]] const lr_scheduler& scheduler() const noexcept { return scheduler_; }
+  /// The handle of a parameter by name. \throws usage_error when there is none.
+  [[nodiscard]] param_handle find(const std::string& name) const {
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      const auto& e = entries_[i];
+      if ((e.trainable ? layout_ : frozen_layout_).param(e.id).name == name) {
+        return {i};
+      }
+    }
+    throw usage_error("no parameter named \"" + name + "\" is registered");
+  }
+
+private:
+  struct entry {
+    bool trainable = true;
+    std::size_t id = 0;
+    std::size_t group = 0;
+    int module = 0;
+  };
+
+  static std::size_t numel_of(const std::vector<std::int64_t>& shape) {
+    std::size_t n = 1;
+    for (auto d : shape) {
+      n *= static_cast<std::size_t>(std::max<std::int64_t>(d, 0));
+    }
+    return n;
+  }
+
+  void check_module(int m) const {
+    if (m < 0 || static_cast<std::size_t>(m) >= module_names_.size()) {
+      throw usage_error("module id " + std::to_string(m) + " was not made by add_module (" +
+                        std::to_string(module_names_.size()) + " modules are registered)");
+    }
+  }
+
+  /// Where the low-precision parameters the optimizer updates live: the shard (stage 3) or the
+  /// whole flat buffer.
+  std::byte* param_store() { return coord_ ? coord_->shard() : params_.data(); }
+
+  void end_gather_all(int modifier) {
+    if (coord_) {
+      coord_->release_everything(modifier);
+      if (modifier >= 0) {
+        optimizer_->load_master(coord_->shard(), true);
+      }
+      return;
+    }
+    if (modifier >= 0 && comm_.size() > 1) {
+      backend_.synchronize(stream_);
+      visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+        P* p = reinterpret_cast<P*>(params_.data());
+        comm_.broadcast(p, p, layout_.total_size(), modifier).wait();
+      });
+    }
+    if (modifier >= 0) {
+      optimizer_->load_master(params_.data());
+    }
+  }
+
+  static loss_scaler make_scaler(const config& c) {
+    if (!c.fp16.enabled) {
+      return loss_scaler::none();
+    }
+    return loss_scaler(loss_scaler_options{.loss_scale = c.fp16.loss_scale,
+                                           .initial_scale_power = static_cast<int>(c.fp16.initial_scale_power),
+                                           .loss_scale_window = c.fp16.loss_scale_window,
+                                           .hysteresis = static_cast<int>(c.fp16.hysteresis),
+                                           .consecutive_hysteresis = c.fp16.consecutive_hysteresis,
+                                           .min_loss_scale = c.fp16.min_loss_scale});
+  }
+
+  static lr_scheduler make_scheduler(const config& c) { return scheduler_from_config(c); }
+
+  double default_lr() const { return cfg_.optimizer ? cfg_.optimizer->lr : 1e-3; }
+
+  std::size_t group_index(const param_options& opt) {
+    const double lr = opt.lr.value_or(default_lr());
+    const double wd = opt.weight_decay.value_or(cfg_.optimizer ? cfg_.optimizer->weight_decay : 0.0);
+    for (std::size_t i = 0; i < groups_.size(); ++i) {
+      if (groups_[i].lr == lr && groups_[i].weight_decay == wd) {
+        return i;
+      }
+    }
+    groups_.push_back({lr, wd});
+    return groups_.size() - 1;
+  }
+
+  const entry& entry_of(param_handle h, const char* what) const {
+    check_final(what);
+    if (h.index >= entries_.size()) {
+      throw usage_error(std::string(what) + ": parameter handle " + std::to_string(h.index) + " was not made by "
+                        "this engine (" + std::to_string(entries_.size()) + " parameters are registered)");
+    }
+    return entries_[h.index];
+  }
+
+  void check_open(const std::string& what) const {
+    if (finalized_) {
+      throw usage_error(what + " after finalize(); register every module and parameter first");
+    }
+  }
+  void check_final(const std::string& what) const {
+    if (!finalized_) {
+      throw usage_error(what + " before finalize(); call finalize() after registering parameters");
+    }
+  }
+
+  void begin_micro_step() { reducer_->begin_micro_step(is_boundary()); }
+
+  void zero_params() {
+    visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+      backend_.fill(reinterpret_cast<P*>(params_.data()), layout_.total_size(), P{}, stream_);
+    });
+  }
+
+  void load_master_exact(const init_fn& fn) {
+    float* master = optimizer_->master();
+    if (master == nullptr) {
+      return;
+    }
+    const int stage = cfg_.stage();
+    for (std::size_t id = 0; id < layout_.param_count(); ++id) {
+      const auto& p = layout_.param(id);
+      if (stage == 0) {
+        fn(p, 0, std::span<float>(master + p.offset, p.numel));
+      } else if (auto piece = layout_.intersection(id, comm_.rank())) {
+        fn(p, piece->param_offset, std::span<float>(master + piece->shard_offset, piece->count));
+      }
+    }
+  }
+
+  /// All-gathers every segment's owned slice into every rank's flat parameter buffer, in place.
+  void gather_params() {
+    if (cfg_.stage() == 0 || comm_.size() == 1) {
+      return;
+    }
+    backend_.synchronize(stream_);
+    using handle_type = decltype(comm_.all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
+    const auto plan = layout_.bucket_plan(std::max<std::size_t>(
+        1, static_cast<std::size_t>(cfg_.zero_optimization.allgather_bucket_size) * size_of(layout_.type())));
+    const auto& segs = layout_.segments();
+    const auto rank = static_cast<std::size_t>(comm_.rank());
+    visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+      P* base = reinterpret_cast<P*>(params_.data());
+      // Up to allgather_bucket_size elements in flight at once.
+      for (const auto& [first, last] : plan) {
+        std::vector<handle_type> hs;
+        for (std::size_t s = first; s < last; ++s) {
+          P* seg = base + segs[s].range.begin;
+          hs.push_back(comm_.all_gather(seg + rank * segs[s].slice, seg, segs[s].slice));
+        }
+        for (auto& h : hs) {
+          h.wait();
+        }
+      }
+    });
+  }
+
+  void maybe_print_timings() {
+    if (!cfg_.wall_clock_breakdown || !cfg_.steps_per_print || *cfg_.steps_per_print <= 0 ||
+        boundaries_ % *cfg_.steps_per_print != 0) {
+      return;
+    }
+    std::string line = "[zero] rank " + std::to_string(comm_.rank()) + " step " + std::to_string(applied_steps_) +
+                       " time (ms):";
+    for (const auto& [name, s] : timings_.seconds) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.2f", name.c_str(), 1e3 * s / static_cast<double>(timings_.calls[name]));
+      line += buf;
+    }
+    timings_ = {};
+    if (log_) {
+      log_(line);
+    } else if (comm_.rank() == 0) {
+      std::printf("%s\n", line.c_str());
+    }
+  }
+
+  config cfg_;
+  Comm& comm_;
+  Backend& backend_;
+  counting state_alloc_;
+  counting buffer_alloc_;
+  counting work_alloc_;
+  typename Backend::stream_type stream_;
+  flat_layout layout_;
+  flat_layout frozen_layout_;
+  std::vector<entry> entries_;
+  std::vector<param_group> groups_;
+  buffer<std::byte, counting> params_;
+  buffer<std::byte, counting> frozen_;
+  std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
+  std::optional<partitioned_adamw<Backend, Allocator>> optimizer_;
+  std::optional<param_coordinator<Backend, Comm, Allocator>> coord_;
+  std::vector<int> layout_module_;
+  std::vector<std::string> module_names_;
+  std::vector<int> plain_refs_;
+  int persistent_module_ = -1;
+  buffer<int, counting> flag_;
+  buffer<float, counting> norm_;
+  buffer<std::byte, counting> norm_workspace_;
+  std::size_t norm_workspace_bytes_ = 0;
+  loss_scaler scaler_;
+  lr_scheduler scheduler_;
+  step_timings timings_;
+  std::function<void(const std::string&)> log_;
+  std::int64_t micro_step_ = 0;
+  std::int64_t applied_steps_ = 0;
+  std::int64_t boundaries_ = 0;
+  bool finalized_ = false;
+  bool init_master_exact_ = false;
+};
+
+/// The engine with the backend's allocator: `zero::engine<zero::cpu_backend, zero::thread_communicator>`.
+template <class Backend, class Comm>
+using engine = basic_engine<Backend, Comm>;
+
+} // namespace zero

@@ -1,0 +1,82 @@
+#pragma once
+/// \file
+/// The ZeRO paper's formula for model-state bytes per rank (Rajbhandari et al. 2020, section 5),
+/// generalised to the dtypes in use, and the report that puts the measured bytes beside it.
+
+#include <cstddef>
+#include <cstdio>
+#include <string>
+
+#include "zero/core/dtype.hpp"
+
+namespace zero {
+
+/// Model-state bytes per rank that ZeRO promises for `psi` parameters over `n` ranks.
+///
+/// Per parameter: P bytes of parameters (the dtype trained in), G bytes of gradients (the gradient
+/// dtype) and K bytes of optimizer state (fp32 master, m and v: 12 when P is 16-bit; 8 for fp32
+/// training, where the parameters are their own master copy).
+///
+/// | stage | bytes per rank |
+/// |---|---|
+/// | 0 | (P + G + K) psi |
+/// | 1 | (P + G) psi + K psi / n |
+/// | 2 | P psi + (G + K) psi / n |
+/// | 3 | (P + G + K) psi / n |
+[[nodiscard]] inline double zero_formula_bytes(int stage, double psi, int n, dtype param, dtype grad) {
+  const double p = static_cast<double>(size_of(param));
+  const double g = static_cast<double>(size_of(grad));
+  const double k = param == dtype::f32 ? 8.0 : 12.0;
+  const double nn = static_cast<double>(n);
+  switch (stage) {
+  case 0:
+    return (p + g + k) * psi;
+  case 1:
+    return (p + g) * psi + k * psi / nn;
+  case 2:
+    return p * psi + (g + k) * psi / nn;
+  default:
+    return (p + g + k) * psi / nn;
+  }
+}
+
+/// Bytes per tag measured by the engine's counting allocator, next to the formula.
+struct memory_report {
+  int stage = 0;
+  int world_size = 1;
+  /// Trainable parameters (psi), without padding.
+  std::size_t parameters = 0;
+  /// Padding elements in the flat buffer (alignment and even splitting over ranks).
+  std::size_t padding = 0;
+  /// Live bytes now, per tag.
+  std::size_t params = 0, grads = 0, optimizer = 0, buffers = 0;
+  /// Peak bytes since the engine was built (or since `reset_peaks`).
+  std::size_t params_peak = 0, grads_peak = 0, optimizer_peak = 0, buffers_peak = 0;
+  /// Peak of params + grads + optimizer together: the persistent model state.
+  std::size_t model_state_peak = 0;
+  /// Peak of the gathered working set (stage 3), reported apart from the model state.
+  std::size_t working_set_peak = 0;
+  /// The formula's bytes for this stage, world size and dtypes.
+  double formula = 0;
+
+  /// model_state_peak / formula.
+  [[nodiscard]] double ratio() const noexcept { return formula > 0 ? static_cast<double>(model_state_peak) / formula : 0; }
+
+  /// A small table for logs.
+  [[nodiscard]] std::string table() const {
+    char buf[1024];
+    std::snprintf(buf, sizeof buf,
+                  "memory per rank (stage %d, %d ranks, %zu parameters, %zu padding)\n"
+                  "  params     %12zu B (peak %zu)\n"
+                  "  grads      %12zu B (peak %zu)\n"
+                  "  optimizer  %12zu B (peak %zu)\n"
+                  "  buffers    %12zu B (peak %zu)\n"
+                  "  model state peak %zu B, ZeRO formula %.0f B, ratio %.4f\n"
+                  "  gathered working set peak %zu B (stage 3, not model state)\n",
+                  stage, world_size, parameters, padding, params, params_peak, grads, grads_peak, optimizer,
+                  optimizer_peak, buffers, buffers_peak, model_state_peak, formula, ratio(), working_set_peak);
+    return buf;
+  }
+};
+
+} // namespace zero

@@ -1,0 +1,486 @@
+#pragma once
+/// \file
+/// `param_coordinator`: stage 3's parameters, partitioned between steps and gathered on demand.
+///
+/// The flat layout is split into *units*, one segment per module (parameters below
+/// stage3_param_persistence_threshold go to persistent units instead). Between steps a rank holds
+/// only its slice of every unit (the shard) plus whole copies of the persistent units. `gather(m)`
+/// all-gathers module m's unit into a working buffer; `release(m)` gives it back.
+///
+/// Prefetch follows a trace: the first step records the order in which modules are gathered; later
+/// steps replay it, starting the all-gathers of the next units while earlier modules compute, up to
+/// stage3_prefetch_bucket_size elements ahead and never more than stage3_max_live_parameters
+/// elements gathered at once. A released unit that the trace uses again within
+/// stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the
+/// first backward one). When the order of a step differs from the trace, prefetching stops for the
+/// rest of that step, a log line says where, and the trace is recorded again. Evaluation passes
+/// (forward only) keep a trace of their own and leave the training trace intact.
+///
+/// Every rank must gather the same modules in the same order, as every rank must issue the same
+/// collectives; a module gathered by some ranks and not others ends in the communicator's timeout,
+/// whose error names the module.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/backend/backend.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/core/error.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
+namespace zero {
+
+/// Limits of gathering, in parameter elements (DeepSpeed's stage3_* settings).
+struct coordinator_options {
+  /// Elements the prefetcher may have in flight ahead of use (stage3_prefetch_bucket_size).
+  std::size_t prefetch_elements = 50'000'000;
+  /// Elements gathered at once, prefetched ones included (stage3_max_live_parameters).
+  std::size_t max_live_elements = 1'000'000'000;
+  /// A released unit stays gathered when the trace uses it again within this many elements of
+  /// other gathers (stage3_max_reuse_distance).
+  std::size_t max_reuse_distance = 1'000'000'000;
+};
+
+/// Counters of one step's gathering, for tests and logs.
+struct gather_stats {
+  std::size_t all_gathers = 0;       ///< all-gathers issued (on demand + prefetch)
+  std::size_t on_demand = 0;         ///< gathers that had to wait because nothing was prefetched
+  std::size_t prefetched = 0;        ///< all-gathers issued ahead of use
+  std::size_t prefetch_used = 0;     ///< prefetched units that were then gathered
+  std::size_t prefetch_wasted = 0;   ///< prefetched units freed without being used
+  std::size_t reused = 0;            ///< gathers served by a unit kept for reuse
+  std::size_t trace_changes = 0;     ///< steps whose module order differed from the trace
+  std::size_t persistent_refreshes = 0; ///< all-gathers of persistent units after optimizer steps
+};
+
+/// Stage 3's gathering; see the file comment.
+template <backend Backend, communicator Comm, allocator A>
+class param_coordinator {
+  using counting = counting_allocator<A>;
+  using handle_type = decltype(std::declval<Comm&>().all_gather(static_cast<const float*>(nullptr),
+                                                                static_cast<float*>(nullptr), 0));
+
+public:
+  /// \param layout        finalized with `segment_by::module` (kept by reference).
+  /// \param module_units  for each module id, the units (segments) gather(module) brings in.
+  /// \param persistent    units kept whole on every rank.
+  /// \param module_names  for messages.
+  /// \param state         memory of the shard and persistent copies (memory_tag::params).
+  /// \param work          memory of gathered units: the working set, counted apart.
+  param_coordinator(const flat_layout& layout, std::vector<std::vector<std::size_t>> module_units,
+                    std::vector<std::size_t> persistent, std::vector<std::string> module_names, Backend& backend,
+                    Comm& comm, counting state, counting work, coordinator_options opt,
+                    typename Backend::stream_type& stream)
+      : layout_(layout), module_units_(std::move(module_units)), module_names_(std::move(module_names)),
+        backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
+        esize_(size_of(layout.type())) {
+    require_all_gather<Comm>();
+    units_.resize(layout_.segments().size());
+    shard_ = buffer<std::byte, counting>(state, layout_.shard_size() * esize_, memory_tag::params);
+    for (std::size_t u : persistent) {
+      units_[u].persistent = true;
+      units_[u].data = buffer<std::byte, counting>(state, layout_.segments()[u].range.size() * esize_,
+                                                   memory_tag::params);
+    }
+    module_refs_.assign(module_units_.size(), 0);
+    for (const auto& units : module_units_) {
+      for (std::size_t u : units) {
+        const std::size_t n = layout_.segments()[u].range.size();
+        if (!units_[u].persistent && n > opt_.max_live_elements) {
+          throw config_error("zero_optimization.stage3_max_live_parameters: " +
+                             std::to_string(opt_.max_live_elements) + " elements cannot hold a module of " +
+                             std::to_string(n) + " elements; raise it to at least the largest module");
+        }
+      }
+    }
+  }
+
+  /// The rank's shard of every unit, indexed like the optimizer state.
+  [[nodiscard]] std::byte* shard() noexcept { return shard_.data(); }
+
+  /// Brings module `m`'s units in (or finds them gathered, prefetched or kept) and counts a use.
+  /// \throws usage_error for an unknown module; timeout_error naming the module when other ranks
+  /// do not gather it.
+  void gather(int m) {
+    const auto mi = check_module(m, "gather");
+    note_use(m);
+    for (std::size_t u : module_units_[mi]) {
+      ensure_live(u, m);
+      ++units_[u].refs;
+    }
+    ++module_refs_[mi];
+    prefetch();
+  }
+
+  /// Gives module `m` back; its units are freed unless the trace reuses them soon.
+  /// \throws usage_error when `m` is not gathered (a double release).
+  void release(int m) {
+    const auto mi = check_module(m, "release");
+    if (module_refs_[mi] == 0) {
+      throw usage_error("release(\"" + module_names_[mi] + "\") without a matching gather (a double release?)");
+    }
+    --module_refs_[mi];
+    for (std::size_t u : module_units_[mi]) {
+      auto& unit = units_[u];
+      if (--unit.refs == 0 && !unit.persistent && !keep_for_reuse(u)) {
+        free_unit(u);
+      }
+    }
+  }
+
+  /// True while module `m` is gathered by the framework.
+  [[nodiscard]] bool gathered(int m) const { return module_refs_[check_module(m, "gathered")] > 0; }
+
+  /// The whole unit `u`, valid while it is gathered (or persistent).
+  /// \throws usage_error naming `what` when the unit is not gathered.
+  [[nodiscard]] std::byte* full(std::size_t u, const std::string& what) const {
+    const auto& unit = units_[u];
+    if (!unit.persistent && (unit.refs == 0 || unit.state != unit_state::live)) {
+      throw usage_error(what + " is not gathered: call gather(module) before using its parameters, and keep "
+                               "the guard alive while you do");
+    }
+    // The coordinator owns the working buffers; views into them are writable by design.
+    return const_cast<std::byte*>(unit.data.data());
+  }
+
+  /// True for units kept whole on every rank.
+  [[nodiscard]] bool persistent(std::size_t u) const noexcept { return units_[u].persistent; }
+
+  /// Ends a training micro-step: checks nothing is still gathered, frees what was kept, and records
+  /// the trace when this step's order differed (or none was recorded). With `params_changed` (the
+  /// optimizer updated the shards) the persistent units are refreshed from the shards.
+  void end_step(bool params_changed) {
+    for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
+      if (module_refs_[mi] != 0) {
+        throw usage_error("step() while module \"" + module_names_[mi] + "\" is still gathered; release it "
+                          "(end the guard's scope) before the optimizer step");
+      }
+    }
+    drop_all();
+    finish_pass(train_);
+    if (params_changed) {
+      refresh_persistent();
+    }
+  }
+
+  /// Starts a forward-only pass (evaluation): its order is traced apart from training's, and its
+  /// gathers are counted apart (`stats_of_last_eval`).
+  void begin_eval() {
+    if (in_eval_) {
+      throw usage_error("an evaluation pass is already open");
+    }
+    in_eval_ = true;
+    train_stats_ = stats_;
+    stats_ = {};
+  }
+  /// Ends the evaluation pass; nothing stays gathered.
+  void end_eval() {
+    if (!in_eval_) {
+      throw usage_error("end of an evaluation pass that was not begun");
+    }
+    for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
+      if (module_refs_[mi] != 0) {
+        throw usage_error("evaluation ended while module \"" + module_names_[mi] + "\" is still gathered");
+      }
+    }
+    drop_all();
+    finish_pass(eval_);
+    last_eval_stats_ = stats_;
+    stats_ = train_stats_;
+    in_eval_ = false;
+  }
+
+  /// All-gathers the persistent units from the shards (after initialisation and every step).
+  void refresh_persistent() {
+    backend_.synchronize(stream_);
+    std::vector<handle_type> hs;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u].persistent) {
+        hs.push_back(start_gather(u, units_[u].data.data()));
+        --stats_.all_gathers;
+        ++stats_.persistent_refreshes;
+      }
+    }
+    for (auto& h : hs) {
+      h.wait();
+    }
+  }
+
+  /// Gathers every unit, whatever the limits (DeepSpeed's GatheredParameters); `release_everything`
+  /// undoes it. With `modifier_rank >= 0`, that rank's whole values are broadcast and written back
+  /// into every rank's shard, and `on_written` is called so the optimizer can reload its master copy.
+  void gather_everything() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (!units_[u].persistent) {
+        ensure_live(u, -1);
+        ++units_[u].refs;
+      }
+    }
+  }
+  void release_everything(int modifier_rank) {
+    if (modifier_rank >= 0) {
+      backend_.synchronize(stream_);
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        const auto& s = layout_.segments()[u];
+        std::byte* whole = units_[u].data.data();
+        visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+          P* p = reinterpret_cast<P*>(whole);
+          comm_.broadcast(p, p, s.range.size(), modifier_rank).wait();
+          const P* mine = p + static_cast<std::size_t>(comm_.rank()) * s.slice;
+          backend_.cast(mine, reinterpret_cast<P*>(shard_.data()) + s.shard_offset, s.slice, stream_);
+        });
+      }
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (!units_[u].persistent && --units_[u].refs == 0) {
+        free_unit(u);
+      }
+    }
+  }
+
+  /// This step's counters so far; `stats_of_last_step` keeps the previous step's.
+  [[nodiscard]] const gather_stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const gather_stats& stats_of_last_step() const noexcept { return last_stats_; }
+  [[nodiscard]] const gather_stats& stats_of_last_eval() const noexcept { return last_eval_stats_; }
+  /// The recorded training trace (module ids in gather order), empty before the first step ends.
+  [[nodiscard]] const std::vector<int>& trace() const noexcept { return train_.trace; }
+  /// Elements gathered now (live and in flight), and the most there ever were.
+  [[nodiscard]] std::size_t live_elements() const noexcept { return live_; }
+  [[nodiscard]] std::size_t peak_live_elements() const noexcept { return peak_live_; }
+  /// Where log lines go (trace changes).
+  void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
+
+private:
+  enum class unit_state : std::uint8_t { idle, in_flight, live };
+
+  struct unit {
+    unit_state state = unit_state::idle;
+    bool persistent = false;
+    bool prefetched = false; // brought in ahead of use and not yet used
+    int refs = 0;
+    buffer<std::byte, counting> data;
+    std::optional<handle_type> pending;
+  };
+
+  struct pass {
+    std::vector<int> trace;   // the recorded order
+    std::vector<int> current; // this pass's order so far
+    bool diverged = false;    // this pass left the trace
+  };
+
+  pass& ctx() noexcept { return in_eval_ ? eval_ : train_; }
+
+  std::size_t check_module(int m, const char* what) const {
+    if (m < 0 || static_cast<std::size_t>(m) >= module_units_.size()) {
+      throw usage_error(std::string(what) + ": module id " + std::to_string(m) + " was not registered (" +
+                        std::to_string(module_units_.size()) + " modules)");
+    }
+    return static_cast<std::size_t>(m);
+  }
+
+  void note_use(int m) {
+    auto& p = ctx();
+    const std::size_t pos = p.current.size();
+    p.current.push_back(m);
+    if (!p.diverged && !p.trace.empty() && (pos >= p.trace.size() || p.trace[pos] != m)) {
+      p.diverged = true;
+      ++stats_.trace_changes;
+      if (log_) {
+        const std::string expected = pos < p.trace.size() ? "\"" + module_names_[static_cast<std::size_t>(p.trace[pos])] + "\"" : "the end of the trace";
+        log_("[zero] stage 3: module order changed at gather #" + std::to_string(pos) + " (" +
+             std::string(in_eval_ ? "evaluation" : "training") + "): expected " + expected + ", got \"" +
+             module_names_[static_cast<std::size_t>(m)] + "\"; prefetch is off for this pass and the trace will "
+             "be recorded again");
+      }
+    }
+  }
+
+  handle_type start_gather(std::size_t u, std::byte* whole) {
+    const auto& s = layout_.segments()[u];
+    ++stats_.all_gathers;
+    return visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+      P* dst = reinterpret_cast<P*>(whole);
+      const P* mine = reinterpret_cast<const P*>(shard_.data()) + s.shard_offset;
+      // The shard slice is copied into place first, so the all-gather runs in place.
+      P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
+      backend_.cast(mine, slot, s.slice, stream_);
+      backend_.synchronize(stream_);
+      return comm_.all_gather(slot, dst, s.slice);
+    });
+  }
+
+  void make_room(std::size_t n) {
+    // Free units kept for reuse (never ones in use) until n more elements fit.
+    for (std::size_t u = 0; u < units_.size() && live_ + n > opt_.max_live_elements; ++u) {
+      auto& unit = units_[u];
+      if (!unit.persistent && unit.refs == 0 && unit.state != unit_state::idle) {
+        free_unit(u);
+      }
+    }
+  }
+
+  void ensure_live(std::size_t u, int module) {
+    auto& unit = units_[u];
+    if (unit.persistent) {
+      return;
+    }
+    if (unit.state == unit_state::idle) {
+      const std::size_t n = layout_.segments()[u].range.size();
+      make_room(n);
+      if (live_ + n > opt_.max_live_elements && module >= 0) {
+        throw usage_error("gathering module \"" + module_names_[static_cast<std::size_t>(module)] + "\" (" +
+                          std::to_string(n) + " elements) would hold " + std::to_string(live_ + n) +
+                          " elements at once, above zero_optimization.stage3_max_live_parameters = " +
+                          std::to_string(opt_.max_live_elements) + "; release modules sooner or raise the limit");
+      }
+      allocate(u);
+      unit.pending.emplace(start_gather(u, unit.data.data()));
+      unit.state = unit_state::in_flight;
+      ++stats_.on_demand;
+    } else if (unit.prefetched) {
+      unit.prefetched = false;
+      ++stats_.prefetch_used;
+    } else if (unit.refs == 0 && unit.state == unit_state::live) {
+      ++stats_.reused;
+    }
+    if (unit.state == unit_state::in_flight) {
+      try {
+        unit.pending->wait();
+      } catch (const timeout_error& e) {
+        const std::string what =
+            module >= 0 ? "module \"" + module_names_[static_cast<std::size_t>(module)] + "\"" : "all parameters";
+        throw timeout_error(std::string(e.what()) + "; while gathering " + what +
+                            ": every rank must gather the same modules in the same order");
+      }
+      unit.pending.reset();
+      unit.state = unit_state::live;
+    }
+  }
+
+  void allocate(std::size_t u) {
+    const std::size_t n = layout_.segments()[u].range.size();
+    units_[u].data = buffer<std::byte, counting>(work_, n * esize_, memory_tag::params);
+    live_ += n;
+    peak_live_ = std::max(peak_live_, live_);
+  }
+
+  void free_unit(std::size_t u) {
+    auto& unit = units_[u];
+    if (unit.state == unit_state::idle || unit.persistent) {
+      return;
+    }
+    if (unit.pending) {
+      unit.pending->wait();
+      unit.pending.reset();
+    }
+    if (unit.prefetched) {
+      ++stats_.prefetch_wasted;
+      unit.prefetched = false;
+    }
+    unit.data.release();
+    unit.state = unit_state::idle;
+    live_ -= layout_.segments()[u].range.size();
+  }
+
+  /// Positions of the trace after the current one whose units are worth starting now.
+  void prefetch() {
+    auto& p = ctx();
+    if (p.diverged || p.trace.empty()) {
+      return;
+    }
+    std::size_t ahead = 0;
+    for (std::size_t pos = p.current.size(); pos < p.trace.size(); ++pos) {
+      for (std::size_t u : module_units_[static_cast<std::size_t>(p.trace[pos])]) {
+        auto& unit = units_[u];
+        if (unit.persistent || unit.state != unit_state::idle) {
+          continue;
+        }
+        const std::size_t n = layout_.segments()[u].range.size();
+        if (ahead + n > opt_.prefetch_elements || live_ + n > opt_.max_live_elements) {
+          return;
+        }
+        allocate(u);
+        unit.pending.emplace(start_gather(u, unit.data.data()));
+        unit.state = unit_state::in_flight;
+        unit.prefetched = true;
+        ++stats_.prefetched;
+        ahead += n;
+      }
+    }
+  }
+
+  /// True when the trace uses unit `u` again within max_reuse_distance elements of other gathers.
+  bool keep_for_reuse(std::size_t u) {
+    auto& p = ctx();
+    if (p.diverged || p.trace.empty()) {
+      return false;
+    }
+    std::size_t distance = 0;
+    for (std::size_t pos = p.current.size(); pos < p.trace.size(); ++pos) {
+      for (std::size_t v : module_units_[static_cast<std::size_t>(p.trace[pos])]) {
+        if (v == u) {
+          return true;
+        }
+        if (!units_[v].persistent) {
+          distance += layout_.segments()[v].range.size();
+        }
+      }
+      if (distance > opt_.max_reuse_distance) {
+        return false;
+      }
+    }
+    return false;
+  }
+
+  void drop_all() {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      free_unit(u);
+    }
+  }
+
+  void finish_pass(pass& p) {
+    if (p.trace.empty() || p.diverged || p.current.size() != p.trace.size()) {
+      if (!p.trace.empty() && !p.diverged) {
+        ++stats_.trace_changes; // the pass ended early: fewer gathers than the trace
+      }
+      p.trace = p.current;
+    }
+    p.current.clear();
+    p.diverged = false;
+    if (&p == &train_) {
+      last_stats_ = stats_;
+      stats_ = {};
+    }
+  }
+
+  const flat_layout& layout_;
+  std::vector<std::vector<std::size_t>> module_units_;
+  std::vector<std::string> module_names_;
+  Backend& backend_;
+  Comm& comm_;
+  counting work_;
+  coordinator_options opt_;
+  typename Backend::stream_type& stream_;
+  std::size_t esize_;
+  buffer<std::byte, counting> shard_;
+  std::vector<unit> units_;
+  std::vector<int> module_refs_;
+  pass train_, eval_;
+  bool in_eval_ = false;
+  std::size_t live_ = 0;
+  std::size_t peak_live_ = 0;
+  gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;
+  std::function<void(const std::string&)> log_;
+};
+
+} // namespace zero

@@ -1,0 +1,194 @@
+#pragma once
+/// \file
+/// `partitioned_adamw`: Adam/AdamW over the part of the flat buffer a rank owns.
+///
+/// With `partitioned` (stages 1-3) a rank owns its slice of every segment, and keeps fp32 master
+/// weights, m and v for those slices only, contiguous in the order of its shard. Without (stage 0)
+/// it owns the whole buffer. For fp32 training the parameters are their own master copy and only m
+/// and v are kept. Parameter groups (their own lr and weight decay) split the owned ranges into
+/// runs; padding joins the run beside it (its gradient, master, m and v are zero and stay zero).
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zero/backend/backend.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+#include "zero/optim/adamw_args.hpp"
+
+namespace zero {
+
+/// Hyper-parameters of one parameter group.
+struct param_group {
+  /// The group's own lr (what a schedule scales or replaces, see `lr_scheduler::group_lr`).
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+};
+
+/// A range of the flat buffer a rank owns, where its optimizer state starts, and its group.
+struct owned_run {
+  flat_range flat;
+  std::size_t state_offset = 0;
+  std::size_t group = 0;
+};
+
+/// AdamW over a rank's part of the flat buffer; see the file comment.
+template <backend Backend, allocator A>
+class partitioned_adamw {
+  using counting = counting_allocator<A>;
+
+public:
+  /// \param layout       finalized layout (kept by reference).
+  /// \param rank         this rank; \param partitioned own one slice per segment (true) or everything.
+  /// \param group_of     group index of every parameter of the layout, by parameter id.
+  /// \param groups       the groups' hyper-parameters.
+  /// \param alloc        memory for master, m and v (counted under `memory_tag::optimizer`).
+  partitioned_adamw(const flat_layout& layout, int rank, bool partitioned, std::vector<std::size_t> group_of,
+                    std::vector<param_group> groups, Backend& backend, counting alloc,
+                    typename Backend::stream_type& stream)
+      : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)),
+        param_type_(layout.type()) {
+    if (group_of.size() != layout.param_count()) {
+      throw usage_error("partitioned_adamw: " + std::to_string(group_of.size()) + " group indices for " +
+                        std::to_string(layout.param_count()) + " parameters");
+    }
+    if (partitioned) {
+      for (const auto& s : layout.segments()) {
+        ranges_.push_back({s.slice_of(rank), s.shard_offset});
+      }
+      state_size_ = layout.shard_size();
+    } else {
+      ranges_.push_back({{0, layout.total_size()}, 0});
+      state_size_ = layout.total_size();
+    }
+    for (const auto& [range, state_offset] : ranges_) {
+      split_runs(range, state_offset, group_of);
+    }
+    m_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
+    v_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
+    backend_.fill(m_.data(), state_size_, 0.0f, stream_);
+    backend_.fill(v_.data(), state_size_, 0.0f, stream_);
+    if (param_type_ != dtype::f32) {
+      master_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
+      backend_.fill(master_.data(), state_size_, 0.0f, stream_);
+    }
+  }
+
+  /// The owned ranges: (flat range, state offset), one per segment or one for everything.
+  [[nodiscard]] const std::vector<std::pair<flat_range, std::size_t>>& ranges() const noexcept { return ranges_; }
+  /// The owned runs, split by parameter group.
+  [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return runs_; }
+  /// Elements of optimizer state per buffer (master, m, v).
+  [[nodiscard]] std::size_t state_size() const noexcept { return state_size_; }
+  /// The fp32 master copy of the owned elements (null for fp32 training, where `params` is it).
+  [[nodiscard]] float* master() noexcept { return master_.data(); }
+  [[nodiscard]] float* exp_avg() noexcept { return m_.data(); }
+  [[nodiscard]] float* exp_avg_sq() noexcept { return v_.data(); }
+  /// Group hyper-parameters, changeable between steps.
+  [[nodiscard]] std::vector<param_group>& groups() noexcept { return groups_; }
+
+  /// Fills the master copy from the owned part of the low-precision `params` (the flat buffer, or
+  /// the rank's shard with `params_sharded`).
+  void load_master(const std::byte* params, bool params_sharded = false) {
+    if (param_type_ == dtype::f32) {
+      return;
+    }
+    visit_float(param_type_, [&]<class P>(type_tag<P>) {
+      for (const auto& [range, state_offset] : ranges_) {
+        const P* src = reinterpret_cast<const P*>(params) + (params_sharded ? state_offset : range.begin);
+        backend_.cast(src, master_.data() + state_offset, range.size(), stream_);
+      }
+    });
+  }
+
+  /// One optimizer step over every owned run.
+  /// \param base      betas, eps, mode, bias corrections and grad_scale; lr and weight decay come from
+  ///                  the groups through `group_lr`.
+  /// \param group_lr  maps a group's own lr to the lr of this step (the schedule).
+  /// \param grad_type dtype of the gradients; \param grad_of returns the reduced gradient of an owned
+  ///                  range given (flat range, state offset).
+  /// \param params    the low-precision parameters; their owned part is rewritten. With
+  ///                  `params_sharded` it holds only the rank's shard (stage 3), indexed like the
+  ///                  optimizer state; otherwise it is the whole flat buffer.
+  template <class GradOf, class GroupLr>
+  void step(const adamw_step_args& base, GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
+            bool params_sharded = false) {
+    visit_float(grad_type, [&]<class G>(type_tag<G>) {
+      visit_float(param_type_, [&]<class P>(type_tag<P>) {
+        for (const auto& run : runs_) {
+          adamw_step_args a = base;
+          a.lr = static_cast<float>(group_lr(groups_[run.group].lr));
+          a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
+          const std::size_t n = run.flat.size();
+          const std::size_t within = run.flat.begin - range_of(run).first.begin;
+          const G* g = reinterpret_cast<const G*>(grad_of(range_of(run).first, range_of(run).second)) + within;
+          P* p = reinterpret_cast<P*>(params) + (params_sharded ? run.state_offset : run.flat.begin);
+          float* m = m_.data() + run.state_offset;
+          float* v = v_.data() + run.state_offset;
+          if constexpr (std::is_same_v<P, float>) {
+            // fp32 training: the parameters are the master copy.
+            backend_.adamw_step(p, m, v, g, static_cast<float*>(nullptr), n, a, stream_);
+          } else {
+            backend_.adamw_step(master_.data() + run.state_offset, m, v, g, p, n, a, stream_);
+          }
+        }
+      });
+    });
+  }
+
+private:
+  const std::pair<flat_range, std::size_t>& range_of(const owned_run& run) const {
+    for (const auto& r : ranges_) {
+      if (r.first.begin <= run.flat.begin && run.flat.end <= r.first.end) {
+        return r;
+      }
+    }
+    throw usage_error("partitioned_adamw: a run lies outside every owned range");
+  }
+
+  void split_runs(const flat_range& range, std::size_t state_offset, const std::vector<std::size_t>& group_of) {
+    // Parameter pieces inside the range, in flat order, each with its group.
+    std::vector<std::pair<std::size_t, std::size_t>> starts; // (flat start, group)
+    for (std::size_t id : layout_.flat_order()) {
+      const auto& p = layout_.param(id);
+      const std::size_t b = std::max(range.begin, p.offset);
+      const std::size_t e = std::min(range.end, p.offset + p.numel);
+      if (b < e) {
+        starts.emplace_back(b, group_of[id]);
+      }
+    }
+    std::size_t group = starts.empty() ? 0 : starts.front().second;
+    std::size_t cursor = range.begin;
+    for (const auto& [start, g] : starts) {
+      if (g != group) {
+        if (start > cursor) {
+          runs_.push_back({{cursor, start}, state_offset + (cursor - range.begin), group});
+        }
+        cursor = start;
+        group = g;
+      }
+    }
+    if (range.end > cursor) {
+      runs_.push_back({{cursor, range.end}, state_offset + (cursor - range.begin), group});
+    }
+  }
+
+  const flat_layout& layout_;
+  Backend& backend_;
+  typename Backend::stream_type& stream_;
+  std::vector<param_group> groups_;
+  dtype param_type_;
+  std::vector<std::pair<flat_range, std::size_t>> ranges_;
+  std::vector<owned_run> runs_;
+  std::size_t state_size_ = 0;
+  buffer<float, counting> master_;
+  buffer<float, counting> m_;
+  buffer<float, counting> v_;
+};
+
+} // namespace zero

@@ -1,0 +1,235 @@
+#pragma once
+// A small "framework" for engine tests: a fixed model, synthetic per-sample gradients, and a plain
+// single-process AdamW to compare against (the oracle of DESIGN.md).
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/backend/cpu_backend.hpp"
+#include "zero/comm/thread_communicator.hpp"
+#include "zero/config/config.hpp"
+#include "zero/engine/engine.hpp"
+
+namespace zero::testing {
+
+struct model_param {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  int module;
+  bool decay; // biases get no weight decay (their own parameter group)
+  std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape) {
+      n *= static_cast<std::size_t>(d);
+    }
+    return n;
+  }
+};
+
+inline std::vector<model_param> small_model() {
+  return {{"fc1.weight", {37, 11}, 0, true}, {"fc1.bias", {37}, 0, false}, {"fc2.weight", {5, 37}, 1, true},
+          {"fc2.bias", {5}, 1, false},      {"emb", {300}, 2, true}};
+}
+
+/// Initial value of element i of parameter k: exact in bf16 and fp16.
+inline float init_value(std::size_t k, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 13 + k * 7) % 17) - 8) / 16.0f;
+}
+
+/// Gradient of sample s at step t for element i of parameter k: a base far from zero plus a small
+/// per-sample part, all multiples of 2^-6 (exact in every dtype).
+inline float sample_grad(std::size_t k, std::size_t i, std::int64_t t, std::size_t s) {
+  const int base = static_cast<int>((i * 5 + k * 3 + static_cast<std::size_t>(t) * 7) % 8) - 4;
+  const float b = base >= 0 ? static_cast<float>(base + 1) : static_cast<float>(base);
+  const int small = static_cast<int>((i * 31 + s * 17 + static_cast<std::size_t>(t) * 11 + k) % 5) - 2;
+  return b / 4.0f + static_cast<float>(small) / 64.0f;
+}
+
+struct run_spec {
+  int stage = 0;
+  int world = 1;
+  dtype type = dtype::f32;
+  int accumulation = 1;
+  double clip = 0;
+  int steps = 5;
+  int batch = 96; // global samples per optimizer step
+  double lr = 1e-2;
+  double weight_decay = 0.1;
+  std::int64_t bucket = 200; // elements per reduce bucket: several buckets per model
+  std::int64_t overflow_step = -1; // inject inf on rank 0 at this optimizer step
+  /// Weight of the parameter in its own gradient: the gradient reads the gathered parameters, so
+  /// stage 3 must hand the framework the current values.
+  float param_coupling = 1.0f / 64;
+  std::int64_t persistence_threshold = 40; // stage 3: the biases (37 and 5 elements) stay whole
+};
+
+inline std::string config_json(const run_spec& s) {
+  std::string precision;
+  if (s.type == dtype::bf16) {
+    precision = R"("bf16": {"enabled": true},)";
+  } else if (s.type == dtype::f16) {
+    precision = R"("fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 1},)";
+  }
+  return "{" + precision + R"("train_batch_size": )" + std::to_string(s.batch) +
+         R"(, "gradient_accumulation_steps": )" + std::to_string(s.accumulation) + R"(, "gradient_clipping": )" +
+         std::to_string(s.clip) + R"(, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) +
+         R"(, "weight_decay": )" + std::to_string(s.weight_decay) +
+         R"(}}, "zero_optimization": {"stage": )" + std::to_string(s.stage) + R"(, "reduce_bucket_size": )" +
+         std::to_string(s.bucket) + R"(, "allgather_bucket_size": )" + std::to_string(s.bucket * 2) +
+         R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) + "}}";
+}
+
+/// What a run produced: the whole parameters in fp32 and the reported norms.
+struct run_result {
+  std::vector<std::vector<float>> params;
+  std::vector<double> norms;
+  std::vector<bool> applied;
+  std::vector<double> scales;
+};
+
+/// Trains the small model with the engine on `s.world` in-process ranks.
+inline run_result train_with_engine(const run_spec& s) {
+  const auto model = small_model();
+  run_result out;
+  out.params.resize(model.size());
+  run_ranks(s.world, [&](thread_communicator& comm) {
+    config_inputs inputs;
+    inputs.world_size = s.world;
+    auto cfg = config::from_string(config_json(s), inputs);
+    cpu_backend backend({.threads = 1});
+    engine<cpu_backend, thread_communicator> eng(cfg, comm, backend);
+    std::vector<int> modules{eng.add_module("fc1"), eng.add_module("fc2"), eng.add_module("emb")};
+    std::vector<param_handle> h;
+    for (const auto& p : model) {
+      param_options o;
+      if (!p.decay) {
+        o.weight_decay = 0.0;
+      }
+      h.push_back(eng.add_param(modules[static_cast<std::size_t>(p.module)], p.name, p.shape, o));
+    }
+    eng.finalize();
+    eng.init_params([&](const param_info& p, std::size_t first, std::span<float> dst) {
+      const std::size_t k = *eng.layout().find(p.name); // registered in model order
+      for (std::size_t j = 0; j < dst.size(); ++j) {
+        dst[j] = init_value(k, first + j);
+      }
+    });
+    const int mb = s.batch / (s.world * s.accumulation);
+    for (std::int64_t t = 0; t < s.steps; ++t) {
+      for (int micro = 0; micro < s.accumulation; ++micro) {
+        const float scale = static_cast<float>(eng.loss_scale());
+        // Forward: every module in order (stage 3 gathers it, then prefetches from the trace).
+        for (int m : modules) {
+          auto on = eng.gather(m);
+        }
+        // Backward, last parameter first; accumulate (+=) this micro-batch's mean gradient.
+        for (std::size_t k = model.size(); k-- > 0;) {
+          auto on = eng.gather(modules[static_cast<std::size_t>(model[k].module)]);
+          auto pv = eng.param(h[k]);
+          std::vector<float> pf(pv.numel);
+          visit_float(pv.type, [&]<class P>(type_tag<P>) {
+            for (std::size_t i = 0; i < pv.numel; ++i) {
+              pf[i] = to_float(pv.as<P>()[i]);
+            }
+          });
+          auto g = eng.grad(h[k]);
+          visit_float(g.type, [&]<class G>(type_tag<G>) {
+            G* gp = g.as<G>();
+            for (std::size_t i = 0; i < g.numel; ++i) {
+              float local = 0;
+              for (int j = 0; j < mb; ++j) {
+                const auto sample = static_cast<std::size_t>((micro * s.world + comm.rank()) * mb + j);
+                local += sample_grad(k, i, t, sample);
+              }
+              local = (local / static_cast<float>(mb) + s.param_coupling * pf[i]) * scale;
+              if (t == s.overflow_step && comm.rank() == 0 && k == 1 && i == 3) {
+                local = INFINITY;
+              }
+              gp[i] = from_float<G>(to_float(gp[i]) + local);
+            }
+          });
+          eng.grad_ready(h[k]);
+        }
+        auto r = eng.step();
+        if (r.boundary && comm.rank() == 0) {
+          out.norms.push_back(r.grad_norm);
+          out.applied.push_back(r.applied);
+          out.scales.push_back(r.loss_scale);
+        }
+      }
+    }
+    auto all = eng.gather_all();
+    if (comm.rank() == 0) {
+      for (std::size_t k = 0; k < model.size(); ++k) {
+        auto v = eng.param(h[k]);
+        visit_float(v.type, [&]<class P>(type_tag<P>) {
+          for (std::size_t i = 0; i < v.numel; ++i) {
+            out.params[k].push_back(to_float(v.as<P>()[i]));
+          }
+        });
+      }
+    }
+  });
+  return out;
+}
+
+/// Plain single-process AdamW on the global-batch gradient: the oracle.
+inline run_result train_reference(const run_spec& s) {
+  const auto model = small_model();
+  std::vector<std::vector<float>> master(model.size()), m(model.size()), v(model.size());
+  for (std::size_t k = 0; k < model.size(); ++k) {
+    for (std::size_t i = 0; i < model[k].numel(); ++i) {
+      master[k].push_back(init_value(k, i));
+    }
+    m[k].assign(model[k].numel(), 0.0f);
+    v[k].assign(model[k].numel(), 0.0f);
+  }
+  run_result out;
+  std::int64_t applied = 0;
+  for (std::int64_t t = 0; t < s.steps; ++t) {
+    std::vector<std::vector<float>> g(model.size());
+    double sq = 0;
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      for (std::size_t i = 0; i < model[k].numel(); ++i) {
+        double sum = 0;
+        for (int j = 0; j < s.batch; ++j) {
+          sum += sample_grad(k, i, t, static_cast<std::size_t>(j));
+        }
+        // The framework sees the parameter in the training dtype.
+        const float seen = visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(master[k][i])); });
+        g[k].push_back(static_cast<float>(sum / s.batch) + s.param_coupling * seen);
+        sq += static_cast<double>(g[k].back()) * g[k].back();
+      }
+    }
+    out.norms.push_back(std::sqrt(sq));
+    if (t == s.overflow_step) {
+      out.applied.push_back(false);
+      continue;
+    }
+    out.applied.push_back(true);
+    ++applied;
+    const double norm = std::sqrt(sq);
+    const float coef = s.clip > 0 && s.clip / (norm + 1e-6) < 1 ? static_cast<float>(s.clip / (norm + 1e-6)) : 1.0f;
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float bc1 = 1.0f - static_cast<float>(std::pow(0.9, double(applied)));
+    const float bc2 = 1.0f - static_cast<float>(std::pow(0.999, double(applied)));
+    const float lr = static_cast<float>(s.lr);
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      const float wd = model[k].decay ? static_cast<float>(s.weight_decay) : 0.0f;
+      for (std::size_t i = 0; i < master[k].size(); ++i) {
+        const float gi = g[k][i] * coef;
+        m[k][i] = b1 * m[k][i] + (1 - b1) * gi;
+        v[k][i] = b2 * v[k][i] + (1 - b2) * gi * gi;
+        master[k][i] *= 1 - lr * wd;
+        const float denom = std::sqrt(v[k][i]) / std::sqrt(bc2) + eps;
+        master[k][i] -= (lr / bc1) * m[k][i] / denom;
+      }
+    }
+  }
+  out.params = master;
+  return out;
+}
+
+} // namespace zero::testing

@@ -1,0 +1,93 @@
+#include <algorithm>
+#include <cmath>
+
+#include <doctest/doctest.h>
+
+#include "engine_harness.hpp"
+
+using zero::dtype;
+using zero::testing::run_spec;
+using zero::testing::train_reference;
+using zero::testing::train_with_engine;
+
+namespace {
+/// Largest |a - b| / max(|b|, 1) over all parameters.
+double max_rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    REQUIRE(a[k].size() == b[k].size());
+    for (std::size_t i = 0; i < b[k].size(); ++i) {
+      const double d = std::fabs(double(a[k][i]) - double(b[k][i])) / std::max(1.0, std::fabs(double(b[k][i])));
+      worst = std::max(worst, d);
+    }
+  }
+  return worst;
+}
+} // namespace
+
+TEST_CASE("stages 0, 1, 2, 3 give the parameters of a plain single-process AdamW") {
+  // fp32: within 1e-6 relative. bf16/fp16: parameters are rounded to 8 (bf16) or 11 (fp16) bits and
+  // each rank's gradient is rounded before it is averaged, so the tolerance is one rounding of the
+  // parameter (2^-8 relative for bf16, 2^-11 for fp16) plus 10% of the total update (5 steps * lr).
+  for (int stage : {0, 1, 2, 3}) {
+    for (int world : {1, 2, 3, 4, 8}) {
+      for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+        for (int accumulation : {1, 4}) {
+          for (double clip : {0.0, 1.0}) {
+            run_spec s{.stage = stage, .world = world, .type = type, .accumulation = accumulation, .clip = clip};
+            CAPTURE(stage);
+            CAPTURE(world);
+            CAPTURE(zero::name_of(type));
+            CAPTURE(accumulation);
+            CAPTURE(clip);
+            const auto got = train_with_engine(s);
+            const auto want = train_reference(s);
+            const double tol = type == dtype::f32 ? 1e-6 : (type == dtype::bf16 ? 1.0 / 256 : 1.0 / 2048) + 0.1 * 5 * s.lr;
+            CHECK(max_rel_diff(got.params, want.params) <= tol);
+            REQUIRE(got.norms.size() == want.norms.size());
+            for (std::size_t t = 0; t < want.norms.size(); ++t) {
+              CHECK(got.applied[t]);
+              CHECK(got.norms[t] == doctest::Approx(want.norms[t]).epsilon(type == dtype::f32 ? 1e-6 : 1e-2));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fp32 results are bit-identical across world sizes 1, 2, 4, 8 with exactly reducible gradients") {
+  // Batch 64 splits into power-of-two micro-batches, so every mean and average is exact; without
+  // clipping nothing depends on the order of a sum.
+  for (int stage : {0, 1, 2, 3}) {
+    for (int accumulation : {1, 4}) {
+      run_spec base{.stage = stage, .world = 1, .accumulation = accumulation, .batch = 64, .param_coupling = 0};
+      const auto one = train_with_engine(base);
+      for (int world : {2, 4, 8}) {
+        run_spec s = base;
+        s.world = world;
+        CAPTURE(stage);
+        CAPTURE(world);
+        CAPTURE(accumulation);
+        CHECK(train_with_engine(s).params == one.params);
+      }
+    }
+  }
+}
+
+TEST_CASE("an fp16 overflow skips the step on every rank, halves the scale, and training goes on as a "
+          "reference that skipped the same step") {
+  for (int stage : {0, 1, 2, 3}) {
+    run_spec s{.stage = stage, .world = 4, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+    CAPTURE(stage);
+    const auto got = train_with_engine(s);
+    const auto want = train_reference(s);
+    REQUIRE(got.applied.size() == 6);
+    CHECK(got.applied == want.applied);
+    CHECK_FALSE(got.applied[2]);
+    CHECK(std::isinf(got.norms[2]));
+    CHECK(got.scales[2] == 256.0);
+    CHECK(got.scales[3] == 128.0);
+    CHECK(max_rel_diff(got.params, want.params) <= 1.0 / 2048 + 0.1 * 6 * s.lr);
+  }
+}
