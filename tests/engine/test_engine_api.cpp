@@ -1,0 +1,123 @@
+// The engine's contract beyond the arithmetic: unused and frozen parameters, parameter groups,
+// wall-clock logging, and refusals of settings or calls it cannot honour.
+
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "zero/backend/cpu_backend.hpp"
+#include "zero/comm/thread_communicator.hpp"
+#include "zero/config/config.hpp"
+#include "zero/engine/engine.hpp"
+
+namespace {
+using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
+
+zero::config make_config(int world, const std::string& extra_zero, const std::string& top = "") {
+  zero::config_inputs in;
+  in.world_size = world;
+  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, )" + top +
+                                       R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.5}},
+                                          "zero_optimization": {)" +
+                                       extra_zero + "}}",
+                                   in);
+}
+} // namespace
+
+TEST_CASE("a parameter without a gradient is named in an error unless ignore_unused_parameters") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    const auto cfg = make_config(2, "\"stage\": " + std::to_string(stage) + ", \"ignore_unused_parameters\": false");
+    CHECK_THROWS_WITH_AS(zero::run_ranks(2,
+                                         [&](zero::thread_communicator& comm) {
+                                           zero::cpu_backend backend({.threads = 1});
+                                           eng_t eng(cfg, comm, backend);
+                                           const int m = eng.add_module("m");
+                                           auto used = eng.add_param(m, "used", {8});
+                                           eng.add_param(m, "never.used", {8});
+                                           eng.finalize();
+                                           auto on = eng.gather(m);
+                                           eng.grad_ready(used);
+                                           (void)eng.step();
+                                         }),
+                         doctest::Contains("\"never.used\""), zero::usage_error);
+  }
+}
+
+TEST_CASE("frozen parameters get no gradient and no optimizer state; groups keep their own weight decay") {
+  zero::run_ranks(2, [](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    eng_t eng(make_config(2, "\"stage\": 1"), comm, backend);
+    const int m = eng.add_module("m");
+    auto w = eng.add_param(m, "w", {64});
+    auto frozen = eng.add_param(m, "embedding.frozen", {1000}, {.trainable = false});
+    auto nodecay = eng.add_param(m, "norm.weight", {64}, {.weight_decay = 0.0});
+    eng.finalize();
+    eng.init_params([](const zero::param_info&, std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
+    // Optimizer state covers the 128 trainable elements (padded), never the 1000 frozen ones.
+    CHECK(eng.memory().optimizer < 1000 * 12 / 2);
+    CHECK(eng.param(frozen).numel == 1000);
+    CHECK(static_cast<float>(eng.param(frozen).as<zero::bf16>()[999]) == 1.0f);
+    CHECK_THROWS_WITH_AS((void)eng.grad(frozen), doctest::Contains("grad(\"embedding.frozen\"): the parameter is frozen"),
+                         zero::usage_error);
+    CHECK_THROWS_AS(eng.grad_ready(frozen), zero::usage_error);
+    // Zero gradients: only weight decay moves the parameters, and only those of the decaying group.
+    eng.grad_ready(nodecay);
+    eng.grad_ready(w);
+    CHECK(eng.step().applied);
+    CHECK(static_cast<float>(eng.param(w).as<zero::bf16>()[0]) < 1.0f);
+    CHECK(static_cast<float>(eng.param(nodecay).as<zero::bf16>()[0]) == 1.0f);
+    CHECK(static_cast<float>(eng.param(frozen).as<zero::bf16>()[0]) == 1.0f);
+  });
+}
+
+TEST_CASE("wall_clock_breakdown logs per-phase times every steps_per_print steps") {
+  std::vector<std::string> lines;
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    eng_t eng(make_config(1, "\"stage\": 2", R"("wall_clock_breakdown": true, "steps_per_print": 2,)"), comm, backend);
+    eng.set_log([&](const std::string& l) { lines.push_back(l); });
+    const int m = eng.add_module("m");
+    auto w = eng.add_param(m, "w", {64});
+    eng.finalize();
+    for (int step = 0; step < 4; ++step) {
+      { auto t = eng.time("forward"); }
+      eng.grad_ready(w);
+      (void)eng.step();
+    }
+  });
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("step 2") != std::string::npos);
+  CHECK(lines[0].find("forward") != std::string::npos);
+  CHECK(lines[0].find("reduce") != std::string::npos);
+  CHECK(lines[0].find("step ") != std::string::npos);
+}
+
+TEST_CASE("the engine refuses what it cannot honour, by name") {
+  zero::run_ranks(1, [](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    zero::config_inputs in;
+    in.world_size = 1;
+    const auto no_optimizer = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1})", in);
+    CHECK_THROWS_WITH_AS(eng_t(no_optimizer, comm, backend), doctest::Contains("optimizer: the engine trains with Adam"),
+                         zero::config_error);
+    eng_t eng(make_config(1, "\"stage\": 2"), comm, backend);
+    CHECK_THROWS_WITH_AS(eng.finalize(), doctest::Contains("no parameters were registered"), zero::usage_error);
+  });
+  zero::run_ranks(1, [](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    eng_t eng(make_config(1, "\"stage\": 2"), comm, backend);
+    const int m = eng.add_module("m");
+    auto w = eng.add_param(m, "w", {4, 4});
+    CHECK_THROWS_WITH_AS((void)eng.param(w), doctest::Contains("before finalize()"), zero::usage_error);
+    CHECK_THROWS_WITH_AS(eng.add_param(m, "w", {4}), doctest::Contains("\"w\" is already registered"),
+                         zero::usage_error);
+    CHECK_THROWS_WITH_AS(eng.add_param(7, "x", {4}), doctest::Contains("module id 7"), zero::usage_error);
+    eng.finalize();
+    CHECK_THROWS_WITH_AS(eng.add_param(m, "late", {4}), doctest::Contains("after finalize()"), zero::usage_error);
+    CHECK_THROWS_WITH_AS(eng.release(m), doctest::Contains("without a matching gather"), zero::usage_error);
+    eng.grad_ready(w);
+    CHECK_THROWS_WITH_AS(eng.grad_ready(w), doctest::Contains("called twice"), zero::usage_error);
+  });
+}
