@@ -87,6 +87,8 @@ struct run_result {
   std::vector<double> norms;
   std::vector<bool> applied;
   std::vector<double> scales;
+  /// Per rank: which optimizer steps were applied (every rank must agree).
+  std::vector<std::vector<bool>> applied_by_rank;
 };
 
 /// Trains the small model with the engine on `s.world` in-process ranks.
@@ -94,6 +96,7 @@ inline run_result train_with_engine(const run_spec& s) {
   const auto model = small_model();
   run_result out;
   out.params.resize(model.size());
+  out.applied_by_rank.resize(static_cast<std::size_t>(s.world));
   run_ranks(s.world, [&](thread_communicator& comm) {
     config_inputs inputs;
     inputs.world_size = s.world;
@@ -153,6 +156,9 @@ inline run_result train_with_engine(const run_spec& s) {
           eng.grad_ready(h[k]);
         }
         auto r = eng.step();
+        if (r.boundary) {
+          out.applied_by_rank[static_cast<std::size_t>(comm.rank())].push_back(r.applied);
+        }
         if (r.boundary && comm.rank() == 0) {
           out.norms.push_back(r.grad_norm);
           out.applied.push_back(r.applied);

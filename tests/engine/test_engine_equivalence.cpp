@@ -84,6 +84,9 @@ TEST_CASE("an fp16 overflow skips the step on every rank, halves the scale, and 
     const auto want = train_reference(s);
     REQUIRE(got.applied.size() == 6);
     CHECK(got.applied == want.applied);
+    for (const auto& per_rank : got.applied_by_rank) {
+      CHECK(per_rank == got.applied); // skipped on every rank, not only where the inf was
+    }
     CHECK_FALSE(got.applied[2]);
     CHECK(std::isinf(got.norms[2]));
     CHECK(got.scales[2] == 256.0);
