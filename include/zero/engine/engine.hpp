@@ -128,6 +128,11 @@ public:
     if (stage >= 2) {
       require_reduce_scatter<Comm>();
     }
+    if (cfg_.zero_optimization.offload_optimizer.device != offload_device::none ||
+        cfg_.zero_optimization.offload_param.device != offload_device::none) {
+      throw config_error("zero_optimization.offload_optimizer / offload_param: offload is read from the config "
+                         "but this engine does not run it yet; set \"device\": \"none\"");
+    }
     if (!cfg_.optimizer) {
       throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
                          "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");
