@@ -6,12 +6,11 @@
 // Prints a table and writes a CSV (stage, ranks, parameters, measured bytes, formula bytes, ratio,
 // params, grads and optimizer bytes); bench/engine/plot_memory_table.py draws it.
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 #include <zero/zero.hpp>
 
 int main(int argc, char** argv) {
@@ -22,7 +21,8 @@ int main(int argc, char** argv) {
   std::string csv = "memory_table.csv";
   app.add_option("--layers", layers, "layers of width x width + width")->check(CLI::Range(1, 256));
   app.add_option("--width", width, "layer width")->check(CLI::Range(8, 8192));
-  app.add_option("--max-ranks", max_ranks, "largest number of ranks (powers of two up to it)")->check(CLI::Range(1, 256));
+  app.add_option("--max-ranks", max_ranks, "largest number of ranks (powers of two up to it)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--csv", csv, "where the CSV goes");
   CLI11_PARSE(app, argc, argv);
 
@@ -58,9 +58,8 @@ int main(int argc, char** argv) {
           eng.add_param(modules.back(), "layer" + std::to_string(l) + ".bias", {width});
         }
         eng.finalize();
-        eng.init_params([](const zero::param_info&, std::size_t, std::span<float> v) {
-          std::fill(v.begin(), v.end(), 0.01f);
-        });
+        eng.init_params(
+            [](const zero::param_info&, std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 0.01f); });
         for (int l = layers; l-- > 0;) {
           auto on = eng.gather(modules[static_cast<std::size_t>(l)]);
           eng.grad_ready(zero::param_handle{static_cast<std::size_t>(2 * l + 1)});
@@ -71,8 +70,8 @@ int main(int argc, char** argv) {
           report = eng.memory();
         }
       });
-      std::printf("%-6d %-6d %14zu %14.0f %8.4f %12zu %12zu %12zu\n", stage, n, report.model_state_peak,
-                  report.formula, report.ratio(), report.params_peak, report.grads_peak, report.optimizer_peak);
+      std::printf("%-6d %-6d %14zu %14.0f %8.4f %12zu %12zu %12zu\n", stage, n, report.model_state_peak, report.formula,
+                  report.ratio(), report.params_peak, report.grads_peak, report.optimizer_peak);
       out << stage << ',' << n << ',' << report.parameters << ',' << report.model_state_peak << ','
           << static_cast<long long>(report.formula) << ',' << report.ratio() << ',' << report.params_peak << ','
           << report.grads_peak << ',' << report.optimizer_peak << '\n';

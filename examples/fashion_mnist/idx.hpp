@@ -2,16 +2,14 @@
 // Reading the IDX files of (Fashion-)MNIST, gzip-compressed as Debian's dataset-fashion-mnist ships
 // them, through zlib. Every failure names the file and what was expected.
 
-#include <zlib.h>
-
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
-
 #include <zero/core/error.hpp>
+#include <zlib.h>
 
 namespace fmnist {
 
@@ -68,8 +66,7 @@ inline idx_data read_idx(const std::filesystem::path& path, std::size_t expected
     throw zero::io_error(name + ": not an IDX file (the first two bytes must be zero)");
   }
   if (magic[2] != 0x08) {
-    throw zero::io_error(name + ": IDX element type 0x" + std::to_string(magic[2]) +
-                         " is not unsigned byte (0x08)");
+    throw zero::io_error(name + ": IDX element type 0x" + std::to_string(magic[2]) + " is not unsigned byte (0x08)");
   }
   if (magic[3] != expected_dims) {
     throw zero::io_error(name + ": IDX file has " + std::to_string(magic[3]) + " dimensions, expected " +
@@ -80,8 +77,8 @@ inline idx_data read_idx(const std::filesystem::path& path, std::size_t expected
   for (std::size_t d = 0; d < expected_dims; ++d) {
     unsigned char be[4];
     read_exact(be, 4, "header");
-    const std::uint32_t v = (std::uint32_t{be[0]} << 24) | (std::uint32_t{be[1]} << 16) |
-                            (std::uint32_t{be[2]} << 8) | std::uint32_t{be[3]};
+    const std::uint32_t v = (std::uint32_t{be[0]} << 24) | (std::uint32_t{be[1]} << 16) | (std::uint32_t{be[2]} << 8) |
+                            std::uint32_t{be[3]};
     if (v == 0 || v > (1u << 24)) {
       throw zero::io_error(name + ": IDX dimension " + std::to_string(d) + " is " + std::to_string(v) +
                            ", outside 1..16777216");

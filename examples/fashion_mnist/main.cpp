@@ -7,21 +7,19 @@
 // The framework (mlp.hpp) keeps its own forward and backward; zero owns parameters, gradients and
 // optimizer state, reduces gradients bucket by bucket and steps AdamW on each rank's shard.
 
+#include <CLI/CLI.hpp>
 #include <cblas.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <zero/backend/cpu_backend.hpp>
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
@@ -80,7 +78,8 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
               const fmnist::dataset& test_set) {
   zero::config_inputs inputs;
   inputs.world_size = comm.size();
-  const auto cfg = zero::config::from_json(cfg_json, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
+  const auto cfg =
+      zero::config::from_json(cfg_json, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
   zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
   zero::engine<zero::cpu_backend, Comm> eng(cfg, comm, backend);
   fmnist::mlp model(eng, {static_cast<int>(train_set.pixels), opt.hidden, opt.hidden / 2, 10});
@@ -194,8 +193,8 @@ void report(const outcome& o, bool json) {
                      {"working_set_peak_bytes", m.working_set_peak}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("stage %d: test accuracy %.2f%% after %ld steps in %.1f s\n%s", o.stage, 100 * o.test_accuracy,
-                o.steps, o.seconds, m.table().c_str());
+    std::printf("stage %d: test accuracy %.2f%% after %ld steps in %.1f s\n%s", o.stage, 100 * o.test_accuracy, o.steps,
+                o.seconds, m.table().c_str());
   }
   std::fflush(stdout);
 }
@@ -212,7 +211,8 @@ std::vector<int> parse_stages(const options& opt) {
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (item.size() != 1 || item[0] < '0' || item[0] > '3') {
-      throw CLI::ValidationError("--stages", "expected \"all\" or a comma-separated list of 0..3, got \"" + opt.stages + "\"");
+      throw CLI::ValidationError("--stages",
+                                 "expected \"all\" or a comma-separated list of 0..3, got \"" + opt.stages + "\"");
     }
     out.push_back(item[0] - '0');
   }

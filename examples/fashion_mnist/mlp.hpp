@@ -3,15 +3,13 @@
 // hand-written forward and backward, GEMMs from OpenBLAS, parameters and gradients living in the
 // zero engine. It computes in fp32 and converts from and to the engine's dtypes at the edges.
 
-#include <cblas.h>
-
 #include <algorithm>
+#include <cblas.h>
 #include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
-
 #include <zero/core/dispatch.hpp>
 #include <zero/engine/engine.hpp>
 
@@ -31,8 +29,7 @@ inline float hash_uniform(const std::string& name, std::size_t i) {
   return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
-template <class Engine>
-class mlp {
+template <class Engine> class mlp {
 public:
   /// Registers Linear layers of sizes dims[0] -> dims[1] -> ... with the engine, one module each.
   mlp(Engine& eng, std::vector<int> dims) : eng_(eng), dims_(std::move(dims)) {
@@ -124,8 +121,8 @@ private:
       const int out = dims_[l + 1];
       // dW[out, in] += dy[batch, out]^T x[batch, in];  db[out] += sum over rows of dy.
       add_grad(w_[l], static_cast<std::size_t>(out) * static_cast<std::size_t>(in), [&](float* g, float beta) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, dy.data(), out, acts_[l].data(),
-                    in, beta, g, in);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, dy.data(), out, acts_[l].data(), in,
+                    beta, g, in);
       });
       add_grad(b_[l], static_cast<std::size_t>(out), [&](float* g, float beta) {
         for (int o = 0; o < out; ++o) {
@@ -153,8 +150,7 @@ private:
 
   /// Runs `compute(g, beta)` so that the gradient ends up added into the engine's buffer: straight
   /// into it when the gradient dtype is fp32 (beta = 1), else through an fp32 scratch.
-  template <class F>
-  void add_grad(zero::param_handle h, std::size_t n, F&& compute) {
+  template <class F> void add_grad(zero::param_handle h, std::size_t n, F&& compute) {
     auto g = eng_.grad(h);
     if (g.type == zero::dtype::f32) {
       compute(g.template as<float>(), 1.0f);

@@ -1,14 +1,13 @@
+#include "../support/verifiable.hpp"
+#include "zero/comm/thread_communicator.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <doctest/doctest.h>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <doctest/doctest.h>
-
-#include "../support/verifiable.hpp"
-#include "zero/comm/thread_communicator.hpp"
 
 using zero::reduce_op;
 using zero::run_ranks;
@@ -18,8 +17,7 @@ using zero::testing::verifiable;
 namespace {
 const std::size_t counts[] = {1, 7, 1000, 1023};
 
-template <class T>
-bool same_bits(T a, T b) {
+template <class T> bool same_bits(T a, T b) {
   if constexpr (zero::is_half_v<T>) {
     return a.bits == b.bits;
   } else {
@@ -27,8 +25,7 @@ bool same_bits(T a, T b) {
   }
 }
 
-template <class T>
-T reduce_reference(int n, std::size_t i, reduce_op op) {
+template <class T> T reduce_reference(int n, std::size_t i, reduce_op op) {
   // Plain reference: every input is exact, so any order gives the same value.
   double acc = op == reduce_op::max ? -1e30 : 0.0;
   for (int r = 0; r < n; ++r) {
@@ -42,8 +39,7 @@ T reduce_reference(int n, std::size_t i, reduce_op op) {
 }
 
 /// Runs `fn` at every world size 1..8 and counts mismatches reported by the ranks.
-template <class Fn>
-void for_world_sizes(Fn fn) {
+template <class Fn> void for_world_sizes(Fn fn) {
   for (int n = 1; n <= 8; ++n) {
     std::atomic<std::size_t> bad{0};
     run_ranks(n, [&](thread_communicator& c) { bad += fn(c); });
@@ -238,28 +234,27 @@ TEST_CASE("a rank that never joins makes the others time out, naming op, group, 
   using namespace std::chrono_literals;
   std::atomic<int> timeouts{0};
   const auto start = std::chrono::steady_clock::now();
-  CHECK_THROWS_AS(run_ranks(
-                      3,
-                      [&](thread_communicator& c) {
-                        if (c.rank() == 2) {
-                          return; // never joins
-                        }
-                        std::vector<float> x(256, 1.0f);
-                        try {
-                          c.all_reduce(x.data(), x.data(), x.size(), reduce_op::sum).wait();
-                        } catch (const zero::timeout_error& e) {
-                          const std::string what = e.what();
-                          CHECK(what.find("[zero.timeout_error]") == 0);
-                          CHECK(what.find("all_reduce(count=256, fp32, sum)") != std::string::npos);
-                          CHECK(what.find("group \"world\"") != std::string::npos);
-                          CHECK(what.find("at rank " + std::to_string(c.rank())) != std::string::npos);
-                          CHECK(what.find("1024 bytes") != std::string::npos);
-                          CHECK(what.find("never joined: 2") != std::string::npos);
-                          ++timeouts;
-                          throw;
-                        }
-                      },
-                      {.timeout = 300ms}),
+  CHECK_THROWS_AS(run_ranks(3,
+                            [&](thread_communicator& c) {
+                              if (c.rank() == 2) {
+                                return; // never joins
+                              }
+                              std::vector<float> x(256, 1.0f);
+                              try {
+                                c.all_reduce(x.data(), x.data(), x.size(), reduce_op::sum).wait();
+                              } catch (const zero::timeout_error& e) {
+                                const std::string what = e.what();
+                                CHECK(what.find("[zero.timeout_error]") == 0);
+                                CHECK(what.find("all_reduce(count=256, fp32, sum)") != std::string::npos);
+                                CHECK(what.find("group \"world\"") != std::string::npos);
+                                CHECK(what.find("at rank " + std::to_string(c.rank())) != std::string::npos);
+                                CHECK(what.find("1024 bytes") != std::string::npos);
+                                CHECK(what.find("never joined: 2") != std::string::npos);
+                                ++timeouts;
+                                throw;
+                              }
+                            },
+                            {.timeout = 300ms}),
                   zero::timeout_error);
   CHECK(timeouts == 2);
   CHECK(std::chrono::steady_clock::now() - start < 5s);
@@ -268,31 +263,29 @@ TEST_CASE("a rank that never joins makes the others time out, naming op, group, 
 TEST_CASE("mismatched operations and bad arguments give errors, not hangs") {
   using namespace std::chrono_literals;
   SUBCASE("different collectives at the same position") {
-    CHECK_THROWS_WITH_AS(run_ranks(
-                             2,
-                             [](thread_communicator& c) {
-                               std::vector<float> x(8);
-                               if (c.rank() == 0) {
-                                 c.all_reduce(x.data(), x.data(), 8, reduce_op::sum).wait();
-                               } else {
-                                 std::this_thread::sleep_for(50ms);
-                                 c.all_gather(x.data(), x.data(), 4).wait();
-                               }
-                             },
-                             {.timeout = 10s}),
+    CHECK_THROWS_WITH_AS(run_ranks(2,
+                                   [](thread_communicator& c) {
+                                     std::vector<float> x(8);
+                                     if (c.rank() == 0) {
+                                       c.all_reduce(x.data(), x.data(), 8, reduce_op::sum).wait();
+                                     } else {
+                                       std::this_thread::sleep_for(50ms);
+                                       c.all_gather(x.data(), x.data(), 4).wait();
+                                     }
+                                   },
+                                   {.timeout = 10s}),
                          doctest::Contains("does not match across ranks"), zero::comm_error);
   }
   SUBCASE("a rank that throws releases the others at once") {
     const auto start = std::chrono::steady_clock::now();
-    CHECK_THROWS_WITH_AS(run_ranks(
-                             4,
-                             [](thread_communicator& c) {
-                               if (c.rank() == 1) {
-                                 throw std::runtime_error("forward failed on rank 1");
-                               }
-                               c.barrier().wait();
-                             },
-                             {.timeout = 60s}),
+    CHECK_THROWS_WITH_AS(run_ranks(4,
+                                   [](thread_communicator& c) {
+                                     if (c.rank() == 1) {
+                                       throw std::runtime_error("forward failed on rank 1");
+                                     }
+                                     c.barrier().wait();
+                                   },
+                                   {.timeout = 60s}),
                          "forward failed on rank 1", std::runtime_error);
     CHECK(std::chrono::steady_clock::now() - start < 10s);
   }

@@ -1,7 +1,7 @@
 // A type with allocate but no deallocate or accessibility, used as the allocator of a buffer.
-#include <cstddef>
-
 #include "zero/memory/buffer.hpp"
+
+#include <cstddef>
 
 struct leaky {
   void* allocate(std::size_t, std::size_t) { return nullptr; }

@@ -1,9 +1,9 @@
 // A communicator that can only barrier, handed to code that needs all_reduce: the user gets the
 // sentence from zero::require_all_reduce, not a page of template noise.
+#include "zero/comm/communicator.hpp"
+
 #include <chrono>
 #include <string_view>
-
-#include "zero/comm/communicator.hpp"
 
 struct barrier_only {
   struct handle {

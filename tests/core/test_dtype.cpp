@@ -1,11 +1,10 @@
+#include "zero/core/dtype.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <limits>
-
 #include <doctest/doctest.h>
-
-#include "zero/core/dtype.hpp"
+#include <limits>
 
 using zero::bf16;
 using zero::f16;
@@ -68,8 +67,9 @@ TEST_CASE("f16 rounds to nearest even, including ties, subnormals and overflow")
     CHECK(f16(std::nextafter(mid, hi)).bits == bits + 1);
     CHECK(f16(std::nextafter(mid, lo)).bits == bits);
   }
-  const float samples[] = {0.1f, -0.1f, 1.0f / 3, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 6.0e-8f, 2.9e-8f, 3.0e-8f,
-                           5.96046448e-8f, 1e-3f, 123.456f, -0.0f, std::numeric_limits<float>::infinity()};
+  const float samples[] = {0.1f,           -0.1f,     1.0f / 3, 65504.0f, 65519.0f,
+                           65520.0f,       -70000.0f, 6.0e-8f,  2.9e-8f,  3.0e-8f,
+                           5.96046448e-8f, 1e-3f,     123.456f, -0.0f,    std::numeric_limits<float>::infinity()};
   for (float v : samples) {
     CAPTURE(v);
     CHECK(f16(v).bits == reference_f16(v));
@@ -101,5 +101,6 @@ TEST_CASE("dtype names, sizes and parsing") {
   CHECK(zero::name_of(zero::dtype::f16) == "fp16");
   CHECK(zero::parse_dtype("bfloat16") == zero::dtype::bf16);
   CHECK(zero::dtype_v<zero::bf16> == zero::dtype::bf16);
-  CHECK_THROWS_WITH_AS((void)zero::parse_dtype("fp8"), doctest::Contains("expected one of fp32, fp16, bf16"), zero::usage_error);
+  CHECK_THROWS_WITH_AS((void)zero::parse_dtype("fp8"), doctest::Contains("expected one of fp32, fp16, bf16"),
+                       zero::usage_error);
 }

@@ -1,12 +1,11 @@
+#include "zero/core/flat_layout.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <doctest/doctest.h>
 #include <random>
 #include <vector>
-
-#include <doctest/doctest.h>
-
-#include "zero/core/flat_layout.hpp"
 
 using zero::dtype;
 using zero::flat_layout;

@@ -2,15 +2,15 @@
 // A small "framework" for engine tests: a fixed model, synthetic per-sample gradients, and a plain
 // single-process AdamW to compare against (the oracle of DESIGN.md).
 
-#include <cmath>
-#include <cstdint>
-#include <string>
-#include <vector>
-
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/engine/engine.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace zero::testing {
 
@@ -29,8 +29,11 @@ struct model_param {
 };
 
 inline std::vector<model_param> small_model() {
-  return {{"fc1.weight", {37, 11}, 0, true}, {"fc1.bias", {37}, 0, false}, {"fc2.weight", {5, 37}, 1, true},
-          {"fc2.bias", {5}, 1, false},      {"emb", {300}, 2, true}};
+  return {{"fc1.weight", {37, 11}, 0, true},
+          {"fc1.bias", {37}, 0, false},
+          {"fc2.weight", {5, 37}, 1, true},
+          {"fc2.bias", {5}, 1, false},
+          {"emb", {300}, 2, true}};
 }
 
 /// Initial value of element i of parameter k: exact in bf16 and fp16.
@@ -57,7 +60,7 @@ struct run_spec {
   int batch = 96; // global samples per optimizer step
   double lr = 1e-2;
   double weight_decay = 0.1;
-  std::int64_t bucket = 200; // elements per reduce bucket: several buckets per model
+  std::int64_t bucket = 200;       // elements per reduce bucket: several buckets per model
   std::int64_t overflow_step = -1; // inject inf on rank 0 at this optimizer step
   /// Weight of the parameter in its own gradient: the gradient reads the gathered parameters, so
   /// stage 3 must hand the framework the current values.
@@ -75,9 +78,9 @@ inline std::string config_json(const run_spec& s) {
   return "{" + precision + R"("train_batch_size": )" + std::to_string(s.batch) +
          R"(, "gradient_accumulation_steps": )" + std::to_string(s.accumulation) + R"(, "gradient_clipping": )" +
          std::to_string(s.clip) + R"(, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) +
-         R"(, "weight_decay": )" + std::to_string(s.weight_decay) +
-         R"(}}, "zero_optimization": {"stage": )" + std::to_string(s.stage) + R"(, "reduce_bucket_size": )" +
-         std::to_string(s.bucket) + R"(, "allgather_bucket_size": )" + std::to_string(s.bucket * 2) +
+         R"(, "weight_decay": )" + std::to_string(s.weight_decay) + R"(}}, "zero_optimization": {"stage": )" +
+         std::to_string(s.stage) + R"(, "reduce_bucket_size": )" + std::to_string(s.bucket) +
+         R"(, "allgather_bucket_size": )" + std::to_string(s.bucket * 2) +
          R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) + "}}";
 }
 
@@ -204,7 +207,8 @@ inline run_result train_reference(const run_spec& s) {
           sum += sample_grad(k, i, t, static_cast<std::size_t>(j));
         }
         // The framework sees the parameter in the training dtype.
-        const float seen = visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(master[k][i])); });
+        const float seen =
+            visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(master[k][i])); });
         g[k].push_back(static_cast<float>(sum / s.batch) + s.param_coupling * seen);
         sq += static_cast<double>(g[k].back()) * g[k].back();
       }

@@ -1,15 +1,14 @@
 // The engine's contract beyond the arithmetic: unused and frozen parameters, parameter groups,
 // wall-clock logging, and refusals of settings or calls it cannot honour.
 
-#include <string>
-#include <vector>
-
-#include <doctest/doctest.h>
-
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/engine/engine.hpp"
+
+#include <doctest/doctest.h>
+#include <string>
+#include <vector>
 
 namespace {
 using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
@@ -54,13 +53,14 @@ TEST_CASE("frozen parameters get no gradient and no optimizer state; groups keep
     auto frozen = eng.add_param(m, "embedding.frozen", {1000}, {.trainable = false});
     auto nodecay = eng.add_param(m, "norm.weight", {64}, {.weight_decay = 0.0});
     eng.finalize();
-    eng.init_params([](const zero::param_info&, std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
+    eng.init_params(
+        [](const zero::param_info&, std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
     // Optimizer state covers the 128 trainable elements (padded), never the 1000 frozen ones.
     CHECK(eng.memory().optimizer < 1000 * 12 / 2);
     CHECK(eng.param(frozen).numel == 1000);
     CHECK(static_cast<float>(eng.param(frozen).as<zero::bf16>()[999]) == 1.0f);
-    CHECK_THROWS_WITH_AS((void)eng.grad(frozen), doctest::Contains("grad(\"embedding.frozen\"): the parameter is frozen"),
-                         zero::usage_error);
+    CHECK_THROWS_WITH_AS((void)eng.grad(frozen),
+                         doctest::Contains("grad(\"embedding.frozen\"): the parameter is frozen"), zero::usage_error);
     CHECK_THROWS_AS(eng.grad_ready(frozen), zero::usage_error);
     // Zero gradients: only weight decay moves the parameters, and only those of the decaying group.
     eng.grad_ready(nodecay);
@@ -100,8 +100,8 @@ TEST_CASE("the engine refuses what it cannot honour, by name") {
     zero::config_inputs in;
     in.world_size = 1;
     const auto no_optimizer = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1})", in);
-    CHECK_THROWS_WITH_AS(eng_t(no_optimizer, comm, backend), doctest::Contains("optimizer: the engine trains with Adam"),
-                         zero::config_error);
+    CHECK_THROWS_WITH_AS(eng_t(no_optimizer, comm, backend),
+                         doctest::Contains("optimizer: the engine trains with Adam"), zero::config_error);
     eng_t eng(make_config(1, "\"stage\": 2"), comm, backend);
     CHECK_THROWS_WITH_AS(eng.finalize(), doctest::Contains("no parameters were registered"), zero::usage_error);
   });

@@ -1,9 +1,8 @@
+#include "engine_harness.hpp"
+
 #include <algorithm>
 #include <cmath>
-
 #include <doctest/doctest.h>
-
-#include "engine_harness.hpp"
 
 using zero::dtype;
 using zero::testing::run_spec;
@@ -42,7 +41,8 @@ TEST_CASE("stages 0, 1, 2, 3 give the parameters of a plain single-process AdamW
             CAPTURE(clip);
             const auto got = train_with_engine(s);
             const auto want = train_reference(s);
-            const double tol = type == dtype::f32 ? 1e-6 : (type == dtype::bf16 ? 1.0 / 256 : 1.0 / 2048) + 0.1 * 5 * s.lr;
+            const double tol =
+                type == dtype::f32 ? 1e-6 : (type == dtype::bf16 ? 1.0 / 256 : 1.0 / 2048) + 0.1 * 5 * s.lr;
             CHECK(max_rel_diff(got.params, want.params) <= tol);
             REQUIRE(got.norms.size() == want.norms.size());
             for (std::size_t t = 0; t < want.norms.size(); ++t) {

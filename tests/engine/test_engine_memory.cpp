@@ -1,16 +1,15 @@
-#include <atomic>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include <doctest/doctest.h>
-
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/engine/engine.hpp"
 #include "zero/memory/failing_allocator.hpp"
 #include "zero/tools/estimate.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <doctest/doctest.h>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -106,7 +105,6 @@ TEST_CASE("an engine whose allocation fails half-way leaks nothing and says whic
   }
 }
 
-
 TEST_CASE("zero-estimate's model-state bytes are within 2% of what the counting allocator measures") {
   // 8 layers of 500x500 + 500 (psi = 2,004,000), bf16, every stage, N = 1, 2, 4, 8.
   for (int stage : {0, 1, 2, 3}) {
@@ -119,7 +117,8 @@ TEST_CASE("zero-estimate's model-state bytes are within 2% of what the counting 
             R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
                 "zero_optimization": {"stage": )" +
-                std::to_string(stage) + R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
+                std::to_string(stage) +
+                R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
             inputs);
         zero::cpu_backend backend({.threads = 1});
         zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);

@@ -1,16 +1,15 @@
 // Stage 3: partitioned parameters, gathered on demand, prefetched from a trace, bounded working set.
 
-#include <atomic>
-#include <cstdint>
-#include <string>
-#include <vector>
-
-#include <doctest/doctest.h>
-
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/engine/engine.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <doctest/doctest.h>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -36,9 +35,8 @@ zero::config deep_config(const deep_spec& s) {
           R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
              "zero_optimization": {"stage": )" +
           std::to_string(s.stage) + ", \"stage3_max_live_parameters\": " + std::to_string(s.max_live) +
-          ", \"stage3_prefetch_bucket_size\": " + std::to_string(s.prefetch) +
-          ", \"stage3_max_reuse_distance\": " + std::to_string(s.reuse) +
-          ", \"stage3_param_persistence_threshold\": " + std::to_string(s.persistence) + "}}",
+          ", \"stage3_prefetch_bucket_size\": " + std::to_string(s.prefetch) + ", \"stage3_max_reuse_distance\": " +
+          std::to_string(s.reuse) + ", \"stage3_param_persistence_threshold\": " + std::to_string(s.persistence) + "}}",
       in);
 }
 
@@ -160,8 +158,8 @@ TEST_CASE("stage 3: persistent model state within 2% of 16 psi / N, working set 
     });
     const auto& r = reports[0];
     CAPTURE(world);
-    MESSAGE("N " << world << " model state " << r.model_state_peak << " formula " << r.formula << " ratio "
-                 << r.ratio() << " working set peak " << r.working_set_peak);
+    MESSAGE("N " << world << " model state " << r.model_state_peak << " formula " << r.formula << " ratio " << r.ratio()
+                 << " working set peak " << r.working_set_peak);
     CHECK(r.formula == doctest::Approx(16.0 * 1'052'672 / world));
     CHECK(r.ratio() >= 1.0);
     CHECK(r.ratio() <= 1.02);
@@ -209,8 +207,7 @@ TEST_CASE("stage 3: skipped or reordered layers train as stage 0 does; evaluatio
   std::vector<int> reversed(normal.rbegin(), normal.rend());
   orders = {normal, skip, normal, reversed, normal, normal};
   auto run = [&](int stage, std::vector<std::vector<float>>& evals, std::vector<std::string>& logs) {
-    deep_spec s{.stage = stage, .world = 3, .layers = 8, .precision = "", .max_live = 4 * 4096,
-                .prefetch = 2 * 4096};
+    deep_spec s{.stage = stage, .world = 3, .layers = 8, .precision = "", .max_live = 4 * 4096, .prefetch = 2 * 4096};
     std::vector<float> params;
     zero::run_ranks(s.world, [&](zero::thread_communicator& comm) {
       zero::cpu_backend backend({.threads = 1});
@@ -327,15 +324,14 @@ TEST_CASE("stage 3 misuse: ungathered view, double release, a module only some r
     CHECK_THROWS_WITH_AS(eng.release(m.modules[0]), doctest::Contains("release(\"layer0\") without a matching gather"),
                          zero::usage_error);
   });
-  CHECK_THROWS_WITH_AS(zero::run_ranks(
-                           2,
-                           [&](zero::thread_communicator& comm) {
-                             deep_rank r(comm, s);
-                             comm.set_timeout(300ms);
-                             if (comm.rank() == 0) {
-                               auto on = r.eng.gather(r.m.modules[1]); // rank 1 never gathers layer1
-                             }
-                           },
-                           {.timeout = 60s}),
+  CHECK_THROWS_WITH_AS(zero::run_ranks(2,
+                                       [&](zero::thread_communicator& comm) {
+                                         deep_rank r(comm, s);
+                                         comm.set_timeout(300ms);
+                                         if (comm.rank() == 0) {
+                                           auto on = r.eng.gather(r.m.modules[1]); // rank 1 never gathers layer1
+                                         }
+                                       },
+                                       {.timeout = 60s}),
                        doctest::Contains("while gathering module \"layer1\""), zero::timeout_error);
 }

@@ -1,12 +1,11 @@
-#include <cstdint>
-#include <vector>
-
-#include <doctest/doctest.h>
-
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/failing_allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
+
+#include <cstdint>
+#include <doctest/doctest.h>
+#include <vector>
 
 using zero::memory_tag;
 

@@ -20,13 +20,13 @@
 ///
 /// Until `wait()` returns, the caller must not touch either buffer.
 
+#include "zero/core/dtype.hpp"
+
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <string>
 #include <string_view>
-
-#include "zero/core/dtype.hpp"
 
 namespace zero {
 
@@ -115,31 +115,29 @@ concept can_split = communicator<C> && requires(C& c, int color, int key) {
 /// Everything: what stage 3, checkpoints and the examples use.
 template <class C>
 concept full_communicator = can_all_reduce<C> && can_reduce_scatter<C> && can_all_gather<C> && can_broadcast<C> &&
-                            can_barrier<C> && can_send_recv<C> && can_all_to_all<C> && can_split<C>;
+    can_barrier<C> && can_send_recv<C> && can_all_to_all<C> && can_split<C>;
 
 /// Compile-time checks with a sentence a user understands, for code that needs one capability.
 /// Call as `zero::require_all_reduce<C>();` at the top of a function template.
-template <class C>
-constexpr void require_all_reduce() {
-  static_assert(can_all_reduce<C>, "zero: this needs a communicator with all_reduce(const T* send, T* recv, size_t count, "
-                                   "reduce_op) returning a handle with wait() (see zero/comm/communicator.hpp)");
+template <class C> constexpr void require_all_reduce() {
+  static_assert(can_all_reduce<C>,
+                "zero: this needs a communicator with all_reduce(const T* send, T* recv, size_t count, "
+                "reduce_op) returning a handle with wait() (see zero/comm/communicator.hpp)");
 }
-template <class C>
-constexpr void require_reduce_scatter() {
+template <class C> constexpr void require_reduce_scatter() {
   static_assert(can_reduce_scatter<C>, "zero: this needs a communicator with reduce_scatter(const T* send, T* recv, "
                                        "size_t recv_count, reduce_op) returning a handle with wait() "
                                        "(ZeRO stage 2 and 3 reduce gradients this way)");
 }
-template <class C>
-constexpr void require_all_gather() {
+template <class C> constexpr void require_all_gather() {
   static_assert(can_all_gather<C>, "zero: this needs a communicator with all_gather(const T* send, T* recv, size_t "
                                    "send_count) returning a handle with wait() (ZeRO stages 1-3 gather parameters)");
 }
 
 namespace detail {
 /// The message of a timeout, shared by every communicator so users see one format.
-inline std::string timeout_message(std::string_view op, std::string_view group, int rank, int size,
-                                   std::size_t bytes, std::chrono::milliseconds timeout) {
+inline std::string timeout_message(std::string_view op, std::string_view group, int rank, int size, std::size_t bytes,
+                                   std::chrono::milliseconds timeout) {
   return std::string(op) + " on group \"" + std::string(group) + "\" (size " + std::to_string(size) + ") at rank " +
          std::to_string(rank) + " did not complete within " + std::to_string(timeout.count()) + " ms (" +
          std::to_string(bytes) + " bytes); a rank that never joined the operation, or joined a different one, " +

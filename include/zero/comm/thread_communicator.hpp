@@ -11,6 +11,10 @@
 /// The data movement of a collective is done by whichever ranks wait on it, in chunks, so a rank
 /// that posted an operation and went on to other work never stalls the others.
 
+#include "zero/comm/communicator.hpp"
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -28,15 +32,19 @@
 #include <utility>
 #include <vector>
 
-#include "zero/comm/communicator.hpp"
-#include "zero/core/dtype.hpp"
-#include "zero/core/error.hpp"
-
 namespace zero {
 
 namespace detail {
 
-enum class thread_op_kind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all, split };
+enum class thread_op_kind : std::uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  barrier,
+  all_to_all,
+  split
+};
 
 constexpr std::string_view name_of(thread_op_kind k) noexcept {
   switch (k) {
@@ -77,10 +85,10 @@ struct thread_op {
   std::string split_name;                                  // split: the parent group's name
   int arrived = 0;
   int released = 0;
-  std::size_t units = 0;       // elements to produce
-  std::size_t chunks = 0;      // work items
-  std::size_t next_chunk = 0;  // first unclaimed chunk
-  std::size_t done_chunks = 0; // finished chunks
+  std::size_t units = 0;                                          // elements to produce
+  std::size_t chunks = 0;                                         // work items
+  std::size_t next_chunk = 0;                                     // first unclaimed chunk
+  std::size_t done_chunks = 0;                                    // finished chunks
   std::function<void(thread_op&, std::size_t, std::size_t)> work; // produce units [begin, end)
 
   [[nodiscard]] std::string describe() const {
@@ -136,11 +144,9 @@ struct thread_group {
   }
 };
 
-template <class T>
-using accum_t = std::conditional_t<is_half_v<T>, float, T>;
+template <class T> using accum_t = std::conditional_t<is_half_v<T>, float, T>;
 
-template <class T>
-accum_t<T> load_acc(const void* p, std::size_t i) {
+template <class T> accum_t<T> load_acc(const void* p, std::size_t i) {
   const T v = static_cast<const T*>(p)[i];
   if constexpr (is_half_v<T>) {
     return static_cast<float>(v);
@@ -149,8 +155,7 @@ accum_t<T> load_acc(const void* p, std::size_t i) {
   }
 }
 
-template <class T>
-T store_acc(accum_t<T> v) {
+template <class T> T store_acc(accum_t<T> v) {
   if constexpr (is_half_v<T>) {
     return T(v);
   } else {
@@ -159,8 +164,7 @@ T store_acc(accum_t<T> v) {
 }
 
 /// Reduces element `i` of `n` buffers in rank order.
-template <class T>
-accum_t<T> reduce_element(const std::vector<const void*>& src, std::size_t i, reduce_op op) {
+template <class T> accum_t<T> reduce_element(const std::vector<const void*>& src, std::size_t i, reduce_op op) {
   accum_t<T> acc = load_acc<T>(src[0], i);
   for (std::size_t q = 1; q < src.size(); ++q) {
     const accum_t<T> v = load_acc<T>(src[q], i);
@@ -252,9 +256,8 @@ public:
 
     [[noreturn]] void fail(detail::thread_group& g) {
       if (g.broken_by_timeout) {
-        throw timeout_error(
-            detail::timeout_message(what_, g.name, rank_, g.size, bytes_, timeout_) + "; group broken: " +
-            g.broken_reason);
+        throw timeout_error(detail::timeout_message(what_, g.name, rank_, g.size, bytes_, timeout_) +
+                            "; group broken: " + g.broken_reason);
       }
       throw comm_error(what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
                        " cannot complete: the group is broken: " + g.broken_reason);
@@ -323,8 +326,7 @@ public:
         if (g.broken) {
           fail(g);
         }
-        if (g.cv.wait_until(lock, deadline_) == std::cv_status::timeout && !(p->has_send && p->has_recv) &&
-            !g.broken) {
+        if (g.cv.wait_until(lock, deadline_) == std::cv_status::timeout && !(p->has_send && p->has_recv) && !g.broken) {
           time_out(g);
         }
       }
@@ -394,8 +396,7 @@ public:
   }
 
   /// Sum, average or maximum of `count` elements over the group, into every rank's `recv`.
-  template <element_type T>
-  [[nodiscard]] handle all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+  template <element_type T> [[nodiscard]] handle all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     return post<T>(detail::thread_op_kind::all_reduce, send, recv, count, op, 0, count,
                    [](detail::thread_op& o, std::size_t b, std::size_t e) {
                      for (std::size_t i = b; i < e; ++i) {
@@ -422,8 +423,7 @@ public:
   }
 
   /// Concatenates every rank's `count` elements, in rank order, into every rank's `recv`.
-  template <element_type T>
-  [[nodiscard]] handle all_gather(const T* send, T* recv, std::size_t count) {
+  template <element_type T> [[nodiscard]] handle all_gather(const T* send, T* recv, std::size_t count) {
     return post<T>(detail::thread_op_kind::all_gather, send, recv, count, reduce_op::sum, 0,
                    static_cast<std::size_t>(size()) * count, [](detail::thread_op& o, std::size_t b, std::size_t e) {
                      for (std::size_t u = b; u < e; ++u) {
@@ -437,8 +437,7 @@ public:
   }
 
   /// Copies `root`'s `count` elements into every rank's `recv` (`send` is read on the root only).
-  template <element_type T>
-  [[nodiscard]] handle broadcast(const T* send, T* recv, std::size_t count, int root) {
+  template <element_type T> [[nodiscard]] handle broadcast(const T* send, T* recv, std::size_t count, int root) {
     check_peer(root, "broadcast root");
     return post<T>(detail::thread_op_kind::broadcast, send, recv, count, reduce_op::sum, root, count,
                    [](detail::thread_op& o, std::size_t b, std::size_t e) {
@@ -458,8 +457,7 @@ public:
   }
 
   /// Block q of rank p's `send` (each `count` elements) lands as block p of rank q's `recv`.
-  template <element_type T>
-  [[nodiscard]] handle all_to_all(const T* send, T* recv, std::size_t count) {
+  template <element_type T> [[nodiscard]] handle all_to_all(const T* send, T* recv, std::size_t count) {
     const auto n = static_cast<std::size_t>(size());
     if (count > 0 && send < recv + n * count && recv < send + n * count) {
       throw usage_error("all_to_all on group \"" + group_->name + "\" at rank " + std::to_string(rank_) +
@@ -479,13 +477,11 @@ public:
   }
 
   /// Sends `count` elements to `peer`; matched in order with `peer`'s recv from this rank.
-  template <element_type T>
-  [[nodiscard]] handle send(const T* buf, std::size_t count, int peer) {
+  template <element_type T> [[nodiscard]] handle send(const T* buf, std::size_t count, int peer) {
     return post_p2p(buf, nullptr, count * sizeof(T), peer, true);
   }
   /// Receives `count` elements from `peer`.
-  template <element_type T>
-  [[nodiscard]] handle recv(T* buf, std::size_t count, int peer) {
+  template <element_type T> [[nodiscard]] handle recv(T* buf, std::size_t count, int peer) {
     return post_p2p(nullptr, buf, count * sizeof(T), peer, false);
   }
 
@@ -495,9 +491,9 @@ public:
     if (color < 0) {
       throw usage_error("split on group \"" + group_->name + "\": color must be >= 0, got " + std::to_string(color));
     }
-    auto h = post<std::uint8_t>(detail::thread_op_kind::split, nullptr, nullptr, 0, reduce_op::sum, 0, 1,
-                                [](detail::thread_op& o, std::size_t, std::size_t) { compute_split(o); }, color,
-                                key);
+    auto h = post<std::uint8_t>(
+        detail::thread_op_kind::split, nullptr, nullptr, 0, reduce_op::sum, 0, 1,
+        [](detail::thread_op& o, std::size_t, std::size_t) { compute_split(o); }, color, key);
     auto op = h.op_; // keep the record alive past wait()
     h.wait();
     return thread_communicator(op->split_groups[static_cast<std::size_t>(rank_)],
@@ -512,8 +508,7 @@ private:
       members[o.colors[r]].push_back(r);
     }
     for (auto& [color, ranks] : members) {
-      std::stable_sort(ranks.begin(), ranks.end(),
-                       [&](std::size_t a, std::size_t b) { return o.keys[a] < o.keys[b]; });
+      std::stable_sort(ranks.begin(), ranks.end(), [&](std::size_t a, std::size_t b) { return o.keys[a] < o.keys[b]; });
       auto g = make_group(static_cast<int>(ranks.size()), o.split_name + "/" + std::to_string(color));
       for (std::size_t i = 0; i < ranks.size(); ++i) {
         o.split_groups[ranks[i]] = g;
@@ -651,8 +646,7 @@ static_assert(full_communicator<thread_communicator>);
 /// Runs `fn(comm)` on `n` threads, one per rank of a new group, and joins them. When a rank
 /// throws, the group is broken so that no other rank waits for it until its timeout, and the
 /// first exception thrown (the cause, not the echoes it provoked) is rethrown here.
-template <class Fn>
-void run_ranks(int n, Fn&& fn, const thread_group_options& options = {}) {
+template <class Fn> void run_ranks(int n, Fn&& fn, const thread_group_options& options = {}) {
   auto group = thread_communicator::make_group(n, options.name);
   std::mutex mutex;
   std::exception_ptr first;

@@ -5,6 +5,8 @@
 /// 16-bit storage types with host conversions that round to nearest even, bit-compatible with
 /// CUDA's `__half` and `__nv_bfloat16`.
 
+#include "zero/core/error.hpp"
+
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -12,8 +14,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-
-#include "zero/core/error.hpp"
 
 namespace zero {
 
@@ -100,7 +100,7 @@ struct f16 {
     if (abs >= 0x477ff000u) { // rounds to >= 65520: overflow to infinity
       return static_cast<std::uint16_t>(sign | 0x7c00u);
     }
-    if (abs < 0x38800000u) { // below the smallest normal half: produce a subnormal
+    if (abs < 0x38800000u) {   // below the smallest normal half: produce a subnormal
       if (abs < 0x33000000u) { // below half of the smallest subnormal: zero (0x33000000 rounds to even = 0)
         return static_cast<std::uint16_t>(sign);
       }
@@ -169,14 +169,10 @@ struct bf16 {
 };
 
 /// Converts any supported element type to float (identity for float).
-template <class T>
-[[nodiscard]] inline float to_float(T v) noexcept {
-  return static_cast<float>(v);
-}
+template <class T> [[nodiscard]] inline float to_float(T v) noexcept { return static_cast<float>(v); }
 
 /// Converts float to the element type `T`, rounding to nearest even for f16 and bf16.
-template <class T>
-[[nodiscard]] inline T from_float(float v) noexcept {
+template <class T> [[nodiscard]] inline T from_float(float v) noexcept {
   if constexpr (std::is_same_v<T, f16> || std::is_same_v<T, bf16>) {
     return T(v);
   } else {
@@ -185,34 +181,26 @@ template <class T>
 }
 
 /// Maps a C++ element type to its dtype tag.
-template <class T>
-struct dtype_of;
-template <>
-struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
-template <>
-struct dtype_of<f16> : std::integral_constant<dtype, dtype::f16> {};
-template <>
-struct dtype_of<bf16> : std::integral_constant<dtype, dtype::bf16> {};
-template <>
-struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
-template <>
-struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
-template <>
-struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
-template <>
-struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> : std::integral_constant<dtype, dtype::f32> {};
+template <> struct dtype_of<f16> : std::integral_constant<dtype, dtype::f16> {};
+template <> struct dtype_of<bf16> : std::integral_constant<dtype, dtype::bf16> {};
+template <> struct dtype_of<double> : std::integral_constant<dtype, dtype::f64> {};
+template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
+template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
+template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
 
 /// The dtype tag of `T`.
-template <class T>
-inline constexpr dtype dtype_v = dtype_of<T>::value;
+template <class T> inline constexpr dtype dtype_v = dtype_of<T>::value;
 
 /// True for the element types zero can store and communicate.
 template <class T>
-concept element_type = requires { dtype_of<std::remove_cv_t<T>>::value; };
+concept element_type = requires {
+  dtype_of<std::remove_cv_t<T>>::value;
+};
 
 /// True for the 16-bit floating types whose arithmetic goes through float.
-template <class T>
-inline constexpr bool is_half_v = std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
+template <class T> inline constexpr bool is_half_v = std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
 
 static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2, "f16 and bf16 must be 2-byte storage types");
 

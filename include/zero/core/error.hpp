@@ -32,9 +32,9 @@ private:
 };
 
 #define ZERO_DEFINE_ERROR(name)                                                                                        \
-  class name : public ::zero::error {                                                                                 \
+  class name : public ::zero::error {                                                                                  \
   public:                                                                                                              \
-    explicit name(const std::string& message, int status = 0) : ::zero::error(#name, message, status) {}              \
+    explicit name(const std::string& message, int status = 0) : ::zero::error(#name, message, status) {}               \
   }
 
 /// A configuration value that is unknown, of the wrong type, out of range or not supported.

@@ -14,6 +14,9 @@
 ///
 /// Element counts and offsets are in elements of the layout's dtype.
 
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,9 +25,6 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include "zero/core/dtype.hpp"
-#include "zero/core/error.hpp"
 
 namespace zero {
 
@@ -222,7 +222,8 @@ public:
     }
 
     const std::size_t unit = align_ * static_cast<std::size_t>(world_);
-    const std::size_t cap = opt.segment_bytes == 0 ? std::numeric_limits<std::size_t>::max() : opt.segment_bytes / esize;
+    const std::size_t cap =
+        opt.segment_bytes == 0 ? std::numeric_limits<std::size_t>::max() : opt.segment_bytes / esize;
     std::size_t offset = 0;
     std::size_t shard_offset = 0;
     segment_info seg;
@@ -295,8 +296,8 @@ public:
   /// Parameter by id (the value `add` returned).
   [[nodiscard]] const param_info& param(std::size_t id) const {
     if (id >= registered_.size()) {
-      throw usage_error("param id " + std::to_string(id) + " is out of range; " +
-                        std::to_string(registered_.size()) + " parameters are registered");
+      throw usage_error("param id " + std::to_string(id) + " is out of range; " + std::to_string(registered_.size()) +
+                        " parameters are registered");
     }
     return registered_[id];
   }
@@ -407,8 +408,8 @@ private:
   void check_rank(int rank) const {
     check_final();
     if (rank < 0 || rank >= world_) {
-      throw usage_error("rank " + std::to_string(rank) + " is outside the layout's world of " +
-                        std::to_string(world_) + " ranks");
+      throw usage_error("rank " + std::to_string(rank) + " is outside the layout's world of " + std::to_string(world_) +
+                        " ranks");
     }
   }
 

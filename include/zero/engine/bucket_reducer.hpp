@@ -21,13 +21,6 @@
 /// backward produces them — so a bucket that completes early waits for those behind it, and a
 /// parameter that one rank never used cannot make ranks issue collectives in different orders.
 
-#include <algorithm>
-#include <cstddef>
-#include <deque>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "zero/backend/backend.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dispatch.hpp"
@@ -35,6 +28,13 @@
 #include "zero/core/flat_layout.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace zero {
 
@@ -54,8 +54,7 @@ struct reducer_options {
 /// Reduces gradients bucket by bucket; see the file comment. `Backend` runs the accumulate and fill
 /// kernels, `Comm` the collectives, `A` provides the memory (counted: gradients under
 /// `memory_tag::grads`, staging buffers under `memory_tag::buffers`).
-template <backend Backend, communicator Comm, allocator A>
-class bucket_reducer {
+template <backend Backend, communicator Comm, allocator A> class bucket_reducer {
   using counting = counting_allocator<A>;
   using handle_type = decltype(std::declval<Comm&>().all_reduce(static_cast<const float*>(nullptr),
                                                                 static_cast<float*>(nullptr), 0, reduce_op::sum));
@@ -67,8 +66,8 @@ public:
   /// \throws usage_error when the communicator's size differs from the layout's world size.
   bucket_reducer(const flat_layout& layout, Backend& backend, Comm& comm, counting state, counting buffers,
                  reducer_options opt, typename Backend::stream_type& stream)
-      : layout_(layout), backend_(backend), comm_(comm), buffers_alloc_(std::move(buffers)), opt_(opt),
-        stream_(stream), esize_(size_of(opt.grad_type)) {
+      : layout_(layout), backend_(backend), comm_(comm), buffers_alloc_(std::move(buffers)), opt_(opt), stream_(stream),
+        esize_(size_of(opt.grad_type)) {
     if (opt_.mode == reduce_mode::reduce_scatter) {
       require_reduce_scatter<Comm>();
     } else {
@@ -114,7 +113,8 @@ public:
   [[nodiscard]] void* grad(std::size_t id) {
     const auto& p = layout_.param(id);
     if (param_ready_[id]) {
-      throw usage_error("grad(\"" + p.name + "\") after grad_ready in the same micro-step; its bucket may be "
+      throw usage_error("grad(\"" + p.name +
+                        "\") after grad_ready in the same micro-step; its bucket may be "
                         "reducing already");
     }
     param_touched_[id] = true;
@@ -159,8 +159,8 @@ public:
       }
       if (count > 0) {
         open_ = false;
-        throw usage_error(std::to_string(count) + " parameter(s) received no gradient in this micro-step (" +
-                          missing + (count > 8 ? ", ..." : "") + " at rank " + std::to_string(comm_.rank()) +
+        throw usage_error(std::to_string(count) + " parameter(s) received no gradient in this micro-step (" + missing +
+                          (count > 8 ? ", ..." : "") + " at rank " + std::to_string(comm_.rank()) +
                           "); call grad_ready for every trainable parameter, freeze the ones that do not train, "
                           "or set zero_optimization.ignore_unused_parameters to true to treat them as zero");
       }
@@ -200,7 +200,8 @@ private:
 
   std::byte* staging_for(std::size_t seg) {
     if (seg_launched_[seg]) {
-      throw usage_error("a gradient of segment " + std::to_string(seg) + " was asked for after its bucket was "
+      throw usage_error("a gradient of segment " + std::to_string(seg) +
+                        " was asked for after its bucket was "
                         "launched in this micro-step");
     }
     if (seg_staging_[seg] < 0) {
@@ -266,7 +267,8 @@ private:
       const auto& s = layout_.segments()[f.segment];
       const auto slot = static_cast<std::size_t>(seg_staging_[f.segment]);
       visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
-        const T* mine = reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
+        const T* mine =
+            reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
         backend_.accumulate(mine, reinterpret_cast<T*>(grads_.data()) + s.shard_offset, s.slice, stream_);
       });
       free_.push_back(seg_staging_[f.segment]);

@@ -2,7 +2,8 @@
 /// \file
 /// `basic_engine<Backend, Communicator, Allocator>`: the front door. A framework registers its
 /// parameters, finalizes, writes gradients into the views the engine gives it, and calls `step()`;
-/// the engine shards optimizer state (stage 1), gradients (stage 2) and parameters (stage 3), following the config exactly as DeepSpeed reads it.
+/// the engine shards optimizer state (stage 1), gradients (stage 2) and parameters (stage 3), following the config
+/// exactly as DeepSpeed reads it.
 ///
 /// One micro-step, from the framework's side:
 ///
@@ -18,22 +19,6 @@
 ///
 /// The same code runs at every stage; the stage is a config value, and `gather` costs nothing at
 /// stages 0-2, where parameters are always whole.
-
-#include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <functional>
-#include <limits>
-#include <map>
-#include <memory>
-#include <optional>
-#include <span>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "zero/backend/backend.hpp"
 #include "zero/comm/communicator.hpp"
@@ -51,6 +36,22 @@
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace zero {
 
@@ -117,8 +118,8 @@ public:
   /// \param alloc   where model state lives (default: the backend's allocator).
   /// \throws config_error for settings this engine cannot honour (the message names the key).
   basic_engine(const config& cfg, Comm& comm, Backend& backend, Allocator alloc)
-      : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc),
-        buffer_alloc_(alloc), work_alloc_(alloc), stream_(backend.make_stream()), layout_(cfg_.param_dtype()),
+      : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc), buffer_alloc_(alloc),
+        work_alloc_(alloc), stream_(backend.make_stream()), layout_(cfg_.param_dtype()),
         frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)), scheduler_(make_scheduler(cfg_)) {
     require_all_reduce<Comm>();
     const int stage = cfg_.stage();
@@ -145,8 +146,8 @@ public:
   }
 
   /// The same, with the backend's allocator.
-  basic_engine(const config& cfg, Comm& comm, Backend& backend)
-    requires std::same_as<Allocator, typename Backend::allocator_type>
+  basic_engine(const config& cfg, Comm& comm,
+               Backend& backend) requires std::same_as<Allocator, typename Backend::allocator_type>
       : basic_engine(cfg, comm, backend, backend.get_allocator()) {}
 
   basic_engine(const basic_engine&) = delete;
@@ -170,16 +171,18 @@ public:
       throw usage_error("add_param: parameter \"" + name + "\" is already registered");
     }
     if (module < 0 || static_cast<std::size_t>(module) >= layout_module_.size()) {
-      throw usage_error("add_param(\"" + name + "\"): module id " + std::to_string(module) + " was not made by "
-                        "add_module (" + std::to_string(layout_module_.size()) + " modules are registered)");
+      throw usage_error("add_param(\"" + name + "\"): module id " + std::to_string(module) +
+                        " was not made by "
+                        "add_module (" +
+                        std::to_string(layout_module_.size()) + " modules are registered)");
     }
     entry e;
     e.trainable = opt.trainable;
     e.module = module;
     if (opt.trainable) {
       int layout_module = layout_module_[static_cast<std::size_t>(module)];
-      if (cfg_.stage() == 3 && numel_of(shape) < static_cast<std::size_t>(
-                                                      cfg_.zero_optimization.stage3_param_persistence_threshold)) {
+      if (cfg_.stage() == 3 &&
+          numel_of(shape) < static_cast<std::size_t>(cfg_.zero_optimization.stage3_param_persistence_threshold)) {
         // Small parameters stay whole on every rank (stage3_param_persistence_threshold).
         if (persistent_module_ < 0) {
           persistent_module_ = layout_.add_module("zero.persistent");
@@ -230,10 +233,9 @@ public:
       }
       coord_.emplace(layout_, std::move(units), std::move(persistent), module_names_, backend_, comm_, state_alloc_,
                      work_alloc_,
-                     coordinator_options{
-                         .prefetch_elements = static_cast<std::size_t>(z.stage3_prefetch_bucket_size),
-                         .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
-                         .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
+                     coordinator_options{.prefetch_elements = static_cast<std::size_t>(z.stage3_prefetch_bucket_size),
+                                         .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
+                                         .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
                      stream_);
       if (log_) {
         coord_->set_log(log_);
@@ -262,7 +264,8 @@ public:
     norm_workspace_bytes_ = 0;
     for (const auto& [range, off] : optimizer_->ranges()) {
       visit_float(cfg_.grad_accum_dtype, [&]<class G>(type_tag<G>) {
-        norm_workspace_bytes_ = std::max(norm_workspace_bytes_, backend_.template squared_norm_workspace_bytes<G>(range.size()));
+        norm_workspace_bytes_ =
+            std::max(norm_workspace_bytes_, backend_.template squared_norm_workspace_bytes<G>(range.size()));
       });
     }
     norm_workspace_ = buffer<std::byte, counting>(buffer_alloc_, std::max<std::size_t>(norm_workspace_bytes_, 1),
@@ -330,7 +333,7 @@ public:
     if (e.trainable && coord_) {
       const auto& seg = layout_.segments()[p.segment];
       std::byte* whole = coord_->full(p.segment, "parameter \"" + p.name + "\" of module \"" +
-                                                      module_names_[static_cast<std::size_t>(e.module)] + "\"");
+                                                     module_names_[static_cast<std::size_t>(e.module)] + "\"");
       return {whole + (p.offset - seg.range.begin) * size_of(l.type()), l.type(), p.shape, p.numel};
     }
     // The engine owns the memory; a const engine still hands out writable views, as frameworks
@@ -344,7 +347,8 @@ public:
   [[nodiscard]] tensor_view grad(param_handle h) {
     const auto& e = entry_of(h, "grad");
     if (!e.trainable) {
-      throw usage_error("grad(\"" + frozen_layout_.param(e.id).name + "\"): the parameter is frozen and has no "
+      throw usage_error("grad(\"" + frozen_layout_.param(e.id).name +
+                        "\"): the parameter is frozen and has no "
                         "gradient");
     }
     const auto& p = layout_.param(e.id);
@@ -477,9 +481,7 @@ public:
   /// The factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise).
   [[nodiscard]] double loss_scale() const noexcept { return scaler_.scale(); }
   /// True when the current micro-step is the last of its accumulation.
-  [[nodiscard]] bool is_boundary() const noexcept {
-    return (micro_step_ + 1) % cfg_.gradient_accumulation_steps == 0;
-  }
+  [[nodiscard]] bool is_boundary() const noexcept { return (micro_step_ + 1) % cfg_.gradient_accumulation_steps == 0; }
 
   /// Ends a micro-step. On the last micro-step of an accumulation: waits for the reductions,
   /// unscales and checks for inf/NaN (one all-reduce of a flag), computes the global gradient norm
@@ -723,8 +725,10 @@ private:
   const entry& entry_of(param_handle h, const char* what) const {
     check_final(what);
     if (h.index >= entries_.size()) {
-      throw usage_error(std::string(what) + ": parameter handle " + std::to_string(h.index) + " was not made by "
-                        "this engine (" + std::to_string(entries_.size()) + " parameters are registered)");
+      throw usage_error(std::string(what) + ": parameter handle " + std::to_string(h.index) +
+                        " was not made by "
+                        "this engine (" +
+                        std::to_string(entries_.size()) + " parameters are registered)");
     }
     return entries_[h.index];
   }
@@ -796,8 +800,8 @@ private:
         boundaries_ % *cfg_.steps_per_print != 0) {
       return;
     }
-    std::string line = "[zero] rank " + std::to_string(comm_.rank()) + " step " + std::to_string(applied_steps_) +
-                       " time (ms):";
+    std::string line =
+        "[zero] rank " + std::to_string(comm_.rank()) + " step " + std::to_string(applied_steps_) + " time (ms):";
     for (const auto& [name, s] : timings_.seconds) {
       char buf[96];
       std::snprintf(buf, sizeof buf, " %s %.2f", name.c_str(), 1e3 * s / static_cast<double>(timings_.calls[name]));
@@ -847,7 +851,6 @@ private:
 };
 
 /// The engine with the backend's allocator: `zero::engine<zero::cpu_backend, zero::thread_communicator>`.
-template <class Backend, class Comm>
-using engine = basic_engine<Backend, Comm>;
+template <class Backend, class Comm> using engine = basic_engine<Backend, Comm>;
 
 } // namespace zero

@@ -3,11 +3,11 @@
 /// The ZeRO paper's formula for model-state bytes per rank (Rajbhandari et al. 2020, section 5),
 /// generalised to the dtypes in use, and the report that puts the measured bytes beside it.
 
+#include "zero/core/dtype.hpp"
+
 #include <cstddef>
 #include <cstdio>
 #include <string>
-
-#include "zero/core/dtype.hpp"
 
 namespace zero {
 
@@ -60,7 +60,9 @@ struct memory_report {
   double formula = 0;
 
   /// model_state_peak / formula.
-  [[nodiscard]] double ratio() const noexcept { return formula > 0 ? static_cast<double>(model_state_peak) / formula : 0; }
+  [[nodiscard]] double ratio() const noexcept {
+    return formula > 0 ? static_cast<double>(model_state_peak) / formula : 0;
+  }
 
   /// A small table for logs.
   [[nodiscard]] std::string table() const {

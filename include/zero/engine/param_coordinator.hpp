@@ -20,6 +20,14 @@
 /// collectives; a module gathered by some ranks and not others ends in the communicator's timeout,
 /// whose error names the module.
 
+#include "zero/backend/backend.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/core/error.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -29,14 +37,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "zero/backend/backend.hpp"
-#include "zero/comm/communicator.hpp"
-#include "zero/core/dispatch.hpp"
-#include "zero/core/error.hpp"
-#include "zero/core/flat_layout.hpp"
-#include "zero/memory/buffer.hpp"
-#include "zero/memory/counting_allocator.hpp"
 
 namespace zero {
 
@@ -53,22 +53,21 @@ struct coordinator_options {
 
 /// Counters of one step's gathering, for tests and logs.
 struct gather_stats {
-  std::size_t all_gathers = 0;       ///< all-gathers issued (on demand + prefetch)
-  std::size_t on_demand = 0;         ///< gathers that had to wait because nothing was prefetched
-  std::size_t prefetched = 0;        ///< all-gathers issued ahead of use
-  std::size_t prefetch_used = 0;     ///< prefetched units that were then gathered
-  std::size_t prefetch_wasted = 0;   ///< prefetched units freed without being used
-  std::size_t reused = 0;            ///< gathers served by a unit kept for reuse
-  std::size_t trace_changes = 0;     ///< steps whose module order differed from the trace
+  std::size_t all_gathers = 0;          ///< all-gathers issued (on demand + prefetch)
+  std::size_t on_demand = 0;            ///< gathers that had to wait because nothing was prefetched
+  std::size_t prefetched = 0;           ///< all-gathers issued ahead of use
+  std::size_t prefetch_used = 0;        ///< prefetched units that were then gathered
+  std::size_t prefetch_wasted = 0;      ///< prefetched units freed without being used
+  std::size_t reused = 0;               ///< gathers served by a unit kept for reuse
+  std::size_t trace_changes = 0;        ///< steps whose module order differed from the trace
   std::size_t persistent_refreshes = 0; ///< all-gathers of persistent units after optimizer steps
 };
 
 /// Stage 3's gathering; see the file comment.
-template <backend Backend, communicator Comm, allocator A>
-class param_coordinator {
+template <backend Backend, communicator Comm, allocator A> class param_coordinator {
   using counting = counting_allocator<A>;
-  using handle_type = decltype(std::declval<Comm&>().all_gather(static_cast<const float*>(nullptr),
-                                                                static_cast<float*>(nullptr), 0));
+  using handle_type =
+      decltype(std::declval<Comm&>().all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
 
 public:
   /// \param layout        finalized with `segment_by::module` (kept by reference).
@@ -89,17 +88,17 @@ public:
     shard_ = buffer<std::byte, counting>(state, layout_.shard_size() * esize_, memory_tag::params);
     for (std::size_t u : persistent) {
       units_[u].persistent = true;
-      units_[u].data = buffer<std::byte, counting>(state, layout_.segments()[u].range.size() * esize_,
-                                                   memory_tag::params);
+      units_[u].data =
+          buffer<std::byte, counting>(state, layout_.segments()[u].range.size() * esize_, memory_tag::params);
     }
     module_refs_.assign(module_units_.size(), 0);
     for (const auto& units : module_units_) {
       for (std::size_t u : units) {
         const std::size_t n = layout_.segments()[u].range.size();
         if (!units_[u].persistent && n > opt_.max_live_elements) {
-          throw config_error("zero_optimization.stage3_max_live_parameters: " +
-                             std::to_string(opt_.max_live_elements) + " elements cannot hold a module of " +
-                             std::to_string(n) + " elements; raise it to at least the largest module");
+          throw config_error("zero_optimization.stage3_max_live_parameters: " + std::to_string(opt_.max_live_elements) +
+                             " elements cannot hold a module of " + std::to_string(n) +
+                             " elements; raise it to at least the largest module");
         }
       }
     }
@@ -162,7 +161,8 @@ public:
   void end_step(bool params_changed) {
     for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
       if (module_refs_[mi] != 0) {
-        throw usage_error("step() while module \"" + module_names_[mi] + "\" is still gathered; release it "
+        throw usage_error("step() while module \"" + module_names_[mi] +
+                          "\" is still gathered; release it "
                           "(end the guard's scope) before the optimizer step");
       }
     }
@@ -296,10 +296,13 @@ private:
       p.diverged = true;
       ++stats_.trace_changes;
       if (log_) {
-        const std::string expected = pos < p.trace.size() ? "\"" + module_names_[static_cast<std::size_t>(p.trace[pos])] + "\"" : "the end of the trace";
+        const std::string expected = pos < p.trace.size()
+                                         ? "\"" + module_names_[static_cast<std::size_t>(p.trace[pos])] + "\""
+                                         : "the end of the trace";
         log_("[zero] stage 3: module order changed at gather #" + std::to_string(pos) + " (" +
              std::string(in_eval_ ? "evaluation" : "training") + "): expected " + expected + ", got \"" +
-             module_names_[static_cast<std::size_t>(m)] + "\"; prefetch is off for this pass and the trace will "
+             module_names_[static_cast<std::size_t>(m)] +
+             "\"; prefetch is off for this pass and the trace will "
              "be recorded again");
       }
     }

@@ -8,18 +8,18 @@
 /// and v are kept. Parameter groups (their own lr and weight decay) split the owned ranges into
 /// runs; padding joins the run beside it (its gradient, master, m and v are zero and stay zero).
 
-#include <cstddef>
-#include <functional>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include "zero/backend/backend.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/optim/adamw_args.hpp"
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace zero {
 
@@ -38,8 +38,7 @@ struct owned_run {
 };
 
 /// AdamW over a rank's part of the flat buffer; see the file comment.
-template <backend Backend, allocator A>
-class partitioned_adamw {
+template <backend Backend, allocator A> class partitioned_adamw {
   using counting = counting_allocator<A>;
 
 public:
@@ -51,8 +50,7 @@ public:
   partitioned_adamw(const flat_layout& layout, int rank, bool partitioned, std::vector<std::size_t> group_of,
                     std::vector<param_group> groups, Backend& backend, counting alloc,
                     typename Backend::stream_type& stream)
-      : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)),
-        param_type_(layout.type()) {
+      : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)), param_type_(layout.type()) {
     if (group_of.size() != layout.param_count()) {
       throw usage_error("partitioned_adamw: " + std::to_string(group_of.size()) + " group indices for " +
                         std::to_string(layout.param_count()) + " parameters");

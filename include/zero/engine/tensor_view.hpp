@@ -4,13 +4,13 @@
 /// a dtype and a shape. The engine owns the memory; the view is valid until the engine says
 /// otherwise (for stage 3 parameters: while their module is gathered).
 
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
-
-#include "zero/core/dtype.hpp"
-#include "zero/core/error.hpp"
 
 namespace zero {
 
@@ -22,8 +22,7 @@ struct tensor_view {
   std::size_t numel = 0;
 
   /// The data as `T*`. \throws usage_error when T is not the view's dtype.
-  template <class T>
-  [[nodiscard]] T* as() const {
+  template <class T> [[nodiscard]] T* as() const {
     if (dtype_v<T> != type) {
       throw usage_error("tensor_view::as<" + std::string(name_of(dtype_v<T>)) + ">() on a tensor of dtype " +
                         std::string(name_of(type)));

@@ -43,18 +43,19 @@ inline constexpr std::size_t memory_tag_count = 5;
 template <class A>
 concept allocator = std::copy_constructible<A> && requires(A& a, void* p, std::size_t n, std::size_t align) {
   { a.allocate(n, align) } -> std::same_as<void*>;
-  { a.deallocate(p, n, align) } noexcept;
+  { a.deallocate(p, n, align) }
+  noexcept;
   { A::host_accessible } -> std::convertible_to<bool>;
   { A::device_accessible } -> std::convertible_to<bool>;
 };
 
 /// An allocator that also takes the tag of what it stores (the counting allocator does).
 template <class A>
-concept tagged_allocator =
-    allocator<A> && requires(A& a, void* p, std::size_t n, std::size_t align, memory_tag tag) {
-      { a.allocate(n, align, tag) } -> std::same_as<void*>;
-      { a.deallocate(p, n, align, tag) } noexcept;
-    };
+concept tagged_allocator = allocator<A> && requires(A& a, void* p, std::size_t n, std::size_t align, memory_tag tag) {
+  { a.allocate(n, align, tag) } -> std::same_as<void*>;
+  { a.deallocate(p, n, align, tag) }
+  noexcept;
+};
 
 /// Memory the CPU may read and write (host, pinned).
 template <class A>

@@ -3,12 +3,12 @@
 /// `buffer<T, A>`: an owning, typed, tagged array of memory from an allocator policy. Moves, never
 /// copies; returns its memory to the allocator it came from with the tag it was counted under.
 
+#include "zero/memory/allocator.hpp"
+
 #include <cstddef>
 #include <optional>
 #include <span>
 #include <utility>
-
-#include "zero/memory/allocator.hpp"
 
 namespace zero {
 
@@ -17,8 +17,7 @@ inline constexpr std::size_t buffer_alignment = 256;
 
 /// `count` elements of `T` in memory of allocator `A`, counted under a memory tag. The elements
 /// are not initialised (T must be trivially copyable: model state is raw numbers).
-template <class T, allocator A>
-class buffer {
+template <class T, allocator A> class buffer {
   static_assert(std::is_trivially_copyable_v<T>, "zero::buffer holds raw numbers: T must be trivially copyable");
 
 public:
@@ -55,16 +54,8 @@ public:
   /// A span over the elements; only meaningful to dereference when `A::host_accessible`.
   [[nodiscard]] std::span<T> span() noexcept { return {data_, count_}; }
   [[nodiscard]] std::span<const T> span() const noexcept { return {data_, count_}; }
-  [[nodiscard]] T& operator[](std::size_t i) noexcept
-    requires A::host_accessible
-  {
-    return data_[i];
-  }
-  [[nodiscard]] const T& operator[](std::size_t i) const noexcept
-    requires A::host_accessible
-  {
-    return data_[i];
-  }
+  [[nodiscard]] T& operator[](std::size_t i) noexcept requires A::host_accessible { return data_[i]; }
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept requires A::host_accessible { return data_[i]; }
 
   /// Returns the memory now; the buffer becomes empty.
   void release() noexcept {

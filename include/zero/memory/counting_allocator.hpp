@@ -4,12 +4,12 @@
 /// It is how zero's memory claims are tested: the peak of model-state bytes per rank against
 /// the ZeRO paper's formula.
 
+#include "zero/memory/allocator.hpp"
+
 #include <array>
 #include <cstddef>
 #include <memory>
 #include <mutex>
-
-#include "zero/memory/allocator.hpp"
 
 namespace zero {
 
@@ -22,8 +22,7 @@ struct memory_counts {
 
 /// Counts what passes through an inner allocator `A`. Copies share the counters, so an engine,
 /// its buffers and a test can all look at one tally. Thread-safe.
-template <allocator A>
-class counting_allocator {
+template <allocator A> class counting_allocator {
 public:
   static constexpr bool host_accessible = A::host_accessible;
   static constexpr bool device_accessible = A::device_accessible;

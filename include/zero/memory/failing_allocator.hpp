@@ -4,14 +4,14 @@
 /// allocator until a chosen allocation (by count) or a byte budget is reached, then throws
 /// `memory_error`, so tests can show that an engine that fails half-way leaks nothing.
 
+#include "zero/core/error.hpp"
+#include "zero/memory/allocator.hpp"
+
 #include <cstddef>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
-
-#include "zero/core/error.hpp"
-#include "zero/memory/allocator.hpp"
 
 namespace zero {
 
@@ -26,8 +26,7 @@ struct failure_plan {
 };
 
 /// Injects allocation failures according to a `failure_plan`. Copies share the plan and counters.
-template <allocator A>
-class failing_allocator {
+template <allocator A> class failing_allocator {
 public:
   static constexpr bool host_accessible = A::host_accessible;
   static constexpr bool device_accessible = A::device_accessible;

@@ -2,12 +2,12 @@
 /// \file
 /// `host_allocator`: aligned pageable host memory from the C++ runtime.
 
+#include "zero/core/error.hpp"
+#include "zero/memory/allocator.hpp"
+
 #include <cstddef>
 #include <new>
 #include <string>
-
-#include "zero/core/error.hpp"
-#include "zero/memory/allocator.hpp"
 
 namespace zero {
 
@@ -22,7 +22,7 @@ public:
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = alignof(std::max_align_t)) {
     check_alignment(alignment);
     try {
-      return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{alignment});
+      return ::operator new (bytes == 0 ? 1 : bytes, std::align_val_t{alignment});
     } catch (const std::bad_alloc&) {
       throw memory_error("host_allocator: could not allocate " + std::to_string(bytes) + " bytes aligned to " +
                          std::to_string(alignment));
@@ -31,7 +31,7 @@ public:
 
   /// Returns memory from `allocate` with the same alignment. Never throws.
   void deallocate(void* p, std::size_t /*bytes*/, std::size_t alignment = alignof(std::max_align_t)) noexcept {
-    ::operator delete(p, std::align_val_t{alignment});
+    ::operator delete (p, std::align_val_t{alignment});
   }
 
   friend bool operator==(const host_allocator&, const host_allocator&) noexcept { return true; }

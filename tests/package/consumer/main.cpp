@@ -1,6 +1,5 @@
 // A user's program built against an installed zero: two ranks all-reduce through the umbrella header.
 #include <cstdio>
-
 #include <zero/zero.hpp>
 
 int main() {
