@@ -82,6 +82,48 @@ __global__ void __launch_bounds__(block_threads)
   }
 }
 
+/// `dst[i] = D(float(dst[i]) + float(src[i]))` over [0, n): gradient accumulation.
+template <class S, class D>
+__global__ void __launch_bounds__(block_threads)
+    accumulate_kernel(const S* __restrict__ src, D* __restrict__ dst, ::cuda::std::size_t n, int head) {
+  constexpr int N = pack_elems<S, D>;
+  for_each_element<N>(
+      n, head,
+      [&](::cuda::std::size_t i) {
+        dst[i] = element_traits<D>::store(__fadd_rn(element_traits<D>::load(dst[i]), element_traits<S>::load(src[i])));
+      },
+      [&](::cuda::std::size_t i) {
+        float a[N];
+        float b[N];
+        load_pack_float<N>(dst + i, a);
+        load_pack_float<N>(src + i, b);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          a[k] = __fadd_rn(a[k], b[k]);
+        }
+        store_pack_float<N>(dst + i, a);
+      });
+}
+
+/// `x[i] = T(float(x[i]) * factor)` over [0, n).
+template <class T>
+__global__ void __launch_bounds__(block_threads)
+    scale_kernel(T* __restrict__ x, ::cuda::std::size_t n, int head, float factor) {
+  constexpr int N = pack_elems<T>;
+  for_each_element<N>(
+      n, head,
+      [&](::cuda::std::size_t i) { x[i] = element_traits<T>::store(__fmul_rn(element_traits<T>::load(x[i]), factor)); },
+      [&](::cuda::std::size_t i) {
+        float a[N];
+        load_pack_float<N>(x + i, a);
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          a[k] = __fmul_rn(a[k], factor);
+        }
+        store_pack_float<N>(x + i, a);
+      });
+}
+
 /// Enqueues `fill_kernel` on `stream` (see zero::cuda::fill).
 /// \throws usage_error for a null `data` with `n > 0`; cuda_error if the launch fails.
 template <class T> void launch_fill(T* data, std::size_t n, T value, cudaStream_t stream) {
@@ -125,6 +167,35 @@ void launch_unscale_and_check(T* x, std::size_t n, float scale, int* found_nonfi
   const unsigned grid = grid_blocks(work_items(n, head, N));
   unscale_and_check_kernel<T><<<grid, block_threads, 0, stream>>>(x, n, head, scale, found_nonfinite);
   check_launch("zero::cuda::kernels::unscale_and_check_kernel");
+}
+
+/// Enqueues `accumulate_kernel` on `stream` (see zero::cuda::accumulate).
+/// \throws usage_error for a null pointer with `n > 0`; cuda_error if the launch fails.
+template <class S, class D> void launch_accumulate(const S* src, D* dst, std::size_t n, cudaStream_t stream) {
+  require_buffer(src, n, "zero::cuda::accumulate", "src");
+  require_buffer(dst, n, "zero::cuda::accumulate", "dst");
+  if (n == 0) {
+    return;
+  }
+  constexpr int N = pack_elems<S, D>;
+  const int head = common_pack_offset<N>(n, src, static_cast<const D*>(dst));
+  const unsigned grid = grid_blocks(work_items(n, head, N));
+  accumulate_kernel<S, D><<<grid, block_threads, 0, stream>>>(src, dst, n, head);
+  check_launch("zero::cuda::kernels::accumulate_kernel");
+}
+
+/// Enqueues `scale_kernel` on `stream` (see zero::cuda::scale).
+/// \throws usage_error for a null `x` with `n > 0`; cuda_error if the launch fails.
+template <class T> void launch_scale(T* x, std::size_t n, float factor, cudaStream_t stream) {
+  require_buffer(x, n, "zero::cuda::scale", "x");
+  if (n == 0) {
+    return;
+  }
+  constexpr int N = pack_elems<T>;
+  const int head = common_pack_offset<N>(n, static_cast<const T*>(x));
+  const unsigned grid = grid_blocks(work_items(n, head, N));
+  scale_kernel<T><<<grid, block_threads, 0, stream>>>(x, n, head, factor);
+  check_launch("zero::cuda::kernels::scale_kernel");
 }
 
 } // namespace zero::cuda::kernels

@@ -7,9 +7,11 @@
 #include "zero/config/config.hpp"
 #include "zero/engine/engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace zero::testing {
@@ -94,18 +96,48 @@ struct run_result {
   std::vector<std::vector<bool>> applied_by_rank;
 };
 
-/// Trains the small model with the engine on `s.world` in-process ranks.
-inline run_result train_with_engine(const run_spec& s) {
+/// Largest |a - b| / max(|b|, 1) over all parameters.
+inline double max_rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    if (a[k].size() != b[k].size()) {
+      return INFINITY;
+    }
+    for (std::size_t i = 0; i < b[k].size(); ++i) {
+      const double d = std::fabs(double(a[k][i]) - double(b[k][i])) / std::max(1.0, std::fabs(double(b[k][i])));
+      worst = std::max(worst, d);
+    }
+  }
+  return worst;
+}
+
+/// How the harness reads and writes engine views whose memory the host can touch.
+struct host_io {
+  template <class T, class Engine> std::vector<T> read(Engine& /*eng*/, const tensor_view& v) const {
+    const T* p = v.as<T>();
+    return std::vector<T>(p, p + v.numel);
+  }
+  template <class T, class Engine> void write(Engine& /*eng*/, const tensor_view& v, const std::vector<T>& x) const {
+    std::copy(x.begin(), x.end(), v.as<T>());
+  }
+};
+
+/// Trains the small model with an engine over `Backend` and the communicators `run_group(world, fn)`
+/// hands to `fn`; `make_backend(comm)` makes each rank's backend, `io` moves view contents to and from
+/// the host (the framework side of this harness computes on the host).
+template <class Backend, class RunGroup, class MakeBackend, class Io>
+run_result train_with(const run_spec& s, RunGroup run_group, MakeBackend make_backend, Io io) {
   const auto model = small_model();
   run_result out;
   out.params.resize(model.size());
   out.applied_by_rank.resize(static_cast<std::size_t>(s.world));
-  run_ranks(s.world, [&](thread_communicator& comm) {
+  run_group(s.world, [&](auto& comm) {
+    using comm_type = std::remove_cvref_t<decltype(comm)>;
     config_inputs inputs;
     inputs.world_size = s.world;
     auto cfg = config::from_string(config_json(s), inputs);
-    cpu_backend backend({.threads = 1});
-    engine<cpu_backend, thread_communicator> eng(cfg, comm, backend);
+    Backend backend = make_backend(comm);
+    engine<Backend, comm_type> eng(cfg, comm, backend);
     std::vector<int> modules{eng.add_module("fc1"), eng.add_module("fc2"), eng.add_module("emb")};
     std::vector<param_handle> h;
     for (const auto& p : model) {
@@ -136,13 +168,15 @@ inline run_result train_with_engine(const run_spec& s) {
           auto pv = eng.param(h[k]);
           std::vector<float> pf(pv.numel);
           visit_float(pv.type, [&]<class P>(type_tag<P>) {
+            const auto held = io.template read<P>(eng, pv);
             for (std::size_t i = 0; i < pv.numel; ++i) {
-              pf[i] = to_float(pv.as<P>()[i]);
+              pf[i] = to_float(held[i]);
             }
           });
           auto g = eng.grad(h[k]);
           visit_float(g.type, [&]<class G>(type_tag<G>) {
-            G* gp = g.as<G>();
+            auto gv = io.template read<G>(eng, g);
+            G* gp = gv.data();
             for (std::size_t i = 0; i < g.numel; ++i) {
               float local = 0;
               for (int j = 0; j < mb; ++j) {
@@ -155,6 +189,7 @@ inline run_result train_with_engine(const run_spec& s) {
               }
               gp[i] = from_float<G>(to_float(gp[i]) + local);
             }
+            io.write(eng, g, gv);
           });
           eng.grad_ready(h[k]);
         }
@@ -174,14 +209,21 @@ inline run_result train_with_engine(const run_spec& s) {
       for (std::size_t k = 0; k < model.size(); ++k) {
         auto v = eng.param(h[k]);
         visit_float(v.type, [&]<class P>(type_tag<P>) {
-          for (std::size_t i = 0; i < v.numel; ++i) {
-            out.params[k].push_back(to_float(v.as<P>()[i]));
+          for (const P x : io.template read<P>(eng, v)) {
+            out.params[k].push_back(to_float(x));
           }
         });
       }
     }
   });
   return out;
+}
+
+/// Trains the small model with the engine on `s.world` in-process ranks (cpu_backend, thread_communicator).
+inline run_result train_with_engine(const run_spec& s) {
+  return train_with<cpu_backend>(
+      s, [](int world, auto&& fn) { run_ranks(world, fn); },
+      [](thread_communicator&) { return cpu_backend({.threads = 1}); }, host_io{});
 }
 
 /// Plain single-process AdamW on the global-batch gradient: the oracle.

@@ -9,20 +9,7 @@ using zero::testing::run_spec;
 using zero::testing::train_reference;
 using zero::testing::train_with_engine;
 
-namespace {
-/// Largest |a - b| / max(|b|, 1) over all parameters.
-double max_rel_diff(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  double worst = 0;
-  for (std::size_t k = 0; k < b.size(); ++k) {
-    REQUIRE(a[k].size() == b[k].size());
-    for (std::size_t i = 0; i < b[k].size(); ++i) {
-      const double d = std::fabs(double(a[k][i]) - double(b[k][i])) / std::max(1.0, std::fabs(double(b[k][i])));
-      worst = std::max(worst, d);
-    }
-  }
-  return worst;
-}
-} // namespace
+using zero::testing::max_rel_diff;
 
 TEST_CASE("stages 0, 1, 2, 3 give the parameters of a plain single-process AdamW") {
   // fp32: within 1e-6 relative. bf16/fp16: parameters are rounded to 8 (bf16) or 11 (fp16) bits and

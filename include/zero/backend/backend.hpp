@@ -194,6 +194,16 @@ template <class B>
 concept can_scale =
     backend_base<B> && detail::scale_for<B, float> && detail::scale_for<B, f16> && detail::scale_for<B, bf16>;
 
+/// Optional: `copy(const void* src, void* dst, std::size_t bytes, const stream_type& s)` moves bytes
+/// between host memory and backend memory, either way, in `s` order. A backend whose memory the host
+/// cannot touch (a GPU's) provides it; the engine uses it to initialise parameters from host values and
+/// to read or write state for checkpoints. A backend without it must allocate host-accessible memory.
+template <class B>
+concept can_copy = backend_base<B> &&
+    requires(const B& b, const void* src, void* dst, std::size_t n, const typename B::stream_type& s) {
+  { b.copy(src, dst, n, s) } -> std::same_as<void>;
+};
+
 /// A complete backend: the base concept and every kernel ZeRO's stages 0-3 use.
 template <class B>
 concept backend = backend_base<B> && can_adamw_step<B> && can_cast<B> && can_unscale_and_check<B> &&

@@ -179,6 +179,15 @@ public:
     return *p;
   }
 
+  /// Copies `bytes` from `src` to `dst` (both host memory); see `zero::can_copy`.
+  void copy(const void* src, void* dst, std::size_t bytes, const stream_type& /*s*/) const {
+    if (bytes > 0) {
+      require(src != nullptr, "copy", "src");
+      require(dst != nullptr, "copy", "dst");
+      std::memcpy(dst, src, bytes);
+    }
+  }
+
   /// One Adam/AdamW step over `n` elements, exactly as zero/optim/adamw_args.hpp defines it.
   /// \param master fp32 master weights, updated in place.
   /// \param m,v    fp32 first and second moments, updated in place.

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Host launchers of the CUDA kernels ZeRO needs: fill, cast, unscale-and-check, squared norm and the
-/// fused AdamW step over a flat shard. Compiles with a plain C++20 compiler; the kernels are compiled
+/// Host launchers of the CUDA kernels ZeRO needs: fill, cast, accumulate, scale, unscale-and-check, squared
+/// norm and the fused AdamW step over a flat shard. Compiles with a plain C++20 compiler; the kernels are compiled
 /// once into `zero::cuda` for `float`, `zero::f16` and `zero::bf16` (bit-compatible with `__half` and
 /// `__nv_bfloat16`). A `.cu` of the user's own that needs another element type includes the kernel
 /// templates from `<zero/kernels/*.cuh>` instead.
@@ -46,6 +46,10 @@ concept float_element = std::same_as<T, float> || std::same_as<T, f16> || std::s
 /// \throws usage_error if `data` is null and `n > 0`; cuda_error if the launch fails.
 template <float_element T> void fill(T* data, std::size_t n, T value, cudaStream_t stream);
 
+/// Sets `data[i] = value` for every i in [0, n): the `int` flags of `unscale_and_check`.
+/// \throws usage_error if `data` is null and `n > 0`; cuda_error if the launch fails.
+void fill(int* data, std::size_t n, int value, cudaStream_t stream);
+
 /// Converts `n` elements: `dst[i] = D(src[i])`, rounding to nearest even when D is narrower. Inf and NaN
 /// stay inf and NaN (a NaN becomes the canonical quiet NaN of D), f16 overflow gives inf, subnormals are
 /// kept (no flush to zero). When S and D are the same type the bits are copied unchanged.
@@ -55,6 +59,24 @@ template <float_element T> void fill(T* data, std::size_t n, T value, cudaStream
 /// \param stream the stream that orders the read and the write.
 /// \throws usage_error if a pointer is null and `n > 0`; cuda_error if the launch fails.
 template <float_element S, float_element D> void cast(const S* src, D* dst, std::size_t n, cudaStream_t stream);
+
+/// Accumulates `n` elements: `dst[i] = D(float(dst[i]) + float(src[i]))`, the fp32 sum rounded to nearest
+/// even (gradient accumulation over micro-steps, in the gradient dtype or into an fp32 accumulator).
+/// \param src    device-accessible input of `n` elements, read in `stream` order.
+/// \param dst    device-accessible accumulator of `n` elements, read and written in `stream` order; must not
+///               overlap `src`.
+/// \param n      number of elements.
+/// \param stream the stream that orders every access.
+/// \throws usage_error if a pointer is null and `n > 0`; cuda_error if the launch fails.
+template <float_element S, float_element D> void accumulate(const S* src, D* dst, std::size_t n, cudaStream_t stream);
+
+/// Scales in place: `x[i] = T(float(x[i]) * factor)`, rounded to nearest even.
+/// \param x      device-accessible buffer of `n` elements, read and written in `stream` order.
+/// \param n      number of elements.
+/// \param factor the factor.
+/// \param stream the stream that orders every access.
+/// \throws usage_error if `x` is null and `n > 0`; cuda_error if the launch fails.
+template <float_element T> void scale(T* x, std::size_t n, float factor, cudaStream_t stream);
 
 /// Multiplies in place, `x[i] = T(float(x[i]) * scale)`, and sets `*found_nonfinite = 1` when any element
 /// is inf or NaN before or after the scaling (after rounding to T, so an f16 overflow is caught). The flag

@@ -112,6 +112,14 @@ concept can_split = communicator<C> && requires(C& c, int color, int key) {
   { c.split(color, key) } -> std::same_as<C>;
 };
 
+/// A communicator that orders each operation after the work enqueued so far on a compute stream
+/// (`set_compute_stream(s.get())`, as `nccl_communicator` does with CUDA events): code that hands it that
+/// stream need not block the host on the stream before a collective.
+template <class C, class Stream>
+concept stream_ordered = requires(C& c, const Stream& s) {
+  c.set_compute_stream(s.get());
+};
+
 /// Everything: what stage 3, checkpoints and the examples use.
 template <class C>
 concept full_communicator = can_all_reduce<C> && can_reduce_scatter<C> && can_all_gather<C> && can_broadcast<C> &&

@@ -73,6 +73,9 @@ public:
     } else {
       require_all_reduce<Comm>();
     }
+    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+      comm_.set_compute_stream(stream_.get());
+    }
     if (comm_.size() != layout_.world_size()) {
       throw usage_error("bucket_reducer: the communicator has " + std::to_string(comm_.size()) +
                         " ranks but the layout was finalized for " + std::to_string(layout_.world_size()));
@@ -241,8 +244,11 @@ private:
     if (opt_.mode == reduce_mode::all_reduce && !boundary_) {
       return; // accumulation continues in place; nothing to communicate before the last micro-step
     }
-    // Collectives read what the backend wrote: order them after the stream's work.
-    backend_.synchronize(stream_);
+    // Collectives read what the backend wrote: order them after the stream's work (on the device when
+    // the communicator does it itself, on the host otherwise).
+    if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+      backend_.synchronize(stream_);
+    }
     ++launches_;
     visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
       if (opt_.mode == reduce_mode::all_reduce) {

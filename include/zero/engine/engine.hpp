@@ -122,6 +122,11 @@ public:
         work_alloc_(alloc), stream_(backend.make_stream()), layout_(cfg_.param_dtype()),
         frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)), scheduler_(make_scheduler(cfg_)) {
     require_all_reduce<Comm>();
+    // A communicator with its own stream (NCCL's) orders each operation after the work enqueued on
+    // the engine's stream so far: a gradient bucket is reduced after the kernels that wrote it.
+    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+      comm_.set_compute_stream(stream_.get());
+    }
     const int stage = cfg_.stage();
     if (stage >= 1) {
       require_all_gather<Comm>();
@@ -260,7 +265,10 @@ public:
     optimizer_.emplace(layout_, comm_.rank(), stage >= 1, std::move(group_of), groups_, backend_, state_alloc_,
                        stream_);
     flag_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
-    norm_ = buffer<float, counting>(buffer_alloc_, 1, memory_tag::buffers);
+    // One squared norm per owned range (the same count on every rank: one per segment, or one), summed
+    // over ranks by one all-reduce in backend memory, with no host round trip before it.
+    norm_ = buffer<float, counting>(buffer_alloc_, std::max<std::size_t>(optimizer_->ranges().size(), 1),
+                                    memory_tag::buffers);
     norm_workspace_bytes_ = 0;
     for (const auto& [range, off] : optimizer_->ranges()) {
       visit_float(cfg_.grad_accum_dtype, [&]<class G>(type_tag<G>) {
@@ -281,14 +289,9 @@ public:
   void init_params(const init_fn& fn) {
     check_final("init_params");
     const int stage = cfg_.stage();
-    std::vector<float> scratch;
     auto fill_piece = [&](const param_info& p, std::size_t first, std::size_t count, std::byte* dst) {
-      scratch.resize(count);
-      fn(p, first, std::span<float>(scratch.data(), count));
-      visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
-        backend_.cast(scratch.data(), reinterpret_cast<P*>(dst), count, stream_);
-        backend_.synchronize(stream_); // scratch is reused for the next piece
-      });
+      visit_float(layout_.type(),
+                  [&]<class P>(type_tag<P>) { fill_from_host(fn, p, first, count, reinterpret_cast<P*>(dst)); });
     };
     const std::size_t esize = size_of(layout_.type());
     if (stage == 0) {
@@ -478,6 +481,11 @@ public:
     return coord_ ? &*coord_ : nullptr;
   }
 
+  /// The stream the engine's kernels run on. A framework computing on a device runs its forward and
+  /// backward on this stream too (or orders its own stream against it with events), so the engine's
+  /// reads of gradients and writes of parameters are ordered with its kernels without a device-wide sync.
+  [[nodiscard]] const typename Backend::stream_type& stream() const noexcept { return stream_; }
+
   /// The factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise).
   [[nodiscard]] double loss_scale() const noexcept { return scaler_.scale(); }
   /// True when the current micro-step is the last of its accumulation.
@@ -515,25 +523,31 @@ public:
     {
       auto t = time("step");
       backend_.fill(flag_.data(), 1, 0, stream_);
-      double sq = 0;
+      const std::size_t ranges = optimizer_->ranges().size();
       visit_float(cfg_.grad_accum_dtype, [&]<class G>(type_tag<G>) {
+        std::size_t i = 0;
         for (const auto& [range, off] : optimizer_->ranges()) {
           G* g = reinterpret_cast<G*>(reducer_->reduced(range, off));
           backend_.unscale_and_check(g, range.size(), static_cast<float>(unscale), flag_.data(), stream_);
-          backend_.squared_norm(g, range.size(), norm_.data(), norm_workspace_.data(), norm_workspace_bytes_, stream_);
-          sq += static_cast<double>(backend_.read_scalar(norm_.data(), stream_));
+          backend_.squared_norm(g, range.size(), norm_.data() + i, norm_workspace_.data(), norm_workspace_bytes_,
+                                stream_);
+          ++i;
         }
       });
-      std::int32_t local_flag = backend_.read_scalar(flag_.data(), stream_);
       if (partitioned && comm_.size() > 1) {
-        // One all-reduce carries both: the overflow flag (max) and the squared norm (sum) each ride
-        // their own tiny collective; they are issued back to back and waited together.
-        float partial = static_cast<float>(sq);
-        auto hf = comm_.all_reduce(&local_flag, &local_flag, 1, reduce_op::max);
-        auto hn = comm_.all_reduce(&partial, &partial, 1, reduce_op::sum);
+        // The overflow flag (max) and the per-range squared norms (sum) ride two small collectives on
+        // backend memory, issued back to back and waited together.
+        auto hf = comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max);
+        auto hn = comm_.all_reduce(norm_.data(), norm_.data(), ranges, reduce_op::sum);
         hf.wait();
         hn.wait();
-        sq = static_cast<double>(partial);
+      }
+      const std::int32_t local_flag = backend_.read_scalar(flag_.data(), stream_);
+      norms_host_.resize(ranges);
+      download(norm_.data(), norms_host_.data(), ranges);
+      double sq = 0;
+      for (const float part : norms_host_) {
+        sq += static_cast<double>(part);
       }
       overflow = local_flag != 0 || !std::isfinite(sq);
       norm = overflow ? std::numeric_limits<double>::infinity() : std::sqrt(sq);
@@ -752,6 +766,51 @@ private:
     });
   }
 
+  /// Elements of host scratch `fill_from_host` stages at a time (4 MiB of fp32).
+  static constexpr std::size_t host_chunk_elements = std::size_t{1} << 20;
+
+  /// Fills `count` elements of parameter `p` from element `first` on with `fn`'s fp32 values, rounded
+  /// to `P`, into `dst` in backend memory: through a host chunk and, for memory the host cannot touch,
+  /// the backend's `copy` into an fp32 staging chunk in backend memory. Not a hot path (initialisation).
+  template <class P>
+  void fill_from_host(const init_fn& fn, const param_info& p, std::size_t first, std::size_t count, P* dst) {
+    const std::size_t chunk = std::min(count, host_chunk_elements);
+    std::vector<float> host(chunk);
+    if constexpr (Allocator::host_accessible) {
+      for (std::size_t done = 0; done < count; done += chunk) {
+        const std::size_t n = std::min(chunk, count - done);
+        fn(p, first + done, std::span<float>(host.data(), n));
+        backend_.cast(host.data(), dst + done, n, stream_);
+        backend_.synchronize(stream_); // the host chunk is refilled next
+      }
+    } else {
+      static_assert(can_copy<Backend>, "zero::basic_engine: the allocator's memory is not host accessible, so the "
+                                       "backend needs copy(const void* src, void* dst, size_t bytes, stream) to "
+                                       "move values between host and backend memory (see zero::can_copy)");
+      buffer<float, counting> staging(buffer_alloc_, chunk, memory_tag::buffers);
+      for (std::size_t done = 0; done < count; done += chunk) {
+        const std::size_t n = std::min(chunk, count - done);
+        fn(p, first + done, std::span<float>(host.data(), n));
+        backend_.copy(host.data(), staging.data(), n * sizeof(float), stream_);
+        backend_.cast(staging.data(), dst + done, n, stream_);
+        backend_.synchronize(stream_); // host and staging chunks are refilled next
+      }
+    }
+  }
+
+  /// Copies `n` elements from backend memory to host memory and waits for them.
+  template <class T> void download(const T* src, T* host, std::size_t n) {
+    if constexpr (can_copy<Backend>) {
+      backend_.copy(src, host, n * sizeof(T), stream_);
+      backend_.synchronize(stream_);
+    } else {
+      static_assert(Allocator::host_accessible, "zero::basic_engine: the allocator's memory is not host accessible "
+                                                "and the backend has no copy (see zero::can_copy)");
+      backend_.synchronize(stream_);
+      std::copy(src, src + n, host);
+    }
+  }
+
   void load_master_exact(const init_fn& fn) {
     float* master = optimizer_->master();
     if (master == nullptr) {
@@ -761,9 +820,9 @@ private:
     for (std::size_t id = 0; id < layout_.param_count(); ++id) {
       const auto& p = layout_.param(id);
       if (stage == 0) {
-        fn(p, 0, std::span<float>(master + p.offset, p.numel));
+        fill_from_host(fn, p, 0, p.numel, master + p.offset);
       } else if (auto piece = layout_.intersection(id, comm_.rank())) {
-        fn(p, piece->param_offset, std::span<float>(master + piece->shard_offset, piece->count));
+        fill_from_host(fn, p, piece->param_offset, piece->count, master + piece->shard_offset);
       }
     }
   }
@@ -773,7 +832,9 @@ private:
     if (cfg_.stage() == 0 || comm_.size() == 1) {
       return;
     }
-    backend_.synchronize(stream_);
+    if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+      backend_.synchronize(stream_); // the optimizer's writes come first
+    }
     using handle_type = decltype(comm_.all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
     const auto plan = layout_.bucket_plan(std::max<std::size_t>(
         1, static_cast<std::size_t>(cfg_.zero_optimization.allgather_bucket_size) * size_of(layout_.type())));
@@ -837,6 +898,7 @@ private:
   int persistent_module_ = -1;
   buffer<int, counting> flag_;
   buffer<float, counting> norm_;
+  std::vector<float> norms_host_;
   buffer<std::byte, counting> norm_workspace_;
   std::size_t norm_workspace_bytes_ = 0;
   loss_scaler scaler_;

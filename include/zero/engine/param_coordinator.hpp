@@ -84,6 +84,9 @@ public:
         backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
         esize_(size_of(layout.type())) {
     require_all_gather<Comm>();
+    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+      comm_.set_compute_stream(stream_.get());
+    }
     units_.resize(layout_.segments().size());
     shard_ = buffer<std::byte, counting>(state, layout_.shard_size() * esize_, memory_tag::params);
     for (std::size_t u : persistent) {
@@ -202,7 +205,9 @@ public:
 
   /// All-gathers the persistent units from the shards (after initialisation and every step).
   void refresh_persistent() {
-    backend_.synchronize(stream_);
+    if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+      backend_.synchronize(stream_);
+    }
     std::vector<handle_type> hs;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (units_[u].persistent) {
@@ -317,7 +322,9 @@ private:
       // The shard slice is copied into place first, so the all-gather runs in place.
       P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
       backend_.cast(mine, slot, s.slice, stream_);
-      backend_.synchronize(stream_);
+      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+        backend_.synchronize(stream_);
+      }
       return comm_.all_gather(slot, dst, s.slice);
     });
   }

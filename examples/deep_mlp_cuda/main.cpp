@@ -1,0 +1,592 @@
+// zero-deep-mlp-cuda: a deep residual MLP trained on GPUs with zero's ZeRO stages, its own cuBLAS
+// GEMMs and kernels, parameters, gradients and optimizer state in the zero engine.
+//
+//   zero-deep-mlp-cuda --gpus 2 --stage 3              one thread per GPU (nccl_communicator, run_gpus)
+//   torchrun --standalone --nproc_per_node=2 --no-python ./zero-deep-mlp-cuda --env --stage 3
+//                                                      one process per GPU (nccl_communicator::from_env)
+//   zero-deep-mlp-cuda --check --gpus 2                small model, every stage, checked against the CPU
+//
+// Block l: y = x + gelu(x W_l^T + b_l), W_l hidden x hidden; loss 0.5 * mean((y_L - target)^2) against
+// a fixed random target. The same model in PyTorch FSDP2 is bench/fsdp2/fsdp2_mlp.py.
+
+#include "model.hpp"
+#include "reference.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime_api.h>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <zero/backend/cuda_backend.hpp>
+#include <zero/comm/nccl_communicator.hpp>
+#include <zero/config/config.hpp>
+#include <zero/engine/engine.hpp>
+
+namespace {
+
+using engine_type = zero::basic_engine<zero::cuda_backend, zero::nccl_communicator>;
+
+constexpr const char* program = "zero-deep-mlp-cuda";
+/// What ctest takes as "skipped" (SKIP_RETURN_CODE): fewer GPUs than asked for.
+constexpr int exit_skipped = 77;
+
+struct options {
+  std::optional<int> gpus;
+  bool env = false;
+  std::optional<int> stage;
+  std::optional<int> hidden, blocks, rows, steps, warmup;
+  std::optional<double> lr;
+  std::string config_file;
+  bool json = false;
+  bool check = false;
+};
+
+/// The sizes and hyper-parameters in force after the defaults of the mode are applied.
+struct run_params {
+  deep_mlp::shape shape;
+  int steps = 10;
+  int warmup = 3;
+  double lr = 1e-4;
+};
+
+const char* usage_text = R"(usage: zero-deep-mlp-cuda [flags]
+  --gpus N       GPUs, one thread each (default: every visible GPU)
+  --env          one process per GPU under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)
+  --stage S      ZeRO stage 0-3 (default 2; --check without --stage checks all four)
+  --hidden H     width, a multiple of 8 (default 8192; --check: 256)
+  --blocks L     residual blocks (default 24; --check: 4)
+  --rows R       rows per GPU and step (default 8192; --check: 64)
+  --steps N      timed steps (default 10; --check: 5)
+  --warmup N     untimed steps first (default 3; --check: 0)
+  --lr X         AdamW learning rate (default 1e-4; --check: 1e-3)
+  --config FILE  DeepSpeed-style JSON config instead of the built-in one (--stage still overrides)
+  --json         print one JSON object per run as the last line(s)
+  --check        run a small model and compare the first step with a CPU fp32 reference
+)";
+
+[[noreturn]] void bad_flag(const std::string& message) { throw std::invalid_argument(message); }
+
+long parse_int(const std::string& flag, const std::string& text, long lo, long hi) {
+  std::size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || v < lo || v > hi) {
+    bad_flag(flag + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got \"" + text +
+             "\"");
+  }
+  return v;
+}
+
+double parse_double(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || !(v > 0)) {
+    bad_flag(flag + " expects a positive number, got \"" + text + "\"");
+  }
+  return v;
+}
+
+/// Hand-written flag parsing ("--flag value" or "--flag=value"): the GPU machines have no CLI11.
+/// Returns false for --help. \throws std::invalid_argument naming the bad flag or value.
+bool parse(int argc, char** argv, options& o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    std::optional<std::string> inline_value;
+    if (const auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag.resize(eq);
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) {
+        return *inline_value;
+      }
+      if (i + 1 >= argc) {
+        bad_flag(flag + " needs a value");
+      }
+      return argv[++i];
+    };
+    auto no_value = [&] {
+      if (inline_value) {
+        bad_flag(flag + " takes no value");
+      }
+    };
+    if (flag == "--help" || flag == "-h") {
+      return false;
+    } else if (flag == "--gpus") {
+      o.gpus = static_cast<int>(parse_int(flag, value(), 1, 1024));
+    } else if (flag == "--env") {
+      no_value();
+      o.env = true;
+    } else if (flag == "--stage") {
+      o.stage = static_cast<int>(parse_int(flag, value(), 0, 3));
+    } else if (flag == "--hidden") {
+      o.hidden = static_cast<int>(parse_int(flag, value(), 8, 65536));
+      if (*o.hidden % 8 != 0) {
+        bad_flag("--hidden must be a multiple of 8 (16-byte rows for the kernels), got " + std::to_string(*o.hidden));
+      }
+    } else if (flag == "--blocks") {
+      o.blocks = static_cast<int>(parse_int(flag, value(), 1, 4096));
+    } else if (flag == "--rows") {
+      o.rows = static_cast<int>(parse_int(flag, value(), 1, 1 << 24));
+    } else if (flag == "--steps") {
+      o.steps = static_cast<int>(parse_int(flag, value(), 1, 1000000));
+    } else if (flag == "--warmup") {
+      o.warmup = static_cast<int>(parse_int(flag, value(), 0, 1000000));
+    } else if (flag == "--lr") {
+      o.lr = parse_double(flag, value());
+    } else if (flag == "--config") {
+      o.config_file = value();
+    } else if (flag == "--json") {
+      no_value();
+      o.json = true;
+    } else if (flag == "--check") {
+      no_value();
+      o.check = true;
+    } else {
+      bad_flag("unknown flag \"" + std::string(argv[i]) + "\"");
+    }
+  }
+  if (o.env && o.gpus) {
+    bad_flag("--gpus and --env exclude each other (under torchrun, --nproc_per_node sets the GPUs)");
+  }
+  return true;
+}
+
+run_params resolve(const options& o) {
+  run_params p;
+  p.shape.hidden = o.hidden.value_or(o.check ? 256 : 8192);
+  p.shape.blocks = o.blocks.value_or(o.check ? 4 : 24);
+  p.shape.rows = o.rows.value_or(o.check ? 64 : 8192);
+  p.steps = o.steps.value_or(o.check ? 5 : 10);
+  p.warmup = o.warmup.value_or(o.check ? 0 : 3);
+  p.lr = o.lr.value_or(o.check ? 1e-3 : 1e-4);
+  return p;
+}
+
+/// The config used without --config. Buckets hold one block (W and b), so stage 2 reduce-scatters and
+/// stage 3 gathers per block as FSDP2 with one fully_shard per block does; stage 3 prefetches one
+/// block ahead, keeps only the last block gathered across the turn from forward to backward (reuse
+/// distance: one block), holds at most 4 blocks, and shards biases too (persistence threshold =
+/// hidden, and a bias has hidden elements, not fewer).
+nlohmann::json default_config(const run_params& p, int stage) {
+  const std::int64_t h = p.shape.hidden;
+  const std::int64_t block = h * h + h;
+  return {
+      {"train_micro_batch_size_per_gpu", p.shape.rows},
+      {"gradient_accumulation_steps", 1},
+      {"gradient_clipping", 0.0},
+      {"bf16", {{"enabled", true}}},
+      {"data_types", {{"grad_accum_dtype", "bf16"}}},
+      {"optimizer",
+       {{"type", "AdamW"}, {"params", {{"lr", p.lr}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization",
+       {{"stage", stage},
+        {"overlap_comm", true},
+        {"contiguous_gradients", true},
+        {"reduce_bucket_size", block},
+        {"allgather_bucket_size", block},
+        {"stage3_prefetch_bucket_size", block + block / 8},
+        {"stage3_max_live_parameters", 4 * block},
+        {"stage3_max_reuse_distance", block},
+        {"stage3_param_persistence_threshold", h}}}};
+}
+
+/// Device memory in use on the current device, from cudaMemGetInfo, relative to a baseline taken
+/// after CUDA and NCCL started: what this run reserved (engine pools, cuBLAS, activations), the
+/// counterpart of PyTorch's max_memory_reserved plus cuBLAS' own handle memory.
+class device_memory_probe {
+public:
+  device_memory_probe() : baseline_(used()) {}
+  void sample() {
+    const std::size_t now = used();
+    peak_ = std::max(peak_, now > baseline_ ? now - baseline_ : 0);
+  }
+  [[nodiscard]] std::size_t peak() const noexcept { return peak_; }
+
+  /// The high-water mark of reserved memory of the device's default cudaMallocAsync pool (0 when
+  /// nothing used it).
+  static std::size_t default_pool_high() {
+    int device = 0;
+    ZERO_CHECK_CUDA(cudaGetDevice(&device));
+    cudaMemPool_t pool{};
+    if (cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    std::uint64_t high = 0;
+    if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return static_cast<std::size_t>(high);
+  }
+
+private:
+  static std::size_t used() {
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+    ZERO_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+  }
+  std::size_t baseline_;
+  std::size_t peak_ = 0;
+};
+
+/// What a run measured (rank 0's view; losses are rank 0's rows).
+struct outcome {
+  int stage = 0;
+  int gpus = 1;
+  run_params p;
+  std::size_t params = 0;
+  double step_ms = 0;
+  double step_wall_ms = 0;
+  double tflops_per_gpu = 0;
+  double loss_first = 0;
+  double loss_last = 0;
+  zero::memory_report memory;
+  std::size_t framework_bytes = 0;
+  std::size_t activation_bytes = 0;
+  std::size_t device_peak_delta = 0;
+  std::size_t default_pool_high = 0;
+  bool check_ok = true;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) {
+    return 0;
+  }
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+/// Serialises the lines the ranks print (stdout is shared by the threads).
+std::mutex print_mutex;
+
+/// --check: the first step against the CPU reference, on every rank for its own rows.
+class step_checker {
+public:
+  step_checker(const run_params& p, int rank, int world, int stage)
+      : rank_(rank), stage_(stage),
+        mine_(deep_mlp::reference_run(p.shape.hidden, p.shape.blocks,
+                                      static_cast<std::size_t>(rank) * static_cast<std::size_t>(p.shape.rows),
+                                      static_cast<std::size_t>(p.shape.rows))),
+        global_norm_(deep_mlp::reference_run(p.shape.hidden, p.shape.blocks, 0,
+                                             static_cast<std::size_t>(world) * static_cast<std::size_t>(p.shape.rows))
+                         .grad_norm) {}
+
+  deep_mlp::probes probes() {
+    return {.output =
+                [this](std::span<const float> y) {
+                  expect("output y", deep_mlp::relative_error({y.begin(), y.end()}, mine_.y), 1e-2);
+                },
+            .grads =
+                [this](int l, std::span<const float> dw, std::span<const float> db) {
+                  const auto li = static_cast<std::size_t>(l);
+                  expect("block" + std::to_string(l) + ".weight grad",
+                         deep_mlp::relative_error({dw.begin(), dw.end()}, mine_.dw[li]), 2e-2);
+                  expect("block" + std::to_string(l) + ".bias grad",
+                         deep_mlp::relative_error({db.begin(), db.end()}, mine_.db[li]), 2e-2);
+                }};
+  }
+
+  void loss(double gpu) { expect("loss", std::abs(gpu - mine_.loss) / mine_.loss, 5e-3, gpu, mine_.loss); }
+  void grad_norm(double gpu) {
+    expect("global grad norm (engine, averaged over ranks)", std::abs(gpu - global_norm_) / global_norm_, 2e-2, gpu,
+           global_norm_);
+  }
+  void losses(double first, double last) {
+    const bool ok = last < first;
+    report(ok, "loss goes down: first " + std::to_string(first) + ", last " + std::to_string(last));
+  }
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+
+private:
+  void expect(const std::string& what, double rel, double tol, double gpu = NAN, double ref = NAN) {
+    char buf[256];
+    if (std::isnan(gpu)) {
+      std::snprintf(buf, sizeof buf, "%s: relative error %.3e (tolerance %.0e)", what.c_str(), rel, tol);
+    } else {
+      std::snprintf(buf, sizeof buf, "%s: gpu %.6g, cpu %.6g, relative error %.3e (tolerance %.0e)", what.c_str(), gpu,
+                    ref, rel, tol);
+    }
+    report(rel <= tol, buf); // a NaN fails
+  }
+  void report(bool ok, const std::string& line) {
+    ok_ = ok_ && ok;
+    const std::lock_guard lock(print_mutex);
+    std::printf("check stage %d rank %d: %s %s\n", stage_, rank_, ok ? "ok  " : "FAIL", line.c_str());
+    std::fflush(stdout);
+  }
+
+  int rank_;
+  int stage_;
+  deep_mlp::reference_result mine_;
+  double global_norm_;
+  bool ok_ = true;
+};
+
+outcome train(zero::nccl_communicator& comm, const options& opt, const run_params& p, int stage) {
+  ZERO_CHECK_CUDA(cudaSetDevice(comm.device()));
+  ZERO_CHECK_CUDA(cudaFree(nullptr)); // the context exists before the baseline is taken
+  ZERO_CHECK_CUDA(cudaDeviceSynchronize());
+  device_memory_probe device_memory;
+
+  nlohmann::json j;
+  if (opt.config_file.empty()) {
+    j = default_config(p, stage);
+  } else {
+    std::ifstream in(opt.config_file);
+    if (!in) {
+      throw zero::io_error(opt.config_file + ": cannot open the config file");
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    j = nlohmann::json::parse(ss.str(), nullptr, true, true);
+    j["zero_optimization"]["stage"] = stage;
+  }
+  zero::config_inputs inputs;
+  inputs.world_size = comm.size();
+  inputs.hidden_size = p.shape.hidden;
+  const auto cfg = zero::config::from_json(j, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
+
+  const int rank = comm.rank();
+  zero::cuda_backend backend(comm.device());
+  engine_type eng(cfg, comm, backend);
+  eng.set_log([rank](const std::string& line) {
+    if (rank == 0) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  });
+  deep_mlp::model<engine_type> model(eng, p.shape, rank);
+  eng.finalize();
+  model.setup();
+
+  std::optional<step_checker> checker;
+  if (opt.check) {
+    checker.emplace(p, rank, comm.size(), stage);
+  }
+
+  const cudaStream_t stream = eng.stream().get();
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  ZERO_CHECK_CUDA(cudaEventCreate(&start));
+  ZERO_CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<double> event_ms;
+  std::vector<double> wall_ms;
+  outcome o;
+  o.stage = stage;
+  o.gpus = comm.size();
+  o.p = p;
+  o.params = model.parameters();
+  try {
+    const int total = p.warmup + p.steps;
+    for (int step = 0; step < total; ++step) {
+      const bool probe = checker && step == 0;
+      const auto probes = probe ? checker->probes() : deep_mlp::probes{};
+      const auto t0 = std::chrono::steady_clock::now();
+      ZERO_CHECK_CUDA(cudaEventRecord(start, stream));
+      model.forward(probes);
+      model.backward(probes);
+      const auto r = eng.step();
+      ZERO_CHECK_CUDA(cudaEventRecord(stop, stream));
+      ZERO_CHECK_CUDA(cudaEventSynchronize(stop));
+      // Whatever the engine left on other streams (NCCL) is part of the step too.
+      ZERO_CHECK_CUDA(cudaDeviceSynchronize());
+      const auto t1 = std::chrono::steady_clock::now();
+      float ms = 0;
+      ZERO_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      const double wall = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      const double loss = model.last_loss();
+      device_memory.sample();
+      if (step == 0) {
+        o.loss_first = loss;
+      }
+      o.loss_last = loss;
+      if (step >= p.warmup) {
+        event_ms.push_back(ms);
+        wall_ms.push_back(wall);
+      }
+      if (probe) {
+        checker->loss(loss);
+        checker->grad_norm(r.grad_norm);
+      }
+      if (rank == 0 && !opt.json) {
+        const std::lock_guard lock(print_mutex);
+        std::printf("stage %d step %3d%s loss %.6f  grad norm %.4e  %.2f ms (wall %.2f ms)\n", stage, step + 1,
+                    step < p.warmup ? " (warm-up)" : "          ", loss, r.grad_norm, static_cast<double>(ms), wall);
+        std::fflush(stdout);
+      }
+    }
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    throw;
+  }
+  ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(start));
+  ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(stop));
+
+  if (checker) {
+    checker->losses(o.loss_first, o.loss_last);
+    o.check_ok = checker->ok();
+  }
+  o.step_ms = median(event_ms);
+  o.step_wall_ms = median(wall_ms);
+  // Model FLOPs: 6 * params * rows per step (forward GEMM 2, backward dx and dW GEMMs 4 per weight
+  // element and row); block 0's dx GEMM, which nobody needs, is counted although neither this program
+  // nor autograd runs it. Elementwise kernels, the optimizer and communication are not counted.
+  o.tflops_per_gpu = o.step_ms > 0 ? 6.0 * static_cast<double>(o.params) * static_cast<double>(p.shape.rows) /
+                                         (o.step_ms * 1e-3) / 1e12
+                                   : 0;
+  o.memory = eng.memory();
+  o.framework_bytes = model.framework_bytes();
+  o.activation_bytes = model.activation_bytes();
+  o.device_peak_delta = device_memory.peak();
+  o.default_pool_high = device_memory_probe::default_pool_high();
+  return o;
+}
+
+void report(const outcome& o, bool json) {
+  const auto& m = o.memory;
+  // Sum of the peaks of each counter (each peaks at its own time, so an upper bound of the true peak):
+  // the engine's model state, buffers and gathered working set, plus everything the framework holds.
+  const std::size_t allocated = m.model_state_peak + m.buffers_peak + m.working_set_peak + o.framework_bytes;
+  if (json) {
+    nlohmann::json j{{"impl", "zero"},
+                     {"stage", o.stage},
+                     {"gpus", o.gpus},
+                     {"hidden", o.p.shape.hidden},
+                     {"blocks", o.p.shape.blocks},
+                     {"rows", o.p.shape.rows},
+                     {"params", o.params},
+                     {"steps", o.p.steps},
+                     {"warmup", o.p.warmup},
+                     {"lr", o.p.lr},
+                     {"step_ms", o.step_ms},
+                     {"step_wall_ms", o.step_wall_ms},
+                     {"tflops_per_gpu", o.tflops_per_gpu},
+                     {"flops_counted", "6*params*rows per step per GPU: fwd + bwd (dx, dW) GEMMs; block 0's unused "
+                                       "dx GEMM included; elementwise, optimizer, communication excluded"},
+                     {"peak_allocated_bytes", allocated},
+                     {"peak_reserved_bytes", o.device_peak_delta},
+                     {"model_state_peak_bytes", m.model_state_peak},
+                     {"zero_formula_bytes", m.formula},
+                     {"params_peak_bytes", m.params_peak},
+                     {"grads_peak_bytes", m.grads_peak},
+                     {"optimizer_peak_bytes", m.optimizer_peak},
+                     {"buffers_peak_bytes", m.buffers_peak},
+                     {"working_set_peak_bytes", m.working_set_peak},
+                     {"framework_bytes", o.framework_bytes},
+                     {"activation_bytes", o.activation_bytes},
+                     {"default_mempool_reserved_high_bytes", o.default_pool_high},
+                     {"loss_first", o.loss_first},
+                     {"loss_last", o.loss_last}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    const double gib = double(std::size_t{1} << 30);
+    std::printf("stage %d, %d GPU(s), hidden %d, %d blocks, %d rows/GPU, %zu parameters\n"
+                "  step %.2f ms median over %d steps (wall %.2f ms), %.1f TFLOP/s per GPU (6 * params * rows)\n"
+                "  loss %.6f -> %.6f\n"
+                "  peak allocated %.2f GiB (engine model state %.2f + buffers %.2f + gathered %.2f + framework %.2f, "
+                "activations %.2f of it)\n"
+                "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n%s",
+                o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
+                o.step_wall_ms, o.tflops_per_gpu, o.loss_first, o.loss_last, static_cast<double>(allocated) / gib,
+                static_cast<double>(m.model_state_peak) / gib, static_cast<double>(m.buffers_peak) / gib,
+                static_cast<double>(m.working_set_peak) / gib, static_cast<double>(o.framework_bytes) / gib,
+                static_cast<double>(o.activation_bytes) / gib, static_cast<double>(o.device_peak_delta) / gib,
+                m.table().c_str());
+  }
+  std::fflush(stdout);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  options opt;
+  try {
+    if (!parse(argc, argv, opt)) {
+      std::printf("%s", usage_text);
+      return 0;
+    }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s: %s\n%s", program, e.what(), usage_text);
+    return 2;
+  }
+  const run_params p = resolve(opt);
+  std::vector<int> stages;
+  if (opt.stage) {
+    stages.push_back(*opt.stage);
+  } else if (opt.check) {
+    stages = {0, 1, 2, 3};
+  } else {
+    stages.push_back(2);
+  }
+
+  try {
+    bool ok = true;
+    if (opt.env) {
+      auto comm = zero::nccl_communicator::from_env();
+      for (int stage : stages) {
+        const auto o = train(comm, opt, p, stage);
+        ok = ok && o.check_ok;
+        if (comm.rank() == 0) {
+          report(o, opt.json);
+        }
+      }
+    } else {
+      int visible = 0;
+      if (cudaGetDeviceCount(&visible) != cudaSuccess) {
+        (void)cudaGetLastError();
+        visible = 0;
+      }
+      const int gpus = opt.gpus.value_or(visible);
+      if (visible == 0 || gpus > visible) {
+        std::fprintf(stderr, "%s: skipped: %d GPU(s) asked for, %d visible\n", program, std::max(gpus, 1), visible);
+        return exit_skipped;
+      }
+      for (int stage : stages) {
+        outcome result;
+        std::atomic<bool> all_ok{true};
+        zero::run_gpus(gpus, [&](zero::nccl_communicator& comm) {
+          auto o = train(comm, opt, p, stage);
+          if (!o.check_ok) {
+            all_ok = false;
+          }
+          if (comm.rank() == 0) {
+            result = o;
+          }
+        });
+        ok = ok && all_ok;
+        report(result, opt.json);
+      }
+    }
+    if (opt.check) {
+      std::printf("%s\n", ok ? "check passed" : "check FAILED");
+    }
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
+}
