@@ -22,11 +22,15 @@
 /// buffers. Nothing here synchronizes the device.
 ///
 /// ## Failures
-/// The NCCL communicator is non-blocking (`ncclConfig_t::blocking = 0`). `wait()` polls the completion
-/// event and `ncclCommGetAsyncError`; when NCCL reports an error, or the timeout passes first, the
-/// communicator is aborted (`ncclCommAbort`, which also stops its kernels) and `wait()` throws
-/// `nccl_error` or `timeout_error` naming the operation, the group, the rank and the bytes. An aborted
-/// communicator refuses every later operation with `comm_error`. In a `run_gpus` group, a rank that
+/// Start-up runs on a non-blocking NCCL communicator (`ncclConfig_t::blocking = 0`), so a rank that never
+/// arrives is a `timeout_error`, not a hang; operations then run on a blocking child of it (`ncclCommSplit`),
+/// because a non-blocking communicator hands each launch to a helper thread, tens of microseconds per
+/// collective. `wait()` polls the completion event and `ncclCommGetAsyncError`; when NCCL reports an error,
+/// or the timeout passes first, the communicator is aborted (`ncclCommAbort`, which also stops its kernels)
+/// and `wait()` throws `nccl_error` or `timeout_error` naming the operation, the group, the rank and the
+/// bytes. A call that blocks inside NCCL (a lazy connection set-up waiting for a peer) is bounded by a
+/// watchdog thread that aborts the communicator at the timeout; the call then throws `timeout_error`. An
+/// aborted communicator refuses every later operation with `comm_error`. In a `run_gpus` group, a rank that
 /// fails makes the others' waits abort at once instead of at their timeout.
 ///
 /// Element types: float, f16, bf16, double, int32, int64, uint8 (`zero::element_type`); `reduce_op::avg`
@@ -40,6 +44,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -140,21 +145,49 @@ struct nccl_state {
   cudaStream_t compute = nullptr; // the stream operations are ordered after (not owned)
   cudaEvent_t produced = nullptr; // recorded on `compute` at each call
   int* scratch = nullptr;         // one device word for barrier
+  bool blocking = false;          // `comm` is a blocking NCCL communicator (the fast path)
   std::atomic<bool> aborted{false};
-  std::string abort_reason;
   std::mutex events_mutex;
   std::vector<cudaEvent_t> free_events;
+
+  // The watchdog: a blocking NCCL call (a lazy connection set-up that waits for a peer) cannot time out by
+  // itself, so a thread aborts the communicator when a call has been inside NCCL longer than the timeout.
+  std::mutex watch_mutex;
+  std::condition_variable watch_cv;
+  std::thread watchdog;
+  bool watch_stop = false;
+  const char* call_op = nullptr; // the NCCL call in progress, or null
+  std::size_t call_bytes = 0;
+  std::chrono::steady_clock::time_point call_since{};
+  bool call_timed_out = false;
+  std::string abort_reason; // guarded by watch_mutex
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;
   nccl_state& operator=(const nccl_state&) = delete;
 
   ~nccl_state() {
+    if (watchdog.joinable()) {
+      {
+        const std::lock_guard lock(watch_mutex);
+        watch_stop = true;
+      }
+      watch_cv.notify_all();
+      watchdog.join();
+    }
     const int previous = current_device();
     (void)cudaSetDevice(device);
     if (comm != nullptr) {
       if (aborted.load()) {
         // ncclCommAbort already freed it.
+      } else if (blocking) {
+        // Every operation enqueued has finished when the stream is idle; otherwise a peer is missing and a
+        // blocking destroy could wait for it forever.
+        if (stream != nullptr && cudaStreamQuery(stream) == cudaSuccess) {
+          (void)ncclCommDestroy(comm);
+        } else {
+          (void)ncclCommAbort(comm);
+        }
       } else if (!finalize_quietly()) {
         (void)ncclCommAbort(comm);
       } else {
@@ -232,9 +265,53 @@ struct nccl_state {
   void abort(std::string reason) noexcept {
     bool expected = false;
     if (aborted.compare_exchange_strong(expected, true)) {
-      abort_reason = std::move(reason);
+      {
+        const std::lock_guard lock(watch_mutex);
+        abort_reason = std::move(reason);
+      }
       (void)ncclCommAbort(comm);
     }
+  }
+
+  [[nodiscard]] std::string reason() {
+    const std::lock_guard lock(watch_mutex);
+    return abort_reason;
+  }
+
+  /// Starts the watchdog of blocking calls (see `watchdog`).
+  void start_watchdog() {
+    watchdog = std::thread([this] {
+      std::unique_lock lock(watch_mutex);
+      while (!watch_stop) {
+        watch_cv.wait_for(lock, std::chrono::milliseconds(50));
+        if (call_op != nullptr && !call_timed_out && std::chrono::steady_clock::now() - call_since > timeout) {
+          call_timed_out = true;
+          std::string text = detail::timeout_message(std::string(call_op) + " (inside the NCCL call)", name, rank, size,
+                                                     call_bytes, timeout) +
+                             "; the communicator was aborted";
+          if (group_failed) {
+            group_failed->store(true);
+          }
+          lock.unlock();
+          abort(std::move(text));
+          lock.lock();
+        }
+      }
+    });
+  }
+
+  /// Marks the start and the end of a call into NCCL for the watchdog.
+  void enter_call(const char* op, std::size_t bytes) {
+    const std::lock_guard lock(watch_mutex);
+    call_op = op;
+    call_bytes = bytes;
+    call_since = std::chrono::steady_clock::now();
+  }
+  /// \returns true when the watchdog aborted the communicator during the call.
+  bool leave_call() {
+    const std::lock_guard lock(watch_mutex);
+    call_op = nullptr;
+    return std::exchange(call_timed_out, false);
   }
 
   /// Polls until NCCL's state for this communicator is no longer in progress (a non-blocking call was
@@ -505,7 +582,7 @@ public:
         if (spins % 64 == 63) {
           if (s_->aborted.load()) {
             throw comm_error(op_ + " at rank " + std::to_string(s_->rank) + ": the communicator was aborted (" +
-                             s_->abort_reason + ")");
+                             s_->reason() + ")");
           }
           ncclResult_t st = ncclSuccess;
           if (ncclCommGetAsyncError(s_->comm, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress) {
@@ -559,10 +636,34 @@ public:
     cuda_call(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     cuda_call(cudaEventCreateWithFlags(&s.produced, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     cuda_call(cudaMalloc(reinterpret_cast<void**>(&s.scratch), 256), "cudaMalloc");
+    // Start-up on a non-blocking communicator, so a rank that never arrives is a timeout here, not a hang.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     detail::check_nccl(ncclCommInitRankConfig(&s.comm, size, id, rank, &config), "ncclCommInitRankConfig");
     s.settle("start-up (ncclCommInitRankConfig)", 0);
+    // Operations run on a blocking child of it: a non-blocking communicator hands every launch to a helper
+    // thread of NCCL's, which costs tens of microseconds per collective. The watchdog bounds the blocking
+    // calls instead.
+    ncclConfig_t fast = NCCL_CONFIG_INITIALIZER;
+    fast.blocking = 1;
+    ncclComm_t child = nullptr;
+    const ncclResult_t r = ncclCommSplit(s.comm, 0, rank, &child, &fast);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      s.settle("start-up (ncclCommSplit)", 0);
+    }
+    if ((r == ncclSuccess || r == ncclInProgress) && child != nullptr) {
+      ncclComm_t parent = std::exchange(s.comm, child);
+      s.blocking = true;
+      std::swap(s.comm, parent);
+      const bool flushed = s.finalize_quietly();
+      std::swap(s.comm, parent);
+      if (flushed) {
+        (void)ncclCommDestroy(parent);
+      } else {
+        (void)ncclCommAbort(parent);
+      }
+    }
+    s.start_watchdog();
   }
 
   /// Joins the group described by torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK (the device),
@@ -720,15 +821,22 @@ public:
     cuda_call(cudaEventCreateWithFlags(&child->produced, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     cuda_call(cudaMalloc(reinterpret_cast<void**>(&child->scratch), 256), "cudaMalloc");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    detail::check_nccl(ncclCommSplit(s_->comm, color, key, &child->comm, &config), "ncclCommSplit", s_->comm);
+    config.blocking = s_->blocking ? 1 : 0;
+    s_->enter_call("split", 0);
+    const ncclResult_t r = ncclCommSplit(s_->comm, color, key, &child->comm, &config);
+    if (s_->leave_call()) {
+      throw timeout_error(s_->reason());
+    }
+    detail::check_nccl(r, "ncclCommSplit", s_->comm);
     s_->settle("split", 0);
+    child->blocking = s_->blocking;
     if (child->comm == nullptr) {
       throw nccl_error("nccl_communicator::split: NCCL returned no communicator");
     }
     child->settle("split (new communicator)", 0);
     detail::check_nccl(ncclCommUserRank(child->comm, &child->rank), "ncclCommUserRank", child->comm);
     detail::check_nccl(ncclCommCount(child->comm, &child->size), "ncclCommCount", child->comm);
+    child->start_watchdog();
     return nccl_communicator(std::move(child));
   }
 
@@ -745,7 +853,7 @@ private:
   void live(const char* op) const {
     if (s_->aborted.load()) {
       throw comm_error(std::string(op) + " on group \"" + s_->name + "\" at rank " + std::to_string(s_->rank) +
-                       ": the communicator was aborted earlier (" + s_->abort_reason + ")");
+                       ": the communicator was aborted earlier (" + s_->reason() + ")");
     }
   }
 
@@ -771,7 +879,11 @@ private:
       cuda_call(cudaEventRecord(s.produced, s.compute), std::string(op) + ": cudaEventRecord");
       cuda_call(cudaStreamWaitEvent(s.stream, s.produced, 0), std::string(op) + ": cudaStreamWaitEvent");
     }
+    s.enter_call(op, bytes);
     const ncclResult_t r = call();
+    if (s.leave_call()) {
+      throw timeout_error(s.reason());
+    }
     if (r != ncclSuccess && r != ncclInProgress) {
       s.fail_nccl(op, bytes, r);
     }

@@ -17,8 +17,10 @@
 ///         eng.grad_ready(p)                             // a full bucket starts reducing now
 ///       auto r = eng.step();                            // steps the optimizer on the last micro-step
 ///
-/// The same code runs at every stage; the stage is a config value, and `gather` costs nothing at
-/// stages 0-2, where parameters are always whole.
+/// The same code runs at every stage; the stage is a config value. At stages 1-2 parameters are always
+/// whole, but the all-gathers of the updated parameters that end a step are only posted there: `gather`
+/// (and `param`) wait for the module's buckets, so those all-gathers run beside the next forward. Take
+/// parameter pointers after `gather(m)` (or from `param(p)`) in each step, not from before `step()`.
 
 #include "zero/backend/backend.hpp"
 #include "zero/comm/communicator.hpp"
@@ -158,6 +160,18 @@ public:
   basic_engine(const basic_engine&) = delete;
   basic_engine& operator=(const basic_engine&) = delete;
 
+  /// Waits for the all-gathers still in flight (their buffers are about to be freed); never throws.
+  ~basic_engine() {
+    for (auto& h : pending_gathers_) {
+      if (h) {
+        try {
+          h->wait();
+        } catch (...) { // NOLINT(bugprone-empty-catch): a destructor reports nothing; the group is broken anyway
+        }
+      }
+    }
+  }
+
   /// Registers a module (the unit stage 3 gathers) and returns its id.
   int add_module(const std::string& name) {
     check_open("add_module");
@@ -279,6 +293,19 @@ public:
     norm_workspace_ = buffer<std::byte, counting>(buffer_alloc_, std::max<std::size_t>(norm_workspace_bytes_, 1),
                                                   memory_tag::buffers);
     plain_refs_.assign(module_names_.size(), 0);
+    if (stage == 1 || stage == 2) {
+      module_segments_.assign(module_names_.size(), {});
+      for (const auto& e : entries_) {
+        if (e.trainable) {
+          auto& segs = module_segments_[static_cast<std::size_t>(e.module)];
+          const std::size_t seg = layout_.param(e.id).segment;
+          if (std::find(segs.begin(), segs.end(), seg) == segs.end()) {
+            segs.push_back(seg);
+          }
+        }
+      }
+      pending_gathers_.resize(layout_.segments().size());
+    }
     finalized_ = true;
     begin_micro_step();
   }
@@ -339,6 +366,10 @@ public:
                                                      module_names_[static_cast<std::size_t>(e.module)] + "\"");
       return {whole + (p.offset - seg.range.begin) * size_of(l.type()), l.type(), p.shape, p.numel};
     }
+    if (e.trainable) {
+      const std::size_t seg[] = {p.segment};
+      wait_gathers(seg);
+    }
     // The engine owns the memory; a const engine still hands out writable views, as frameworks
     // write parameters (initialisation, loading) through them.
     const std::byte* base = e.trainable ? params_.data() : frozen_.data();
@@ -398,6 +429,11 @@ public:
       auto t = time("gather");
       coord_->gather(m);
     } else {
+      // Stages 1-2: the all-gathers of the last step's updated parameters run behind the optimizer;
+      // the module's buckets are waited for here, so the gathers overlap the modules before it.
+      if (static_cast<std::size_t>(m) < module_segments_.size()) {
+        wait_gathers(module_segments_[static_cast<std::size_t>(m)]);
+      }
       ++plain_refs_[static_cast<std::size_t>(m)];
     }
     return gathered_module(this, m);
@@ -440,6 +476,7 @@ public:
   };
   [[nodiscard]] gathered_all gather_all(int modifier_rank = -1) {
     check_final("gather_all");
+    finish_gathers();
     if (modifier_rank >= comm_.size()) {
       throw usage_error("gather_all: modifier rank " + std::to_string(modifier_rank) + " is outside the group of " +
                         std::to_string(comm_.size()));
@@ -470,6 +507,7 @@ public:
   };
   [[nodiscard]] evaluation_scope evaluation() {
     check_final("evaluation");
+    finish_gathers();
     if (coord_) {
       coord_->begin_eval();
     }
@@ -499,6 +537,7 @@ public:
   /// loss_scale_error when fp16 overflows at the minimum loss scale.
   step_result step() {
     check_final("step");
+    finish_gathers(); // the optimizer rewrites the parameters the last step's all-gathers wrote
     step_result r;
     r.boundary = is_boundary();
     r.loss_scale = scaler_.scale();
@@ -835,25 +874,36 @@ private:
     if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
       backend_.synchronize(stream_); // the optimizer's writes come first
     }
-    using handle_type = decltype(comm_.all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
-    const auto plan = layout_.bucket_plan(std::max<std::size_t>(
-        1, static_cast<std::size_t>(cfg_.zero_optimization.allgather_bucket_size) * size_of(layout_.type())));
+    // Every segment's all-gather is posted now and waited for where its parameters are next used
+    // (gather, param), so the gathers run beside the next forward's first modules.
     const auto& segs = layout_.segments();
     const auto rank = static_cast<std::size_t>(comm_.rank());
     visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
       P* base = reinterpret_cast<P*>(params_.data());
-      // Up to allgather_bucket_size elements in flight at once.
-      for (const auto& [first, last] : plan) {
-        std::vector<handle_type> hs;
-        for (std::size_t s = first; s < last; ++s) {
-          P* seg = base + segs[s].range.begin;
-          hs.push_back(comm_.all_gather(seg + rank * segs[s].slice, seg, segs[s].slice));
-        }
-        for (auto& h : hs) {
-          h.wait();
-        }
+      for (std::size_t s = 0; s < segs.size(); ++s) {
+        P* seg = base + segs[s].range.begin;
+        pending_gathers_[s].emplace(comm_.all_gather(seg + rank * segs[s].slice, seg, segs[s].slice));
       }
     });
+  }
+
+  /// Waits for the posted all-gathers of segments `segs` (stages 1-2).
+  void wait_gathers(std::span<const std::size_t> segs) const {
+    for (const std::size_t s : segs) {
+      if (s < pending_gathers_.size() && pending_gathers_[s]) {
+        auto h = std::move(*pending_gathers_[s]);
+        pending_gathers_[s].reset();
+        h.wait();
+      }
+    }
+  }
+
+  /// Waits for every posted all-gather.
+  void finish_gathers() const {
+    for (std::size_t s = 0; s < pending_gathers_.size(); ++s) {
+      const std::size_t one[] = {s};
+      wait_gathers(one);
+    }
   }
 
   void maybe_print_timings() {
@@ -895,6 +945,11 @@ private:
   std::vector<int> layout_module_;
   std::vector<std::string> module_names_;
   std::vector<int> plain_refs_;
+  using gather_handle =
+      decltype(std::declval<Comm&>().all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
+  /// Stages 1-2: the segments of each module, and the all-gather still in flight per segment.
+  std::vector<std::vector<std::size_t>> module_segments_;
+  mutable std::vector<std::optional<gather_handle>> pending_gathers_;
   int persistent_module_ = -1;
   buffer<int, counting> flag_;
   buffer<float, counting> norm_;
