@@ -385,13 +385,29 @@ TEST_CASE("safetensors reader refuses hostile files, naming file, tensor and exp
     write_safetensors(path, R"({"__metadata__":{"k":"1","k":"2"}})", 0);
     CHECK(has(error_of(path), "the key 'k' twice"));
   }
+  SUBCASE("nesting and array lengths no header has") {
+    CHECK(has(one(R"("dtype":"F32","shape":[[1]],"data_offsets":[0,4])", 4),
+              "the header nests deeper than a safetensors header"));
+    write_safetensors(path, R"({"__metadata__":{"k":{"a":[1]}}})", 0);
+    CHECK(has(error_of(path), "nests deeper"));
+    std::string shape = "[1";
+    for (int i = 0; i < 64; ++i) {
+      shape += ",1";
+    }
+    CHECK(has(one(R"("dtype":"F32","shape":)" + shape + R"(],"data_offsets":[0,4])", 4),
+              "the header has an array of more than 64 elements; expected shapes of at most 64 dimensions"));
+    CHECK_THROWS_WITH_AS(st::writer(dir / "w.safetensors", {{"a", zero::dtype::f32, std::vector<std::int64_t>(65, 1)}}),
+                         doctest::Contains("tensor 'a': has 65 dimensions; expected at most 64"), zero::usage_error);
+  }
   SUBCASE("metadata that is not string to string") {
     write_safetensors(path, R"({"__metadata__":{"epoch":3}})", 0);
     CHECK(has(error_of(path), "__metadata__ key 'epoch' is a number; expected a string"));
+    write_safetensors(path, R"({"__metadata__":{"flag":true}})", 0);
+    CHECK(has(error_of(path), "__metadata__ key 'flag' is a boolean; expected a string"));
     write_safetensors(path, R"({"__metadata__":{"nested":{"a":"b"}}})", 0);
-    CHECK(has(error_of(path), "__metadata__ key 'nested' is a object; expected a string"));
+    CHECK(has(error_of(path), "__metadata__ key 'nested' is an object; expected a string"));
     write_safetensors(path, R"({"__metadata__":["a"]})", 0);
-    CHECK(has(error_of(path), "__metadata__ is a array; expected an object of strings"));
+    CHECK(has(error_of(path), "__metadata__ is an array; expected an object of strings"));
   }
   SUBCASE("trailing garbage after the last tensor") {
     CHECK(has(one(R"("dtype":"F32","shape":[1],"data_offsets":[0,4])", 7),
@@ -401,7 +417,7 @@ TEST_CASE("safetensors reader refuses hostile files, naming file, tensor and exp
   }
   SUBCASE("tensor entries of the wrong form") {
     write_safetensors(path, R"({"t":[1,2]})", 0);
-    CHECK(has(error_of(path), "tensor 't' is a array; expected an object with dtype, shape and data_offsets"));
+    CHECK(has(error_of(path), "tensor 't' is an array; expected an object with dtype, shape and data_offsets"));
     CHECK(has(one(R"("dtype":"F32","shape":[1])", 4), "tensor 't' has no data_offsets"));
     CHECK(has(one(R"("dtype":"F32","shape":[1],"data_offsets":[0,4],"extra":1)", 4),
               "tensor 't' has the unknown field 'extra'; expected only dtype, shape and data_offsets"));

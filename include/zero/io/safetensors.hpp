@@ -57,6 +57,8 @@ struct tensor_info {
 
 /// The largest header `reader` accepts, as the reference implementation does: 100 MB.
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+/// The most dimensions a shape may have in a file `reader` accepts (numpy's limit).
+inline constexpr std::size_t max_rank = 64;
 
 namespace detail {
 
@@ -158,6 +160,12 @@ inline constexpr std::string_view supported_dtypes = "F32, F16, BF16, F64, I32, 
   return 0;
 }
 
+/// "an object", "an array", "a string", "a number", "a boolean" or "null", for messages.
+[[nodiscard]] inline std::string kind(const nlohmann::json& v) {
+  const std::string name = v.type_name();
+  return v.is_object() || v.is_array() ? "an " + name : v.is_null() ? name : "a " + name;
+}
+
 /// "<path>: " for messages.
 [[nodiscard]] inline std::string at(const std::filesystem::path& path) { return path.string() + ": "; }
 
@@ -175,6 +183,7 @@ public:
   /// \param tensors  the tensors, in the order their bytes will be written.
   /// \param metadata free-form string pairs stored under "__metadata__" (left out when empty).
   /// \throws usage_error for an empty, duplicate, reserved or non-UTF-8 name, a negative extent,
+  ///         more than `max_rank` dimensions,
   ///         a size that overflows 64 bits, or non-UTF-8 metadata.
   /// \throws io_error when `<path>.tmp` cannot be created or written (status() is errno).
   writer(std::filesystem::path path, std::vector<tensor_decl> tensors, std::map<std::string, std::string> metadata = {})
@@ -194,6 +203,10 @@ public:
       }
       if (!names.insert(d.name).second) {
         throw usage_error(what + "declared twice; expected unique tensor names");
+      }
+      if (d.shape.size() > max_rank) {
+        throw usage_error(what + "has " + std::to_string(d.shape.size()) + " dimensions; expected at most " +
+                          std::to_string(max_rank));
       }
       const std::optional<std::uint64_t> bytes = detail::byte_size(d.type, d.shape);
       if (!bytes) {
@@ -340,7 +353,8 @@ private:
 class reader {
 public:
   /// Opens `path` and validates its header: length at most `max_header_bytes` and within the file,
-  /// a JSON object without duplicate keys, supported dtypes, shapes whose byte size matches
+  /// a JSON object without duplicate keys, supported dtypes, shapes of at most `max_rank`
+  /// dimensions whose byte size matches
   /// data_offsets, ranges that tile the data section from 0 to the end of the file without gap or
   /// overlap, and string-to-string metadata.
   /// \throws checkpoint_error naming the file, the tensor and what was expected.
@@ -460,19 +474,48 @@ private:
       fail("the header does not start with '{'; expected a JSON object");
     }
 
-    // nlohmann keeps the last of duplicate keys silently; a callback sees every key first.
-    std::vector<std::set<std::string>> open_objects;
-    std::optional<std::string> duplicate;
+    // A callback sees the header as it is parsed, before nlohmann builds a value from it:
+    // - nlohmann keeps the last of duplicate keys silently, so each open object's keys are kept;
+    // - a header nests three deep at most (the top object, a tensor or __metadata__, an array) and
+    //   its arrays are shapes or offsets, so deeper nesting and arrays longer than max_rank are
+    //   refused as they appear, and a hostile header cannot build a large tree of small values.
+    struct open_container {
+      bool is_object = false;
+      std::size_t elements = 0;
+      std::set<std::string> keys;
+    };
+    std::vector<open_container> open;
+    const auto element = [&] {
+      if (!open.empty() && !open.back().is_object && ++open.back().elements > max_rank) {
+        fail("the header has an array of more than " + std::to_string(max_rank) +
+             " elements; expected shapes of at most " + std::to_string(max_rank) + " dimensions");
+      }
+    };
     const auto watch = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
       using ev = nlohmann::json::parse_event_t;
-      if (event == ev::object_start) {
-        open_objects.emplace_back();
-      } else if (event == ev::object_end && !open_objects.empty()) {
-        open_objects.pop_back();
-      } else if (event == ev::key && !open_objects.empty() && !duplicate) {
-        if (!open_objects.back().insert(parsed.get<std::string>()).second) {
-          duplicate = parsed.get<std::string>();
+      switch (event) {
+      case ev::object_start:
+      case ev::array_start:
+        element();
+        if (open.size() == 3) {
+          fail("the header nests deeper than a safetensors header; expected tensor entries holding only a "
+               "dtype string and shape and data_offsets arrays of integers");
         }
+        open.push_back(open_container{event == ev::object_start, 0, {}});
+        break;
+      case ev::object_end:
+      case ev::array_end:
+        open.pop_back();
+        break;
+      case ev::key:
+        if (!open.back().keys.insert(parsed.get<std::string>()).second) {
+          fail("the header has the key '" + parsed.get<std::string>() +
+               "' twice; expected unique tensor names and fields");
+        }
+        break;
+      case ev::value:
+        element();
+        break;
       }
       return true;
     };
@@ -481,9 +524,6 @@ private:
       header = nlohmann::json::parse(text, watch);
     } catch (const nlohmann::json::exception& e) {
       fail(std::string("the header is not valid JSON (") + e.what() + "); expected a UTF-8 JSON object");
-    }
-    if (duplicate) {
-      fail("the header has the key '" + *duplicate + "' twice; expected unique tensor names and fields");
     }
     if (!header.is_object()) {
       fail("the header is not a JSON object");
@@ -535,11 +575,11 @@ private:
 
   void parse_metadata(const nlohmann::json& value) {
     if (!value.is_object()) {
-      fail(std::string("__metadata__ is a ") + value.type_name() + "; expected an object of strings");
+      fail("__metadata__ is " + detail::kind(value) + "; expected an object of strings");
     }
     for (const auto& [key, v] : value.items()) {
       if (!v.is_string()) {
-        fail("__metadata__ key '" + key + "' is a " + v.type_name() + "; expected a string");
+        fail("__metadata__ key '" + key + "' is " + detail::kind(v) + "; expected a string");
       }
       metadata_.emplace(key, v.get<std::string>());
     }
@@ -548,7 +588,7 @@ private:
   tensor_info parse_tensor(const std::string& name, const nlohmann::json& value) const {
     const std::string what = "tensor '" + name + "' ";
     if (!value.is_object()) {
-      fail(what + "is a " + value.type_name() + "; expected an object with dtype, shape and data_offsets");
+      fail(what + "is " + detail::kind(value) + "; expected an object with dtype, shape and data_offsets");
     }
     for (const auto& [key, v] : value.items()) {
       if (key != "dtype" && key != "shape" && key != "data_offsets") {
@@ -564,7 +604,7 @@ private:
     t.name = name;
     const nlohmann::json& dtype = value["dtype"];
     if (!dtype.is_string()) {
-      fail(what + "dtype is a " + dtype.type_name() + "; expected one of " + std::string(detail::supported_dtypes));
+      fail(what + "dtype is " + detail::kind(dtype) + "; expected one of " + std::string(detail::supported_dtypes));
     }
     const std::optional<zero::dtype> type = detail::parse_format_name(dtype.get<std::string>());
     if (!type) {
@@ -575,7 +615,7 @@ private:
 
     const nlohmann::json& shape = value["shape"];
     if (!shape.is_array()) {
-      fail(what + "shape is a " + shape.type_name() + "; expected an array of non-negative integers");
+      fail(what + "shape is " + detail::kind(shape) + "; expected an array of non-negative integers");
     }
     t.shape.reserve(shape.size());
     for (const nlohmann::json& d : shape) {
