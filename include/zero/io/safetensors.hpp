@@ -474,21 +474,31 @@ private:
       fail("the header does not start with '{'; expected a JSON object");
     }
 
-    // A callback sees the header as it is parsed, before nlohmann builds a value from it:
+    // A callback sees the header as it is parsed, so that nlohmann never holds more than one entry:
+    // - each top-level entry (a tensor or __metadata__) is checked and turned into a tensor_info
+    //   as soon as it is complete, then discarded from the tree being built;
     // - nlohmann keeps the last of duplicate keys silently, so each open object's keys are kept;
     // - a header nests three deep at most (the top object, a tensor or __metadata__, an array) and
     //   its arrays are shapes or offsets, so deeper nesting and arrays longer than max_rank are
-    //   refused as they appear, and a hostile header cannot build a large tree of small values.
+    //   refused as they appear.
     struct open_container {
       bool is_object = false;
       std::size_t elements = 0;
       std::set<std::string> keys;
     };
     std::vector<open_container> open;
+    std::string entry; // the top-level key whose value is being parsed
     const auto element = [&] {
       if (!open.empty() && !open.back().is_object && ++open.back().elements > max_rank) {
         fail("the header has an array of more than " + std::to_string(max_rank) +
              " elements; expected shapes of at most " + std::to_string(max_rank) + " dimensions");
+      }
+    };
+    const auto finish_entry = [&](const nlohmann::json& value) {
+      if (entry == "__metadata__") {
+        parse_metadata(value);
+      } else {
+        tensors_.push_back(parse_tensor(entry, value));
       }
     };
     const auto watch = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
@@ -502,40 +512,39 @@ private:
                "dtype string and shape and data_offsets arrays of integers");
         }
         open.push_back(open_container{event == ev::object_start, 0, {}});
-        break;
+        return true;
       case ev::object_end:
       case ev::array_end:
         open.pop_back();
-        break;
+        if (open.size() == 1) {
+          finish_entry(parsed);
+          return false; // checked and recorded: keep it out of the tree
+        }
+        return true;
       case ev::key:
         if (!open.back().keys.insert(parsed.get<std::string>()).second) {
           fail("the header has the key '" + parsed.get<std::string>() +
                "' twice; expected unique tensor names and fields");
         }
-        break;
+        if (open.size() == 1) {
+          entry = parsed.get<std::string>();
+        }
+        return true;
       case ev::value:
         element();
-        break;
+        if (open.size() == 1) {
+          finish_entry(parsed);
+          return false;
+        }
+        return true;
       }
       return true;
     };
-    nlohmann::json header;
     try {
-      header = nlohmann::json::parse(text, watch);
+      // What is left is an empty object: every entry was recorded and discarded.
+      const nlohmann::json rest = nlohmann::json::parse(text, watch);
     } catch (const nlohmann::json::exception& e) {
       fail(std::string("the header is not valid JSON (") + e.what() + "); expected a UTF-8 JSON object");
-    }
-    if (!header.is_object()) {
-      fail("the header is not a JSON object");
-    }
-
-    tensors_.reserve(header.size());
-    for (const auto& [name, value] : header.items()) {
-      if (name == "__metadata__") {
-        parse_metadata(value);
-      } else {
-        tensors_.push_back(parse_tensor(name, value));
-      }
     }
 
     // The ranges must tile [0, data_size_) exactly: sorted by (begin, end), each starts where the
