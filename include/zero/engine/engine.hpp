@@ -647,7 +647,31 @@ public:
     throw usage_error("no parameter named \"" + name + "\" is registered");
   }
 
+  // ---- checkpoints: defined in zero/checkpoint/ (include zero/checkpoint/checkpoint.hpp, and
+  // zero/checkpoint/safetensors.hpp for the safetensors pair; link zero::checkpoint) ----
+
+  /// Saves checkpoint `tag` into `dir` atomically, every rank its own shard; collective. Call between
+  /// optimizer steps. `options`: an optional `checkpoint::save_options` (an observer of each step).
+  /// 	hrows usage_error for a bad tag or a call inside an accumulation; io_error naming the file.
+  template <class... Options>
+  void save(const std::filesystem::path& dir, const std::string& tag, const Options&... options) {
+    checkpoint_save(*this, dir, tag, options...);
+  }
+  /// Loads checkpoint `tag` of `dir` ("latest": what `dir/latest` names), saved at any world size
+  /// and stage; collective. 	hrows checkpoint_error naming the file and what was expected; the
+  /// engine is unchanged then.
+  void load(const std::filesystem::path& dir, const std::string& tag = "latest") { checkpoint_load(*this, dir, tag); }
+  /// Writes the consolidated parameters (fp32 master values, or rounded to `type`) to one safetensors
+  /// file under the registered names, streamed through rank 0; collective.
+  void export_safetensors(const std::filesystem::path& path, dtype type = dtype::f32) {
+    checkpoint_export_safetensors(*this, path, type);
+  }
+  /// Initialises every parameter from a safetensors file with the registered names and shapes
+  /// (through `init_params`). 	hrows checkpoint_error naming a missing or misshapen tensor.
+  void init_from_safetensors(const std::filesystem::path& path) { checkpoint_init_from_safetensors(*this, path); }
+
 private:
+  template <class> friend struct checkpoint_access;
   struct entry {
     bool trainable = true;
     std::size_t id = 0;
