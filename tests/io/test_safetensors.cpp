@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <numeric>
 #include <string>
+#include <sys/stat.h>
 #include <vector>
 
 namespace st = zero::safetensors;
@@ -282,6 +283,9 @@ TEST_CASE("safetensors reader bounds") {
   std::filesystem::resize_file(path, 8);
   CHECK_THROWS_WITH_AS(r.read(a, 0, out), doctest::Contains("the file ended early"), zero::io_error);
   CHECK_THROWS_WITH_AS(st::reader(dir / "missing.safetensors"), doctest::Contains("cannot open"), zero::io_error);
+  CHECK(has(error_of(dir.path()), "not a regular file"));
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK(has(error_of(dir / "fifo"), "not a regular file"));
 }
 
 TEST_CASE("safetensors reader refuses hostile files, naming file, tensor and expectation") {

@@ -360,7 +360,9 @@ public:
   /// \throws checkpoint_error naming the file, the tensor and what was expected.
   /// \throws io_error when the file cannot be opened or read (status() is errno).
   explicit reader(std::filesystem::path path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK so that a FIFO at `path` is refused below instead of blocking the open; it does not
+    // change reads of a regular file.
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) {
       const int err = errno;
       throw io_error(detail::at(path_) + "cannot open: " + std::strerror(err), err);
