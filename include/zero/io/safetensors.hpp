@@ -189,9 +189,19 @@ public:
   writer(std::filesystem::path path, std::vector<tensor_decl> tensors, std::map<std::string, std::string> metadata = {})
       : path_(std::move(path)), tmp_(path_) {
     tmp_ += ".tmp";
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
+    // The header is written entry by entry, in declaration order, each tensor's fields in the order
+    // the reference writer uses (one ordered_json object of thousands of entries would cost
+    // quadratic time in key look-ups).
+    const auto dump = [&](const nlohmann::ordered_json& v) {
+      try {
+        return v.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+      } catch (const nlohmann::json::exception& e) {
+        throw usage_error(detail::at(path_) + "a tensor name or metadata string is not valid UTF-8 (" + e.what() + ")");
+      }
+    };
+    std::string text = "{";
     if (!metadata.empty()) {
-      header["__metadata__"] = metadata;
+      text += "\"__metadata__\":" + dump(metadata);
     }
     std::set<std::string> names;
     infos_.reserve(tensors.size());
@@ -216,18 +226,14 @@ public:
       if (*bytes > std::numeric_limits<std::uint64_t>::max() - data_size_) {
         throw usage_error(what + "the data section would exceed 2^64 bytes");
       }
-      header[d.name] = {{"dtype", std::string(detail::format_name(d.type))},
-                        {"shape", d.shape},
-                        {"data_offsets", {data_size_, data_size_ + *bytes}}};
+      text += (text.size() > 1 ? "," : "") + dump(d.name) + ":" +
+              dump({{"dtype", std::string(detail::format_name(d.type))},
+                    {"shape", d.shape},
+                    {"data_offsets", {data_size_, data_size_ + *bytes}}});
       infos_.push_back(tensor_info{std::move(d.name), d.type, std::move(d.shape), data_size_, data_size_ + *bytes});
       data_size_ += *bytes;
     }
-    std::string text;
-    try {
-      text = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
-    } catch (const nlohmann::json::exception& e) {
-      throw usage_error(detail::at(path_) + "a tensor name or metadata string is not valid UTF-8 (" + e.what() + ")");
-    }
+    text += "}";
     // Spaces pad the header so that the data section starts at a multiple of 8 bytes.
     text.append((8 - text.size() % 8) % 8, ' ');
     std::array<std::byte, 8> length{};
