@@ -20,9 +20,22 @@ namespace zero::testing {
 namespace fs = std::filesystem;
 using test_engine = engine<cpu_backend, thread_communicator>;
 
+/// This process's folder of scratch directories, removed when the process exits normally.
+inline const fs::path& scratch_root() {
+  struct root {
+    fs::path path = fs::temp_directory_path() / ("zero-ckpt-tests-" + std::to_string(::getpid()));
+    ~root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const root r;
+  return r.path;
+}
+
 /// An empty directory for one test, under the system's temporary directory.
 inline fs::path scratch(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("zero-ckpt-tests-" + std::to_string(::getpid())) / name;
+  const fs::path p = scratch_root() / name;
   fs::remove_all(p);
   fs::create_directories(p);
   return p;

@@ -593,6 +593,10 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   }
   auto& comm = access::comm(eng);
   const config& cfg = eng.cfg();
+  if (access::micro_step(eng) % cfg.gradient_accumulation_steps != 0) {
+    throw usage_error(cat("load(\"", tag, "\") inside a gradient accumulation (micro-step ",
+                          std::to_string(access::micro_step(eng)), "); load between optimizer steps"));
+  }
   const flat_layout& layout = eng.layout();
   const flat_layout& frozen = access::frozen_layout(eng);
   const auto mine = access::owned_by(eng, comm.rank());
