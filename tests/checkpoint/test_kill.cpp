@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <doctest/doctest.h>
+#include <fstream>
 #include <mutex>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,9 @@ struct event_id {
 const zt::run_spec spec{.stage = 1, .world = 2, .steps = 4, .batch = 64};
 const zt::ckpt_spec cspec{.frozen = true};
 
+/// How the second save replaces an existing tag: one exchange, or moving the old one aside first.
+bool exchange = true;
+
 /// Trains 2 steps and saves "a"; trains 2 more and saves `second` (maybe "a" again) with `observer`.
 void save_twice(const fs::path& dir, const std::string& second,
                 const std::function<void(const save_event&)>& observer) {
@@ -32,7 +36,7 @@ void save_twice(const fs::path& dir, const std::string& second,
     zt::init_and_train(eng, mh, comm, spec, 2);
     eng.save(dir, "a");
     zt::train_range(eng, mh, comm, spec, 2, 4);
-    eng.save(dir, second, zero::checkpoint::save_options{observer});
+    eng.save(dir, second, zero::checkpoint::save_options{observer, exchange});
   });
 }
 
@@ -80,12 +84,15 @@ TEST_CASE("a save killed at any durable step leaves the last complete checkpoint
   REQUIRE(second.global_steps == 4);
 
   std::size_t kills = 0;
-  for (const std::string tag : {"b", "a"}) { // a new tag, then replacing the existing one
+  // A new tag; then replacing the existing one, by exchange and by moving the old one aside.
+  for (const auto& [tag, swap] : {std::pair<std::string, bool>{"b", true}, {"a", true}, {"a", false}}) {
+    exchange = swap;
     const auto events = events_of(tag);
     CHECK(events.size() >= 20);
     for (std::size_t k = 0; k < events.size(); ++k) {
       const auto& at = events[k];
       CAPTURE(tag);
+      CAPTURE(swap);
       CAPTURE(at.rank);
       CAPTURE(at.what);
       CAPTURE(at.index);
@@ -107,13 +114,23 @@ TEST_CASE("a save killed at any durable step leaves the last complete checkpoint
         eng.load(dir);
         CHECK(eng.global_steps() == got.global_steps);
       });
-      // And damage to it is always found, naming the file.
+      // And damage to it is always found, naming the file: a flipped bit, then a cut.
       const auto shard = zero::checkpoint::resolve(dir) / "rank-00001.bin";
+      {
+        std::fstream io(shard, std::ios::in | std::ios::out | std::ios::binary);
+        char c = 0;
+        io.seekg(8);
+        io.read(&c, 1);
+        io.seekp(8);
+        io.put(static_cast<char>(c ^ 4));
+      }
+      CHECK(zt::error_of([&] { zero::checkpoint::reader(dir).verify(); }).find(shard.string() + ": xxh64 ") !=
+            std::string::npos);
       fs::resize_file(shard, fs::file_size(shard) - 4);
       CHECK(zt::error_of([&] { zero::checkpoint::reader(dir).verify(); }).find(shard.string() + ": ") !=
             std::string::npos);
     }
   }
-  CHECK(kills >= 40);
+  CHECK(kills >= 60);
   MESSAGE("killed " << kills << " saves at distinct durable steps");
 }

@@ -126,6 +126,9 @@ struct save_event {
 /// thread; with in-process ranks it must be thread-safe. Tests use it to kill a save at each step.
 struct save_options {
   std::function<void(const save_event&)> observer;
+  /// Replace an existing tag with one renameat2(RENAME_EXCHANGE) where the file system has it; false
+  /// takes the fallback (move the old one aside, then rename), which tests use to cover it.
+  bool exchange = true;
 };
 
 /// Which of a parameter's saved tensors to read.
@@ -538,7 +541,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
       // Publish: the new directory takes the tag's name; an old one with that name is kept until then.
       std::error_code ec;
       if (fs::exists(final_dir, ec)) {
-        if (detail::exchange_paths(tmp, final_dir)) {
+        if (opt.exchange && detail::exchange_paths(tmp, final_dir)) {
           event("exchanged");
           detail::sync_dir(dir);
           event("dir_synced");
@@ -560,6 +563,8 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
         detail::sync_dir(dir);
         event("dir_synced");
       }
+      // What a save of this tag that crashed between its two renames left aside is not needed now.
+      fs::remove_all(dir / (".old-" + tag));
       event("old_removed");
       const fs::path latest_tmp = dir / ".latest.tmp";
       detail::write_file(latest_tmp, tag + "\n");
