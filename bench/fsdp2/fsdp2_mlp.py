@@ -13,8 +13,8 @@ hyper-parameters (betas 0.9/0.999, eps 1e-8, weight decay 0.01 on weights and 0 
 clipping). --stage 2 is reshard_after_forward=False (parameters stay gathered from forward to
 backward, as ZeRO-2 keeps them whole), --stage 3 is reshard_after_forward=True.
 
-Timing as zero's example: CUDA events on the current stream around forward + backward + optimizer
-step, then a host sync; the median over the timed steps. Memory: torch.cuda.max_memory_allocated and
+Timing as zero's example: a CUDA event at the start of every step, nothing synchronizing inside the timed
+window, the median of the periods between consecutive starts (steady state, overlap across steps kept). Memory: torch.cuda.max_memory_allocated and
 max_memory_reserved over the whole run (initialisation included, as zero's counters). The loss is
 rank 0's own rows' loss, in bf16 as F.mse_loss returns it for bf16 inputs.
 """
@@ -107,30 +107,31 @@ def main() -> int:
     x = torch.rand(rows, hidden, device=device, dtype=torch.bfloat16, generator=gen) * 2 - 1
     target = torch.rand(rows, hidden, device=device, dtype=torch.bfloat16, generator=gen) * 2 - 1
 
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    event_ms, wall_ms, losses = [], [], []
-    for step in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        start.record()
+    # Step time: the steady-state period between consecutive step starts (an event at each start, nothing
+    # synchronizing inside the timed window), as zero-deep-mlp-cuda measures it; one extra step closes the
+    # last period. Warm-up steps and the last step synchronize to read the loss.
+    total = args.warmup + args.steps + 1
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
+    host_marks = [0.0] * total
+    losses = []
+    for step in range(total):
+        host_marks[step] = time.perf_counter()
+        marks[step].record()
         y = model(x)
         loss = 0.5 * F.mse_loss(y, target)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        stop.record()
-        stop.synchronize()
-        torch.cuda.synchronize()  # whatever FSDP2 left on its own streams is part of the step too
-        wall = (time.perf_counter() - t0) * 1e3
-        ms = start.elapsed_time(stop)
+        if args.warmup <= step < total - 1:
+            continue
+        torch.cuda.synchronize()
         losses.append(float(loss.detach().float().item()))
-        if step >= args.warmup:
-            event_ms.append(ms)
-            wall_ms.append(wall)
         if rank == 0 and not args.json:
             tag = " (warm-up)" if step < args.warmup else "          "
-            print(f"fsdp2 stage {args.stage} step {step + 1:3d}{tag} loss {losses[-1]:.6f}  {ms:.2f} ms "
-                  f"(wall {wall:.2f} ms)", flush=True)
+            print(f"fsdp2 stage {args.stage} step {step + 1:3d}{tag} loss {losses[-1]:.6f}", flush=True)
+    torch.cuda.synchronize()
+    event_ms = [marks[i].elapsed_time(marks[i + 1]) for i in range(args.warmup, total - 1)]
+    wall_ms = [(host_marks[i + 1] - host_marks[i]) * 1e3 for i in range(args.warmup, total - 1)]
 
     step_ms = statistics.median(event_ms)
     result = {

@@ -388,10 +388,17 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   }
 
   const cudaStream_t stream = eng.stream().get();
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  ZERO_CHECK_CUDA(cudaEventCreate(&start));
-  ZERO_CHECK_CUDA(cudaEventCreate(&stop));
+  // Step time is the steady-state period: an event at the start of every step on the engine's stream,
+  // and the time between consecutive starts. Inside the timed window nothing synchronizes the device, so
+  // work the engine leaves running at a step's end (stage 1-2 parameter all-gathers, NCCL streams) overlaps
+  // the next step exactly as in training; one extra step closes the last period. Warm-up steps, the
+  // --check probe step and the last step synchronize to read the loss.
+  const int total = p.warmup + p.steps + 1;
+  std::vector<cudaEvent_t> marks(static_cast<std::size_t>(total), nullptr);
+  std::vector<std::chrono::steady_clock::time_point> host_marks(static_cast<std::size_t>(total));
+  for (auto& e : marks) {
+    ZERO_CHECK_CUDA(cudaEventCreate(&e));
+  }
   std::vector<double> event_ms;
   std::vector<double> wall_ms;
   outcome o;
@@ -399,52 +406,58 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   o.gpus = comm.size();
   o.p = p;
   o.params = model.parameters();
+  auto destroy_marks = [&] {
+    for (auto& e : marks) {
+      ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e));
+    }
+  };
   try {
-    const int total = p.warmup + p.steps;
     for (int step = 0; step < total; ++step) {
       const bool probe = checker && step == 0;
       const auto probes = probe ? checker->probes() : deep_mlp::probes{};
-      const auto t0 = std::chrono::steady_clock::now();
-      ZERO_CHECK_CUDA(cudaEventRecord(start, stream));
+      host_marks[static_cast<std::size_t>(step)] = std::chrono::steady_clock::now();
+      ZERO_CHECK_CUDA(cudaEventRecord(marks[static_cast<std::size_t>(step)], stream));
       model.forward(probes);
       model.backward(probes);
       const auto r = eng.step();
-      ZERO_CHECK_CUDA(cudaEventRecord(stop, stream));
-      ZERO_CHECK_CUDA(cudaEventSynchronize(stop));
-      // Whatever the engine left on other streams (NCCL) is part of the step too.
+      const bool timed = step >= p.warmup && step < total - 1;
+      if (timed && step > p.warmup) {
+        // The period of the previous step is complete once this step has started on the device.
+        continue;
+      }
       ZERO_CHECK_CUDA(cudaDeviceSynchronize());
-      const auto t1 = std::chrono::steady_clock::now();
-      float ms = 0;
-      ZERO_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      const double wall = std::chrono::duration<double, std::milli>(t1 - t0).count();
       const double loss = model.last_loss();
       device_memory.sample();
       if (step == 0) {
         o.loss_first = loss;
       }
       o.loss_last = loss;
-      if (step >= p.warmup) {
-        event_ms.push_back(ms);
-        wall_ms.push_back(wall);
-      }
       if (probe) {
         checker->loss(loss);
         checker->grad_norm(r.grad_norm);
       }
       if (rank == 0 && !opt.json) {
         const std::lock_guard lock(print_mutex);
-        std::printf("stage %d step %3d%s loss %.6f  grad norm %.4e  %.2f ms (wall %.2f ms)\n", stage, step + 1,
-                    step < p.warmup ? " (warm-up)" : "          ", loss, r.grad_norm, static_cast<double>(ms), wall);
+        std::printf("stage %d step %3d%s loss %.6f  grad norm %.4e\n", stage, step + 1,
+                    step < p.warmup ? " (warm-up)" : "          ", loss, r.grad_norm);
         std::fflush(stdout);
       }
     }
+    ZERO_CHECK_CUDA(cudaDeviceSynchronize());
+    for (int step = p.warmup; step < total - 1; ++step) {
+      float ms = 0;
+      ZERO_CHECK_CUDA(
+          cudaEventElapsedTime(&ms, marks[static_cast<std::size_t>(step)], marks[static_cast<std::size_t>(step) + 1]));
+      event_ms.push_back(ms);
+      wall_ms.push_back(std::chrono::duration<double, std::milli>(host_marks[static_cast<std::size_t>(step) + 1] -
+                                                                  host_marks[static_cast<std::size_t>(step)])
+                            .count());
+    }
   } catch (...) {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    destroy_marks();
     throw;
   }
-  ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(start));
-  ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(stop));
+  destroy_marks();
 
   if (checker) {
     checker->losses(o.loss_first, o.loss_last);

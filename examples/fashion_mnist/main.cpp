@@ -3,6 +3,8 @@
 //   zero-fashion-mnist --ranks 4 --stage 2            in-process ranks (thread_communicator)
 //   mpirun -np 4 zero-fashion-mnist --stage 2         one process per rank (mpi_communicator)
 //   zero-fashion-mnist --ranks 4 --stages all         every stage, then a table
+//   zero-fashion-mnist --stage 2 --steps 500 --save ckpt --save-every 100
+//   zero-fashion-mnist --stage 3 --ranks 2 --steps 900 --load ckpt    resume (any stage, any ranks)
 //
 // The framework (mlp.hpp) keeps its own forward and backward; zero owns parameters, gradients and
 // optimizer state, reduces gradients bucket by bucket and steps AdamW on each rank's shard.
@@ -26,6 +28,9 @@
 #include <zero/engine/engine.hpp>
 #if ZERO_HAS_MPI
 #include <zero/comm/mpi_communicator.hpp>
+#endif
+#if ZERO_HAS_CHECKPOINT
+#include <zero/checkpoint/checkpoint.hpp>
 #endif
 
 #include "idx.hpp"
@@ -61,6 +66,9 @@ struct options {
   std::string data = "/usr/share/datasets/fashion-mnist";
   int hidden = 256;
   bool json = false;
+  std::string save;
+  long save_every = 0;
+  std::string load;
 };
 
 struct outcome {
@@ -85,6 +93,28 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
   fmnist::mlp model(eng, {static_cast<int>(train_set.pixels), opt.hidden, opt.hidden / 2, 10});
   eng.finalize();
   model.init();
+  long first_step = 0;
+#if ZERO_HAS_CHECKPOINT
+  if (!opt.load.empty()) {
+    // Resume: the checkpoint may come from another stage or number of ranks; the data position is
+    // the number of optimizer boundaries it had passed.
+    first_step = static_cast<long>(zero::checkpoint::reader(opt.load).info().boundaries);
+    eng.load(opt.load);
+    if (comm.rank() == 0 && !opt.json) {
+      std::printf("resumed from %s at step %ld\n", opt.load.c_str(), first_step);
+    }
+  }
+  auto save = [&](long steps_done) {
+    if (!opt.save.empty()) {
+      eng.save(opt.save, "step-" + std::to_string(steps_done));
+      if (comm.rank() == 0 && !opt.json) {
+        std::printf("saved %s/step-%ld\n", opt.save.c_str(), steps_done);
+      }
+    }
+  };
+#else
+  auto save = [](long) {};
+#endif
 
   const auto micro = static_cast<std::size_t>(cfg.train_micro_batch_size_per_gpu);
   const auto gas = static_cast<std::size_t>(cfg.gradient_accumulation_steps);
@@ -103,9 +133,9 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
   double last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
-  for (long step = 0; step < total; ++step) {
+  for (long step = first_step; step < total; ++step) {
     const std::size_t in_epoch = static_cast<std::size_t>(step) % per_epoch;
-    if (in_epoch == 0) {
+    if (in_epoch == 0 || step == first_step) {
       // The same shuffle on every rank: each takes its own slice of every global batch.
       std::iota(perm.begin(), perm.end(), std::size_t{0});
       std::mt19937_64 rng(1234 + static_cast<std::uint64_t>(step) / per_epoch);
@@ -142,6 +172,12 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
       window_samples = 0;
       window_start = now;
     }
+    if (opt.save_every > 0 && (step + 1) % opt.save_every == 0 && step + 1 < total) {
+      save(step + 1);
+    }
+  }
+  if (total > first_step) {
+    save(total);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -234,7 +270,23 @@ int main(int argc, char** argv) {
   app.add_option("--data", opt.data, "folder with the Fashion-MNIST IDX files");
   app.add_option("--hidden", opt.hidden, "width of the first hidden layer")->check(CLI::Range(8, 4096));
   app.add_flag("--json", opt.json, "print one JSON object per run as the last line(s)");
+  auto* save_opt = app.add_option("--save", opt.save, "save checkpoints into this directory (at the end)");
+  app.add_option("--save-every", opt.save_every, "also save every N steps")
+      ->check(CLI::PositiveNumber)
+      ->needs(save_opt);
+  app.add_option("--load", opt.load, "resume from the latest checkpoint in this directory");
   CLI11_PARSE(app, argc, argv);
+#if !ZERO_HAS_CHECKPOINT
+  if (!opt.save.empty() || !opt.load.empty()) {
+    std::fprintf(stderr, "zero-fashion-mnist: --save and --load need zero::checkpoint (libxxhash-dev); this build "
+                         "has none\n");
+    return 2;
+  }
+#endif
+  if ((!opt.save.empty() || !opt.load.empty()) && !opt.stages.empty()) {
+    std::fprintf(stderr, "zero-fashion-mnist: --save and --load train one stage; use --stage, not --stages\n");
+    return 2;
+  }
 
   try {
     nlohmann::json base;

@@ -122,14 +122,120 @@ struct host_io {
   }
 };
 
+/// The small model registered with an engine: its modules and parameter handles.
+struct model_handles {
+  std::vector<int> modules;
+  std::vector<param_handle> params;
+};
+
+/// Registers the small model with `eng` (not finalized).
+template <class Engine> model_handles register_model(Engine& eng) {
+  model_handles out;
+  out.modules = {eng.add_module("fc1"), eng.add_module("fc2"), eng.add_module("emb")};
+  for (const auto& p : small_model()) {
+    param_options o;
+    if (!p.decay) {
+      o.weight_decay = 0.0;
+    }
+    out.params.push_back(eng.add_param(out.modules[static_cast<std::size_t>(p.module)], p.name, p.shape, o));
+  }
+  return out;
+}
+
+/// Fills the small model with `init_value`.
+template <class Engine> void init_model(Engine& eng) {
+  eng.init_params([&](const param_info& p, std::size_t first, std::span<float> dst) {
+    const std::size_t k = *eng.layout().find(p.name); // registered in model order
+    for (std::size_t j = 0; j < dst.size(); ++j) {
+      dst[j] = init_value(k, first + j);
+    }
+  });
+}
+
+/// Trains optimizer steps `[t_begin, t_end)` of `s`, recording norms, scales and applied flags (size
+/// `out.applied_by_rank` to the world first: every rank's thread writes its own entry); `io`
+/// moves view contents to and from the host (the framework side of this harness computes on the host).
+template <class Engine, class Comm, class Io = host_io>
+void train_steps(Engine& eng, const model_handles& mh, Comm& comm, const run_spec& s, std::int64_t t_begin,
+                 std::int64_t t_end, run_result& out, const Io& io = {}) {
+  const auto model = small_model();
+  const auto& modules = mh.modules;
+  const auto& h = mh.params;
+  const int mb = s.batch / (s.world * s.accumulation);
+  for (std::int64_t t = t_begin; t < t_end; ++t) {
+    for (int micro = 0; micro < s.accumulation; ++micro) {
+      const float scale = static_cast<float>(eng.loss_scale());
+      // Forward: every module in order (stage 3 gathers it, then prefetches from the trace).
+      for (int m : modules) {
+        auto on = eng.gather(m);
+      }
+      // Backward, last parameter first; accumulate (+=) this micro-batch's mean gradient.
+      for (std::size_t k = model.size(); k-- > 0;) {
+        auto on = eng.gather(modules[static_cast<std::size_t>(model[k].module)]);
+        auto pv = eng.param(h[k]);
+        std::vector<float> pf(pv.numel);
+        visit_float(pv.type, [&]<class P>(type_tag<P>) {
+          const auto held = io.template read<P>(eng, pv);
+          for (std::size_t i = 0; i < pv.numel; ++i) {
+            pf[i] = to_float(held[i]);
+          }
+        });
+        auto g = eng.grad(h[k]);
+        visit_float(g.type, [&]<class G>(type_tag<G>) {
+          auto gv = io.template read<G>(eng, g);
+          G* gp = gv.data();
+          for (std::size_t i = 0; i < g.numel; ++i) {
+            float local = 0;
+            for (int j = 0; j < mb; ++j) {
+              const auto sample = static_cast<std::size_t>((micro * s.world + comm.rank()) * mb + j);
+              local += sample_grad(k, i, t, sample);
+            }
+            local = (local / static_cast<float>(mb) + s.param_coupling * pf[i]) * scale;
+            if (t == s.overflow_step && comm.rank() == 0 && k == 1 && i == 3) {
+              local = INFINITY;
+            }
+            gp[i] = from_float<G>(to_float(gp[i]) + local);
+          }
+          io.write(eng, g, gv);
+        });
+        eng.grad_ready(h[k]);
+      }
+      auto r = eng.step();
+      if (r.boundary) {
+        out.applied_by_rank[static_cast<std::size_t>(comm.rank())].push_back(r.applied);
+      }
+      if (r.boundary && comm.rank() == 0) {
+        out.norms.push_back(r.grad_norm);
+        out.applied.push_back(r.applied);
+        out.scales.push_back(r.loss_scale);
+      }
+    }
+  }
+}
+
+/// The whole parameters in fp32, into `out.params` on rank 0.
+template <class Engine, class Comm, class Io = host_io>
+void collect_params(Engine& eng, const model_handles& mh, Comm& comm, run_result& out, const Io& io = {}) {
+  auto all = eng.gather_all();
+  if (comm.rank() == 0) {
+    out.params.assign(mh.params.size(), {});
+    for (std::size_t k = 0; k < mh.params.size(); ++k) {
+      auto v = eng.param(mh.params[k]);
+      visit_float(v.type, [&]<class P>(type_tag<P>) {
+        for (const P x : io.template read<P>(eng, v)) {
+          out.params[k].push_back(to_float(x));
+        }
+      });
+    }
+  }
+}
+
 /// Trains the small model with an engine over `Backend` and the communicators `run_group(world, fn)`
 /// hands to `fn`; `make_backend(comm)` makes each rank's backend, `io` moves view contents to and from
-/// the host (the framework side of this harness computes on the host).
+/// the host.
 template <class Backend, class RunGroup, class MakeBackend, class Io>
 run_result train_with(const run_spec& s, RunGroup run_group, MakeBackend make_backend, Io io) {
-  const auto model = small_model();
   run_result out;
-  out.params.resize(model.size());
   out.applied_by_rank.resize(static_cast<std::size_t>(s.world));
   run_group(s.world, [&](auto& comm) {
     using comm_type = std::remove_cvref_t<decltype(comm)>;
@@ -138,83 +244,11 @@ run_result train_with(const run_spec& s, RunGroup run_group, MakeBackend make_ba
     auto cfg = config::from_string(config_json(s), inputs);
     Backend backend = make_backend(comm);
     engine<Backend, comm_type> eng(cfg, comm, backend);
-    std::vector<int> modules{eng.add_module("fc1"), eng.add_module("fc2"), eng.add_module("emb")};
-    std::vector<param_handle> h;
-    for (const auto& p : model) {
-      param_options o;
-      if (!p.decay) {
-        o.weight_decay = 0.0;
-      }
-      h.push_back(eng.add_param(modules[static_cast<std::size_t>(p.module)], p.name, p.shape, o));
-    }
+    const auto mh = register_model(eng);
     eng.finalize();
-    eng.init_params([&](const param_info& p, std::size_t first, std::span<float> dst) {
-      const std::size_t k = *eng.layout().find(p.name); // registered in model order
-      for (std::size_t j = 0; j < dst.size(); ++j) {
-        dst[j] = init_value(k, first + j);
-      }
-    });
-    const int mb = s.batch / (s.world * s.accumulation);
-    for (std::int64_t t = 0; t < s.steps; ++t) {
-      for (int micro = 0; micro < s.accumulation; ++micro) {
-        const float scale = static_cast<float>(eng.loss_scale());
-        // Forward: every module in order (stage 3 gathers it, then prefetches from the trace).
-        for (int m : modules) {
-          auto on = eng.gather(m);
-        }
-        // Backward, last parameter first; accumulate (+=) this micro-batch's mean gradient.
-        for (std::size_t k = model.size(); k-- > 0;) {
-          auto on = eng.gather(modules[static_cast<std::size_t>(model[k].module)]);
-          auto pv = eng.param(h[k]);
-          std::vector<float> pf(pv.numel);
-          visit_float(pv.type, [&]<class P>(type_tag<P>) {
-            const auto held = io.template read<P>(eng, pv);
-            for (std::size_t i = 0; i < pv.numel; ++i) {
-              pf[i] = to_float(held[i]);
-            }
-          });
-          auto g = eng.grad(h[k]);
-          visit_float(g.type, [&]<class G>(type_tag<G>) {
-            auto gv = io.template read<G>(eng, g);
-            G* gp = gv.data();
-            for (std::size_t i = 0; i < g.numel; ++i) {
-              float local = 0;
-              for (int j = 0; j < mb; ++j) {
-                const auto sample = static_cast<std::size_t>((micro * s.world + comm.rank()) * mb + j);
-                local += sample_grad(k, i, t, sample);
-              }
-              local = (local / static_cast<float>(mb) + s.param_coupling * pf[i]) * scale;
-              if (t == s.overflow_step && comm.rank() == 0 && k == 1 && i == 3) {
-                local = INFINITY;
-              }
-              gp[i] = from_float<G>(to_float(gp[i]) + local);
-            }
-            io.write(eng, g, gv);
-          });
-          eng.grad_ready(h[k]);
-        }
-        auto r = eng.step();
-        if (r.boundary) {
-          out.applied_by_rank[static_cast<std::size_t>(comm.rank())].push_back(r.applied);
-        }
-        if (r.boundary && comm.rank() == 0) {
-          out.norms.push_back(r.grad_norm);
-          out.applied.push_back(r.applied);
-          out.scales.push_back(r.loss_scale);
-        }
-      }
-    }
-    auto all = eng.gather_all();
-    if (comm.rank() == 0) {
-      for (std::size_t k = 0; k < model.size(); ++k) {
-        auto v = eng.param(h[k]);
-        visit_float(v.type, [&]<class P>(type_tag<P>) {
-          for (const P x : io.template read<P>(eng, v)) {
-            out.params[k].push_back(to_float(x));
-          }
-        });
-      }
-    }
+    init_model(eng);
+    train_steps(eng, mh, comm, s, 0, s.steps, out, io);
+    collect_params(eng, mh, comm, out, io);
   });
   return out;
 }

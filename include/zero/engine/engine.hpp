@@ -700,7 +700,43 @@ public:
     throw usage_error("no parameter named \"" + name + "\" is registered");
   }
 
+  // ---- checkpoints: defined in zero/checkpoint/ (include zero/checkpoint/checkpoint.hpp, and
+  // zero/checkpoint/safetensors.hpp for the safetensors pair; link zero::checkpoint) ----
+
+  /// Saves checkpoint `tag` into `dir` atomically, every rank its own shard; collective. Call between
+  /// optimizer steps. `options`: an optional `checkpoint::save_options` (an observer of each step).
+  /// \throws usage_error for a bad tag or a call inside an accumulation; io_error naming the file.
+  template <class... Options>
+  void save(const std::filesystem::path& dir, const std::string& tag, const Options&... options) {
+    require_host_state();
+    checkpoint_save(*this, dir, tag, options...);
+  }
+  /// Loads checkpoint `tag` of `dir` ("latest": what `dir/latest` names), saved at any world size
+  /// and stage; collective. \throws checkpoint_error naming the file and what was expected; the
+  /// engine is unchanged then.
+  void load(const std::filesystem::path& dir, const std::string& tag = "latest") {
+    require_host_state();
+    checkpoint_load(*this, dir, tag);
+  }
+  /// Writes the consolidated parameters (fp32 master values, or rounded to `type`) to one safetensors
+  /// file under the registered names, streamed through rank 0; collective.
+  void export_safetensors(const std::filesystem::path& path, dtype type = dtype::f32) {
+    require_host_state();
+    checkpoint_export_safetensors(*this, path, type);
+  }
+  /// Initialises every parameter from a safetensors file with the registered names and shapes
+  /// (through `init_params`). \throws checkpoint_error naming a missing or misshapen tensor.
+  void init_from_safetensors(const std::filesystem::path& path) { checkpoint_init_from_safetensors(*this, path); }
+
 private:
+  /// Checkpoints read and write the optimizer state from the host in this version.
+  static constexpr void require_host_state() {
+    static_assert(Allocator::host_accessible,
+                  "zero::basic_engine: save/load/export_safetensors read and write the optimizer state from the host; "
+                  "with device memory (cuda_backend) they are not available in this version of zero");
+  }
+
+  template <class> friend struct checkpoint_access;
   struct entry {
     bool trainable = true;
     std::size_t id = 0;

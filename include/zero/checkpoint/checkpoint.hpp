@@ -1,0 +1,725 @@
+#pragma once
+/// \file
+/// Sharded checkpoints of a `basic_engine`: `eng.save(dir, tag)` and `eng.load(dir, tag)`, and the
+/// offline `checkpoint::reader` the `zero-ckpt` tool uses. Include this header (and link
+/// `zero::checkpoint`, which brings libxxhash) wherever an engine's `save` or `load` is called.
+///
+/// A checkpoint is a directory `dir/tag` holding `manifest.json` (see manifest.hpp), one shard file
+/// per rank that owns optimizer state (`rank-00000.bin`, ...: fp32 master, m and v of the elements
+/// the rank owns; at stage 0 rank 0 writes everything) and `frozen.bin` (frozen parameters, written
+/// by rank 0). `dir/latest` holds the tag of the last complete checkpoint.
+///
+/// Saving is atomic: everything is written into `dir/.tmp-<tag>`, every file fsync'd, the
+/// directory fsync'd, then moved to `dir/tag` (an existing `dir/tag` is swapped out in one
+/// renameat2(RENAME_EXCHANGE), or, where the file system cannot, first moved aside to
+/// `dir/.old-<tag>`, which a load of `tag` falls back to), and only then is `latest` replaced by
+/// write-tmp, fsync, rename, fsync of `dir`. A crash at any point leaves the previous checkpoint
+/// loadable and `latest` naming a complete one.
+///
+/// Loading reads the manifest's piece tables: each rank reads (pread) exactly the element ranges it
+/// owns in the loading run, whatever world size and stage saved them, verifies the size and xxh64
+/// of every file it reads, and stages everything before anything in the engine changes; the ranks
+/// agree (one all-reduce) before any of them commits, so a failed load leaves every rank's engine
+/// as it was.
+
+#include "zero/checkpoint/file_io.hpp"
+#include "zero/checkpoint/manifest.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/engine/engine.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zero {
+
+/// The one access point of checkpoint code into an engine's private state (a friend of
+/// `basic_engine`). Nothing else in zero/checkpoint touches engine internals.
+template <class Engine> struct checkpoint_access {
+  /// A registered parameter, in registration order.
+  struct registered {
+    const param_info* info = nullptr;
+    bool trainable = true;
+    std::size_t group = 0;
+    std::string module;
+  };
+  /// The elements of one trainable parameter a rank owns, where their optimizer state lives
+  /// (`state`) and where the low-precision values live in the parameter store (`store`).
+  struct owned {
+    std::size_t id = 0;
+    std::size_t param_offset = 0;
+    std::size_t count = 0;
+    std::size_t state = 0;
+    std::size_t store = 0;
+  };
+
+  static auto& comm(Engine& e) { return e.comm_; }
+  static const flat_layout& frozen_layout(const Engine& e) { return e.frozen_layout_; }
+  static bool finalized(const Engine& e) { return e.finalized_; }
+  static std::vector<registered> params(const Engine& e) {
+    std::vector<registered> out;
+    for (const auto& en : e.entries_) {
+      const auto& l = en.trainable ? e.layout_ : e.frozen_layout_;
+      out.push_back({&l.param(en.id), en.trainable, en.group, e.module_names_[static_cast<std::size_t>(en.module)]});
+    }
+    return out;
+  }
+  /// Pieces rank `rank` owns: its shard's pieces (stages 1-3), or every parameter whole (stage 0).
+  static std::vector<owned> owned_by(const Engine& e, int rank) {
+    std::vector<owned> out;
+    const auto& l = e.layout_;
+    if (e.cfg_.stage() == 0) {
+      for (std::size_t id : l.flat_order()) {
+        const auto& p = l.param(id);
+        out.push_back({id, 0, p.numel, p.offset, p.offset});
+      }
+      return out;
+    }
+    for (const auto& pc : l.pieces(rank)) {
+      out.push_back({pc.param, pc.param_offset, pc.count, pc.shard_offset,
+                     e.cfg_.stage() == 3 ? pc.shard_offset : pc.flat_offset});
+    }
+    return out;
+  }
+  /// Waits for the engine's stream, so host reads of its buffers see every kernel's result.
+  static void synchronize(Engine& e) {
+    e.finish_gathers(); // stages 1-2: the all-gathers posted at the last step end write the parameters
+    e.backend_.synchronize(e.stream_);
+  }
+  static std::byte* param_store(Engine& e) { return e.param_store(); }
+  static std::byte* frozen(Engine& e) { return e.frozen_.data(); }
+  static loss_scaler& scaler(Engine& e) { return e.scaler_; }
+  static lr_scheduler& scheduler(Engine& e) { return e.scheduler_; }
+  static std::int64_t& applied_steps(Engine& e) { return e.applied_steps_; }
+  static std::int64_t& micro_step(Engine& e) { return e.micro_step_; }
+  static std::int64_t& boundaries(Engine& e) { return e.boundaries_; }
+  /// After the owned part of the parameter store was rewritten: make parameters whole again
+  /// (all-gather at stages 1-2, refresh the persistent ones at stage 3) and reopen the micro-step.
+  static void params_rewritten(Engine& e) {
+    if (e.coord_) {
+      e.coord_->refresh_persistent();
+    } else {
+      e.gather_params();
+    }
+    e.begin_micro_step();
+  }
+};
+
+namespace checkpoint {
+
+/// A durable step of a save, given to the observer: which rank, what was just made durable (or
+/// done), and a running index for steps that repeat ("shard_piece" per piece written).
+struct save_event {
+  int rank = 0;
+  std::string_view what;
+  std::size_t index = 0;
+};
+
+/// Options of `save`. The observer is called on the rank that took the step, from that rank's
+/// thread; with in-process ranks it must be thread-safe. Tests use it to kill a save at each step.
+struct save_options {
+  std::function<void(const save_event&)> observer;
+  /// Replace an existing tag with one renameat2(RENAME_EXCHANGE) where the file system has it; false
+  /// takes the fallback (move the old one aside, then rename), which tests use to cover it.
+  bool exchange = true;
+};
+
+/// Which of a parameter's saved tensors to read.
+enum class tensor_kind : std::uint8_t {
+  master,     ///< fp32 master weights (for a frozen parameter: its values)
+  exp_avg,    ///< Adam's first moment
+  exp_avg_sq, ///< Adam's second moment
+};
+
+namespace detail {
+
+/// A tag is a plain file name that is not "latest" and does not start with '.'.
+inline void check_tag(const std::string& tag) {
+  if (!plain_file_name(tag) || tag == "latest" || tag.front() == '.') {
+    throw usage_error(cat("checkpoint tag \"", tag,
+                          "\": expected a plain name of letters, digits, '-', '_' and '.', not starting with '.' "
+                          "and other than \"latest\""));
+  }
+}
+
+/// The tags found in `dir`, for messages.
+inline std::string tags_in(const std::filesystem::path& dir) {
+  std::vector<std::string> tags;
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = d.path().filename().string();
+    if (n.front() != '.' && d.is_directory(ec)) {
+      tags.push_back(n);
+    }
+  }
+  std::sort(tags.begin(), tags.end());
+  if (tags.empty()) {
+    return "none";
+  }
+  std::string s;
+  for (const auto& t : tags) {
+    s += (s.empty() ? "" : ", ") + t;
+  }
+  return s;
+}
+
+/// Trims whitespace at both ends.
+inline std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) {
+    return {};
+  }
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+/// "[2, 3]".
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+/// The rank-file name of rank `r`.
+inline std::string shard_name(int r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.bin", r);
+  return buf;
+}
+
+} // namespace detail
+
+/// The directory of checkpoint `tag` in `dir` ("latest" reads `dir/latest`).
+/// \throws checkpoint_error naming what is missing: the directory, `latest`, or the tag (with the
+/// tags that are there).
+inline std::filesystem::path resolve(const std::filesystem::path& dir, const std::string& tag = "latest") {
+  using detail::cat;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw checkpoint_error(cat(dir.string(), ": no such checkpoint directory"));
+  }
+  std::string t = tag;
+  if (tag == "latest") {
+    t = detail::trim(
+        detail::read_small_file(dir / "latest", 4096, "the tag of the last complete checkpoint (or pass a tag)"));
+    if (t.empty() || !detail::plain_file_name(t) || t.front() == '.' || t == "latest") {
+      throw checkpoint_error(cat((dir / "latest").string(), ": holds \"", t.substr(0, 80),
+                                 "\"; expected the tag of a checkpoint directory"));
+    }
+  }
+  const auto p = dir / t;
+  if (std::filesystem::is_directory(p, ec)) {
+    return p;
+  }
+  // A save that replaced this tag and crashed between its two renames left the old one aside.
+  if (const auto old = dir / (".old-" + t); std::filesystem::is_regular_file(old / "manifest.json", ec)) {
+    return old;
+  }
+  if (tag == "latest") {
+    throw checkpoint_error(cat((dir / "latest").string(), " names tag \"", t, "\" but ", p.string(),
+                               " does not exist; tags here: ", detail::tags_in(dir)));
+  }
+  throw checkpoint_error(cat(p.string(), ": no such checkpoint; tags here: ", detail::tags_in(dir)));
+}
+
+/// A checkpoint read offline (or by `load`): its manifest, and bounded reads of any range of any
+/// saved tensor. Files are opened on first use and, with `verify_on_open`, their size and xxh64
+/// are checked against the manifest before anything is read from them.
+class reader {
+public:
+  /// Opens checkpoint `tag` of `dir` and parses its manifest.
+  /// \throws checkpoint_error for a missing directory, tag or latest, or a bad manifest.
+  explicit reader(const std::filesystem::path& dir, const std::string& tag = "latest", bool verify_on_open = true)
+      : path_(resolve(dir, tag)), verify_(verify_on_open) {
+    const auto mpath = path_ / "manifest.json";
+    m_ = manifest::parse(detail::read_small_file(mpath, max_manifest_bytes, "a zero checkpoint manifest"),
+                         mpath.string());
+    by_param_.resize(m_.params.size());
+    for (std::size_t f = 0; f < m_.files.size(); ++f) {
+      for (std::size_t k = 0; k < m_.files[f].pieces.size(); ++k) {
+        by_param_[m_.files[f].pieces[k].param].emplace_back(f, k);
+      }
+    }
+    open_.resize(m_.files.size());
+  }
+
+  /// The checkpoint's directory (`dir/tag`).
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  /// The manifest.
+  [[nodiscard]] const manifest& info() const noexcept { return m_; }
+
+  /// Checks the size and xxh64 of file `f` of the manifest.
+  /// \throws checkpoint_error naming the file, what was expected and what was found.
+  void verify_file(std::size_t f) const {
+    using detail::cat;
+    const auto& fe = m_.files.at(f);
+    const auto p = path_ / fe.name;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec)) {
+      throw checkpoint_error(
+          cat(p.string(), ": missing; the manifest lists it with ", std::to_string(fe.size), " bytes"));
+    }
+    const auto [size, hash] = detail::hash_file(p);
+    if (size != fe.size) {
+      throw checkpoint_error(cat(p.string(), ": ", std::to_string(size), " bytes, expected ", std::to_string(fe.size),
+                                 size < fe.size ? " (truncated)" : ""));
+    }
+    if (hash != fe.xxh64) {
+      throw checkpoint_error(
+          cat(p.string(), ": xxh64 ", hex64(hash), ", expected ", hex64(fe.xxh64), " (the file is corrupt)"));
+    }
+  }
+  /// Checks every file. \throws checkpoint_error naming the first bad one.
+  void verify() const {
+    for (std::size_t f = 0; f < m_.files.size(); ++f) {
+      verify_file(f);
+    }
+  }
+
+  /// Reads elements `[offset, offset + out.size())` of tensor `kind` of parameter `param` (an index
+  /// into `info().params`) as fp32. A frozen parameter has only `tensor_kind::master`, its values.
+  /// \throws usage_error for a range outside the parameter; checkpoint_error for a bad file.
+  void read(std::size_t param, tensor_kind kind, std::uint64_t offset, std::span<float> out) {
+    using detail::cat;
+    const auto& p = m_.params.at(param);
+    if (offset > p.numel || out.size() > p.numel - offset) {
+      throw usage_error(cat("checkpoint read of \"", p.name, "\": elements [", std::to_string(offset), ", +",
+                            std::to_string(out.size()), ") outside its ", std::to_string(p.numel)));
+    }
+    if (!p.trainable && kind != tensor_kind::master) {
+      throw usage_error(cat("checkpoint read of \"", p.name, "\": a frozen parameter has no optimizer state"));
+    }
+    const std::uint64_t end = offset + out.size();
+    for (const auto& [f, k] : by_param_[param]) {
+      const auto& pc = m_.files[f].pieces[k];
+      const std::uint64_t lo = std::max(offset, pc.offset);
+      const std::uint64_t hi = std::min(end, pc.offset + pc.count);
+      if (lo >= hi) {
+        continue;
+      }
+      const std::size_t n = static_cast<std::size_t>(hi - lo);
+      float* dst = out.data() + (lo - offset);
+      if (p.trainable) {
+        const std::uint64_t at = pc.byte_offset + (static_cast<std::uint64_t>(kind) * pc.count + (lo - pc.offset)) * 4;
+        read_bytes(f, dst, n * 4, at);
+      } else {
+        const std::size_t es = size_of(p.type);
+        scratch_.resize(n * es);
+        read_bytes(f, scratch_.data(), n * es, pc.byte_offset + (lo - pc.offset) * es);
+        visit_float(p.type, [&]<class T>(type_tag<T>) {
+          for (std::size_t i = 0; i < n; ++i) {
+            T v;
+            std::memcpy(&v, scratch_.data() + i * es, es);
+            dst[i] = to_float(v);
+          }
+        });
+      }
+    }
+  }
+
+private:
+  void read_bytes(std::size_t f, void* dst, std::size_t n, std::uint64_t at) {
+    using detail::cat;
+    if (!open_[f]) {
+      if (verify_) {
+        verify_file(f);
+      }
+      open_[f] = std::make_unique<detail::file>(path_ / m_.files[f].name, O_RDONLY);
+    }
+    const std::size_t got = open_[f]->pread_some(dst, n, at);
+    if (got != n) {
+      throw checkpoint_error(cat(open_[f]->path().string(), ": ", std::to_string(n), " bytes expected at offset ",
+                                 std::to_string(at), ", found ", std::to_string(got), " (truncated)"));
+    }
+  }
+
+  std::filesystem::path path_;
+  bool verify_;
+  manifest m_;
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> by_param_;
+  std::vector<std::unique_ptr<detail::file>> open_;
+  std::vector<std::byte> scratch_;
+};
+
+namespace detail {
+
+/// After a phase that may have failed on some ranks: one all-reduce so that every rank knows.
+/// The rank that failed rethrows its own exception; the others throw an error naming it.
+template <class Comm> void agree(Comm& comm, const std::exception_ptr& mine, std::string_view phase) {
+  std::int32_t failed = mine ? comm.rank() + 1 : 0;
+  if (comm.size() > 1) {
+    comm.all_reduce(&failed, &failed, 1, reduce_op::max).wait();
+  }
+  if (mine) {
+    std::rethrow_exception(mine);
+  }
+  if (failed != 0) {
+    throw checkpoint_error(cat(phase, " failed on rank ", std::to_string(failed - 1),
+                               " (its exception names the cause); nothing was changed on this rank"));
+  }
+}
+
+/// xxh64 of a string.
+inline std::uint64_t xxh64_of(std::string_view s) { return XXH64(s.data(), s.size(), 0); }
+
+} // namespace detail
+
+/// Saves `eng` as checkpoint `tag` of `dir`; collective over the engine's communicator. Call it
+/// between optimizer steps (at an accumulation boundary).
+/// \throws usage_error for a bad tag, an engine not finalized, or a call inside an accumulation;
+/// io_error naming the file when writing fails (the previous checkpoint and `latest` are untouched).
+template <class Engine>
+void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag, const save_options& opt = {}) {
+  using access = checkpoint_access<Engine>;
+  using detail::cat;
+  namespace fs = std::filesystem;
+  detail::check_tag(tag);
+  if (!access::finalized(eng)) {
+    throw usage_error("save before finalize(); register and finalize the parameters first");
+  }
+  auto& comm = access::comm(eng);
+  const int rank = comm.rank();
+  const int world = comm.size();
+  const config& cfg = eng.cfg();
+  if (access::micro_step(eng) % cfg.gradient_accumulation_steps != 0) {
+    throw usage_error(cat(
+        "save(\"", tag, "\") inside a gradient accumulation (micro-step ", std::to_string(access::micro_step(eng)),
+        " of ", std::to_string(cfg.gradient_accumulation_steps), "); save after the step() that ends an accumulation"));
+  }
+  auto event = [&](std::string_view what, std::size_t index = 0) {
+    if (opt.observer) {
+      opt.observer(save_event{rank, what, index});
+    }
+  };
+  const flat_layout& layout = eng.layout();
+  const flat_layout& frozen = access::frozen_layout(eng);
+  const auto registered = access::params(eng);
+
+  // The manifest, the same on every rank but for the files' sizes and hashes.
+  manifest m;
+  m.tag = tag;
+  m.world_size = world;
+  m.stage = cfg.stage();
+  m.param_dtype = layout.type();
+  m.grad_dtype = cfg.grad_accum_dtype;
+  m.config_xxh64 = detail::xxh64_of(cfg.to_json().dump());
+  m.global_steps = access::applied_steps(eng);
+  m.micro_steps = access::micro_step(eng);
+  m.boundaries = access::boundaries(eng);
+  m.scaler_dynamic = access::scaler(eng).dynamic();
+  m.scaler = access::scaler(eng).state();
+  m.lr_last_batch_iteration = access::scheduler(eng).last_batch_iteration();
+  m.modules = frozen.modules();
+  for (const auto& g : eng.optimizer().groups()) {
+    m.groups.emplace_back(g.lr, g.weight_decay);
+  }
+  std::vector<std::size_t> index_of_layout_id(layout.param_count());
+  std::vector<std::size_t> index_of_frozen_id(frozen.param_count());
+  for (const auto& r : registered) {
+    (r.trainable ? index_of_layout_id
+                 : index_of_frozen_id)[r.trainable ? *layout.find(r.info->name) : *frozen.find(r.info->name)] =
+        m.params.size();
+    m.params.push_back({r.info->name, r.info->shape, r.info->type, r.module, r.trainable, r.group, r.info->numel});
+  }
+  std::vector<std::vector<typename access::owned>> owned(static_cast<std::size_t>(world));
+  for (int q = 0; q < world; ++q) {
+    if (m.stage == 0 && q > 0) {
+      break; // every rank holds everything; rank 0 writes it
+    }
+    owned[static_cast<std::size_t>(q)] = access::owned_by(eng, q);
+    if (owned[static_cast<std::size_t>(q)].empty()) {
+      continue;
+    }
+    file_entry fe{detail::shard_name(q), "shard", q, 0, 0, {}};
+    std::uint64_t at = 0;
+    for (const auto& o : owned[static_cast<std::size_t>(q)]) {
+      fe.pieces.push_back({index_of_layout_id[o.id], o.param_offset, o.count, at});
+      at += o.count * shard_bytes_per_element;
+    }
+    fe.size = at;
+    m.files.push_back(std::move(fe));
+  }
+  const std::size_t shard_files = m.files.size();
+  if (frozen.param_count() > 0) {
+    file_entry fe{"frozen.bin", "frozen", 0, 0, 0, {}};
+    std::uint64_t at = 0;
+    for (std::size_t id : frozen.flat_order()) {
+      const auto& p = frozen.param(id);
+      fe.pieces.push_back({index_of_frozen_id[id], 0, p.numel, at});
+      at += p.numel * size_of(p.type);
+    }
+    fe.size = at;
+    m.files.push_back(std::move(fe));
+  }
+
+  const fs::path tmp = dir / (".tmp-" + tag);
+  const fs::path final_dir = dir / tag;
+  std::exception_ptr err;
+  try {
+    if (rank == 0) {
+      fs::create_directories(dir);
+      fs::remove_all(tmp); // what a crashed save of this tag left
+      fs::create_directory(tmp);
+      detail::sync_dir(dir);
+      event("tmp_dir_created");
+    }
+  } catch (const fs::filesystem_error& e) {
+    err = std::make_exception_ptr(io_error(cat(tmp.string(), ": ", e.what())));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(comm, err, cat("save(\"", tag, "\"): creating ", tmp.string()));
+
+  // Each rank writes its shard: master, m, v per piece.
+  std::vector<std::int64_t> sums(2 * static_cast<std::size_t>(world), 0);
+  try {
+    const auto& mine = owned[static_cast<std::size_t>(rank)];
+    if (!mine.empty()) {
+      access::synchronize(eng);
+      auto& optim = eng.optimizer();
+      const float* master = optim.master();
+      const auto* store = reinterpret_cast<const float*>(access::param_store(eng));
+      detail::hashing_writer w(tmp / detail::shard_name(rank));
+      event("shard_created");
+      std::size_t k = 0;
+      for (const auto& o : mine) {
+        const std::size_t bytes = o.count * sizeof(float);
+        w.write(master != nullptr ? master + o.state : store + o.store, bytes);
+        w.write(optim.exp_avg() + o.state, bytes);
+        w.write(optim.exp_avg_sq() + o.state, bytes);
+        event("shard_piece", k++);
+      }
+      w.finish();
+      event("shard_synced");
+      sums[2 * static_cast<std::size_t>(rank)] = static_cast<std::int64_t>(w.size());
+      sums[2 * static_cast<std::size_t>(rank) + 1] = std::bit_cast<std::int64_t>(w.digest());
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(comm, err, cat("save(\"", tag, "\"): writing the shards"));
+  if (world > 1) {
+    // Each rank fills its own pair; the others are zero, so the sum is exact.
+    comm.all_reduce(sums.data(), sums.data(), sums.size(), reduce_op::sum).wait();
+  }
+
+  try {
+    if (rank == 0) {
+      for (std::size_t f = 0; f < shard_files; ++f) {
+        auto& fe = m.files[f];
+        const auto q = static_cast<std::size_t>(fe.rank);
+        if (static_cast<std::uint64_t>(sums[2 * q]) != fe.size) {
+          throw io_error(cat((tmp / fe.name).string(), ": rank ", std::to_string(q), " wrote ",
+                             std::to_string(sums[2 * q]), " bytes, expected ", std::to_string(fe.size)));
+        }
+        fe.xxh64 = std::bit_cast<std::uint64_t>(sums[2 * q + 1]);
+      }
+      if (frozen.param_count() > 0) {
+        auto& fe = m.files.back();
+        detail::hashing_writer w(tmp / fe.name);
+        const std::byte* base = access::frozen(eng);
+        for (std::size_t id : frozen.flat_order()) {
+          const auto& p = frozen.param(id);
+          w.write(base + p.offset * size_of(p.type), p.numel * size_of(p.type));
+        }
+        w.finish();
+        fe.xxh64 = w.digest();
+        event("frozen_synced");
+      }
+      detail::write_file(tmp / "manifest.json", m.to_json().dump(1));
+      event("manifest_synced");
+      detail::sync_dir(tmp);
+      event("tmp_dir_synced");
+      // Publish: the new directory takes the tag's name; an old one with that name is kept until then.
+      std::error_code ec;
+      if (fs::exists(final_dir, ec)) {
+        if (opt.exchange && detail::exchange_paths(tmp, final_dir)) {
+          event("exchanged");
+          detail::sync_dir(dir);
+          event("dir_synced");
+          fs::remove_all(tmp); // now the old checkpoint
+        } else {
+          const fs::path old = dir / (".old-" + tag);
+          fs::remove_all(old);
+          detail::rename_path(final_dir, old);
+          event("old_moved_aside");
+          detail::rename_path(tmp, final_dir);
+          event("renamed");
+          detail::sync_dir(dir);
+          event("dir_synced");
+          fs::remove_all(old);
+        }
+      } else {
+        detail::rename_path(tmp, final_dir);
+        event("renamed");
+        detail::sync_dir(dir);
+        event("dir_synced");
+      }
+      // What a save of this tag that crashed between its two renames left aside is not needed now.
+      fs::remove_all(dir / (".old-" + tag));
+      event("old_removed");
+      const fs::path latest_tmp = dir / ".latest.tmp";
+      detail::write_file(latest_tmp, tag + "\n");
+      event("latest_tmp_synced");
+      detail::rename_path(latest_tmp, dir / "latest");
+      event("latest_renamed");
+      detail::sync_dir(dir);
+      event("latest_dir_synced");
+    }
+  } catch (const fs::filesystem_error& e) {
+    err = std::make_exception_ptr(io_error(cat(dir.string(), ": ", e.what())));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(comm, err, cat("save(\"", tag, "\"): publishing"));
+  event("done");
+}
+
+/// Loads checkpoint `tag` of `dir` ("latest": the one `dir/latest` names) into `eng`, which may run
+/// at another world size or stage than the saving run; collective over the engine's communicator.
+/// Parameters are matched by name, and must have the same shapes and be trainable or frozen alike.
+/// Optimizer state, step counts, the loss scaler and the LR scheduler are restored.
+/// \throws checkpoint_error naming the file and what was expected (missing directory, tag or
+/// latest; unknown format version; a parameter missing, extra or of another shape; a truncated or
+/// corrupt file); the engine is unchanged on every rank then.
+template <class Engine> void load(Engine& eng, const std::filesystem::path& dir, const std::string& tag = "latest") {
+  using access = checkpoint_access<Engine>;
+  using detail::cat;
+  if (!access::finalized(eng)) {
+    throw usage_error("load before finalize(); register and finalize the parameters first");
+  }
+  auto& comm = access::comm(eng);
+  const config& cfg = eng.cfg();
+  if (access::micro_step(eng) % cfg.gradient_accumulation_steps != 0) {
+    throw usage_error(cat("load(\"", tag, "\") inside a gradient accumulation (micro-step ",
+                          std::to_string(access::micro_step(eng)), "); load between optimizer steps"));
+  }
+  const flat_layout& layout = eng.layout();
+  const flat_layout& frozen = access::frozen_layout(eng);
+  const auto mine = access::owned_by(eng, comm.rank());
+
+  // Staging: everything this rank will hold, read and verified before anything changes.
+  std::optional<reader> rd;
+  std::size_t total = 0;
+  for (const auto& o : mine) {
+    total += o.count;
+  }
+  std::vector<float> master(total), m1(total), m2(total);
+  std::vector<std::vector<float>> frozen_values(frozen.param_count());
+  std::exception_ptr err;
+  try {
+    rd.emplace(dir, tag);
+    const manifest& m = rd->info();
+    const std::string source = (rd->path() / "manifest.json").string();
+    std::vector<std::size_t> saved_index_of_layout(layout.param_count());
+    std::vector<std::size_t> saved_index_of_frozen(frozen.param_count());
+    std::vector<bool> matched(m.params.size(), false);
+    for (const auto& r : access::params(eng)) {
+      const auto& p = *r.info;
+      const std::ptrdiff_t i = m.find(p.name);
+      if (i < 0) {
+        throw checkpoint_error(cat(source, ": has no parameter \"", p.name, "\"; the model registered it with shape ",
+                                   detail::shape_text(p.shape)));
+      }
+      const auto& s = m.params[static_cast<std::size_t>(i)];
+      if (s.shape != p.shape) {
+        throw checkpoint_error(cat(source, ": parameter \"", p.name, "\" has shape ", detail::shape_text(s.shape),
+                                   "; the model registered ", detail::shape_text(p.shape)));
+      }
+      if (s.trainable != r.trainable) {
+        throw checkpoint_error(cat(source, ": parameter \"", p.name, "\" was saved ",
+                                   s.trainable ? "trainable" : "frozen", "; the model registered it ",
+                                   r.trainable ? "trainable" : "frozen"));
+      }
+      matched[static_cast<std::size_t>(i)] = true;
+      (r.trainable ? saved_index_of_layout[*layout.find(p.name)] : saved_index_of_frozen[*frozen.find(p.name)]) =
+          static_cast<std::size_t>(i);
+    }
+    for (std::size_t i = 0; i < m.params.size(); ++i) {
+      if (!matched[i]) {
+        throw checkpoint_error(cat(source, ": has parameter \"", m.params[i].name, "\" (shape ",
+                                   detail::shape_text(m.params[i].shape), ") which the model did not register"));
+      }
+    }
+    std::size_t at = 0;
+    for (const auto& o : mine) {
+      const std::size_t s = saved_index_of_layout[o.id];
+      rd->read(s, tensor_kind::master, o.param_offset, {master.data() + at, o.count});
+      rd->read(s, tensor_kind::exp_avg, o.param_offset, {m1.data() + at, o.count});
+      rd->read(s, tensor_kind::exp_avg_sq, o.param_offset, {m2.data() + at, o.count});
+      at += o.count;
+    }
+    for (std::size_t id = 0; id < frozen.param_count(); ++id) {
+      frozen_values[id].resize(frozen.param(id).numel);
+      rd->read(saved_index_of_frozen[id], tensor_kind::master, 0, frozen_values[id]);
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(comm, err, cat("load of checkpoint \"", tag, "\" from ", dir.string()));
+
+  // Commit: nothing below reads a file.
+  const manifest& m = rd->info();
+  access::synchronize(eng);
+  auto& optim = eng.optimizer();
+  float* opt_master = optim.master();
+  std::byte* store = access::param_store(eng);
+  std::size_t at = 0;
+  visit_float(layout.type(), [&]<class P>(type_tag<P>) {
+    P* ps = reinterpret_cast<P*>(store);
+    for (const auto& o : mine) {
+      std::copy_n(m1.data() + at, o.count, optim.exp_avg() + o.state);
+      std::copy_n(m2.data() + at, o.count, optim.exp_avg_sq() + o.state);
+      if (opt_master != nullptr) {
+        std::copy_n(master.data() + at, o.count, opt_master + o.state);
+      }
+      for (std::size_t i = 0; i < o.count; ++i) {
+        ps[o.store + i] = from_float<P>(master[at + i]);
+      }
+      at += o.count;
+    }
+  });
+  for (std::size_t id = 0; id < frozen.param_count(); ++id) {
+    const auto& p = frozen.param(id);
+    visit_float(p.type, [&]<class P>(type_tag<P>) {
+      P* dst = reinterpret_cast<P*>(access::frozen(eng)) + p.offset;
+      for (std::size_t i = 0; i < p.numel; ++i) {
+        dst[i] = from_float<P>(frozen_values[id][i]);
+      }
+    });
+  }
+  if (m.scaler_dynamic && access::scaler(eng).dynamic()) {
+    access::scaler(eng).load_state(m.scaler);
+  }
+  access::scheduler(eng).set_last_batch_iteration(m.lr_last_batch_iteration);
+  access::applied_steps(eng) = m.global_steps;
+  access::boundaries(eng) = m.boundaries;
+  // Keep accumulation boundaries aligned under this run's gradient_accumulation_steps.
+  access::micro_step(eng) = m.boundaries * cfg.gradient_accumulation_steps;
+  access::params_rewritten(eng);
+}
+
+} // namespace checkpoint
+
+/// What `basic_engine::save` calls (found by argument-dependent lookup once this header is included).
+template <class Engine, class... Options>
+void checkpoint_save(Engine& eng, const std::filesystem::path& dir, const std::string& tag, const Options&... opt) {
+  checkpoint::save(eng, dir, tag, opt...);
+}
+/// What `basic_engine::load` calls.
+template <class Engine> void checkpoint_load(Engine& eng, const std::filesystem::path& dir, const std::string& tag) {
+  checkpoint::load(eng, dir, tag);
+}
+
+} // namespace zero

@@ -1,0 +1,517 @@
+#pragma once
+/// \file
+/// The manifest of a zero checkpoint (`<dir>/<tag>/manifest.json`): what was saved, by whom, and
+/// where every piece of every parameter lies, so that a loader at any world size or stage reads
+/// exactly the byte ranges it needs without recomputing the saving run's layout.
+///
+///     {"format": "zero-checkpoint", "format_version": 1, "tag": "step-100",
+///      "world_size": 4, "stage": 2, "param_dtype": "bf16", "grad_dtype": "fp32",
+///      "config_xxh64": "…", "global_steps": 100, "micro_steps": 200, "boundaries": 100,
+///      "loss_scaler": {"dynamic": false, "cur_scale": 1, "cur_iter": 100, "last_overflow_iter": -1,
+///                      "cur_hysteresis": 1},
+///      "lr_scheduler": {"last_batch_iteration": 99},
+///      "modules": ["fc1", "fc2"], "groups": [{"lr": 0.001, "weight_decay": 0.01}],
+///      "params": [{"name": "fc1.weight", "shape": [256, 784], "dtype": "bf16", "module": "fc1",
+///                  "trainable": true, "group": 0}, …],
+///      "files": [{"name": "rank-00000.bin", "kind": "shard", "rank": 0, "size": 123, "xxh64": "…",
+///                 "pieces": [{"param": "fc1.weight", "offset": 0, "count": 1000, "byte_offset": 0}, …]},
+///                {"name": "frozen.bin", "kind": "frozen", "rank": 0, …}]}
+///
+/// A piece of a `shard` file holds `count` fp32 master weights, then `count` Adam first moments,
+/// then `count` second moments, back to back from `byte_offset` (12 bytes per element). A piece of
+/// the `frozen` file holds `count` elements of the parameter's dtype. xxh64 is of the whole file
+/// (seed 0), as 16 lowercase hex digits.
+///
+/// `manifest::parse` trusts nothing in the text: every field is type-checked, every size and count
+/// is capped and checked for overflow, file names are plain names inside the checkpoint directory,
+/// and every parameter must be covered by its pieces exactly once. It throws `checkpoint_error`
+/// naming the source and the field; it never allocates more than a small multiple of the text size.
+
+#include "zero/config/detail/reader.hpp"
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+#include "zero/optim/loss_scaler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace zero::checkpoint {
+
+/// The format this build writes and reads.
+inline constexpr int format_version = 1;
+/// The value of the manifest's "format" key.
+inline constexpr std::string_view format_name = "zero-checkpoint";
+/// The largest manifest text read (64 MiB); a longer file is refused before it is parsed.
+inline constexpr std::size_t max_manifest_bytes = std::size_t{64} << 20;
+/// The largest parameter accepted from a manifest (2^48 elements): keeps every byte offset in 64 bits.
+inline constexpr std::uint64_t max_param_elements = std::uint64_t{1} << 48;
+/// The largest world size accepted from a manifest.
+inline constexpr int max_world_size = 1 << 20;
+/// The most dimensions a parameter may have.
+inline constexpr std::size_t max_dims = 16;
+/// Bytes per element of a shard piece: fp32 master, m and v.
+inline constexpr std::uint64_t shard_bytes_per_element = 12;
+
+/// One registered parameter as the checkpoint saw it.
+struct param_entry {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  dtype type = dtype::f32;
+  std::string module;
+  bool trainable = true;
+  std::size_t group = 0;
+  /// Product of `shape` (not stored; computed by `parse`).
+  std::uint64_t numel = 0;
+};
+
+/// A contiguous run of one parameter's elements inside one file.
+struct piece_entry {
+  /// Index into `manifest::params`.
+  std::size_t param = 0;
+  /// First element of the run inside the parameter (row-major).
+  std::uint64_t offset = 0;
+  /// Elements in the run.
+  std::uint64_t count = 0;
+  /// Where the run starts in the file.
+  std::uint64_t byte_offset = 0;
+};
+
+/// One file of the checkpoint.
+struct file_entry {
+  /// File name inside the tag directory (no directories).
+  std::string name;
+  /// "shard" (master, m, v of trainable parameters) or "frozen" (frozen parameters in their dtype).
+  std::string kind;
+  /// The rank that wrote it.
+  int rank = 0;
+  /// Size in bytes and xxh64 (seed 0) of the whole file.
+  std::uint64_t size = 0;
+  std::uint64_t xxh64 = 0;
+  std::vector<piece_entry> pieces;
+};
+
+/// Everything in `manifest.json`; see the file comment.
+struct manifest {
+  int version = format_version;
+  std::string tag;
+  int world_size = 1;
+  int stage = 0;
+  dtype param_dtype = dtype::f32;
+  dtype grad_dtype = dtype::f32;
+  /// xxh64 of the saving run's resolved config (its `to_json().dump()`), for information: a load
+  /// under another config (another stage or world size) is allowed.
+  std::uint64_t config_xxh64 = 0;
+  std::int64_t global_steps = 0;
+  std::int64_t micro_steps = 0;
+  std::int64_t boundaries = 0;
+  bool scaler_dynamic = false;
+  loss_scaler_state scaler;
+  std::int64_t lr_last_batch_iteration = -1;
+  std::vector<std::string> modules;
+  /// Parameter groups: (lr, weight decay).
+  std::vector<std::pair<double, double>> groups;
+  std::vector<param_entry> params;
+  std::vector<file_entry> files;
+
+  /// Index of the parameter named `name`, or -1.
+  [[nodiscard]] std::ptrdiff_t find(std::string_view name) const {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].name == name) {
+        return static_cast<std::ptrdiff_t>(i);
+      }
+    }
+    return -1;
+  }
+
+  /// The manifest as JSON, in the format of the file comment.
+  [[nodiscard]] nlohmann::json to_json() const;
+  /// Parses and validates a manifest. \param source the file named in messages.
+  /// \throws checkpoint_error naming `source`, the field, what was found and what was expected.
+  [[nodiscard]] static manifest parse(std::string_view text, const std::string& source);
+};
+
+/// `v` as 16 lowercase hex digits.
+[[nodiscard]] inline std::string hex64(std::uint64_t v) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i) {
+    s[static_cast<std::size_t>(i)] = digits[v & 0xfu];
+    v >>= 4;
+  }
+  return s;
+}
+
+namespace detail {
+
+using zero::detail::cat;
+using json = nlohmann::json;
+
+/// Reads the fields of one JSON object, naming the source and the path in every error.
+class fields {
+public:
+  fields(const json& j, const std::string& source, std::string path) : j_(j), source_(source), path_(std::move(path)) {
+    if (!j.is_object()) {
+      fail("", cat("expected an object, found ", zero::detail::kind_of(j)));
+    }
+  }
+
+  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
+    std::string where = path_;
+    if (!key.empty()) {
+      where = zero::detail::join_path(path_, key);
+    }
+    throw checkpoint_error(cat(source_, ": ", where.empty() ? "manifest" : where, ": ", what));
+  }
+
+  const json& at(std::string_view key) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) {
+      fail(key, "missing");
+    }
+    return *it;
+  }
+  std::string str(std::string_view key) const {
+    const json& v = at(key);
+    if (!v.is_string()) {
+      fail(key, cat("expected a string, found ", zero::detail::kind_of(v)));
+    }
+    return v.get<std::string>();
+  }
+  std::int64_t integer(std::string_view key, std::int64_t lo, std::int64_t hi) const {
+    const json& v = at(key);
+    if (!v.is_number_integer()) {
+      fail(key, cat("expected an integer, found ", zero::detail::kind_of(v)));
+    }
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
+      fail(key, cat("found ", zero::detail::show(v), ", expected at most ", std::to_string(hi)));
+    }
+    const auto x = v.get<std::int64_t>();
+    if (x < lo || x > hi) {
+      fail(key, cat("found ", std::to_string(x), ", expected a value in [", std::to_string(lo), ", ",
+                    std::to_string(hi), "]"));
+    }
+    return x;
+  }
+  std::uint64_t count(std::string_view key, std::uint64_t hi) const {
+    return static_cast<std::uint64_t>(integer(key, 0, static_cast<std::int64_t>(hi)));
+  }
+  double number(std::string_view key) const {
+    const json& v = at(key);
+    if (!v.is_number()) {
+      fail(key, cat("expected a number, found ", zero::detail::kind_of(v)));
+    }
+    return v.get<double>();
+  }
+  bool boolean(std::string_view key) const {
+    const json& v = at(key);
+    if (!v.is_boolean()) {
+      fail(key, cat("expected true or false, found ", zero::detail::kind_of(v)));
+    }
+    return v.get<bool>();
+  }
+  const json& array(std::string_view key) const {
+    const json& v = at(key);
+    if (!v.is_array()) {
+      fail(key, cat("expected an array, found ", zero::detail::kind_of(v)));
+    }
+    return v;
+  }
+  std::uint64_t hash(std::string_view key) const {
+    const std::string s = str(key);
+    std::uint64_t v = 0;
+    if (s.size() != 16) {
+      fail(key, cat("found \"", s.substr(0, 40), "\", expected 16 hex digits"));
+    }
+    for (char c : s) {
+      int d = -1;
+      if (c >= '0' && c <= '9') {
+        d = c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        d = c - 'a' + 10;
+      }
+      if (d < 0) {
+        fail(key, cat("found \"", s, "\", expected 16 lowercase hex digits"));
+      }
+      v = v << 4 | static_cast<std::uint64_t>(d);
+    }
+    return v;
+  }
+  dtype type(std::string_view key) const {
+    const std::string s = str(key);
+    if (s == "fp32") {
+      return dtype::f32;
+    }
+    if (s == "fp16") {
+      return dtype::f16;
+    }
+    if (s == "bf16") {
+      return dtype::bf16;
+    }
+    fail(key, cat("found \"", s.substr(0, 40), "\", expected \"fp32\", \"fp16\" or \"bf16\""));
+  }
+  const std::string& path() const noexcept { return path_; }
+
+private:
+  const json& j_;
+  const std::string& source_;
+  std::string path_;
+};
+
+/// A file name that stays inside the tag directory.
+inline bool plain_file_name(std::string_view n) {
+  if (n.empty() || n.size() > 255 || n == "." || n == "..") {
+    return false;
+  }
+  return std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+} // namespace detail
+
+inline nlohmann::json manifest::to_json() const {
+  using nlohmann::json;
+  json j;
+  j["format"] = format_name;
+  j["format_version"] = version;
+  j["tag"] = tag;
+  j["world_size"] = world_size;
+  j["stage"] = stage;
+  j["param_dtype"] = name_of(param_dtype);
+  j["grad_dtype"] = name_of(grad_dtype);
+  j["config_xxh64"] = hex64(config_xxh64);
+  j["global_steps"] = global_steps;
+  j["micro_steps"] = micro_steps;
+  j["boundaries"] = boundaries;
+  j["loss_scaler"] = {{"dynamic", scaler_dynamic},
+                      {"cur_scale", scaler.cur_scale},
+                      {"cur_iter", scaler.cur_iter},
+                      {"last_overflow_iter", scaler.last_overflow_iter},
+                      {"cur_hysteresis", scaler.cur_hysteresis}};
+  j["lr_scheduler"] = {{"last_batch_iteration", lr_last_batch_iteration}};
+  j["modules"] = modules;
+  json g = json::array();
+  for (const auto& [lr, wd] : groups) {
+    g.push_back({{"lr", lr}, {"weight_decay", wd}});
+  }
+  j["groups"] = std::move(g);
+  json ps = json::array();
+  for (const auto& p : params) {
+    ps.push_back({{"name", p.name},
+                  {"shape", p.shape},
+                  {"dtype", name_of(p.type)},
+                  {"module", p.module},
+                  {"trainable", p.trainable},
+                  {"group", p.group}});
+  }
+  j["params"] = std::move(ps);
+  json fs = json::array();
+  for (const auto& f : files) {
+    json pieces = json::array();
+    for (const auto& pc : f.pieces) {
+      pieces.push_back({{"param", params[pc.param].name},
+                        {"offset", pc.offset},
+                        {"count", pc.count},
+                        {"byte_offset", pc.byte_offset}});
+    }
+    fs.push_back({{"name", f.name},
+                  {"kind", f.kind},
+                  {"rank", f.rank},
+                  {"size", f.size},
+                  {"xxh64", hex64(f.xxh64)},
+                  {"pieces", std::move(pieces)}});
+  }
+  j["files"] = std::move(fs);
+  return j;
+}
+
+inline manifest manifest::parse(std::string_view text, const std::string& source) {
+  using detail::cat;
+  using detail::fields;
+  using nlohmann::json;
+  if (text.size() > max_manifest_bytes) {
+    throw checkpoint_error(cat(source, ": the manifest is ", std::to_string(text.size()), " bytes, expected at most ",
+                               std::to_string(max_manifest_bytes)));
+  }
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) {
+    throw checkpoint_error(cat(source, ": not valid JSON; expected a zero checkpoint manifest"));
+  }
+  const fields top(j, source, "");
+  manifest m;
+  if (top.str("format") != format_name) {
+    top.fail("format", cat("found \"", top.str("format").substr(0, 40), "\", expected \"", format_name, "\""));
+  }
+  const json& ver = top.at("format_version");
+  if (!ver.is_number_integer() || ver.get<std::int64_t>() != format_version) {
+    top.fail("format_version", cat("found ", zero::detail::show(ver), "; this build reads format version ",
+                                   std::to_string(format_version), " only"));
+  }
+  m.tag = top.str("tag");
+  m.world_size = static_cast<int>(top.integer("world_size", 1, max_world_size));
+  m.stage = static_cast<int>(top.integer("stage", 0, 3));
+  m.param_dtype = top.type("param_dtype");
+  m.grad_dtype = top.type("grad_dtype");
+  m.config_xxh64 = top.hash("config_xxh64");
+  constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max() / 4;
+  m.global_steps = top.integer("global_steps", 0, big);
+  m.micro_steps = top.integer("micro_steps", 0, big);
+  m.boundaries = top.integer("boundaries", 0, big);
+  {
+    const fields s(top.at("loss_scaler"), source, "loss_scaler");
+    m.scaler_dynamic = s.boolean("dynamic");
+    m.scaler.cur_scale = s.number("cur_scale");
+    if (!(m.scaler.cur_scale > 0) || !std::isfinite(m.scaler.cur_scale)) {
+      s.fail("cur_scale", "expected a positive finite number");
+    }
+    m.scaler.cur_iter = s.integer("cur_iter", 0, big);
+    m.scaler.last_overflow_iter = s.integer("last_overflow_iter", -1, big);
+    m.scaler.cur_hysteresis = static_cast<int>(s.integer("cur_hysteresis", 0, 1 << 30));
+  }
+  {
+    const fields s(top.at("lr_scheduler"), source, "lr_scheduler");
+    m.lr_last_batch_iteration = s.integer("last_batch_iteration", -1, big);
+  }
+  for (const json& v : top.array("modules")) {
+    if (!v.is_string()) {
+      top.fail("modules", cat("expected strings, found ", zero::detail::kind_of(v)));
+    }
+    m.modules.push_back(v.get<std::string>());
+  }
+  std::size_t gi = 0;
+  for (const json& v : top.array("groups")) {
+    const fields g(v, source, cat("groups[", std::to_string(gi++), "]"));
+    m.groups.emplace_back(g.number("lr"), g.number("weight_decay"));
+  }
+  std::map<std::string, std::size_t, std::less<>> by_name;
+  std::size_t pi = 0;
+  for (const json& v : top.array("params")) {
+    const fields f(v, source, cat("params[", std::to_string(pi++), "]"));
+    param_entry p;
+    p.name = f.str("name");
+    if (p.name.empty()) {
+      f.fail("name", "expected a non-empty name");
+    }
+    if (by_name.contains(p.name)) {
+      f.fail("name", cat("\"", p.name, "\" appears twice"));
+    }
+    const json& shape = f.array("shape");
+    if (shape.empty() || shape.size() > max_dims) {
+      f.fail("shape",
+             cat("has ", std::to_string(shape.size()), " dimensions, expected 1 to ", std::to_string(max_dims)));
+    }
+    p.numel = 1;
+    for (const json& d : shape) {
+      if (!d.is_number_integer() || d.get<std::int64_t>() <= 0 ||
+          static_cast<std::uint64_t>(d.get<std::int64_t>()) > max_param_elements) {
+        f.fail("shape", cat("found ", zero::detail::show(shape), ", expected positive integers"));
+      }
+      const auto extent = static_cast<std::uint64_t>(d.get<std::int64_t>());
+      if (p.numel > max_param_elements / extent) {
+        f.fail("shape", cat("found ", zero::detail::show(shape), ": more than 2^48 elements"));
+      }
+      p.numel *= extent;
+      p.shape.push_back(static_cast<std::int64_t>(extent));
+    }
+    p.type = f.type("dtype");
+    p.module = f.str("module");
+    p.trainable = f.boolean("trainable");
+    p.group = static_cast<std::size_t>(f.integer("group", 0, 1 << 30));
+    if (p.trainable && p.group >= m.groups.size()) {
+      f.fail("group",
+             cat("found ", std::to_string(p.group), ", but there are ", std::to_string(m.groups.size()), " groups"));
+    }
+    by_name.emplace(p.name, m.params.size());
+    m.params.push_back(std::move(p));
+  }
+  // Covered[i]: the (offset, count) runs of parameter i, to check that pieces tile it exactly once.
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> covered(m.params.size());
+  std::size_t fi = 0;
+  bool has_frozen_file = false;
+  for (const json& v : top.array("files")) {
+    const fields f(v, source, cat("files[", std::to_string(fi++), "]"));
+    file_entry fe;
+    fe.name = f.str("name");
+    if (!detail::plain_file_name(fe.name) || fe.name == "manifest.json") {
+      f.fail("name", cat("found \"", fe.name.substr(0, 60),
+                         "\", expected a plain file name (letters, digits, '-', "
+                         "'_', '.') other than manifest.json"));
+    }
+    for (const auto& other : m.files) {
+      if (other.name == fe.name) {
+        f.fail("name", cat("\"", fe.name, "\" appears twice"));
+      }
+    }
+    fe.kind = f.str("kind");
+    if (fe.kind != "shard" && fe.kind != "frozen") {
+      f.fail("kind", cat("found \"", fe.kind.substr(0, 40), "\", expected \"shard\" or \"frozen\""));
+    }
+    const bool shard = fe.kind == "shard";
+    has_frozen_file = has_frozen_file || !shard;
+    fe.rank = static_cast<int>(f.integer("rank", 0, m.world_size - 1));
+    fe.size = f.count("size", std::numeric_limits<std::int64_t>::max());
+    fe.xxh64 = f.hash("xxh64");
+    std::size_t k = 0;
+    for (const json& pv : f.array("pieces")) {
+      const fields pf(pv, source, cat(f.path(), ".pieces[", std::to_string(k++), "]"));
+      piece_entry pc;
+      const std::string pname = pf.str("param");
+      auto it = by_name.find(pname);
+      if (it == by_name.end()) {
+        pf.fail("param", cat("\"", pname.substr(0, 80), "\" is not in params"));
+      }
+      pc.param = it->second;
+      const auto& p = m.params[pc.param];
+      if (p.trainable != shard) {
+        pf.fail("param",
+                cat("\"", p.name, "\" is ", p.trainable ? "trainable" : "frozen", " but this is a ", fe.kind, " file"));
+      }
+      pc.offset = pf.count("offset", max_param_elements);
+      pc.count = pf.count("count", max_param_elements);
+      pc.byte_offset = pf.count("byte_offset", std::numeric_limits<std::int64_t>::max());
+      if (pc.count == 0 || pc.offset + pc.count > p.numel) {
+        pf.fail("count", cat("elements [", std::to_string(pc.offset), ", ", std::to_string(pc.offset + pc.count),
+                             ") do not lie inside \"", p.name, "\" of ", std::to_string(p.numel), " elements"));
+      }
+      const std::uint64_t bytes = pc.count * (shard ? shard_bytes_per_element : size_of(p.type));
+      if (pc.byte_offset > fe.size || bytes > fe.size - pc.byte_offset) {
+        pf.fail("byte_offset", cat("bytes [", std::to_string(pc.byte_offset), ", +", std::to_string(bytes),
+                                   ") run past the file's size ", std::to_string(fe.size)));
+      }
+      covered[pc.param].emplace_back(pc.offset, pc.count);
+      fe.pieces.push_back(pc);
+    }
+    m.files.push_back(std::move(fe));
+  }
+  static_cast<void>(has_frozen_file);
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    auto& runs = covered[i];
+    std::sort(runs.begin(), runs.end());
+    std::uint64_t next = 0;
+    for (const auto& [off, cnt] : runs) {
+      if (off != next) {
+        throw checkpoint_error(
+            cat(source, ": parameter \"", m.params[i].name, "\": ",
+                off < next ? "elements from " + std::to_string(off) + " are stored twice"
+                           : "elements [" + std::to_string(next) + ", " + std::to_string(off) + ") are in no file"));
+      }
+      next = off + cnt;
+    }
+    if (next != m.params[i].numel) {
+      throw checkpoint_error(cat(source, ": parameter \"", m.params[i].name, "\": elements [", std::to_string(next),
+                                 ", ", std::to_string(m.params[i].numel), ") are in no file"));
+    }
+  }
+  return m;
+}
+
+} // namespace zero::checkpoint

@@ -1,0 +1,259 @@
+#pragma once
+/// \file
+/// Consolidated weights in the safetensors format: `eng.export_safetensors(path, dtype)` (collective,
+/// streamed through rank 0), `checkpoint::export_safetensors(reader, path, dtype)` (offline, from a
+/// checkpoint directory; what `zero-ckpt export` runs), and `eng.init_from_safetensors(path)`.
+/// Tensors carry the registered names and shapes, in registration order; trainable parameters are
+/// exported from their fp32 master weights (rounded to bf16 or fp16 when asked), frozen ones from
+/// their values.
+///
+/// Memory: the export never holds more than one chunk (`export_chunk_elements`) of one parameter
+/// beside what a rank already owns: each chunk is assembled on rank 0 from the ranks that own its
+/// pieces (send/recv), converted and written, then the next.
+
+#include "zero/checkpoint/checkpoint.hpp"
+#include "zero/io/safetensors.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zero::checkpoint {
+
+/// Elements of one parameter assembled at once by an export (1 Mi: 4 MiB of fp32).
+inline constexpr std::size_t export_chunk_elements = std::size_t{1} << 20;
+
+namespace detail {
+
+/// Rounds `src` to `type` and appends the bytes to `out`.
+inline void append_as(dtype type, std::span<const float> src, std::vector<std::byte>& out) {
+  const std::size_t es = size_of(type);
+  const std::size_t at = out.size();
+  out.resize(at + src.size() * es);
+  visit_float(type, [&]<class T>(type_tag<T>) {
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      const T v = from_float<T>(src[i]);
+      std::memcpy(out.data() + at + i * es, &v, es);
+    }
+  });
+}
+
+/// Only fp32, bf16 and fp16 are export dtypes.
+inline void check_export_type(dtype type) {
+  if (type != dtype::f32 && type != dtype::bf16 && type != dtype::f16) {
+    throw usage_error(cat("export_safetensors: dtype ", name_of(type),
+                          " is not an export dtype; expected fp32, "
+                          "bf16 or fp16"));
+  }
+}
+
+} // namespace detail
+
+/// Writes the parameters of checkpoint `r` to the safetensors file `out` in `type`, one chunk at a
+/// time. \throws checkpoint_error for a bad checkpoint file (verified as it is read); io_error when
+/// `out` cannot be written (a file already at `out` stays as it was).
+inline void export_safetensors(reader& r, const std::filesystem::path& out, dtype type = dtype::f32) {
+  detail::check_export_type(type);
+  const manifest& m = r.info();
+  std::vector<safetensors::tensor_decl> decls;
+  for (const auto& p : m.params) {
+    decls.push_back({p.name, type, p.shape});
+  }
+  safetensors::writer w(out, std::move(decls),
+                        {{"format", "pt"}, {"zero.tag", m.tag}, {"zero.global_steps", std::to_string(m.global_steps)}});
+  std::vector<float> chunk;
+  std::vector<std::byte> bytes;
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    for (std::uint64_t off = 0; off < m.params[i].numel; off += export_chunk_elements) {
+      chunk.resize(static_cast<std::size_t>(std::min<std::uint64_t>(export_chunk_elements, m.params[i].numel - off)));
+      r.read(i, tensor_kind::master, off, chunk);
+      bytes.clear();
+      detail::append_as(type, chunk, bytes);
+      w.write(bytes);
+    }
+  }
+  w.close();
+}
+
+/// Writes the consolidated parameters of `eng` to `path` in `type`; collective (rank 0 writes).
+/// Needs a communicator with send and recv at stages 1-3.
+/// \throws usage_error for a dtype other than fp32, bf16, fp16; io_error when the file cannot be
+/// written (on rank 0; the other ranks then fail with an error naming rank 0).
+template <class Engine> void export_safetensors(Engine& eng, const std::filesystem::path& path, dtype type) {
+  using access = checkpoint_access<Engine>;
+  using detail::cat;
+  detail::check_export_type(type);
+  if (!access::finalized(eng)) {
+    throw usage_error("export_safetensors before finalize()");
+  }
+  auto& comm = access::comm(eng);
+  using comm_type = std::remove_reference_t<decltype(comm)>;
+  const int rank = comm.rank();
+  const int world = comm.size();
+  const int stage = eng.cfg().stage();
+  const flat_layout& layout = eng.layout();
+  const auto registered = access::params(eng);
+  access::synchronize(eng);
+  auto& optim = eng.optimizer();
+  const float* master = optim.master();
+  const auto* store = reinterpret_cast<const float*>(access::param_store(eng));
+  // The fp32 value of the element at state index `s` / store index `t` of this rank.
+  auto value = [&](std::size_t s, std::size_t t) { return master != nullptr ? master[s] : store[t]; };
+
+  std::optional<safetensors::writer> w;
+  std::exception_ptr err;
+  try {
+    if (rank == 0) {
+      std::vector<safetensors::tensor_decl> decls;
+      for (const auto& r : registered) {
+        decls.push_back({r.info->name, type, r.info->shape});
+      }
+      w.emplace(path, std::move(decls),
+                std::map<std::string, std::string>{{"format", "pt"},
+                                                   {"zero.global_steps", std::to_string(eng.global_steps())}});
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(comm, err, cat("export_safetensors(", path.string(), ")"));
+
+  std::vector<float> chunk;
+  std::vector<std::byte> bytes;
+  for (const auto& r : registered) {
+    const auto& p = *r.info;
+    for (std::size_t c0 = 0; c0 < p.numel; c0 += export_chunk_elements) {
+      const std::size_t c1 = std::min(p.numel, c0 + export_chunk_elements);
+      if (rank == 0) {
+        chunk.assign(c1 - c0, 0.0f);
+      }
+      if (!r.trainable) {
+        if (rank == 0) {
+          visit_float(p.type, [&]<class P>(type_tag<P>) {
+            const P* src = reinterpret_cast<const P*>(access::frozen(eng)) + p.offset;
+            for (std::size_t i = c0; i < c1; ++i) {
+              chunk[i - c0] = to_float(src[i]);
+            }
+          });
+        }
+      } else if (stage == 0 || world == 1) {
+        if (rank == 0) {
+          for (std::size_t i = c0; i < c1; ++i) {
+            const std::size_t s = stage == 0 ? p.offset + i : layout.owner(p.offset + i).second;
+            chunk[i - c0] = value(s, stage == 3 ? s : p.offset + i);
+          }
+        }
+      } else {
+        if constexpr (can_send_recv<comm_type>) {
+          const std::size_t id = *layout.find(p.name);
+          for (int q = 0; q < world; ++q) {
+            const auto piece = layout.intersection(id, q);
+            if (!piece) {
+              continue;
+            }
+            const std::size_t lo = std::max(c0, piece->param_offset);
+            const std::size_t hi = std::min(c1, piece->param_offset + piece->count);
+            if (lo >= hi) {
+              continue;
+            }
+            if (rank == q) {
+              std::vector<float> mine(hi - lo);
+              for (std::size_t i = lo; i < hi; ++i) {
+                const std::size_t s = piece->shard_offset + (i - piece->param_offset);
+                mine[i - lo] = value(s, stage == 3 ? s : piece->flat_offset + (i - piece->param_offset));
+              }
+              if (q == 0) {
+                std::copy(mine.begin(), mine.end(), chunk.begin() + static_cast<std::ptrdiff_t>(lo - c0));
+              } else {
+                comm.send(mine.data(), mine.size(), 0).wait();
+              }
+            } else if (rank == 0) {
+              comm.recv(chunk.data() + (lo - c0), hi - lo, q).wait();
+            }
+          }
+        } else {
+          static_assert(can_send_recv<comm_type>, "zero: export_safetensors at stages 1-3 needs a communicator with "
+                                                  "send and recv (each rank sends rank 0 the pieces it owns)");
+        }
+      }
+      if (rank == 0) {
+        bytes.clear();
+        detail::append_as(type, chunk, bytes);
+        w->write(bytes);
+      }
+    }
+  }
+  err = nullptr;
+  try {
+    if (rank == 0) {
+      w->close();
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(comm, err, cat("export_safetensors(", path.string(), ")"));
+}
+
+/// Initialises every parameter of `eng` from the safetensors file `path` (tensors named as the
+/// registered parameters, of their shapes, in fp32, bf16 or fp16), through `init_params`.
+/// \throws checkpoint_error naming the file and the tensor that is missing, misshapen or of
+/// another dtype; the parameters are unchanged then.
+template <class Engine> void init_from_safetensors(Engine& eng, const std::filesystem::path& path) {
+  using access = checkpoint_access<Engine>;
+  using detail::cat;
+  std::optional<safetensors::reader> st;
+  std::exception_ptr err;
+  try {
+    st.emplace(path);
+    for (const auto& r : access::params(eng)) {
+      const auto& p = *r.info;
+      const auto* t = st->find(p.name);
+      if (t == nullptr) {
+        throw checkpoint_error(cat(path.string(), ": has no tensor \"", p.name,
+                                   "\"; the model registered it with shape ", detail::shape_text(p.shape)));
+      }
+      if (t->shape != p.shape) {
+        throw checkpoint_error(cat(path.string(), ": tensor \"", p.name, "\" has shape ", detail::shape_text(t->shape),
+                                   "; the model registered ", detail::shape_text(p.shape)));
+      }
+      if (t->type != dtype::f32 && t->type != dtype::bf16 && t->type != dtype::f16) {
+        throw checkpoint_error(
+            cat(path.string(), ": tensor \"", p.name, "\" is ", name_of(t->type), "; expected fp32, bf16 or fp16"));
+      }
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(access::comm(eng), err, cat("init_from_safetensors(", path.string(), ")"));
+  std::vector<std::byte> raw;
+  eng.init_params([&](const param_info& p, std::size_t first, std::span<float> out) {
+    const auto* t = st->find(p.name);
+    const std::size_t es = size_of(t->type);
+    raw.resize(out.size() * es);
+    st->read(*t, first * es, raw);
+    visit_float(t->type, [&]<class T>(type_tag<T>) {
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        T v;
+        std::memcpy(&v, raw.data() + i * es, es);
+        out[i] = to_float(v);
+      }
+    });
+  });
+}
+
+} // namespace zero::checkpoint
+
+namespace zero {
+/// What `basic_engine::export_safetensors` calls (found by argument-dependent lookup).
+template <class Engine> void checkpoint_export_safetensors(Engine& eng, const std::filesystem::path& path, dtype type) {
+  checkpoint::export_safetensors(eng, path, type);
+}
+/// What `basic_engine::init_from_safetensors` calls.
+template <class Engine> void checkpoint_init_from_safetensors(Engine& eng, const std::filesystem::path& path) {
+  checkpoint::init_from_safetensors(eng, path);
+}
+} // namespace zero

@@ -1,0 +1,182 @@
+#pragma once
+// Checkpoint tests' harness: the engine tests' small model and training loop (engine_harness.hpp),
+// run in pieces with a save and a load between them, plus scratch directories and snapshots of a
+// saved checkpoint read back offline.
+
+#include "../engine/engine_harness.hpp"
+#include "zero/checkpoint/checkpoint.hpp"
+
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace zero::testing {
+
+namespace fs = std::filesystem;
+using test_engine = engine<cpu_backend, thread_communicator>;
+
+/// This process's folder of scratch directories, removed when the process exits normally.
+inline const fs::path& scratch_root() {
+  struct root {
+    fs::path path = fs::temp_directory_path() / ("zero-ckpt-tests-" + std::to_string(::getpid()));
+    ~root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const root r;
+  return r.path;
+}
+
+/// An empty directory for one test, under the system's temporary directory.
+inline fs::path scratch(const std::string& name) {
+  const fs::path p = scratch_root() / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+/// Options of the checkpoint tests' runs beside `run_spec`.
+struct ckpt_spec {
+  /// A WarmupLR schedule, so that the scheduler's state matters.
+  bool scheduler = false;
+  /// A frozen parameter "frozen.table" {7, 3} after the model.
+  bool frozen = false;
+};
+
+inline config make_config(const run_spec& s, const ckpt_spec& c) {
+  auto j = nlohmann::json::parse(config_json(s));
+  if (c.scheduler) {
+    j["scheduler"] = {{"type", "WarmupLR"},
+                      {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", s.lr}, {"warmup_num_steps", 4}}}};
+  }
+  config_inputs in;
+  in.world_size = s.world;
+  return config::from_json(j, in);
+}
+
+/// Runs `body(eng, handles, comm)` on `s.world` ranks with a finalized engine of the small model.
+template <class Body> void with_engine(const run_spec& s, const ckpt_spec& c, Body&& body) {
+  run_ranks(s.world, [&](thread_communicator& comm) {
+    const auto cfg = make_config(s, c);
+    cpu_backend backend({.threads = 1});
+    test_engine eng(cfg, comm, backend);
+    auto mh = register_model(eng);
+    if (c.frozen) {
+      static_cast<void>(eng.add_param(mh.modules[0], "frozen.table", {7, 3}, {.trainable = false}));
+    }
+    eng.finalize();
+    body(eng, mh, comm);
+  });
+}
+
+/// `init_value` for the model, and another pattern for the frozen parameter (scale: 1 or a
+/// different model, to show that a load overwrites everything).
+inline void init_all(test_engine& eng, float scale = 1.0f) {
+  eng.init_params([&](const param_info& p, std::size_t first, std::span<float> dst) {
+    const auto k = eng.layout().find(p.name);
+    for (std::size_t j = 0; j < dst.size(); ++j) {
+      dst[j] = scale * (k ? init_value(*k, first + j) : static_cast<float>((first + j) % 5) - 2.0f);
+    }
+  });
+}
+
+/// Trains steps [from, to) of `s`, keeping no record.
+inline void train_range(test_engine& eng, const model_handles& mh, thread_communicator& comm, const run_spec& s,
+                        std::int64_t from, std::int64_t to) {
+  run_result r;
+  r.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+  train_steps(eng, mh, comm, s, from, to, r);
+}
+
+/// Initialises the model and trains steps [0, k) of `s`.
+inline void init_and_train(test_engine& eng, const model_handles& mh, thread_communicator& comm, const run_spec& s,
+                           std::int64_t k) {
+  init_all(eng);
+  train_range(eng, mh, comm, s, 0, k);
+}
+
+/// Trains `s` uninterrupted.
+inline run_result train_plain(const run_spec& s, const ckpt_spec& c = {}) {
+  run_result out;
+  out.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+  with_engine(s, c, [&](test_engine& eng, const model_handles& mh, thread_communicator& comm) {
+    init_all(eng);
+    train_steps(eng, mh, comm, s, 0, s.steps, out);
+    collect_params(eng, mh, comm, out);
+  });
+  return out;
+}
+
+/// Trains `a` for `k` steps and saves into `dir` as "step-k"; then a fresh engine of `b` (another
+/// world size or stage, initialised differently) loads "latest" and trains steps [k, b.steps).
+inline run_result train_with_break(const run_spec& a, std::int64_t k, const run_spec& b, const fs::path& dir,
+                                   const ckpt_spec& c = {}) {
+  run_result first;
+  first.applied_by_rank.resize(static_cast<std::size_t>(a.world));
+  std::int64_t saved_steps = -1;
+  with_engine(a, c, [&](test_engine& eng, const model_handles& mh, thread_communicator& comm) {
+    init_all(eng);
+    train_steps(eng, mh, comm, a, 0, k, first);
+    eng.save(dir, "step-" + std::to_string(k));
+    saved_steps = eng.global_steps();
+  });
+  run_result out;
+  out.applied_by_rank.resize(static_cast<std::size_t>(b.world));
+  with_engine(b, c, [&](test_engine& eng, const model_handles& mh, thread_communicator& comm) {
+    init_all(eng, -3.0f);
+    eng.load(dir);
+    CHECK(eng.global_steps() == saved_steps);
+    train_steps(eng, mh, comm, b, k, b.steps, out);
+    collect_params(eng, mh, comm, out);
+  });
+  return out;
+}
+
+/// What a checkpoint holds, read offline: master, m and v of every parameter, and the counters.
+struct snapshot {
+  std::map<std::string, std::vector<float>> tensors;
+  std::int64_t global_steps = 0;
+  std::int64_t scheduler_iteration = 0;
+  double scale = 0;
+  friend bool operator==(const snapshot&, const snapshot&) = default;
+};
+
+inline snapshot read_snapshot(const fs::path& dir, const std::string& tag = "latest") {
+  checkpoint::reader r(dir, tag);
+  r.verify();
+  snapshot s;
+  s.global_steps = r.info().global_steps;
+  s.scheduler_iteration = r.info().lr_last_batch_iteration;
+  s.scale = r.info().scaler.cur_scale;
+  for (std::size_t i = 0; i < r.info().params.size(); ++i) {
+    const auto& p = r.info().params[i];
+    for (auto kind :
+         {checkpoint::tensor_kind::master, checkpoint::tensor_kind::exp_avg, checkpoint::tensor_kind::exp_avg_sq}) {
+      if (!p.trainable && kind != checkpoint::tensor_kind::master) {
+        continue;
+      }
+      std::vector<float> v(p.numel);
+      r.read(i, kind, 0, v);
+      s.tensors[p.name + "/" + std::to_string(static_cast<int>(kind))] = std::move(v);
+    }
+  }
+  return s;
+}
+
+/// The message of the exception `f` throws, or "" when it throws none.
+template <class F> std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+} // namespace zero::testing

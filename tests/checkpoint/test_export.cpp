@@ -1,0 +1,102 @@
+// Consolidated safetensors: exported from a running engine (streamed through rank 0) and offline
+// from a checkpoint directory, equal to the saved fp32 masters; imported back through init_params.
+
+#include "ckpt_harness.hpp"
+#include "zero/checkpoint/safetensors.hpp"
+
+#include <doctest/doctest.h>
+
+namespace zt = zero::testing;
+namespace fs = std::filesystem;
+using zero::dtype;
+
+namespace {
+
+/// Every tensor of a safetensors file as fp32.
+std::map<std::string, std::vector<float>> read_all(const fs::path& f) {
+  zero::safetensors::reader r(f);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& t : r.tensors()) {
+    const std::size_t es = zero::size_of(t.type);
+    std::vector<std::byte> raw(t.end - t.begin);
+    r.read(t, 0, raw);
+    auto& v = out[t.name];
+    zero::visit_float(t.type, [&]<class T>(zero::type_tag<T>) {
+      for (std::size_t i = 0; i < raw.size() / es; ++i) {
+        T x;
+        std::memcpy(&x, raw.data() + i * es, es);
+        v.push_back(zero::to_float(x));
+      }
+    });
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("export_safetensors streams the fp32 masters under the registered names, at every stage") {
+  for (int stage : {0, 1, 3}) {
+    CAPTURE(stage);
+    const auto dir = zt::scratch("export-" + std::to_string(stage));
+    zt::run_spec s{.stage = stage, .world = 4, .type = dtype::bf16, .steps = 2, .batch = 64};
+    zt::with_engine(s, {.frozen = true},
+                    [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+                      zt::init_and_train(eng, mh, comm, s, 2);
+                      eng.save(dir, "t");
+                      eng.export_safetensors(dir / "fp32.safetensors", dtype::f32);
+                      eng.export_safetensors(dir / "bf16.safetensors", dtype::bf16);
+                    });
+    const auto saved = zt::read_snapshot(dir);
+    const auto fp32 = read_all(dir / "fp32.safetensors");
+    const auto bf16 = read_all(dir / "bf16.safetensors");
+    REQUIRE(fp32.size() == 6);
+    for (const auto& [name, v] : fp32) {
+      CAPTURE(name);
+      CHECK(v == saved.tensors.at(name + "/0"));
+      std::vector<float> rounded;
+      for (float x : v) {
+        rounded.push_back(zero::to_float(zero::from_float<zero::bf16>(x)));
+      }
+      CHECK(bf16.at(name) == rounded);
+    }
+    // Offline, from the checkpoint: the same tensors.
+    zero::checkpoint::reader rd(dir);
+    zero::checkpoint::export_safetensors(rd, dir / "offline.safetensors", dtype::f32);
+    CHECK(read_all(dir / "offline.safetensors") == fp32);
+  }
+}
+
+TEST_CASE("init_from_safetensors fills every parameter, at another world size and stage; bad files are refused") {
+  const auto dir = zt::scratch("import");
+  zt::run_spec s{.stage = 2, .world = 2, .steps = 2, .batch = 64};
+  zt::with_engine(s, {.frozen = true},
+                  [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+                    zt::init_and_train(eng, mh, comm, s, 2);
+                    eng.export_safetensors(dir / "w.safetensors", dtype::f32);
+                  });
+  const auto want = read_all(dir / "w.safetensors");
+  zt::run_spec b{.stage = 3, .world = 4, .steps = 1, .batch = 64};
+  zt::with_engine(b, {.frozen = true},
+                  [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+                    eng.init_from_safetensors(dir / "w.safetensors");
+                    zt::run_result got;
+                    zt::collect_params(eng, mh, comm, got);
+                    if (comm.rank() == 0) {
+                      for (std::size_t k = 0; k < mh.params.size(); ++k) {
+                        CHECK(got.params[k] == want.at(zt::small_model()[k].name));
+                      }
+                    }
+                  });
+  // A model with a parameter the file lacks.
+  std::string msg;
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    const auto cfg = zt::make_config({.world = 1, .batch = 64}, {});
+    zero::cpu_backend backend({.threads = 1});
+    zt::test_engine eng(cfg, comm, backend);
+    static_cast<void>(eng.add_param(eng.add_module("m"), "head", {3, 3}));
+    eng.finalize();
+    msg = zt::error_of([&] { eng.init_from_safetensors(dir / "w.safetensors"); });
+  });
+  CHECK(msg.find((dir / "w.safetensors").string() +
+                 ": has no tensor \"head\"; the model registered it with shape [3, 3]") != std::string::npos);
+}

@@ -1,0 +1,87 @@
+// The manifest reader on its own: a round trip, and hostile manifests refused by name.
+
+#include "zero/checkpoint/manifest.hpp"
+
+#include <doctest/doctest.h>
+#include <string>
+
+using zero::checkpoint::manifest;
+
+namespace {
+
+manifest sample() {
+  manifest m;
+  m.tag = "t";
+  m.world_size = 2;
+  m.stage = 1;
+  m.param_dtype = zero::dtype::bf16;
+  m.config_xxh64 = 0x0123456789abcdefull;
+  m.global_steps = 3;
+  m.micro_steps = 6;
+  m.boundaries = 3;
+  m.modules = {"fc"};
+  m.groups = {{1e-3, 0.1}};
+  m.params = {{"w", {3, 4}, zero::dtype::bf16, "fc", true, 0, 12}, {"f", {2}, zero::dtype::bf16, "fc", false, 0, 2}};
+  m.files = {{"rank-00000.bin", "shard", 0, 72, 1, {{0, 0, 6, 0}}},
+             {"rank-00001.bin", "shard", 1, 72, 2, {{0, 6, 6, 0}}},
+             {"frozen.bin", "frozen", 0, 4, 3, {{1, 0, 2, 0}}}};
+  return m;
+}
+
+std::string error_of(const nlohmann::json& j) {
+  try {
+    static_cast<void>(manifest::parse(j.dump(), "m.json"));
+  } catch (const zero::checkpoint_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+} // namespace
+
+TEST_CASE("a manifest reads back as written") {
+  const auto j = sample().to_json();
+  const auto back = manifest::parse(j.dump(), "m.json");
+  CHECK(back.to_json() == j);
+  CHECK(back.params[0].numel == 12);
+  CHECK(back.files[1].pieces[0].offset == 6);
+}
+
+TEST_CASE("hostile manifests are refused with the field named") {
+  auto j = sample().to_json();
+  CHECK(error_of(j).empty());
+  auto bad = j;
+  bad["files"][0]["name"] = "../../etc/passwd";
+  CHECK(error_of(bad).find("m.json: files[0].name: found \"../../etc/passwd\", expected a plain file name") !=
+        std::string::npos);
+  bad = j;
+  bad["files"][1]["pieces"][0]["offset"] = 5;
+  CHECK(error_of(bad).find("parameter \"w\": elements from 5 are stored twice") != std::string::npos);
+  bad = j;
+  bad["files"][1]["pieces"][0]["count"] = 5;
+  CHECK(error_of(bad).find("parameter \"w\": elements [11, 12) are in no file") != std::string::npos);
+  bad = j;
+  bad["files"][0]["pieces"][0]["count"] = 1ull << 60;
+  CHECK(error_of(bad).find("files[0].pieces[0].count: found 1152921504606846976, expected at most "
+                           "281474976710656") != std::string::npos);
+  bad = j;
+  bad["files"][0]["pieces"][0]["byte_offset"] = 1;
+  CHECK(error_of(bad).find("files[0].pieces[0].byte_offset: bytes [1, +72) run past the file's size 72") !=
+        std::string::npos);
+  bad = j;
+  bad["params"][0]["shape"] = {1 << 30, 1 << 30, 1 << 30};
+  CHECK(error_of(bad).find("params[0].shape: found [1073741824,1073741824,1073741824]: more than 2^48 elements") !=
+        std::string::npos);
+  bad = j;
+  bad["files"][2]["pieces"][0]["param"] = "w";
+  CHECK(error_of(bad).find("\"w\" is trainable but this is a frozen file") != std::string::npos);
+  bad = j;
+  bad["files"][0]["xxh64"] = "xyz";
+  CHECK(error_of(bad).find("files[0].xxh64: found \"xyz\", expected 16 hex digits") != std::string::npos);
+  bad = j;
+  bad.erase("stage");
+  CHECK(error_of(bad).find("m.json: stage: missing") != std::string::npos);
+  bad = j;
+  bad["format"] = "safetensors";
+  CHECK(error_of(bad).find("m.json: format: found \"safetensors\", expected \"zero-checkpoint\"") != std::string::npos);
+}
