@@ -61,11 +61,19 @@ inline config make_config(const run_spec& s, const ckpt_spec& c) {
 }
 
 /// Runs `body(eng, handles, comm)` on `s.world` ranks with a finalized engine of the small model.
-template <class Body> void with_engine(const run_spec& s, const ckpt_spec& c, Body&& body) {
+/// `Backend` is default-constructible (cpu_backend with one thread by default).
+template <class Backend = cpu_backend, class Body>
+void with_engine(const run_spec& s, const ckpt_spec& c, Body&& body) {
   run_ranks(s.world, [&](thread_communicator& comm) {
     const auto cfg = make_config(s, c);
-    cpu_backend backend({.threads = 1});
-    test_engine eng(cfg, comm, backend);
+    Backend backend = [] {
+      if constexpr (std::is_same_v<Backend, cpu_backend>) {
+        return cpu_backend({.threads = 1});
+      } else {
+        return Backend{};
+      }
+    }();
+    engine<Backend, thread_communicator> eng(cfg, comm, backend);
     auto mh = register_model(eng);
     if (c.frozen) {
       static_cast<void>(eng.add_param(mh.modules[0], "frozen.table", {7, 3}, {.trainable = false}));
@@ -77,7 +85,7 @@ template <class Body> void with_engine(const run_spec& s, const ckpt_spec& c, Bo
 
 /// `init_value` for the model, and another pattern for the frozen parameter (scale: 1 or a
 /// different model, to show that a load overwrites everything).
-inline void init_all(test_engine& eng, float scale = 1.0f) {
+template <class Engine> void init_all(Engine& eng, float scale = 1.0f) {
   eng.init_params([&](const param_info& p, std::size_t first, std::span<float> dst) {
     const auto k = eng.layout().find(p.name);
     for (std::size_t j = 0; j < dst.size(); ++j) {
@@ -87,8 +95,9 @@ inline void init_all(test_engine& eng, float scale = 1.0f) {
 }
 
 /// Trains steps [from, to) of `s`, keeping no record.
-inline void train_range(test_engine& eng, const model_handles& mh, thread_communicator& comm, const run_spec& s,
-                        std::int64_t from, std::int64_t to) {
+template <class Engine>
+void train_range(Engine& eng, const model_handles& mh, thread_communicator& comm, const run_spec& s, std::int64_t from,
+                 std::int64_t to) {
   run_result r;
   r.applied_by_rank.resize(static_cast<std::size_t>(s.world));
   train_steps(eng, mh, comm, s, from, to, r);

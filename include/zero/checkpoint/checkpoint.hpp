@@ -98,6 +98,65 @@ template <class Engine> struct checkpoint_access {
   }
   static std::byte* param_store(Engine& e) { return e.param_store(); }
   static std::byte* frozen(Engine& e) { return e.frozen_.data(); }
+  /// Elements of the parameter store: the rank's shard at stage 3, the whole flat buffer otherwise.
+  static std::size_t store_elements(const Engine& e) {
+    return e.coord_ ? e.layout_.shard_size() : e.layout_.total_size();
+  }
+  /// Bytes of the frozen parameters' buffer.
+  static std::size_t frozen_bytes(const Engine& e) {
+    return e.frozen_layout_.param_count() > 0 ? e.frozen_layout_.total_size() * size_of(e.frozen_layout_.type()) : 0;
+  }
+  /// A host copy of `n` elements of engine memory (the backend's copy where the host cannot touch it,
+  /// as on a GPU), after the engine's stream.
+  template <class T> static std::vector<T> read(Engine& e, const T* src, std::size_t n) {
+    std::vector<T> host(n);
+    if (n > 0) {
+      e.download(src, host.data(), n);
+    }
+    return host;
+  }
+  /// Memory the communicator can use: host memory as it is when the engine's memory is host accessible,
+  /// otherwise a staging buffer from the engine's buffer allocator (NCCL needs device memory).
+  static constexpr bool host_collectives = Engine::allocator_type::host_accessible;
+
+  /// `op` over ranks of `n` host elements, in place; collective.
+  template <class T> static void all_reduce(Engine& e, T* host, std::size_t n, reduce_op op) {
+    if constexpr (host_collectives) {
+      e.comm_.all_reduce(host, host, n, op).wait();
+    } else {
+      buffer<T, typename Engine::counting> dev(e.buffer_alloc_, n, memory_tag::buffers);
+      write(e, host, dev.data(), n);
+      e.comm_.all_reduce(dev.data(), dev.data(), n, op).wait();
+      e.download(dev.data(), host, n);
+    }
+  }
+  /// Sends `n` host elements to `peer`.
+  template <class T> static void send(Engine& e, const T* host, std::size_t n, int peer) {
+    if constexpr (host_collectives) {
+      e.comm_.send(host, n, peer).wait();
+    } else {
+      buffer<T, typename Engine::counting> dev(e.buffer_alloc_, n, memory_tag::buffers);
+      write(e, host, dev.data(), n);
+      e.comm_.send(dev.data(), n, peer).wait();
+    }
+  }
+  /// Receives `n` host elements from `peer`.
+  template <class T> static void recv(Engine& e, T* host, std::size_t n, int peer) {
+    if constexpr (host_collectives) {
+      e.comm_.recv(host, n, peer).wait();
+    } else {
+      buffer<T, typename Engine::counting> dev(e.buffer_alloc_, n, memory_tag::buffers);
+      e.comm_.recv(dev.data(), n, peer).wait();
+      e.download(dev.data(), host, n);
+    }
+  }
+
+  /// Writes `n` host elements into engine memory at `dst` (through the backend's copy where needed).
+  template <class T> static void write(Engine& e, const T* host, T* dst, std::size_t n) {
+    if (n > 0) {
+      e.upload(host, dst, n);
+    }
+  }
   static loss_scaler& scaler(Engine& e) { return e.scaler_; }
   static lr_scheduler& scheduler(Engine& e) { return e.scheduler_; }
   static std::int64_t& applied_steps(Engine& e) { return e.applied_steps_; }
@@ -356,10 +415,11 @@ namespace detail {
 
 /// After a phase that may have failed on some ranks: one all-reduce so that every rank knows.
 /// The rank that failed rethrows its own exception; the others throw an error naming it.
-template <class Comm> void agree(Comm& comm, const std::exception_ptr& mine, std::string_view phase) {
+template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, std::string_view phase) {
+  auto& comm = checkpoint_access<Engine>::comm(eng);
   std::int32_t failed = mine ? comm.rank() + 1 : 0;
   if (comm.size() > 1) {
-    comm.all_reduce(&failed, &failed, 1, reduce_op::max).wait();
+    checkpoint_access<Engine>::all_reduce(eng, &failed, 1, reduce_op::max);
   }
   if (mine) {
     std::rethrow_exception(mine);
@@ -479,7 +539,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(comm, err, cat("save(\"", tag, "\"): creating ", tmp.string()));
+  detail::agree(eng, err, cat("save(\"", tag, "\"): creating ", tmp.string()));
 
   // Each rank writes its shard: master, m, v per piece.
   std::vector<std::int64_t> sums(2 * static_cast<std::size_t>(world), 0);
@@ -488,16 +548,22 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
     if (!mine.empty()) {
       access::synchronize(eng);
       auto& optim = eng.optimizer();
-      const float* master = optim.master();
-      const auto* store = reinterpret_cast<const float*>(access::param_store(eng));
+      // Host copies of the rank's state (through the backend's copy when it lives on a device).
+      const std::size_t n_state = optim.state_size();
+      const bool fp32_store = optim.master() == nullptr;
+      const auto master = fp32_store ? access::read(eng, reinterpret_cast<const float*>(access::param_store(eng)),
+                                                    access::store_elements(eng))
+                                     : access::read(eng, static_cast<const float*>(optim.master()), n_state);
+      const auto m1 = access::read(eng, static_cast<const float*>(optim.exp_avg()), n_state);
+      const auto m2 = access::read(eng, static_cast<const float*>(optim.exp_avg_sq()), n_state);
       detail::hashing_writer w(tmp / detail::shard_name(rank));
       event("shard_created");
       std::size_t k = 0;
       for (const auto& o : mine) {
         const std::size_t bytes = o.count * sizeof(float);
-        w.write(master != nullptr ? master + o.state : store + o.store, bytes);
-        w.write(optim.exp_avg() + o.state, bytes);
-        w.write(optim.exp_avg_sq() + o.state, bytes);
+        w.write(master.data() + (fp32_store ? o.store : o.state), bytes);
+        w.write(m1.data() + o.state, bytes);
+        w.write(m2.data() + o.state, bytes);
         event("shard_piece", k++);
       }
       w.finish();
@@ -508,10 +574,10 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(comm, err, cat("save(\"", tag, "\"): writing the shards"));
+  detail::agree(eng, err, cat("save(\"", tag, "\"): writing the shards"));
   if (world > 1) {
     // Each rank fills its own pair; the others are zero, so the sum is exact.
-    comm.all_reduce(sums.data(), sums.data(), sums.size(), reduce_op::sum).wait();
+    access::all_reduce(eng, sums.data(), sums.size(), reduce_op::sum);
   }
 
   try {
@@ -528,7 +594,9 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
       if (frozen.param_count() > 0) {
         auto& fe = m.files.back();
         detail::hashing_writer w(tmp / fe.name);
-        const std::byte* base = access::frozen(eng);
+        const auto frozen_host =
+            access::read(eng, static_cast<const std::byte*>(access::frozen(eng)), access::frozen_bytes(eng));
+        const std::byte* base = frozen_host.data();
         for (std::size_t id : frozen.flat_order()) {
           const auto& p = frozen.param(id);
           w.write(base + p.offset * size_of(p.type), p.numel * size_of(p.type));
@@ -582,7 +650,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(comm, err, cat("save(\"", tag, "\"): publishing"));
+  detail::agree(eng, err, cat("save(\"", tag, "\"): publishing"));
   event("done");
 }
 
@@ -667,7 +735,7 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(comm, err, cat("load of checkpoint \"", tag, "\" from ", dir.string()));
+  detail::agree(eng, err, cat("load of checkpoint \"", tag, "\" from ", dir.string()));
 
   // Commit: nothing below reads a file.
   const manifest& m = rd->info();
@@ -676,27 +744,32 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   float* opt_master = optim.master();
   std::byte* store = access::param_store(eng);
   std::size_t at = 0;
+  // Every write goes through the engine (the backend's copy when the state lives on a device).
   visit_float(layout.type(), [&]<class P>(type_tag<P>) {
     P* ps = reinterpret_cast<P*>(store);
+    std::vector<P> rounded;
     for (const auto& o : mine) {
-      std::copy_n(m1.data() + at, o.count, optim.exp_avg() + o.state);
-      std::copy_n(m2.data() + at, o.count, optim.exp_avg_sq() + o.state);
+      access::write(eng, m1.data() + at, optim.exp_avg() + o.state, o.count);
+      access::write(eng, m2.data() + at, optim.exp_avg_sq() + o.state, o.count);
       if (opt_master != nullptr) {
-        std::copy_n(master.data() + at, o.count, opt_master + o.state);
+        access::write(eng, master.data() + at, opt_master + o.state, o.count);
       }
+      rounded.resize(o.count);
       for (std::size_t i = 0; i < o.count; ++i) {
-        ps[o.store + i] = from_float<P>(master[at + i]);
+        rounded[i] = from_float<P>(master[at + i]);
       }
+      access::write(eng, rounded.data(), ps + o.store, o.count);
       at += o.count;
     }
   });
   for (std::size_t id = 0; id < frozen.param_count(); ++id) {
     const auto& p = frozen.param(id);
     visit_float(p.type, [&]<class P>(type_tag<P>) {
-      P* dst = reinterpret_cast<P*>(access::frozen(eng)) + p.offset;
+      std::vector<P> values(p.numel);
       for (std::size_t i = 0; i < p.numel; ++i) {
-        dst[i] = from_float<P>(frozen_values[id][i]);
+        values[i] = from_float<P>(frozen_values[id][i]);
       }
+      access::write(eng, values.data(), reinterpret_cast<P*>(access::frozen(eng)) + p.offset, p.numel);
     });
   }
   if (m.scaler_dynamic && access::scaler(eng).dynamic()) {

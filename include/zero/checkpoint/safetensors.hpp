@@ -100,10 +100,17 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   const auto registered = access::params(eng);
   access::synchronize(eng);
   auto& optim = eng.optimizer();
-  const float* master = optim.master();
-  const auto* store = reinterpret_cast<const float*>(access::param_store(eng));
+  // Host copies of this rank's fp32 values (its shard, or everything at stage 0) and of the frozen
+  // parameters, through the backend's copy when they live on a device.
+  const bool fp32_store = optim.master() == nullptr;
+  const auto values = fp32_store ? access::read(eng, reinterpret_cast<const float*>(access::param_store(eng)),
+                                                access::store_elements(eng))
+                                 : access::read(eng, static_cast<const float*>(optim.master()), optim.state_size());
+  const auto frozen_host =
+      rank == 0 ? access::read(eng, static_cast<const std::byte*>(access::frozen(eng)), access::frozen_bytes(eng))
+                : std::vector<std::byte>{};
   // The fp32 value of the element at state index `s` / store index `t` of this rank.
-  auto value = [&](std::size_t s, std::size_t t) { return master != nullptr ? master[s] : store[t]; };
+  auto value = [&](std::size_t s, std::size_t t) { return fp32_store ? values[t] : values[s]; };
 
   std::optional<safetensors::writer> w;
   std::exception_ptr err;
@@ -120,7 +127,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(comm, err, cat("export_safetensors(", path.string(), ")"));
+  detail::agree(eng, err, cat("export_safetensors(", path.string(), ")"));
 
   std::vector<float> chunk;
   std::vector<std::byte> bytes;
@@ -134,7 +141,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
       if (!r.trainable) {
         if (rank == 0) {
           visit_float(p.type, [&]<class P>(type_tag<P>) {
-            const P* src = reinterpret_cast<const P*>(access::frozen(eng)) + p.offset;
+            const P* src = reinterpret_cast<const P*>(frozen_host.data()) + p.offset;
             for (std::size_t i = c0; i < c1; ++i) {
               chunk[i - c0] = to_float(src[i]);
             }
@@ -169,10 +176,10 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
               if (q == 0) {
                 std::copy(mine.begin(), mine.end(), chunk.begin() + static_cast<std::ptrdiff_t>(lo - c0));
               } else {
-                comm.send(mine.data(), mine.size(), 0).wait();
+                access::send(eng, mine.data(), mine.size(), 0);
               }
             } else if (rank == 0) {
-              comm.recv(chunk.data() + (lo - c0), hi - lo, q).wait();
+              access::recv(eng, chunk.data() + (lo - c0), hi - lo, q);
             }
           }
         } else {
@@ -195,7 +202,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(comm, err, cat("export_safetensors(", path.string(), ")"));
+  detail::agree(eng, err, cat("export_safetensors(", path.string(), ")"));
 }
 
 /// Initialises every parameter of `eng` from the safetensors file `path` (tensors named as the
@@ -228,7 +235,7 @@ template <class Engine> void init_from_safetensors(Engine& eng, const std::files
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(access::comm(eng), err, cat("init_from_safetensors(", path.string(), ")"));
+  detail::agree(eng, err, cat("init_from_safetensors(", path.string(), ")"));
   std::vector<std::byte> raw;
   eng.init_params([&](const param_info& p, std::size_t first, std::span<float> out) {
     const auto* t = st->find(p.name);

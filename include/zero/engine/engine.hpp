@@ -114,6 +114,11 @@ class basic_engine {
   using counting = counting_allocator<Allocator>;
 
 public:
+  /// The policies.
+  using backend_type = Backend;
+  using communicator_type = Comm;
+  using allocator_type = Allocator;
+
   /// \param cfg     a resolved config; the batch rule is applied again for the communicator's size.
   /// \param comm    the data-parallel group (kept by reference).
   /// \param backend the kernels (kept by reference).
@@ -708,20 +713,15 @@ public:
   /// \throws usage_error for a bad tag or a call inside an accumulation; io_error naming the file.
   template <class... Options>
   void save(const std::filesystem::path& dir, const std::string& tag, const Options&... options) {
-    require_host_state();
     checkpoint_save(*this, dir, tag, options...);
   }
   /// Loads checkpoint `tag` of `dir` ("latest": what `dir/latest` names), saved at any world size
   /// and stage; collective. \throws checkpoint_error naming the file and what was expected; the
   /// engine is unchanged then.
-  void load(const std::filesystem::path& dir, const std::string& tag = "latest") {
-    require_host_state();
-    checkpoint_load(*this, dir, tag);
-  }
+  void load(const std::filesystem::path& dir, const std::string& tag = "latest") { checkpoint_load(*this, dir, tag); }
   /// Writes the consolidated parameters (fp32 master values, or rounded to `type`) to one safetensors
   /// file under the registered names, streamed through rank 0; collective.
   void export_safetensors(const std::filesystem::path& path, dtype type = dtype::f32) {
-    require_host_state();
     checkpoint_export_safetensors(*this, path, type);
   }
   /// Initialises every parameter from a safetensors file with the registered names and shapes
@@ -729,13 +729,6 @@ public:
   void init_from_safetensors(const std::filesystem::path& path) { checkpoint_init_from_safetensors(*this, path); }
 
 private:
-  /// Checkpoints read and write the optimizer state from the host in this version.
-  static constexpr void require_host_state() {
-    static_assert(Allocator::host_accessible,
-                  "zero::basic_engine: save/load/export_safetensors read and write the optimizer state from the host; "
-                  "with device memory (cuda_backend) they are not available in this version of zero");
-  }
-
   template <class> friend struct checkpoint_access;
   struct entry {
     bool trainable = true;
@@ -870,6 +863,19 @@ private:
         backend_.cast(staging.data(), dst + done, n, stream_);
         backend_.synchronize(stream_); // host and staging chunks are refilled next
       }
+    }
+  }
+
+  /// Copies `n` elements from host memory to backend memory and waits for the copy.
+  template <class T> void upload(const T* host, T* dst, std::size_t n) {
+    if constexpr (can_copy<Backend>) {
+      backend_.copy(host, dst, n * sizeof(T), stream_);
+      backend_.synchronize(stream_);
+    } else {
+      static_assert(Allocator::host_accessible, "zero::basic_engine: the allocator's memory is not host accessible "
+                                                "and the backend has no copy (see zero::can_copy)");
+      backend_.synchronize(stream_);
+      std::copy(host, host + n, dst);
     }
   }
 
