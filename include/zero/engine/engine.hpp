@@ -535,8 +535,9 @@ public:
   [[nodiscard]] bool is_boundary() const noexcept { return (micro_step_ + 1) % cfg_.gradient_accumulation_steps == 0; }
 
   /// Ends a micro-step. On the last micro-step of an accumulation: waits for the reductions,
-  /// unscales and checks for inf/NaN (one all-reduce of a flag), computes the global gradient norm
-  /// (one all-reduce of partial sums), clips, runs AdamW on the rank's part, updates the loss scale,
+  /// unscales and checks for inf/NaN when there is a factor to unscale by (fp16's loss scale,
+  /// accumulation; one all-reduce of a flag), computes the global gradient norm (one all-reduce of
+  /// partial sums; a non-finite norm is an overflow too), clips, runs AdamW on the rank's part, updates the loss scale,
   /// and all-gathers the updated parameters (stages 1, 2).
   /// \throws usage_error for parameters without a gradient (unless ignore_unused_parameters);
   /// loss_scale_error when fp16 overflows at the minimum loss scale.
@@ -566,13 +567,22 @@ public:
     double norm = 0;
     {
       auto t = time("step");
-      backend_.fill(flag_.data(), 1, 0, stream_);
+      // With nothing to unscale (no loss scale, no accumulation: bf16 and fp32 training) the gradients
+      // are only read: an inf or NaN in any of them makes its range's squared norm, and so the all-reduced
+      // sum, non-finite, which is the overflow test below. The flag pass and its collective are for
+      // scaled gradients, which the pass also rewrites.
+      const bool scaled = unscale != 1.0;
+      if (scaled) {
+        backend_.fill(flag_.data(), 1, 0, stream_);
+      }
       const std::size_t ranges = optimizer_->ranges().size();
       visit_float(cfg_.grad_accum_dtype, [&]<class G>(type_tag<G>) {
         std::size_t i = 0;
         for (const auto& [range, off] : optimizer_->ranges()) {
           G* g = reinterpret_cast<G*>(reducer_->reduced(range, off));
-          backend_.unscale_and_check(g, range.size(), static_cast<float>(unscale), flag_.data(), stream_);
+          if (scaled) {
+            backend_.unscale_and_check(g, range.size(), static_cast<float>(unscale), flag_.data(), stream_);
+          }
           backend_.squared_norm(g, range.size(), norm_.data() + i, norm_workspace_.data(), norm_workspace_bytes_,
                                 stream_);
           ++i;
@@ -581,12 +591,18 @@ public:
       if (partitioned && comm_.size() > 1) {
         // The overflow flag (max) and the per-range squared norms (sum) ride two small collectives on
         // backend memory, issued back to back and waited together.
-        auto hf = comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max);
+        using handle_type = decltype(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
+        std::optional<handle_type> hf;
+        if (scaled) {
+          hf.emplace(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
+        }
         auto hn = comm_.all_reduce(norm_.data(), norm_.data(), ranges, reduce_op::sum);
-        hf.wait();
+        if (hf) {
+          hf->wait();
+        }
         hn.wait();
       }
-      const std::int32_t local_flag = backend_.read_scalar(flag_.data(), stream_);
+      const std::int32_t local_flag = scaled ? backend_.read_scalar(flag_.data(), stream_) : 0;
       norms_host_.resize(ranges);
       download(norm_.data(), norms_host_.data(), ranges);
       double sq = 0;
