@@ -52,6 +52,9 @@ gib = float(1 << 30)
 rows = [
     ("step time (ms, median)", "step_ms", 1.0, "{:.2f}"),
     ("step wall time (ms, median)", "step_wall_ms", 1.0, "{:.2f}"),
+    ("  forward (ms, median)", "forward_ms", 1.0, "{:.2f}"),
+    ("  backward (ms, median)", "backward_ms", 1.0, "{:.2f}"),
+    ("  optimizer to next step (ms)", "optimizer_ms", 1.0, "{:.2f}"),
     ("TFLOP/s per GPU", "tflops_per_gpu", 1.0, "{:.1f}"),
     ("peak allocated (GiB)", "peak_allocated_bytes", gib, "{:.2f}"),
     ("peak reserved (GiB)", "peak_reserved_bytes", gib, "{:.2f}"),
@@ -74,7 +77,7 @@ for stage in (2, 3):
     print(header)
     for label, key, scale, fmt in rows:
         zv, tv = z[key] / scale, t[key] / scale
-        ratio = f"{zv / tv:8.3f}" if key.startswith(("step", "peak", "tflops")) and tv else f"{'':8}"
+        ratio = f"{zv / tv:8.3f}" if key.startswith(("step", "peak", "tflops")) or key.endswith("_ms") and tv else f"{'':8}"
         print(f"{label:30} {fmt.format(zv):>12} {fmt.format(tv):>12} {ratio}")
     print()
 print(f"logs: {out}")

@@ -112,6 +112,8 @@ def main() -> int:
     # last period. Warm-up steps and the last step synchronize to read the loss.
     total = args.warmup + args.steps + 1
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
+    forward_done = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
+    backward_done = [torch.cuda.Event(enable_timing=True) for _ in range(total)]
     host_marks = [0.0] * total
     losses = []
     for step in range(total):
@@ -119,7 +121,9 @@ def main() -> int:
         marks[step].record()
         y = model(x)
         loss = 0.5 * F.mse_loss(y, target)
+        forward_done[step].record()
         loss.backward()
+        backward_done[step].record()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if args.warmup <= step < total - 1:
@@ -131,6 +135,13 @@ def main() -> int:
             print(f"fsdp2 stage {args.stage} step {step + 1:3d}{tag} loss {losses[-1]:.6f}", flush=True)
     torch.cuda.synchronize()
     event_ms = [marks[i].elapsed_time(marks[i + 1]) for i in range(args.warmup, total - 1)]
+    phases = {
+        "forward_ms": statistics.median(marks[i].elapsed_time(forward_done[i]) for i in range(args.warmup, total - 1)),
+        "backward_ms": statistics.median(
+            forward_done[i].elapsed_time(backward_done[i]) for i in range(args.warmup, total - 1)),
+        "optimizer_ms": statistics.median(
+            backward_done[i].elapsed_time(marks[i + 1]) for i in range(args.warmup, total - 1)),
+    }
     wall_ms = [(host_marks[i + 1] - host_marks[i]) * 1e3 for i in range(args.warmup, total - 1)]
 
     step_ms = statistics.median(event_ms)
@@ -147,6 +158,7 @@ def main() -> int:
         "lr": args.lr,
         "step_ms": step_ms,
         "step_wall_ms": statistics.median(wall_ms),
+        **phases,
         "tflops_per_gpu": 6.0 * params * rows / (step_ms * 1e-3) / 1e12,
         "flops_counted": "6*params*rows per step per GPU: fwd + bwd (dx, dW) GEMMs; block 0's unused dx GEMM "
                          "included; elementwise, optimizer, communication excluded",
@@ -165,6 +177,8 @@ def main() -> int:
                   f"{params} parameters\n"
                   f"  step {step_ms:.2f} ms median over {args.steps} steps (wall {result['step_wall_ms']:.2f} ms), "
                   f"{result['tflops_per_gpu']:.1f} TFLOP/s per GPU (6 * params * rows)\n"
+                  f"  of it forward {phases['forward_ms']:.2f} ms, backward {phases['backward_ms']:.2f} ms, "
+                  f"optimizer step to the next start {phases['optimizer_ms']:.2f} ms (medians)\n"
                   f"  loss {losses[0]:.6f} -> {losses[-1]:.6f}\n"
                   f"  peak allocated {result['peak_allocated_bytes'] / gib:.2f} GiB, "
                   f"peak reserved {result['peak_reserved_bytes'] / gib:.2f} GiB", flush=True)

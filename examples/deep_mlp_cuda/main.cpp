@@ -260,6 +260,12 @@ struct outcome {
   std::size_t params = 0;
   double step_ms = 0;
   double step_wall_ms = 0;
+  /// Medians of where the period goes, on the engine's stream: from a step's start to the end of
+  /// forward (loss included), on to the end of backward, and on to the next step's start (the
+  /// optimizer step, with whatever of the gradient reduction backward left running).
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double optimizer_ms = 0;
   double tflops_per_gpu = 0;
   double loss_first = 0;
   double loss_last = 0;
@@ -395,20 +401,27 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   // --check probe step and the last step synchronize to read the loss.
   const int total = p.warmup + p.steps + 1;
   std::vector<cudaEvent_t> marks(static_cast<std::size_t>(total), nullptr);
+  std::vector<cudaEvent_t> forward_done(static_cast<std::size_t>(total), nullptr);
+  std::vector<cudaEvent_t> backward_done(static_cast<std::size_t>(total), nullptr);
   std::vector<std::chrono::steady_clock::time_point> host_marks(static_cast<std::size_t>(total));
-  for (auto& e : marks) {
-    ZERO_CHECK_CUDA(cudaEventCreate(&e));
+  for (auto* events : {&marks, &forward_done, &backward_done}) {
+    for (auto& e : *events) {
+      ZERO_CHECK_CUDA(cudaEventCreate(&e));
+    }
   }
   std::vector<double> event_ms;
   std::vector<double> wall_ms;
+  std::vector<double> forward_ms, backward_ms, optimizer_ms;
   outcome o;
   o.stage = stage;
   o.gpus = comm.size();
   o.p = p;
   o.params = model.parameters();
   auto destroy_marks = [&] {
-    for (auto& e : marks) {
-      ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e));
+    for (auto* events : {&marks, &forward_done, &backward_done}) {
+      for (auto& e : *events) {
+        ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e));
+      }
     }
   };
   try {
@@ -418,7 +431,9 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       host_marks[static_cast<std::size_t>(step)] = std::chrono::steady_clock::now();
       ZERO_CHECK_CUDA(cudaEventRecord(marks[static_cast<std::size_t>(step)], stream));
       model.forward(probes);
+      ZERO_CHECK_CUDA(cudaEventRecord(forward_done[static_cast<std::size_t>(step)], stream));
       model.backward(probes);
+      ZERO_CHECK_CUDA(cudaEventRecord(backward_done[static_cast<std::size_t>(step)], stream));
       const auto r = eng.step();
       const bool timed = step >= p.warmup && step < total - 1;
       if (timed && step > p.warmup) {
@@ -444,11 +459,17 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       }
     }
     ZERO_CHECK_CUDA(cudaDeviceSynchronize());
-    for (int step = p.warmup; step < total - 1; ++step) {
+    auto elapsed = [](cudaEvent_t from, cudaEvent_t to) {
       float ms = 0;
-      ZERO_CHECK_CUDA(
-          cudaEventElapsedTime(&ms, marks[static_cast<std::size_t>(step)], marks[static_cast<std::size_t>(step) + 1]));
-      event_ms.push_back(ms);
+      ZERO_CHECK_CUDA(cudaEventElapsedTime(&ms, from, to));
+      return static_cast<double>(ms);
+    };
+    for (int step = p.warmup; step < total - 1; ++step) {
+      const auto k = static_cast<std::size_t>(step);
+      event_ms.push_back(elapsed(marks[k], marks[k + 1]));
+      forward_ms.push_back(elapsed(marks[k], forward_done[k]));
+      backward_ms.push_back(elapsed(forward_done[k], backward_done[k]));
+      optimizer_ms.push_back(elapsed(backward_done[k], marks[k + 1]));
       wall_ms.push_back(std::chrono::duration<double, std::milli>(host_marks[static_cast<std::size_t>(step) + 1] -
                                                                   host_marks[static_cast<std::size_t>(step)])
                             .count());
@@ -465,6 +486,9 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   }
   o.step_ms = median(event_ms);
   o.step_wall_ms = median(wall_ms);
+  o.forward_ms = median(forward_ms);
+  o.backward_ms = median(backward_ms);
+  o.optimizer_ms = median(optimizer_ms);
   // Model FLOPs: 6 * params * rows per step (forward GEMM 2, backward dx and dW GEMMs 4 per weight
   // element and row); block 0's dx GEMM, which nobody needs, is counted although neither this program
   // nor autograd runs it. Elementwise kernels, the optimizer and communication are not counted.
@@ -497,6 +521,9 @@ void report(const outcome& o, bool json) {
                      {"lr", o.p.lr},
                      {"step_ms", o.step_ms},
                      {"step_wall_ms", o.step_wall_ms},
+                     {"forward_ms", o.forward_ms},
+                     {"backward_ms", o.backward_ms},
+                     {"optimizer_ms", o.optimizer_ms},
                      {"tflops_per_gpu", o.tflops_per_gpu},
                      {"flops_counted", "6*params*rows per step per GPU: fwd + bwd (dx, dW) GEMMs; block 0's unused "
                                        "dx GEMM included; elementwise, optimizer, communication excluded"},
@@ -519,16 +546,17 @@ void report(const outcome& o, bool json) {
     const double gib = double(std::size_t{1} << 30);
     std::printf("stage %d, %d GPU(s), hidden %d, %d blocks, %d rows/GPU, %zu parameters\n"
                 "  step %.2f ms median over %d steps (wall %.2f ms), %.1f TFLOP/s per GPU (6 * params * rows)\n"
+                "  of it forward %.2f ms, backward %.2f ms, optimizer step to the next start %.2f ms (medians)\n"
                 "  loss %.6f -> %.6f\n"
                 "  peak allocated %.2f GiB (engine model state %.2f + buffers %.2f + gathered %.2f + framework %.2f, "
                 "activations %.2f of it)\n"
                 "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n%s",
                 o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
-                o.step_wall_ms, o.tflops_per_gpu, o.loss_first, o.loss_last, static_cast<double>(allocated) / gib,
-                static_cast<double>(m.model_state_peak) / gib, static_cast<double>(m.buffers_peak) / gib,
-                static_cast<double>(m.working_set_peak) / gib, static_cast<double>(o.framework_bytes) / gib,
-                static_cast<double>(o.activation_bytes) / gib, static_cast<double>(o.device_peak_delta) / gib,
-                m.table().c_str());
+                o.step_wall_ms, o.tflops_per_gpu, o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first,
+                o.loss_last, static_cast<double>(allocated) / gib, static_cast<double>(m.model_state_peak) / gib,
+                static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
+                static_cast<double>(o.framework_bytes) / gib, static_cast<double>(o.activation_bytes) / gib,
+                static_cast<double>(o.device_peak_delta) / gib, m.table().c_str());
   }
   std::fflush(stdout);
 }
