@@ -17,8 +17,7 @@
 /// Each communicator owns a communication stream. `set_compute_stream(s)` names the stream the data is
 /// produced and consumed on (the engine passes its own): every operation first makes the communication
 /// stream wait for an event recorded on `s` at the call, so it reads what the kernels enqueued before
-/// it wrote, and the kernels enqueued after the call overlap with it (when `s` has nothing left to run
-/// at the call, `cudaStreamQuery` says so and the event is skipped). `wait()` on the handle blocks the
+/// it wrote, and the kernels enqueued after the call overlap with it. `wait()` on the handle blocks the
 /// host until the operation's completion event has passed; after it, work on any stream may use the
 /// buffers. Nothing here synchronizes the device.
 ///
@@ -877,16 +876,8 @@ private:
     live(op);
     auto& s = *s_;
     if (s.compute != nullptr) {
-      // A compute stream with nothing left to run has nothing the collective must wait for: the
-      // cross-stream event (a few microseconds on the device, noticeable on a 1 MiB collective) is
-      // only recorded while work is pending there, as it is beside backward.
-      const cudaError_t idle = cudaStreamQuery(s.compute);
-      if (idle == cudaErrorNotReady) {
-        cuda_call(cudaEventRecord(s.produced, s.compute), std::string(op) + ": cudaEventRecord");
-        cuda_call(cudaStreamWaitEvent(s.stream, s.produced, 0), std::string(op) + ": cudaStreamWaitEvent");
-      } else if (idle != cudaSuccess) {
-        cuda_call(idle, std::string(op) + ": cudaStreamQuery");
-      }
+      cuda_call(cudaEventRecord(s.produced, s.compute), std::string(op) + ": cudaEventRecord");
+      cuda_call(cudaStreamWaitEvent(s.stream, s.produced, 0), std::string(op) + ": cudaStreamWaitEvent");
     }
     s.enter_call(op, bytes);
     const ncclResult_t r = call();
