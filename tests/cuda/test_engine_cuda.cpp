@@ -2,41 +2,12 @@
 /// The engine on GPUs (cuda_backend + nccl_communicator) against the engine on the CPU (cpu_backend +
 /// thread_communicator) and against the single-process AdamW oracle: stages 0-3, 1 and 2 GPUs, fp32 and
 /// bf16, with and without accumulation and clipping.
-#include "../engine/engine_harness.hpp"
-#include "gpu_group.hpp"
-#include "zero/backend/cuda_backend.hpp"
-#include "zero/comm/nccl_communicator.hpp"
+#include "gpu_engine.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <doctest/doctest.h>
 #include <vector>
-
-namespace {
-
-/// Reads and writes engine views in device memory, ordered with the engine's stream.
-struct device_io {
-  template <class T, class Engine> std::vector<T> read(Engine& eng, const zero::tensor_view& v) const {
-    std::vector<T> h(v.numel);
-    ZERO_CHECK_CUDA(
-        cudaMemcpyAsync(h.data(), v.as<T>(), v.numel * sizeof(T), cudaMemcpyDeviceToHost, eng.stream().get()));
-    ZERO_CHECK_CUDA(cudaStreamSynchronize(eng.stream().get()));
-    return h;
-  }
-  template <class T, class Engine> void write(Engine& eng, const zero::tensor_view& v, const std::vector<T>& x) const {
-    ZERO_CHECK_CUDA(
-        cudaMemcpyAsync(v.as<T>(), x.data(), x.size() * sizeof(T), cudaMemcpyHostToDevice, eng.stream().get()));
-    ZERO_CHECK_CUDA(cudaStreamSynchronize(eng.stream().get()));
-  }
-};
-
-zero::testing::run_result train_on_gpus(const zero::testing::run_spec& s) {
-  return zero::testing::train_with<zero::cuda_backend>(
-      s, [](int world, auto&& fn) { zero::run_gpus(world, fn); },
-      [](zero::nccl_communicator& comm) { return zero::cuda_backend(comm.device()); }, device_io{});
-}
-
-} // namespace
 
 TEST_SUITE("engine") {
   TEST_CASE("stages 0-3 on GPUs give what the CPU engine and the single-process AdamW give") {
@@ -55,7 +26,7 @@ TEST_SUITE("engine") {
               CAPTURE(zero::name_of(type));
               CAPTURE(accumulation);
               CAPTURE(clip);
-              const auto gpu = train_on_gpus(s);
+              const auto gpu = zero::test::train_on_gpus(s);
               const auto cpu = zero::testing::train_with_engine(s);
               const auto want = zero::testing::train_reference(s);
               const double tol = type == zero::dtype::f32 ? 1e-6 : 1.0 / 256 + 0.1 * 5 * s.lr;
@@ -80,7 +51,7 @@ TEST_SUITE("engine") {
         zero::testing::run_spec s{.stage = stage, .world = world, .type = zero::dtype::f16, .overflow_step = 2};
         CAPTURE(world);
         CAPTURE(stage);
-        const auto gpu = train_on_gpus(s);
+        const auto gpu = zero::test::train_on_gpus(s);
         const auto cpu = zero::testing::train_with_engine(s);
         REQUIRE(gpu.applied.size() == cpu.applied.size());
         for (std::size_t t = 0; t < cpu.applied.size(); ++t) {

@@ -230,13 +230,11 @@ void collect_params(Engine& eng, const model_handles& mh, Comm& comm, run_result
   }
 }
 
-/// Trains the small model with an engine over `Backend` and the communicators `run_group(world, fn)`
-/// hands to `fn`; `make_backend(comm)` makes each rank's backend, `io` moves view contents to and from
-/// the host.
-template <class Backend, class RunGroup, class MakeBackend, class Io>
-run_result train_with(const run_spec& s, RunGroup run_group, MakeBackend make_backend, Io io) {
-  run_result out;
-  out.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+/// Builds, on every rank of `run_group(world, fn)`, an engine over `Backend` (`make_backend(comm)`)
+/// with the small model of `s` registered and finalized (parameters not yet initialised), and calls
+/// `body(eng, handles, comm)`.
+template <class Backend, class RunGroup, class MakeBackend, class Body>
+void with_engine_group(const run_spec& s, RunGroup run_group, MakeBackend make_backend, Body body) {
   run_group(s.world, [&](auto& comm) {
     using comm_type = std::remove_cvref_t<decltype(comm)>;
     config_inputs inputs;
@@ -246,6 +244,18 @@ run_result train_with(const run_spec& s, RunGroup run_group, MakeBackend make_ba
     engine<Backend, comm_type> eng(cfg, comm, backend);
     const auto mh = register_model(eng);
     eng.finalize();
+    body(eng, mh, comm);
+  });
+}
+
+/// Trains the small model with an engine over `Backend` and the communicators `run_group(world, fn)`
+/// hands to `fn`; `make_backend(comm)` makes each rank's backend, `io` moves view contents to and from
+/// the host.
+template <class Backend, class RunGroup, class MakeBackend, class Io>
+run_result train_with(const run_spec& s, RunGroup run_group, MakeBackend make_backend, Io io) {
+  run_result out;
+  out.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+  with_engine_group<Backend>(s, run_group, make_backend, [&](auto& eng, const model_handles& mh, auto& comm) {
     init_model(eng);
     train_steps(eng, mh, comm, s, 0, s.steps, out, io);
     collect_params(eng, mh, comm, out, io);
