@@ -186,8 +186,14 @@ public:
                                                 : grads_.data() + state_offset * esize_;
   }
 
-  /// Zeroes the kept gradients (after an optimizer step, applied or skipped).
-  void zero() { fill_zero(grads_.data(), grads_.size() / esize_); }
+  /// Zeroes the kept gradients (after an optimizer step, applied or skipped), on the reducer's stream
+  /// or on `s`.
+  void zero() { zero(stream_); }
+  void zero(const typename Backend::stream_type& s) {
+    visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+      backend_.fill(reinterpret_cast<T*>(grads_.data()), grads_.size() / esize_, T{}, s);
+    });
+  }
 
   /// Dtype of the gradients.
   [[nodiscard]] dtype grad_type() const noexcept { return opt_.grad_type; }

@@ -126,7 +126,8 @@ public:
   /// \throws config_error for settings this engine cannot honour (the message names the key).
   basic_engine(const config& cfg, Comm& comm, Backend& backend, Allocator alloc)
       : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc), buffer_alloc_(alloc),
-        work_alloc_(alloc), stream_(backend.make_stream()), layout_(cfg_.param_dtype()),
+        work_alloc_(alloc), stream_(backend.make_stream()), update_stream_(backend.make_stream()),
+        update_ready_(backend.make_event()), update_done_(backend.make_event()), layout_(cfg_.param_dtype()),
         frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)), scheduler_(make_scheduler(cfg_)) {
     require_all_reduce<Comm>();
     // A communicator with its own stream (NCCL's) orders each operation after the work enqueued on
@@ -173,6 +174,12 @@ public:
           h->wait();
         } catch (...) { // NOLINT(bugprone-empty-catch): a destructor reports nothing; the group is broken anyway
         }
+      }
+    }
+    if (update_pending_) {
+      try {
+        backend_.synchronize(update_stream_); // its kernels still use the engine's buffers
+      } catch (...) {                         // NOLINT(bugprone-empty-catch): as above
       }
     }
   }
@@ -320,6 +327,7 @@ public:
   /// Frozen parameters are filled whole on every rank.
   void init_params(const init_fn& fn) {
     check_final("init_params");
+    finish_gathers(); // nothing of an earlier step may still write the parameters or the state
     const int stage = cfg_.stage();
     auto fill_piece = [&](const param_info& p, std::size_t first, std::size_t count, std::byte* dst) {
       visit_float(layout_.type(),
@@ -382,7 +390,10 @@ public:
   }
 
   /// Where the framework accumulates (`+=`) the parameter's gradient in this micro-step, in the
-  /// gradient dtype (`data_types.grad_accum_dtype`). \throws usage_error for a frozen parameter.
+  /// gradient dtype (`data_types.grad_accum_dtype`). Ask again in every micro-step: the memory may
+  /// change (stage 2's staging buffers), and this is where the engine's stream is ordered after the
+  /// last step's update, which zeroes the gradients on a stream of its own (stages 1-2, several
+  /// ranks). \throws usage_error for a frozen parameter.
   [[nodiscard]] tensor_view grad(param_handle h) {
     const auto& e = entry_of(h, "grad");
     if (!e.trainable) {
@@ -391,6 +402,7 @@ public:
                         "gradient");
     }
     const auto& p = layout_.param(e.id);
+    join_update(); // the last step still reads (stage 1) and zeroes the gradients on the update stream
     return {reducer_->grad(e.id), cfg_.grad_accum_dtype, p.shape, p.numel};
   }
 
@@ -400,6 +412,7 @@ public:
     if (!e.trainable) {
       throw usage_error("grad_ready(\"" + frozen_layout_.param(e.id).name + "\"): the parameter is frozen");
     }
+    join_update();
     reducer_->ready(e.id);
   }
 
@@ -630,23 +643,34 @@ public:
       // DeepSpeed's clip: scale by max_norm / (norm + 1e-6) when that is below 1.
       const double coef = clip > 0 ? clip / (norm + 1e-6) : 1.0;
       args.grad_scale = static_cast<float>(coef < 1.0 ? coef : 1.0);
-      optimizer_->step(
-          args, [&](double group_lr) { return scheduler_.group_lr(group_lr); }, cfg_.grad_accum_dtype,
-          [&](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); }, param_store(),
-          cfg_.stage() == 3);
+      auto group_lr = [&](double lr) { return scheduler_.group_lr(lr); };
+      auto reduced = [&](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
+      if (overlap_update()) {
+        update_and_gather(args, group_lr, reduced);
+      } else {
+        optimizer_->step(args, group_lr, cfg_.grad_accum_dtype, reduced, param_store(), cfg_.stage() == 3);
+      }
       scheduler_.step();
       ++applied_steps_;
       r.applied = true;
       r.step = applied_steps_;
     }
-    if (upd.applied && partitioned && !coord_) {
+    if (upd.applied && partitioned && !coord_ && !overlap_update()) {
       auto t = time("gather");
       gather_params();
     }
     if (coord_) {
       coord_->end_step(upd.applied);
     }
-    reducer_->zero();
+    if (upd.applied && overlap_update()) {
+      // The gradients are zeroed behind the update that reads them; stream_ is ordered after both at
+      // the next use of gradients (grad, grad_ready, step) or of the state (finish_gathers).
+      reducer_->zero(update_stream_);
+      backend_.record(update_done_, update_stream_);
+      update_pending_ = true;
+    } else {
+      reducer_->zero();
+    }
     ++boundaries_;
     maybe_print_timings();
     begin_micro_step();
@@ -706,7 +730,11 @@ public:
   /// Collectives the gradient reducer launched (tests count communication with it).
   [[nodiscard]] std::size_t reduce_launches() const noexcept { return reducer_ ? reducer_->launches() : 0; }
   /// This rank's optimizer (master weights, m, v over the owned ranges).
-  [[nodiscard]] partitioned_adamw<Backend, Allocator>& optimizer() { return check_final("optimizer"), *optimizer_; }
+  [[nodiscard]] partitioned_adamw<Backend, Allocator>& optimizer() {
+    check_final("optimizer");
+    finish_gathers(); // the state is read or written on the engine's stream, after the last update
+    return *optimizer_;
+  }
   /// The scaler and scheduler, for checkpoints and logs.
   [[nodiscard]] const loss_scaler& scaler() const noexcept { return scaler_; }
   [[nodiscard]] const lr_scheduler& scheduler() const noexcept { return scheduler_; }
@@ -956,11 +984,61 @@ private:
     }
   }
 
-  /// Waits for every posted all-gather.
+  /// Waits for every posted all-gather, and orders the engine's stream after the last update.
   void finish_gathers() const {
     for (std::size_t s = 0; s < pending_gathers_.size(); ++s) {
       const std::size_t one[] = {s};
       wait_gathers(one);
+    }
+    join_update();
+  }
+
+  /// Stages 1-2 on several ranks: the optimizer steps on its own stream beside the next forward
+  /// (see `update_and_gather`).
+  [[nodiscard]] bool overlap_update() const noexcept {
+    return (cfg_.stage() == 1 || cfg_.stage() == 2) && comm_.size() > 1;
+  }
+
+  /// Makes `stream_` wait for the update stream's last step (without blocking the host), once.
+  void join_update() const {
+    if (update_pending_) {
+      backend_.wait(stream_, update_done_);
+      update_pending_ = false;
+    }
+  }
+
+  /// Stages 1-2, several ranks: AdamW over each segment's owned slice on the update stream, in the
+  /// order the next forward uses the segments, and that segment's all-gather posted right behind its
+  /// update (the communicator ordered after the update stream meanwhile). The next forward, on
+  /// `stream_`, waits per module in `gather`/`param` for exactly the segments it reads, so the update
+  /// of later segments runs beside the forward of earlier ones. Same kernels, same arguments, same
+  /// per-element order as stepping everything at once: the result is the same bits.
+  template <class GroupLr, class Reduced>
+  void update_and_gather(const adamw_step_args& args, GroupLr& group_lr, Reduced& reduced) {
+    backend_.record(update_ready_, stream_);
+    backend_.wait(update_stream_, update_ready_);
+    const auto& segs = layout_.segments();
+    const auto rank = static_cast<std::size_t>(comm_.rank());
+    struct restore_order {
+      basic_engine* e;
+      ~restore_order() {
+        if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+          e->comm_.set_compute_stream(e->stream_.get());
+        }
+      }
+    } restore{this};
+    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+      comm_.set_compute_stream(update_stream_.get());
+    }
+    for (std::size_t k = 0; k < segs.size(); ++k) {
+      optimizer_->step_range(k, update_stream_, args, group_lr, cfg_.grad_accum_dtype, reduced, param_store());
+      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+        backend_.synchronize(update_stream_); // the segment's update comes first
+      }
+      visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+        P* seg = reinterpret_cast<P*>(params_.data()) + segs[k].range.begin;
+        pending_gathers_[k].emplace(comm_.all_gather(seg + rank * segs[k].slice, seg, segs[k].slice));
+      });
     }
   }
 
@@ -991,6 +1069,13 @@ private:
   counting buffer_alloc_;
   counting work_alloc_;
   typename Backend::stream_type stream_;
+  /// Stages 1-2 on several ranks: the optimizer step runs here, segment by segment, each segment's
+  /// all-gather posted behind its update, while the framework's next forward runs on `stream_`.
+  typename Backend::stream_type update_stream_;
+  typename Backend::event_type update_ready_; // stream_: the gradients are final
+  typename Backend::event_type update_done_;  // update_stream_: the step and the gradient zeroing are done
+  /// The update stream has work `stream_` has not been ordered after yet (see `join_update`).
+  mutable bool update_pending_ = false;
   flat_layout layout_;
   flat_layout frozen_layout_;
   std::vector<entry> entries_;

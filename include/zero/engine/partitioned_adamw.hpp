@@ -64,8 +64,9 @@ public:
       ranges_.push_back({{0, layout.total_size()}, 0});
       state_size_ = layout.total_size();
     }
-    for (const auto& [range, state_offset] : ranges_) {
-      split_runs(range, state_offset, group_of);
+    for (std::size_t k = 0; k < ranges_.size(); ++k) {
+      split_runs(ranges_[k].first, ranges_[k].second, group_of);
+      run_range_.resize(runs_.size(), k);
     }
     m_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
     v_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
@@ -116,37 +117,55 @@ public:
   template <class GradOf, class GroupLr>
   void step(const adamw_step_args& base, GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
             bool params_sharded = false) {
+    step_runs(all_ranges, stream_, base, group_lr, grad_type, grad_of, params, params_sharded);
+  }
+
+  /// The same step over the runs of owned range `k` only (`ranges()[k]`: segment k's slice when
+  /// partitioned), enqueued on `s`: the engine steps segment by segment on a stream of its own and
+  /// all-gathers each segment as soon as its update is enqueued.
+  template <class GradOf, class GroupLr>
+  void step_range(std::size_t k, const typename Backend::stream_type& s, const adamw_step_args& base,
+                  GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
+                  bool params_sharded = false) {
+    if (k >= ranges_.size()) {
+      throw usage_error("partitioned_adamw::step_range: range " + std::to_string(k) + " of " +
+                        std::to_string(ranges_.size()));
+    }
+    step_runs(k, s, base, group_lr, grad_type, grad_of, params, params_sharded);
+  }
+
+private:
+  static constexpr std::size_t all_ranges = static_cast<std::size_t>(-1);
+
+  template <class GradOf, class GroupLr>
+  void step_runs(std::size_t only, const typename Backend::stream_type& s, const adamw_step_args& base,
+                 GroupLr& group_lr, dtype grad_type, GradOf& grad_of, std::byte* params, bool params_sharded) {
     visit_float(grad_type, [&]<class G>(type_tag<G>) {
       visit_float(param_type_, [&]<class P>(type_tag<P>) {
-        for (const auto& run : runs_) {
+        for (std::size_t r = 0; r < runs_.size(); ++r) {
+          if (only != all_ranges && run_range_[r] != only) {
+            continue;
+          }
+          const auto& run = runs_[r];
+          const auto& range = ranges_[run_range_[r]];
           adamw_step_args a = base;
           a.lr = static_cast<float>(group_lr(groups_[run.group].lr));
           a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
           const std::size_t n = run.flat.size();
-          const std::size_t within = run.flat.begin - range_of(run).first.begin;
-          const G* g = reinterpret_cast<const G*>(grad_of(range_of(run).first, range_of(run).second)) + within;
+          const std::size_t within = run.flat.begin - range.first.begin;
+          const G* g = reinterpret_cast<const G*>(grad_of(range.first, range.second)) + within;
           P* p = reinterpret_cast<P*>(params) + (params_sharded ? run.state_offset : run.flat.begin);
           float* m = m_.data() + run.state_offset;
           float* v = v_.data() + run.state_offset;
           if constexpr (std::is_same_v<P, float>) {
             // fp32 training: the parameters are the master copy.
-            backend_.adamw_step(p, m, v, g, static_cast<float*>(nullptr), n, a, stream_);
+            backend_.adamw_step(p, m, v, g, static_cast<float*>(nullptr), n, a, s);
           } else {
-            backend_.adamw_step(master_.data() + run.state_offset, m, v, g, p, n, a, stream_);
+            backend_.adamw_step(master_.data() + run.state_offset, m, v, g, p, n, a, s);
           }
         }
       });
     });
-  }
-
-private:
-  const std::pair<flat_range, std::size_t>& range_of(const owned_run& run) const {
-    for (const auto& r : ranges_) {
-      if (r.first.begin <= run.flat.begin && run.flat.end <= r.first.end) {
-        return r;
-      }
-    }
-    throw usage_error("partitioned_adamw: a run lies outside every owned range");
   }
 
   void split_runs(const flat_range& range, std::size_t state_offset, const std::vector<std::size_t>& group_of) {
@@ -183,6 +202,8 @@ private:
   dtype param_type_;
   std::vector<std::pair<flat_range, std::size_t>> ranges_;
   std::vector<owned_run> runs_;
+  /// The owned range (index into ranges_) of every run.
+  std::vector<std::size_t> run_range_;
   std::size_t state_size_ = 0;
   buffer<float, counting> master_;
   buffer<float, counting> m_;
