@@ -273,6 +273,19 @@ public:
       } else if (comm_.rank() == 0) {
         coord_->set_log([](const std::string& line) { std::printf("%s\n", line.c_str()); });
       }
+      // The update of a segment runs on the update stream (see update_and_gather); its first gather
+      // after a step orders the engine's stream after it.
+      segment_updated_.clear();
+      for (std::size_t k = 0; k < layout_.segments().size(); ++k) {
+        segment_updated_.push_back(backend_.make_event());
+      }
+      segment_pending_.assign(layout_.segments().size(), false);
+      coord_->set_before_shard_read([this](std::size_t u) {
+        if (u < segment_pending_.size() && segment_pending_[u]) {
+          backend_.wait(stream_, segment_updated_[u]);
+          segment_pending_[u] = false;
+        }
+      });
     } else {
       params_ = buffer<std::byte, counting>(state_alloc_, layout_.total_size() * esize, memory_tag::params);
       zero_params();
@@ -993,10 +1006,10 @@ private:
     join_update();
   }
 
-  /// Stages 1-2 on several ranks: the optimizer steps on its own stream beside the next forward
-  /// (see `update_and_gather`).
+  /// Stages 1-2 on several ranks, and stage 3: the optimizer steps on its own stream beside the next
+  /// forward (see `update_and_gather`).
   [[nodiscard]] bool overlap_update() const noexcept {
-    return (cfg_.stage() == 1 || cfg_.stage() == 2) && comm_.size() > 1;
+    return cfg_.stage() == 3 || ((cfg_.stage() == 1 || cfg_.stage() == 2) && comm_.size() > 1);
   }
 
   /// Makes `stream_` wait for the update stream's last step (without blocking the host), once.
@@ -1004,15 +1017,18 @@ private:
     if (update_pending_) {
       backend_.wait(stream_, update_done_);
       update_pending_ = false;
+      std::fill(segment_pending_.begin(), segment_pending_.end(), false); // all passed with the whole step
     }
   }
 
-  /// Stages 1-2, several ranks: AdamW over each segment's owned slice on the update stream, in the
-  /// order the next forward uses the segments, and that segment's all-gather posted right behind its
-  /// update (the communicator ordered after the update stream meanwhile). The next forward, on
-  /// `stream_`, waits per module in `gather`/`param` for exactly the segments it reads, so the update
-  /// of later segments runs beside the forward of earlier ones. Same kernels, same arguments, same
-  /// per-element order as stepping everything at once: the result is the same bits.
+  /// AdamW over each segment's owned slice on the update stream, in the order the next forward uses
+  /// the segments. Stages 1-2 (several ranks): each segment's all-gather is posted right behind its
+  /// update (the communicator ordered after the update stream meanwhile), and the next forward, on
+  /// `stream_`, waits per module in `gather`/`param` for exactly the segments it reads. Stage 3: an
+  /// event per segment, which the engine's stream waits for before the coordinator reads that
+  /// segment's shard to gather it. Either way the update of later segments runs beside the forward
+  /// of earlier ones. Same kernels, same arguments, same per-element order as stepping everything at
+  /// once: the result is the same bits.
   template <class GroupLr, class Reduced>
   void update_and_gather(const adamw_step_args& args, GroupLr& group_lr, Reduced& reduced) {
     backend_.record(update_ready_, stream_);
@@ -1031,7 +1047,14 @@ private:
       comm_.set_compute_stream(update_stream_.get());
     }
     for (std::size_t k = 0; k < segs.size(); ++k) {
-      optimizer_->step_range(k, update_stream_, args, group_lr, cfg_.grad_accum_dtype, reduced, param_store());
+      optimizer_->step_range(k, update_stream_, args, group_lr, cfg_.grad_accum_dtype, reduced, param_store(),
+                             coord_.has_value());
+      if (coord_) {
+        // Stage 3: the segment's next gather reads its shard slice on stream_ after this point.
+        backend_.record(segment_updated_[k], update_stream_);
+        segment_pending_[k] = true;
+        continue;
+      }
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(update_stream_); // the segment's update comes first
       }
@@ -1076,6 +1099,10 @@ private:
   typename Backend::event_type update_done_;  // update_stream_: the step and the gradient zeroing are done
   /// The update stream has work `stream_` has not been ordered after yet (see `join_update`).
   mutable bool update_pending_ = false;
+  /// Stage 3: per segment, the point the update stream passed its update, and whether the engine's
+  /// stream still has to wait for it before the segment's shard is read.
+  std::vector<typename Backend::event_type> segment_updated_;
+  mutable std::vector<bool> segment_pending_;
   flat_layout layout_;
   flat_layout frozen_layout_;
   std::vector<entry> entries_;

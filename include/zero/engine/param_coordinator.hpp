@@ -264,6 +264,9 @@ public:
   [[nodiscard]] std::size_t peak_live_elements() const noexcept { return peak_live_; }
   /// Where log lines go (trace changes).
   void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
+  /// Called with a unit's index right before its shard slice is read (on the coordinator's stream) to
+  /// gather it: the engine orders that stream after the unit's optimizer update there.
+  void set_before_shard_read(std::function<void(std::size_t)> fn) { before_shard_read_ = std::move(fn); }
 
 private:
   enum class unit_state : std::uint8_t { idle, in_flight, live };
@@ -321,6 +324,9 @@ private:
       const P* mine = reinterpret_cast<const P*>(shard_.data()) + s.shard_offset;
       // The shard slice is copied into place first, so the all-gather runs in place.
       P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
+      if (before_shard_read_) {
+        before_shard_read_(u);
+      }
       backend_.cast(mine, slot, s.slice, stream_);
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(stream_);
@@ -491,6 +497,7 @@ private:
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;
   std::function<void(const std::string&)> log_;
+  std::function<void(std::size_t)> before_shard_read_;
 };
 
 } // namespace zero
