@@ -5,9 +5,13 @@
 #include "zero/backend/cuda_kernels.hpp"
 #include "zero/comm/nccl_communicator.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <doctest/doctest.h>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 using zero::test::gpu_worlds;
@@ -18,6 +22,87 @@ namespace {
 /// Element i of rank r's input: small integers, exact in bf16 and in every sum here.
 float value(int r, std::size_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 3) % 13) - 6);
+}
+
+/// A listening TCP socket on `port` (all interfaces) that is not zero's rendezvous: with `answer`, a
+/// thread accepts every connection and writes bytes that are no rendezvous answer; without, nobody
+/// accepts (connections wait in the backlog, unanswered).
+class foreign_listener {
+public:
+  foreign_listener(int port, bool answer) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    REQUIRE(fd_.get() >= 0);
+    const int one = 1;
+    (void)::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    bound_ = ::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd_.get(), 8) == 0;
+    if (bound_ && answer) {
+      thread_ = std::thread([this] {
+        while (!stop_) {
+          pollfd pfd{fd_.get(), POLLIN, 0};
+          if (::poll(&pfd, 1, 50) <= 0) {
+            continue;
+          }
+          zero::detail::socket_fd peer(::accept(fd_.get(), nullptr, nullptr));
+          const char junk[64] = "HTTP/1.1 400 Bad Request\r\n\r\n";
+          (void)::send(peer.get(), junk, sizeof(junk), MSG_NOSIGNAL);
+        }
+      });
+    }
+  }
+  foreign_listener(const foreign_listener&) = delete;
+  foreign_listener& operator=(const foreign_listener&) = delete;
+  ~foreign_listener() {
+    stop_ = true;
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+  [[nodiscard]] bool bound() const noexcept { return bound_; }
+
+private:
+  zero::detail::socket_fd fd_;
+  bool bound_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+/// Runs the rendezvous of from_env for ranks 0..size-1 on threads over `ports`; returns each rank's id
+/// (rank 0's is a fixed pattern) or rethrows the first failure.
+std::vector<ncclUniqueId> rendezvous(int size, const std::vector<int>& ports, int base,
+                                     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  std::vector<ncclUniqueId> ids(static_cast<std::size_t>(size));
+  std::memset(ids.data(), 0, ids.size() * sizeof(ncclUniqueId));
+  for (std::size_t b = 0; b < sizeof(ncclUniqueId); ++b) {
+    ids[0].internal[b] = static_cast<char>(b * 37 + 11);
+  }
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < size; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        zero::detail::exchange_unique_id(ids[static_cast<std::size_t>(r)], r, size, "127.0.0.1", ports, base, timeout);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ranks) {
+    t.join();
+  }
+  for (const auto& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
+    }
+  }
+  return ids;
+}
+
+int random_base_port() {
+  std::random_device rd;
+  return 20000 + static_cast<int>(rd() % 20000);
 }
 } // namespace
 
@@ -205,6 +290,37 @@ TEST_SUITE("nccl") {
     CHECK(what.find("rank 0") != std::string::npos);
     CHECK(what.find("64 bytes") != std::string::npos);
     CHECK(refused);
+  }
+
+  TEST_CASE("the rendezvous of from_env skips taken ports and listeners that are not zero's") {
+    // MASTER_PORT + 1 answers with junk and + 2 accepts nothing: rank 0 listens on + 3, and the others
+    // find it there after greeting the two foreign listeners.
+    const int base = random_base_port();
+    const foreign_listener junk(base + 1, true);
+    const foreign_listener silent(base + 2, false);
+    REQUIRE(junk.bound());
+    REQUIRE(silent.bound());
+    std::vector<int> ports;
+    for (int k = 1; k <= zero::detail::rendezvous_port_span; ++k) {
+      ports.push_back(base + k);
+    }
+    const auto ids = rendezvous(3, ports, base);
+    for (const auto& id : ids) {
+      CHECK(std::memcmp(&id, &ids[0], sizeof(id)) == 0);
+    }
+    CHECK(ids[0].internal[5] == static_cast<char>(5 * 37 + 11));
+
+    // ZERO_RENDEZVOUS_PORT alone, and taken: rank 0's error names the port and the way out.
+    try {
+      (void)rendezvous(2, {base + 1}, base + 1, std::chrono::seconds(2)); // rank 1 gives up after 2 s
+      FAIL("a rendezvous on a taken port did not throw");
+    } catch (const zero::comm_error& e) {
+      const std::string what = e.what();
+      CHECK(what.find(std::to_string(base + 1)) != std::string::npos);
+      CHECK(what.find("ZERO_RENDEZVOUS_PORT") != std::string::npos);
+    } catch (const zero::timeout_error&) {
+      FAIL("rank 0 should refuse at once, not time out");
+    }
   }
 
   TEST_CASE("from_env names a missing variable") {

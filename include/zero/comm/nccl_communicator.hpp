@@ -8,8 +8,8 @@
 ///   constructor;
 /// - one process per GPU started by torchrun or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK,
 ///   MASTER_ADDR and MASTER_PORT: `nccl_communicator::from_env()`, which passes NCCL's unique id from
-///   rank 0 to the others over TCP on ZERO_RENDEZVOUS_PORT, or MASTER_PORT + 1 when that is not set
-///   (torchrun's own store holds MASTER_PORT);
+///   rank 0 to the others over TCP on ZERO_RENDEZVOUS_PORT, or on the first free one of the 8 ports
+///   after MASTER_PORT when that is not set (torchrun's own store holds MASTER_PORT);
 /// - MPI, one process per GPU (also the multi-node path): `zero::nccl_from_mpi` in
 ///   zero/comm/nccl_mpi.hpp, which broadcasts the id with MPI.
 ///
@@ -450,30 +450,61 @@ template <bool Send>
   return true;
 }
 
-/// The rendezvous of `from_env`: rank 0 listens on `port` and hands `id` to every other rank, which
-/// connects to `addr:port` (retrying until the deadline) and sends its rank first.
-inline void exchange_unique_id(ncclUniqueId& id, int rank, int size, const std::string& addr, int port,
-                               std::chrono::milliseconds timeout) {
+/// What a rank sends first on the rendezvous connection, and what rank 0 answers before the id: a
+/// magic word and the group's identity (size, base port), so a listener that is not this group's
+/// rendezvous (another service, another job) is recognised and skipped rather than believed.
+struct rendezvous_hello {
+  char magic[8] = {'Z', 'E', 'R', 'O', 'R', 'D', 'V', '1'};
+  std::int32_t rank = 0;
+  std::int32_t size = 0;
+  std::int32_t base_port = 0;
+  [[nodiscard]] bool matches(const rendezvous_hello& o) const noexcept {
+    return std::memcmp(magic, o.magic, sizeof(magic)) == 0 && size == o.size && base_port == o.base_port;
+  }
+};
+
+/// The rendezvous of `from_env`: rank 0 listens on the first of `ports` it can bind and hands `id` to
+/// every other rank; the others try the ports in turn (retrying until the deadline), greet with
+/// `rendezvous_hello` and take the id only from a listener that answers with this group's hello.
+/// `base_port` (MASTER_PORT or ZERO_RENDEZVOUS_PORT) names the group in the greeting.
+inline void exchange_unique_id(ncclUniqueId& id, int rank, int size, const std::string& addr,
+                               const std::vector<int>& ports, int base_port, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const std::string where = addr + ":" + std::to_string(port);
+  const std::string where = addr + ":" + std::to_string(ports.front()) +
+                            (ports.size() > 1 ? "-" + std::to_string(ports.back()) : std::string());
   auto timeout_text = [&](const std::string& what) {
     return "nccl_communicator::from_env: rendezvous at " + where + " (rank " + std::to_string(rank) + " of " +
            std::to_string(size) + ") did not complete within " + std::to_string(timeout.count()) + " ms: " + what;
   };
+  rendezvous_hello mine;
+  mine.rank = rank;
+  mine.size = size;
+  mine.base_port = base_port;
+  // A greeting or an answer comes at once from the right peer; a wrong one gets this long.
+  auto soon = [&] { return std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1)); };
   if (rank == 0) {
-    socket_fd server(::socket(AF_INET, SOCK_STREAM, 0));
-    if (server.get() < 0) {
-      throw comm_error("nccl_communicator::from_env: socket() failed: " + std::string(std::strerror(errno)));
+    socket_fd server;
+    std::string refused;
+    for (const int port : ports) {
+      socket_fd s(::socket(AF_INET, SOCK_STREAM, 0));
+      if (s.get() < 0) {
+        throw comm_error("nccl_communicator::from_env: socket() failed: " + std::string(std::strerror(errno)));
+      }
+      const int one = 1;
+      (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(s.get(), size) == 0) {
+        server = std::move(s);
+        break;
+      }
+      refused += (refused.empty() ? "" : ", ") + std::to_string(port) + " (" + std::strerror(errno) + ")";
     }
-    const int one = 1;
-    (void)::setsockopt(server.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    if (::bind(server.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(server.get(), size) != 0) {
-      throw comm_error("nccl_communicator::from_env: rank 0 cannot listen on port " + std::to_string(port) +
-                       " (MASTER_PORT): " + std::strerror(errno) + "; pick a free port");
+    if (server.get() < 0) {
+      throw comm_error("nccl_communicator::from_env: rank 0 cannot listen on any rendezvous port: " + refused +
+                       "; set ZERO_RENDEZVOUS_PORT to a free port");
     }
     std::vector<bool> seen(static_cast<std::size_t>(size), false);
     for (int joined = 1; joined < size;) {
@@ -491,18 +522,22 @@ inline void exchange_unique_id(ncclUniqueId& id, int rank, int size, const std::
       if (peer.get() < 0) {
         continue;
       }
-      std::int32_t peer_rank = -1;
-      if (!transfer_all<false>(peer.get(), &peer_rank, sizeof(peer_rank), deadline) || peer_rank <= 0 ||
-          peer_rank >= size || seen[static_cast<std::size_t>(peer_rank)]) {
+      rendezvous_hello hello;
+      std::memset(hello.magic, 0, sizeof(hello.magic)); // only what arrives may match
+      if (!transfer_all<false>(peer.get(), &hello, sizeof(hello), soon()) || !hello.matches(mine)) {
+        continue; // not one of this group's ranks: another program, or another job's rank
+      }
+      if (hello.rank <= 0 || hello.rank >= size || seen[static_cast<std::size_t>(hello.rank)]) {
         throw comm_error("nccl_communicator::from_env: rank 0 got a connection on " + where + " announcing rank " +
-                         std::to_string(peer_rank) + "; expected a new rank in [1, " + std::to_string(size) +
-                         ") (another job on the same MASTER_PORT?)");
+                         std::to_string(hello.rank) + "; expected a new rank in [1, " + std::to_string(size) +
+                         ") (two processes with the same RANK?)");
       }
-      if (!transfer_all<true>(peer.get(), &id, sizeof(id), deadline)) {
+      if (!transfer_all<true>(peer.get(), &mine, sizeof(mine), deadline) ||
+          !transfer_all<true>(peer.get(), &id, sizeof(id), deadline)) {
         throw comm_error("nccl_communicator::from_env: rank 0 could not send the NCCL id to rank " +
-                         std::to_string(peer_rank));
+                         std::to_string(hello.rank));
       }
-      seen[static_cast<std::size_t>(peer_rank)] = true;
+      seen[static_cast<std::size_t>(hello.rank)] = true;
       ++joined;
     }
     return;
@@ -511,25 +546,64 @@ inline void exchange_unique_id(ncclUniqueId& id, int rank, int size, const std::
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (::getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) {
+  if (::getaddrinfo(addr.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) {
     throw config_error("nccl_communicator::from_env: MASTER_ADDR \"" + addr + "\" does not resolve to an IPv4 address");
   }
   const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(found, &::freeaddrinfo);
+  bool answered_wrong = false;
   for (;;) {
-    socket_fd s(::socket(AF_INET, SOCK_STREAM, 0));
-    if (s.get() >= 0 && ::connect(s.get(), found->ai_addr, found->ai_addrlen) == 0) {
-      std::int32_t me = rank;
-      if (!transfer_all<true>(s.get(), &me, sizeof(me), deadline) ||
-          !transfer_all<false>(s.get(), &id, sizeof(id), deadline)) {
-        throw timeout_error(timeout_text("connected to rank 0 but the NCCL id did not arrive"));
+    for (const int port : ports) {
+      sockaddr_in a{};
+      std::memcpy(&a, found->ai_addr, sizeof(a));
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      socket_fd s(::socket(AF_INET, SOCK_STREAM, 0));
+      if (s.get() < 0 || ::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        continue;
+      }
+      rendezvous_hello answer;
+      std::memset(answer.magic, 0, sizeof(answer.magic));
+      if (!transfer_all<true>(s.get(), &mine, sizeof(mine), soon()) ||
+          !transfer_all<false>(s.get(), &answer, sizeof(answer), soon()) || !answer.matches(mine)) {
+        answered_wrong = true; // something else listens there; try the next port
+        continue;
+      }
+      if (!transfer_all<false>(s.get(), &id, sizeof(id), deadline)) {
+        throw timeout_error(
+            timeout_text("rank 0 answered on port " + std::to_string(port) + " but the NCCL id did not arrive"));
       }
       return;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      throw timeout_error(timeout_text("rank 0 never accepted a connection"));
+      throw timeout_error(timeout_text(answered_wrong ? "only listeners that are not this group's rendezvous answered"
+                                                      : "rank 0 never accepted a connection"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+}
+
+/// The ports the rendezvous of `from_env` may use: ZERO_RENDEZVOUS_PORT alone when it is set, else
+/// the `rendezvous_port_span` ports after MASTER_PORT (torchrun's agent serves its own store on
+/// MASTER_PORT, and the port right after it may be taken by then). Returns them with the base port.
+inline constexpr int rendezvous_port_span = 8;
+[[nodiscard]] inline std::pair<std::vector<int>, int> rendezvous_ports() {
+  if (std::getenv("ZERO_RENDEZVOUS_PORT") != nullptr) {
+    const int port = env_int("ZERO_RENDEZVOUS_PORT", "a TCP port in [1, 65535] free on rank 0's host", 1);
+    if (port > 65535) {
+      throw config_error("nccl_communicator::from_env: ZERO_RENDEZVOUS_PORT=" + std::to_string(port) +
+                         " is above 65535");
+    }
+    return {{port}, port};
+  }
+  const int base = env_int("MASTER_PORT", "a TCP port in [1, 65534] (zero listens on one of the next ones)", 1);
+  std::vector<int> ports;
+  for (int k = 1; k <= rendezvous_port_span && base + k <= 65535; ++k) {
+    ports.push_back(base + k);
+  }
+  if (ports.empty()) {
+    throw config_error("nccl_communicator::from_env: MASTER_PORT=" + std::to_string(base) +
+                       " leaves no port above it for zero's rendezvous; set ZERO_RENDEZVOUS_PORT to a free port");
+  }
+  return {ports, base};
 }
 
 } // namespace detail
@@ -668,7 +742,9 @@ public:
 
   /// Joins the group described by torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK (the device),
   /// MASTER_ADDR and MASTER_PORT; rank 0 hands NCCL's id to the others over TCP on ZERO_RENDEZVOUS_PORT,
-  /// or MASTER_PORT + 1 (torchrun's agent keeps MASTER_PORT for its own store).
+  /// or on the first of the 8 ports after MASTER_PORT it can listen on (torchrun's agent keeps
+  /// MASTER_PORT for its own store); the others greet each port in turn and take the id only from
+  /// a listener that answers as this group's rendezvous.
   /// \throws config_error naming a missing or malformed variable; timeout_error when a rank does not arrive.
   [[nodiscard]] static nccl_communicator from_env(nccl_options opt = {}) {
     const int size = detail::env_int("WORLD_SIZE", "the number of processes (an integer >= 1)", 1);
@@ -682,21 +758,12 @@ public:
     if (size > 1) {
       const std::string addr = detail::env_required("MASTER_ADDR", "the host name or IPv4 address of rank 0");
       // torchrun's agent already serves its own store on MASTER_PORT (shared with the workers since
-      // torch 2.4), so zero's rendezvous takes ZERO_RENDEZVOUS_PORT, or else the port after MASTER_PORT.
-      int port = 0;
-      if (std::getenv("ZERO_RENDEZVOUS_PORT") != nullptr) {
-        port = detail::env_int("ZERO_RENDEZVOUS_PORT", "a TCP port in [1, 65535] free on rank 0's host", 1);
-      } else {
-        port = detail::env_int("MASTER_PORT", "a TCP port in [1, 65534] (zero listens on the next one)", 1) + 1;
-      }
-      if (port > 65535) {
-        throw config_error("nccl_communicator::from_env: rendezvous port " + std::to_string(port) +
-                           " is above 65535; set ZERO_RENDEZVOUS_PORT to a free port");
-      }
+      // torch 2.4), so zero's rendezvous takes ZERO_RENDEZVOUS_PORT, or else one of the ports after it.
+      const auto [ports, base] = detail::rendezvous_ports();
       if (rank == 0) {
         id = make_unique_id();
       }
-      detail::exchange_unique_id(id, rank, size, addr, port, opt.timeout);
+      detail::exchange_unique_id(id, rank, size, addr, ports, base, opt.timeout);
     } else {
       id = make_unique_id();
     }
