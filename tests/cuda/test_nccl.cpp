@@ -29,15 +29,7 @@ float value(int r, std::size_t i) {
 /// accepts (connections wait in the backlog, unanswered).
 class foreign_listener {
 public:
-  foreign_listener(int port, bool answer) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    REQUIRE(fd_.get() >= 0);
-    const int one = 1;
-    (void)::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    bound_ = ::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd_.get(), 8) == 0;
+  foreign_listener(int port, bool answer) : fd_(zero::detail::listen_on(port, 8)), bound_(fd_.get() >= 0) {
     if (bound_ && answer) {
       thread_ = std::thread([this] {
         while (!stop_) {

@@ -450,6 +450,27 @@ template <bool Send>
   return true;
 }
 
+/// A TCP socket listening on `port` of every interface (SO_REUSEADDR), or an invalid one with errno
+/// set when the port cannot be had.
+[[nodiscard]] inline socket_fd listen_on(int port, int backlog) {
+  socket_fd s(::socket(AF_INET, SOCK_STREAM, 0));
+  if (s.get() < 0) {
+    return s;
+  }
+  const int one = 1;
+  (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(s.get(), backlog) != 0) {
+    const int e = errno;
+    s = socket_fd();
+    errno = e;
+  }
+  return s;
+}
+
 /// What a rank sends first on the rendezvous connection, and what rank 0 answers before the id: a
 /// magic word and the group's identity (size, base port), so a listener that is not this group's
 /// rendezvous (another service, another job) is recognised and skipped rather than believed.
@@ -486,17 +507,7 @@ inline void exchange_unique_id(ncclUniqueId& id, int rank, int size, const std::
     socket_fd server;
     std::string refused;
     for (const int port : ports) {
-      socket_fd s(::socket(AF_INET, SOCK_STREAM, 0));
-      if (s.get() < 0) {
-        throw comm_error("nccl_communicator::from_env: socket() failed: " + std::string(std::strerror(errno)));
-      }
-      const int one = 1;
-      (void)::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_ANY);
-      a.sin_port = htons(static_cast<std::uint16_t>(port));
-      if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(s.get(), size) == 0) {
+      if (socket_fd s = listen_on(port, size); s.get() >= 0) {
         server = std::move(s);
         break;
       }
