@@ -405,8 +405,8 @@ public:
   /// Where the framework accumulates (`+=`) the parameter's gradient in this micro-step, in the
   /// gradient dtype (`data_types.grad_accum_dtype`). Ask again in every micro-step: the memory may
   /// change (stage 2's staging buffers), and this is where the engine's stream is ordered after the
-  /// last step's update, which zeroes the gradients on a stream of its own (stages 1-2, several
-  /// ranks). \throws usage_error for a frozen parameter.
+  /// last step's update, which zeroes the gradients on a stream of its own (stages 1-2 on several
+  /// ranks, stage 3). \throws usage_error for a frozen parameter.
   [[nodiscard]] tensor_view grad(param_handle h) {
     const auto& e = entry_of(h, "grad");
     if (!e.trainable) {
@@ -563,8 +563,8 @@ public:
   /// Ends a micro-step. On the last micro-step of an accumulation: waits for the reductions,
   /// unscales and checks for inf/NaN when there is a factor to unscale by (fp16's loss scale,
   /// accumulation; one all-reduce of a flag), computes the global gradient norm (one all-reduce of
-  /// partial sums; a non-finite norm is an overflow too), clips, runs AdamW on the rank's part, updates the loss scale,
-  /// and all-gathers the updated parameters (stages 1, 2).
+  /// partial sums; a non-finite norm is an overflow too), clips, runs AdamW on the rank's part,
+  /// updates the loss scale, and all-gathers the updated parameters (stages 1, 2).
   /// \throws usage_error for parameters without a gradient (unless ignore_unused_parameters);
   /// loss_scale_error when fp16 overflows at the minimum loss scale.
   step_result step() {
@@ -975,14 +975,18 @@ private:
     }
     // Every segment's all-gather is posted now and waited for where its parameters are next used
     // (gather, param), so the gathers run beside the next forward's first modules.
-    const auto& segs = layout_.segments();
+    for (std::size_t s = 0; s < layout_.segments().size(); ++s) {
+      post_gather(s);
+    }
+  }
+
+  /// Posts the in-place all-gather of segment `s`'s owned slices (stages 1-2); waited in `wait_gathers`.
+  void post_gather(std::size_t s) {
+    const auto& seg = layout_.segments()[s];
     const auto rank = static_cast<std::size_t>(comm_.rank());
     visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
-      P* base = reinterpret_cast<P*>(params_.data());
-      for (std::size_t s = 0; s < segs.size(); ++s) {
-        P* seg = base + segs[s].range.begin;
-        pending_gathers_[s].emplace(comm_.all_gather(seg + rank * segs[s].slice, seg, segs[s].slice));
-      }
+      P* whole = reinterpret_cast<P*>(params_.data()) + seg.range.begin;
+      pending_gathers_[s].emplace(comm_.all_gather(whole + rank * seg.slice, whole, seg.slice));
     });
   }
 
@@ -1033,8 +1037,6 @@ private:
   void update_and_gather(const adamw_step_args& args, GroupLr& group_lr, Reduced& reduced) {
     backend_.record(update_ready_, stream_);
     backend_.wait(update_stream_, update_ready_);
-    const auto& segs = layout_.segments();
-    const auto rank = static_cast<std::size_t>(comm_.rank());
     struct restore_order {
       basic_engine* e;
       ~restore_order() {
@@ -1046,7 +1048,7 @@ private:
     if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
       comm_.set_compute_stream(update_stream_.get());
     }
-    for (std::size_t k = 0; k < segs.size(); ++k) {
+    for (std::size_t k = 0; k < layout_.segments().size(); ++k) {
       optimizer_->step_range(k, update_stream_, args, group_lr, cfg_.grad_accum_dtype, reduced, param_store(),
                              coord_.has_value());
       if (coord_) {
@@ -1058,10 +1060,7 @@ private:
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(update_stream_); // the segment's update comes first
       }
-      visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
-        P* seg = reinterpret_cast<P*>(params_.data()) + segs[k].range.begin;
-        pending_gathers_[k].emplace(comm_.all_gather(seg + rank * segs[k].slice, seg, segs[k].slice));
-      });
+      post_gather(k);
     }
   }
 
@@ -1092,8 +1091,8 @@ private:
   counting buffer_alloc_;
   counting work_alloc_;
   typename Backend::stream_type stream_;
-  /// Stages 1-2 on several ranks: the optimizer step runs here, segment by segment, each segment's
-  /// all-gather posted behind its update, while the framework's next forward runs on `stream_`.
+  /// Stages 1-2 on several ranks, and stage 3: the optimizer step runs here, segment by segment,
+  /// while the framework's next forward runs on `stream_` (see `update_and_gather`).
   typename Backend::stream_type update_stream_;
   typename Backend::event_type update_ready_; // stream_: the gradients are final
   typename Backend::event_type update_done_;  // update_stream_: the step and the gradient zeroing are done

@@ -64,10 +64,11 @@ public:
       ranges_.push_back({{0, layout.total_size()}, 0});
       state_size_ = layout.total_size();
     }
-    for (std::size_t k = 0; k < ranges_.size(); ++k) {
-      split_runs(ranges_[k].first, ranges_[k].second, group_of);
-      run_range_.resize(runs_.size(), k);
+    for (const auto& [range, state_offset] : ranges_) {
+      range_runs_.push_back(runs_.size());
+      split_runs(range, state_offset, group_of);
     }
+    range_runs_.push_back(runs_.size());
     m_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
     v_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
     backend_.fill(m_.data(), state_size_, 0.0f, stream_);
@@ -117,7 +118,7 @@ public:
   template <class GradOf, class GroupLr>
   void step(const adamw_step_args& base, GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
             bool params_sharded = false) {
-    step_runs(all_ranges, stream_, base, group_lr, grad_type, grad_of, params, params_sharded);
+    step_runs(0, ranges_.size(), stream_, base, group_lr, grad_type, grad_of, params, params_sharded);
   }
 
   /// The same step over the runs of owned range `k` only (`ranges()[k]`: segment k's slice when
@@ -131,37 +132,36 @@ public:
       throw usage_error("partitioned_adamw::step_range: range " + std::to_string(k) + " of " +
                         std::to_string(ranges_.size()));
     }
-    step_runs(k, s, base, group_lr, grad_type, grad_of, params, params_sharded);
+    step_runs(k, k + 1, s, base, group_lr, grad_type, grad_of, params, params_sharded);
   }
 
 private:
-  static constexpr std::size_t all_ranges = static_cast<std::size_t>(-1);
-
+  /// AdamW over the runs of owned ranges [first, last), on `s`.
   template <class GradOf, class GroupLr>
-  void step_runs(std::size_t only, const typename Backend::stream_type& s, const adamw_step_args& base,
-                 GroupLr& group_lr, dtype grad_type, GradOf& grad_of, std::byte* params, bool params_sharded) {
+  void step_runs(std::size_t first, std::size_t last, const typename Backend::stream_type& s,
+                 const adamw_step_args& base, GroupLr& group_lr, dtype grad_type, GradOf& grad_of, std::byte* params,
+                 bool params_sharded) {
     visit_float(grad_type, [&]<class G>(type_tag<G>) {
       visit_float(param_type_, [&]<class P>(type_tag<P>) {
-        for (std::size_t r = 0; r < runs_.size(); ++r) {
-          if (only != all_ranges && run_range_[r] != only) {
-            continue;
-          }
-          const auto& run = runs_[r];
-          const auto& range = ranges_[run_range_[r]];
-          adamw_step_args a = base;
-          a.lr = static_cast<float>(group_lr(groups_[run.group].lr));
-          a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
-          const std::size_t n = run.flat.size();
-          const std::size_t within = run.flat.begin - range.first.begin;
-          const G* g = reinterpret_cast<const G*>(grad_of(range.first, range.second)) + within;
-          P* p = reinterpret_cast<P*>(params) + (params_sharded ? run.state_offset : run.flat.begin);
-          float* m = m_.data() + run.state_offset;
-          float* v = v_.data() + run.state_offset;
-          if constexpr (std::is_same_v<P, float>) {
-            // fp32 training: the parameters are the master copy.
-            backend_.adamw_step(p, m, v, g, static_cast<float*>(nullptr), n, a, s);
-          } else {
-            backend_.adamw_step(master_.data() + run.state_offset, m, v, g, p, n, a, s);
+        for (std::size_t k = first; k < last; ++k) {
+          const auto& [range, state_offset] = ranges_[k];
+          const G* grads = reinterpret_cast<const G*>(grad_of(range, state_offset));
+          for (std::size_t r = range_runs_[k]; r < range_runs_[k + 1]; ++r) {
+            const auto& run = runs_[r];
+            adamw_step_args a = base;
+            a.lr = static_cast<float>(group_lr(groups_[run.group].lr));
+            a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
+            const std::size_t n = run.flat.size();
+            const G* g = grads + (run.flat.begin - range.begin);
+            P* p = reinterpret_cast<P*>(params) + (params_sharded ? run.state_offset : run.flat.begin);
+            float* m = m_.data() + run.state_offset;
+            float* v = v_.data() + run.state_offset;
+            if constexpr (std::is_same_v<P, float>) {
+              // fp32 training: the parameters are the master copy.
+              backend_.adamw_step(p, m, v, g, static_cast<float*>(nullptr), n, a, s);
+            } else {
+              backend_.adamw_step(master_.data() + run.state_offset, m, v, g, p, n, a, s);
+            }
           }
         }
       });
@@ -202,8 +202,8 @@ private:
   dtype param_type_;
   std::vector<std::pair<flat_range, std::size_t>> ranges_;
   std::vector<owned_run> runs_;
-  /// The owned range (index into ranges_) of every run.
-  std::vector<std::size_t> run_range_;
+  /// Runs of owned range k: [range_runs_[k], range_runs_[k + 1]) (runs are split range by range, in order).
+  std::vector<std::size_t> range_runs_;
   std::size_t state_size_ = 0;
   buffer<float, counting> master_;
   buffer<float, counting> m_;
