@@ -69,6 +69,16 @@ TEST_CASE("frozen parameters get no gradient and no optimizer state; groups keep
     CHECK(static_cast<float>(eng.param(w).as<zero::bf16>()[0]) < 1.0f);
     CHECK(static_cast<float>(eng.param(nodecay).as<zero::bf16>()[0]) == 1.0f);
     CHECK(static_cast<float>(eng.param(frozen).as<zero::bf16>()[0]) == 1.0f);
+    // Stepping one owned range (what the engine does segment by segment): a range that does not exist
+    // is refused, naming it and how many there are.
+    auto& opt = eng.optimizer();
+    const std::size_t owned = opt.ranges().size();
+    const std::string named = "range " + std::to_string(owned) + " does not exist";
+    CHECK_THROWS_WITH_AS(
+        opt.step_range(
+            owned, eng.stream(), zero::adamw_step_args{}, [](double lr) { return lr; }, zero::dtype::bf16,
+            [](const zero::flat_range&, std::size_t) { return static_cast<std::byte*>(nullptr); }, nullptr),
+        doctest::Contains(named.c_str()), zero::usage_error);
   });
 }
 

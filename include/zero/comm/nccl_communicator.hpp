@@ -601,7 +601,7 @@ inline constexpr int rendezvous_port_span = 8;
     const int port = env_int("ZERO_RENDEZVOUS_PORT", "a TCP port in [1, 65535] free on rank 0's host", 1);
     if (port > 65535) {
       throw config_error("nccl_communicator::from_env: ZERO_RENDEZVOUS_PORT=" + std::to_string(port) +
-                         " is above 65535");
+                         " is above 65535; expected a TCP port in [1, 65535] free on rank 0's host");
     }
     return {{port}, port};
   }

@@ -129,8 +129,9 @@ public:
                   GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
                   bool params_sharded = false) {
     if (k >= ranges_.size()) {
-      throw usage_error("partitioned_adamw::step_range: range " + std::to_string(k) + " of " +
-                        std::to_string(ranges_.size()));
+      throw usage_error("partitioned_adamw::step_range: range " + std::to_string(k) +
+                        " does not exist; this rank owns ranges 0 to " + std::to_string(ranges_.size()) +
+                        " (exclusive), one per segment");
     }
     step_runs(k, k + 1, s, base, group_lr, grad_type, grad_of, params, params_sharded);
   }
