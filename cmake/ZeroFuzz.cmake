@@ -43,7 +43,8 @@ function(zero_add_fuzzer name)
   endforeach()
   # Clang 14 with libstdc++ 12 lacks std::source_location; the shim stands in for it.
   set(shim ${root}/tests/config/fuzz_source_location.hpp)
-  set(bin ${CMAKE_CURRENT_BINARY_DIR}/${name})
+  # The binary sits in a folder of its own: a custom target may not share its output's path (Ninja).
+  set(bin ${CMAKE_CURRENT_BINARY_DIR}/fuzz/${name})
   add_custom_command(
     OUTPUT ${bin}
     COMMAND ${zero_fuzz_cxx} -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
