@@ -531,6 +531,8 @@ public:
   /// handles are gone. Sets `MPI_ERRORS_RETURN` on `comm` (and leaves it set) so MPI errors become
   /// `mpi_error` exceptions instead of aborting.
   /// \param comm an intra-communicator; MPI must be initialised.
+  /// Collective over `comm`'s ranks: it duplicates `comm` for the exchange of operation
+  /// descriptions (see the file comment), so every rank builds its communicator in the same order.
   /// \param name the group's name in messages, "world" by default.
   /// \throws usage_error when MPI is not running, `comm` is `MPI_COMM_NULL` or an inter-communicator.
   /// \throws mpi_error when MPI fails.
