@@ -5,6 +5,7 @@
 //   zero-fashion-mnist --ranks 4 --stages all         every stage, then a table
 //   zero-fashion-mnist --stage 2 --steps 500 --save ckpt --save-every 100
 //   zero-fashion-mnist --stage 3 --ranks 2 --steps 900 --load ckpt    resume (any stage, any ranks)
+//   mpirun -np 2 zero-fashion-mnist --timeout 30      report a stopped rank after 30 s (default 300)
 //
 // The framework (mlp.hpp) keeps its own forward and backward; zero owns parameters, gradients and
 // optimizer state, reduces gradients bucket by bucket and steps AdamW on each rank's shard.
@@ -12,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -69,6 +71,7 @@ struct options {
   std::string save;
   long save_every = 0;
   std::string load;
+  std::optional<double> timeout; // seconds; overrides the config's comm_timeout
 };
 
 struct outcome {
@@ -90,6 +93,10 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
       zero::config::from_json(cfg_json, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
   zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
   zero::engine<zero::cpu_backend, Comm> eng(cfg, comm, backend);
+  if (opt.timeout) {
+    // After the engine, which sets the config's comm_timeout: the command line wins.
+    comm.set_timeout(std::chrono::milliseconds(std::llround(*opt.timeout * 1000.0)));
+  }
   fmnist::mlp model(eng, {static_cast<int>(train_set.pixels), opt.hidden, opt.hidden / 2, 10});
   eng.finalize();
   model.init();
@@ -181,14 +188,21 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  // Evaluation: rank r takes every world-th test image; the counts are summed over ranks.
+  // Evaluation: rank r takes the r-th of `world` contiguous slices of the test set (their sizes differ
+  // by at most one) and splits it into the same number of batches as every other rank: at stage 3
+  // every forward gathers, a collective, so every rank must run as many forwards. Every test image
+  // is counted once; the counts are summed over ranks.
   std::int64_t counts[2] = {0, 0};
   const std::size_t eval_batch = 500;
+  const std::size_t slice_begin = rank * test_set.count / world;
+  const std::size_t slice_end = (rank + 1) * test_set.count / world;
+  const std::size_t batches = ((test_set.count + world - 1) / world + eval_batch - 1) / eval_batch;
   auto evaluation = eng.evaluation(); // forward only: stage 3 keeps its training trace intact
   std::vector<float> xe;
   std::vector<int> ye;
-  for (std::size_t b = rank * eval_batch; b < test_set.count; b += world * eval_batch) {
-    const std::size_t n = std::min(eval_batch, test_set.count - b);
+  for (std::size_t i = 0; i < batches; ++i) {
+    const std::size_t b = slice_begin + i * (slice_end - slice_begin) / batches;
+    const std::size_t n = slice_begin + (i + 1) * (slice_end - slice_begin) / batches - b;
     xe.assign(test_set.images.data() + b * test_set.pixels, test_set.images.data() + (b + n) * test_set.pixels);
     ye.assign(test_set.labels.data() + b, test_set.labels.data() + b + n);
     int correct = 0;
@@ -275,6 +289,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->needs(save_opt);
   app.add_option("--load", opt.load, "resume from the latest checkpoint in this directory");
+  app.add_option("--timeout", opt.timeout,
+                 "seconds a rank waits for the others before it reports them (default: the config's "
+                 "comm_timeout, else 300)")
+      ->check(CLI::Range(0.001, 31536000.0));
   CLI11_PARSE(app, argc, argv);
 #if !ZERO_HAS_CHECKPOINT
   if (!opt.save.empty() || !opt.load.empty()) {

@@ -312,3 +312,77 @@ TEST_CASE("mismatched operations and bad arguments give errors, not hangs") {
     });
   }
 }
+
+TEST_CASE("run_ranks rethrows the cause, not another rank's echo, and names its rank") {
+  using namespace std::chrono_literals;
+  SUBCASE("echoes that arrive first") {
+    // Ranks 0, 1 and 3 report that rank 2 failed before rank 2's own exception arrives (as a
+    // checkpoint phase does after its all-reduce of failures).
+    CHECK_THROWS_WITH_AS(run_ranks(4,
+                                   [](thread_communicator& c) {
+                                     if (c.rank() != 2) {
+                                       throw zero::as_echo(zero::checkpoint_error(
+                                           "save failed on rank 2 (its exception names the cause)"));
+                                     }
+                                     std::this_thread::sleep_for(100ms);
+                                     throw zero::io_error("ck/rank-00002.bin: Read-only file system", 30);
+                                   }),
+                         "[zero.io_error] rank 2: ck/rank-00002.bin: Read-only file system", zero::io_error);
+  }
+  SUBCASE("ranks released by the broken group") {
+    // Rank 2 fails after the others are waiting in a barrier; they get comm_error echoes.
+    try {
+      run_ranks(4, [](thread_communicator& c) {
+        if (c.rank() == 2) {
+          std::this_thread::sleep_for(50ms);
+          throw zero::io_error("disk full", 28);
+        }
+        c.barrier().wait();
+      });
+      FAIL("run_ranks returned without an exception");
+    } catch (const zero::io_error& e) {
+      CHECK(std::string(e.what()) == "[zero.io_error] rank 2: disk full");
+      CHECK(e.status() == 28);
+    }
+  }
+  SUBCASE("only echoes: the first one, with its rank") {
+    CHECK_THROWS_WITH_AS(run_ranks(2,
+                                   [](thread_communicator& c) {
+                                     if (c.rank() == 1) {
+                                       std::this_thread::sleep_for(50ms);
+                                     }
+                                     throw zero::as_echo(
+                                         zero::comm_error("echo from rank " + std::to_string(c.rank())));
+                                   }),
+                         "[zero.comm_error] rank 0: echo from rank 0", zero::comm_error);
+  }
+}
+
+TEST_CASE("draining many handles of a stopped peer waits one timeout in all") {
+  // Rank 1 never joins; rank 0 drops eight posted all-gathers, as an engine's destructor does.
+  // The first wait times out and breaks the group, so the others fail at once.
+  using namespace std::chrono_literals;
+  const auto timeout = 500ms;
+  std::chrono::steady_clock::duration drained{};
+  run_ranks(2,
+            [&](thread_communicator& c) {
+              if (c.rank() == 1) {
+                std::this_thread::sleep_for(2 * timeout);
+                return;
+              }
+              std::vector<float> buf(2 * 64 * 8);
+              std::vector<thread_communicator::handle> pending;
+              for (std::size_t k = 0; k < 8; ++k) {
+                float* whole = buf.data() + k * 128;
+                pending.push_back(c.all_gather(whole, whole, 64));
+                std::this_thread::sleep_for(20ms); // later handles are posted later: their own timeouts end later
+              }
+              const auto start = std::chrono::steady_clock::now();
+              CHECK_THROWS_WITH_AS(pending.front().wait(), doctest::Contains("all_gather(count=64, fp32)"),
+                                   zero::timeout_error);
+              pending.clear();
+              drained = std::chrono::steady_clock::now() - start;
+            },
+            {.timeout = timeout});
+  CHECK(drained < timeout * 11 / 10);
+}

@@ -335,3 +335,81 @@ TEST_CASE("stage 3 misuse: ungathered view, double release, a module only some r
                                        {.timeout = 60s}),
                        doctest::Contains("while gathering module \"layer1\""), zero::timeout_error);
 }
+
+TEST_CASE("stage 3: an evaluation that gathers the whole model lets ranks run different numbers of batches") {
+  using namespace std::chrono_literals;
+  deep_spec s{.world = 3, .layers = 4, .width = 16, .persistence = 0};
+  const auto layers = all_layers(s.layers);
+  zero::run_ranks(s.world,
+                  [&](zero::thread_communicator& comm) {
+                    deep_rank r(comm, s);
+                    auto& eng = r.eng;
+                    train_step(eng, r.m, layers);
+                    std::vector<float> per_module;
+                    {
+                      auto ev = eng.evaluation();
+                      for (int l : layers) {
+                        auto on = eng.gather(r.m.modules[static_cast<std::size_t>(l)]);
+                        per_module.push_back(param_sum(eng, r.m.w[static_cast<std::size_t>(l)]));
+                      }
+                    }
+                    {
+                      // An uneven test set: rank r has r + 1 batches. Only the scope's opening is collective.
+                      auto ev = eng.evaluation(zero::eval_gather::whole_model);
+                      for (int batch = 0; batch <= comm.rank(); ++batch) {
+                        for (int l : layers) {
+                          auto on = eng.gather(r.m.modules[static_cast<std::size_t>(l)]);
+                          CHECK(param_sum(eng, r.m.w[static_cast<std::size_t>(l)]) ==
+                                per_module[static_cast<std::size_t>(l)]);
+                        }
+                      }
+                      CHECK(eng.coordinator()->stats().all_gathers == static_cast<std::size_t>(s.layers));
+                    }
+                    CHECK(eng.coordinator()->live_elements() == 0);
+                    // Training goes on with its trace untouched by the evaluation's local orders.
+                    train_step(eng, r.m, layers);
+                    train_step(eng, r.m, layers);
+                    CHECK(eng.coordinator()->stats_of_last_step().trace_changes == 0);
+                    CHECK(eng.coordinator()->stats_of_last_step().prefetch_wasted == 0);
+                  },
+                  {.timeout = 20s});
+}
+
+TEST_CASE("stage 3: per-module evaluation with uneven batches fails with a named error, not a hang") {
+  // What evaluation() documents: with eval_gather::per_module every rank must run the same forwards.
+  using namespace std::chrono_literals;
+  deep_spec s{.world = 3, .layers = 2, .width = 16, .persistence = 0};
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(zero::run_ranks(3,
+                                       [&](zero::thread_communicator& comm) {
+                                         deep_rank r(comm, s);
+                                         comm.set_timeout(2s);
+                                         auto ev = r.eng.evaluation();
+                                         for (int batch = 0; batch <= (comm.rank() == 0 ? 0 : 1); ++batch) {
+                                           auto on = r.eng.gather(r.m.modules[0]);
+                                         }
+                                         comm.barrier().wait(); // the next collective after evaluation
+                                       }),
+                       doctest::Contains("does not match across ranks"), zero::comm_error);
+  CHECK(std::chrono::steady_clock::now() - start < 2s);
+}
+
+TEST_CASE("comm_timeout (zero-specific key) sets the engine's communicator timeout") {
+  using namespace std::chrono_literals;
+  zero::config_inputs in;
+  const auto cfg = zero::config::from_string(
+      R"({"train_micro_batch_size_per_gpu": 1, "comm_timeout": 2.5,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "zero_optimization": {"stage": 3}})",
+      in);
+  REQUIRE(cfg.comm_timeout);
+  CHECK(*cfg.comm_timeout == 2.5);
+  CHECK(cfg.to_json()["comm_timeout"] == 2.5);
+  CHECK_THROWS_WITH_AS(zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "comm_timeout": 0})", in),
+                       doctest::Contains("comm_timeout"), zero::config_error);
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    CHECK(comm.timeout() == zero::default_comm_timeout);
+    zero::cpu_backend backend({.threads = 1});
+    eng_t eng(cfg, comm, backend);
+    CHECK(comm.timeout() == 2500ms);
+  });
+}

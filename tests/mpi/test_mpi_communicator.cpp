@@ -597,6 +597,79 @@ TEST_CASE("a collective that a rank joins too late times out, names itself and b
   w.barrier().wait();
 }
 
+TEST_CASE("ranks that pass different sizes to a collective get a named error, not a crash") {
+  ZERO_RANK_INFO();
+  auto w = world();
+  mpi_communicator g = w.split(0, w.rank()); // a group of its own: the mismatch breaks it
+  // Rank 0 gathers 1000 elements, the others 500: MPI alone would write past rank 0's buffer.
+  const std::size_t count = w.rank() == 0 ? 1000 : 500;
+  std::vector<float> send(count, 1.0f);
+  std::vector<float> recv(count * static_cast<std::size_t>(w.size()));
+  try {
+    g.all_gather(send.data(), recv.data(), count).wait();
+    FAIL("no error");
+  } catch (const zero::comm_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("operation #0 does not match across ranks") != std::string::npos);
+    CHECK(what.find("rank 0 called all_gather(count=1000, fp32)") != std::string::npos);
+    CHECK(what.find(w.size() == 2 ? "rank 1 called all_gather(count=500, fp32)"
+                                  : "ranks 1, 2, 3 called all_gather(count=500, fp32)") != std::string::npos);
+    CHECK(what.find("\"world/0\"") != std::string::npos);
+  }
+  CHECK(g.broken());
+  // Another operation at the same position is named too; the world group is untouched.
+  mpi_communicator h = w.split(0, w.rank());
+  std::vector<float> x(8);
+  if (w.rank() == 1) {
+    CHECK_THROWS_WITH_AS(h.broadcast(x.data(), x.data(), 8, 0).wait(),
+                         doctest::Contains("rank 1 called broadcast(count=8, fp32, root=0)"), zero::comm_error);
+  } else {
+    CHECK_THROWS_WITH_AS(h.all_reduce(x.data(), x.data(), 8, reduce_op::sum).wait(),
+                         doctest::Contains("called all_reduce(count=8, fp32, sum)"), zero::comm_error);
+  }
+  w.barrier().wait();
+}
+
+TEST_CASE("draining many handles of a stopped peer waits one timeout in all, not one per handle") {
+  ZERO_RANK_INFO();
+  auto w = world();
+  mpi_communicator pair = w.split(w.rank() < 2 ? 0 : 1, w.rank());
+  const auto timeout = 1500ms;
+  constexpr std::size_t handles = 6;
+  std::vector<std::int32_t> got(handles * 4, -1);
+  if (w.rank() == 0) {
+    pair.set_timeout(timeout);
+    // Rank 1 is stopped (it makes no MPI call): six receives from it pend, as an engine's gathers do
+    // when its destructor drains them.
+    std::vector<mpi_communicator::handle> pending;
+    for (std::size_t k = 0; k < handles; ++k) {
+      pending.push_back(pair.recv(got.data() + 4 * k, 4, 1));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(pending.front().wait(), doctest::Contains("recv on group \"world/0\""), zero::timeout_error);
+    pending.clear(); // the destructors wait without throwing
+    const auto drained = std::chrono::steady_clock::now() - start;
+    CHECK(drained >= timeout);
+    CHECK(drained < timeout * 11 / 10);
+    CHECK(pair.drain_abandoned() == handles);
+    int go = 1;
+    w.send(&go, 1, 1).wait(); // wake rank 1, so the abandoned receives complete before MPI_Finalize
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (pair.drain_abandoned() != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    CHECK(pair.drain_abandoned() == 0);
+  } else if (w.rank() == 1) {
+    int go = 0;
+    w.recv(&go, 1, 0).wait();
+    const std::int32_t data[4] = {1, 2, 3, 4};
+    for (std::size_t k = 0; k < handles; ++k) {
+      pair.send(data, 4, 0).wait();
+    }
+  }
+  w.barrier().wait();
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;

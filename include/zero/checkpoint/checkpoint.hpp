@@ -425,8 +425,8 @@ template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, 
     std::rethrow_exception(mine);
   }
   if (failed != 0) {
-    throw checkpoint_error(cat(phase, " failed on rank ", std::to_string(failed - 1),
-                               " (its exception names the cause); nothing was changed on this rank"));
+    throw as_echo(checkpoint_error(cat(phase, " failed on rank ", std::to_string(failed - 1),
+                                       " (its exception names the cause); nothing was changed on this rank")));
   }
 }
 

@@ -23,6 +23,19 @@
 /// erroneous. A scratch buffer whose request is still active when the last owner of the state goes
 /// away is leaked on purpose rather than freed under MPI.
 ///
+/// Matching. MPI leaves collectives that differ between ranks (another operation, count, type or
+/// root at the same position) undefined: in practice a crash or a hang. So before a collective
+/// starts, every rank's description of it (operation, count, type, root or reduction) is exchanged
+/// with a small fixed-size `MPI_Iallgather` on a duplicate of the communicator, under the timeout,
+/// and the collective starts only when all agree. When they do not, every rank throws the same
+/// `zero::comm_error` ("operation #k does not match across ranks: ranks 0, 1 called
+/// all_gather(count=1000, fp32); rank 2 called all_gather(count=500, fp32)") and the group is
+/// broken; nothing was started. The price: a collective's start waits until every rank has started
+/// it (the exchange is a few bytes). When the exchange times out, the call returns a handle whose
+/// `wait()` throws the `timeout_error`, and `drain_abandoned()` starts the collective if the
+/// missing ranks join later, so they do not hang. `send` and `recv` are not exchanged: MPI matches
+/// them itself, and a recv that gets another count throws `usage_error`.
+///
 /// Requirements: MPI is initialised before a communicator is built and finalised only after every
 /// communicator and handle is gone. Collectives must be started in the same order on every rank
 /// of a group, as MPI requires. Operations issued from several threads need
@@ -34,11 +47,16 @@
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mpi.h>
 #include <mutex>
@@ -198,6 +216,9 @@ struct mpi_comm_state {
   struct abandoned_op {
     MPI_Request request = MPI_REQUEST_NULL;
     std::unique_ptr<std::byte[]> scratch;
+    /// For the exchange of operation descriptions that precedes a collective: starts that
+    /// collective (its request and any scratch it writes into) once the exchange completes late.
+    std::function<int(MPI_Request*, std::unique_ptr<std::byte[]>&)> then;
   };
 
   mpi_comm_state(MPI_Comm c, bool own, std::string n) : comm(c), owns(own), name(std::move(n)) {}
@@ -217,22 +238,64 @@ struct mpi_comm_state {
         static_cast<void>(op.scratch.release());
       }
     }
+    if (check_comm != MPI_COMM_NULL) {
+      static_cast<void>(mpi_succeeded(MPI_Comm_free(&check_comm)));
+    }
     if (owns && comm != MPI_COMM_NULL) {
       static_cast<void>(mpi_succeeded(MPI_Comm_free(&comm)));
     }
   }
 
+  /// Marks the group broken for `reason` (the first reason stays). Call with `mutex` held.
+  void break_locked(std::string reason) {
+    if (broken_reason.empty()) {
+      broken_reason = std::move(reason);
+    }
+    broken.store(true, std::memory_order_release);
+  }
+
   MPI_Comm comm;
   bool owns;
   std::string name;
+  MPI_Comm check_comm = MPI_COMM_NULL; // owned duplicate of comm: the operation descriptions
+  std::uint64_t next_op = 0;           // number of the next collective, for messages
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout = default_comm_timeout;
 
-  std::mutex mutex;          // guards broken_reason and abandoned
-  std::string broken_reason; // empty while the group is usable
+  std::atomic<bool> broken{false}; // set with broken_reason; read without the mutex by waits
+  std::mutex mutex;                // guards broken_reason and abandoned
+  std::string broken_reason;       // empty while the group is usable
   std::vector<abandoned_op> abandoned;
 };
+
+/// What a rank says about the collective it starts; compared across ranks before it starts.
+struct mpi_op_signature {
+  std::int64_t kind = 0;  // index into mpi_op_names
+  std::int64_t count = 0; // elements (per rank, as the call takes them)
+  std::int64_t type = 0;  // zero::dtype
+  std::int64_t extra = 0; // root of a broadcast, reduce_op of a reduction, 0 otherwise
+};
+inline constexpr int mpi_op_signature_fields = 4;
+static_assert(sizeof(mpi_op_signature) == mpi_op_signature_fields * sizeof(std::int64_t));
+inline constexpr std::array<const char*, 7> mpi_op_names = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                                            "barrier",    "all_to_all",     "split"};
+
+/// "all_gather(count=1000, fp32)", "broadcast(count=8, u8, root=1)", "barrier".
+[[nodiscard]] inline std::string describe(const mpi_op_signature& s) {
+  const auto kind = static_cast<std::size_t>(s.kind);
+  std::string text = kind < mpi_op_names.size() ? mpi_op_names[kind] : "operation " + std::to_string(s.kind);
+  if (text == "barrier" || text == "split") {
+    return text;
+  }
+  text += "(count=" + std::to_string(s.count) + ", " + std::string(name_of(static_cast<dtype>(s.type)));
+  if (text.starts_with("all_reduce") || text.starts_with("reduce_scatter")) {
+    text += ", " + std::string(name_of(static_cast<reduce_op>(s.extra)));
+  } else if (text.starts_with("broadcast")) {
+    text += ", root=" + std::to_string(s.extra);
+  }
+  return text + ")";
+}
 
 } // namespace detail
 
@@ -280,6 +343,11 @@ public:
     void wait() {
       if (!state_) {
         return;
+      }
+      if (error_) {
+        const std::exception_ptr e = error_;
+        reset();
+        std::rethrow_exception(e);
       }
       MPI_Status status{};
       if (request_ != MPI_REQUEST_NULL) {
@@ -338,6 +406,11 @@ public:
         if (now >= deadline) {
           timed_out();
         }
+        if (state_->broken.load(std::memory_order_acquire)) {
+          // Another wait timed out (or the ranks disagreed): its error names the cause, and waiting
+          // out a fresh timeout here would only delay it, so a drain of N handles waits one timeout.
+          broken_while_waiting();
+        }
         if (now - start < std::chrono::milliseconds(20)) {
           std::this_thread::yield();
         } else {
@@ -351,12 +424,23 @@ public:
           detail::timeout_message(op_, state_->name, state_->rank, state_->size, bytes_, timeout_);
       {
         const std::lock_guard lock(state_->mutex);
-        if (state_->broken_reason.empty()) {
-          state_->broken_reason = std::string(op_) + " timed out after " + std::to_string(timeout_.count()) + " ms";
-        }
+        state_->break_locked(std::string(op_) + " timed out after " + std::to_string(timeout_.count()) + " ms");
       }
       abandon();
       throw timeout_error(message);
+    }
+
+    [[noreturn]] void broken_while_waiting() {
+      std::string reason;
+      {
+        const std::lock_guard lock(state_->mutex);
+        reason = state_->broken_reason;
+      }
+      const std::string message = std::string(op_) + " on group \"" + state_->name + "\" (size " +
+                                  std::to_string(state_->size) + ") at rank " + std::to_string(state_->rank) +
+                                  " cannot complete: the group broke while it waited (" + reason + ")";
+      abandon();
+      throw as_echo(comm_error(message));
     }
 
     // Hands a request that may still be active, and the scratch it may write into, to the shared
@@ -365,7 +449,7 @@ public:
       if (request_ != MPI_REQUEST_NULL) {
         try {
           const std::lock_guard lock(state_->mutex);
-          state_->abandoned.push_back({request_, std::move(scratch_)});
+          state_->abandoned.push_back({request_, std::move(scratch_), std::move(then_)});
         } catch (...) {
           static_cast<void>(scratch_.release()); // no room to keep it: leak rather than free under MPI
         }
@@ -401,6 +485,8 @@ public:
       finish_data_ = nullptr;
       finish_count_ = 0;
       expected_ = -1;
+      error_ = nullptr;
+      then_ = nullptr;
     }
 
     void take(handle& other) noexcept {
@@ -417,6 +503,8 @@ public:
       finish_count_ = std::exchange(other.finish_count_, 0);
       type_ = other.type_;
       expected_ = std::exchange(other.expected_, -1);
+      error_ = std::exchange(other.error_, nullptr);
+      then_ = std::exchange(other.then_, nullptr);
     }
 
     std::shared_ptr<detail::mpi_comm_state> state_; // null once complete
@@ -432,6 +520,8 @@ public:
     std::size_t finish_count_ = 0;
     MPI_Datatype type_ = MPI_DATATYPE_NULL; // for recv's count check
     int expected_ = -1;                     // elements a recv must get; -1: no check
+    std::exception_ptr error_;              // the start failed (its exchange timed out): wait() throws it
+    std::function<int(MPI_Request*, std::unique_ptr<std::byte[]>&)> then_; // see abandoned_op::then
   };
 
   /// Tag of the messages `send` and `recv` exchange; keep it out of your own traffic on `native()`.
@@ -441,6 +531,8 @@ public:
   /// handles are gone. Sets `MPI_ERRORS_RETURN` on `comm` (and leaves it set) so MPI errors become
   /// `mpi_error` exceptions instead of aborting.
   /// \param comm an intra-communicator; MPI must be initialised.
+  /// Collective over `comm`'s ranks: it duplicates `comm` for the exchange of operation
+  /// descriptions (see the file comment), so every rank builds its communicator in the same order.
   /// \param name the group's name in messages, "world" by default.
   /// \throws usage_error when MPI is not running, `comm` is `MPI_COMM_NULL` or an inter-communicator.
   /// \throws mpi_error when MPI fails.
@@ -488,16 +580,27 @@ public:
   }
 
   /// Progresses the operations abandoned by timeouts once (`MPI_Test`), forgets those that have
-  /// completed (freeing their scratch) and returns how many are still active. Call it until it
-  /// returns 0, after the missing ranks joined, before `MPI_Finalize`. Does not un-break the group.
-  /// \throws nothing of its own; an operation whose test fails is forgotten as finished.
+  /// completed (freeing their scratch) and returns how many are still active. An abandoned exchange
+  /// of operation descriptions (see the file comment) that completes starts its collective, which
+  /// then counts as active, so the ranks that joined late are not left waiting for this one. Call
+  /// it until it returns 0, after the missing ranks joined, before `MPI_Finalize`. Does not
+  /// un-break the group.
+  /// \throws nothing of its own; an operation whose test or start fails is forgotten as finished.
   std::size_t drain_abandoned() {
     auto& s = state();
     const std::lock_guard lock(s.mutex);
     std::erase_if(s.abandoned, [](detail::mpi_comm_state::abandoned_op& op) {
       int done = 0;
-      return op.request == MPI_REQUEST_NULL ||
-             !detail::mpi_succeeded(MPI_Test(&op.request, &done, MPI_STATUS_IGNORE)) || done != 0;
+      if (op.request == MPI_REQUEST_NULL || !detail::mpi_succeeded(MPI_Test(&op.request, &done, MPI_STATUS_IGNORE))) {
+        return true;
+      }
+      if (done != 0 && op.then) {
+        const auto then = std::move(op.then);
+        op.then = nullptr;
+        op.scratch.reset(); // the exchanged descriptions
+        return !detail::mpi_succeeded(then(&op.request, op.scratch));
+      }
+      return done != 0;
     });
     return s.abandoned.size();
   }
@@ -518,8 +621,13 @@ public:
     }
     handle h = start(s, "all_reduce", count * sizeof(T));
     const void* from = send == recv ? MPI_IN_PLACE : static_cast<const void*>(send);
-    ZERO_CHECK_MPI(
-        MPI_Iallreduce(from, recv, n, detail::mpi_datatype<T>(), detail::mpi_reduce_op<T>(op), s.comm, &h.request_));
+    agree_and_start(
+        s, h,
+        {0, static_cast<std::int64_t>(count), static_cast<std::int64_t>(dtype_v<T>), static_cast<std::int64_t>(op)},
+        [from, recv, n, type = detail::mpi_datatype<T>(), mop = detail::mpi_reduce_op<T>(op),
+         comm = s.comm](MPI_Request* r, std::unique_ptr<std::byte[]>&) {
+          return MPI_Iallreduce(from, recv, n, type, mop, comm, r);
+        });
     if (op == reduce_op::avg) {
       set_average<T>(h, recv, count);
     }
@@ -548,15 +656,21 @@ public:
           overlap_message("reduce_scatter", "recv must equal send + rank*recv_count or not overlap send"));
     }
     handle h = start(s, "reduce_scatter", total * sizeof(T));
-    void* to = recv;
-    if (in_place) {
-      // MPI_IN_PLACE would leave the result at the start of the buffer, not at block rank(), and
-      // MPI forbids aliased send and receive buffers: reduce into scratch, copy when complete.
-      h.scratch_ = std::make_unique<std::byte[]>(recv_count * sizeof(T));
-      to = h.scratch_.get();
-    }
-    ZERO_CHECK_MPI(MPI_Ireduce_scatter_block(send, to, n, detail::mpi_datatype<T>(), detail::mpi_reduce_op<T>(op),
-                                             s.comm, &h.request_));
+    // In place, MPI_IN_PLACE would leave the result at the start of the buffer, not at block
+    // rank(), and MPI forbids aliased send and receive buffers: reduce into scratch, copy when complete.
+    agree_and_start(s, h,
+                    {1, static_cast<std::int64_t>(recv_count), static_cast<std::int64_t>(dtype_v<T>),
+                     static_cast<std::int64_t>(op)},
+                    [send, recv, in_place, recv_count, n, type = detail::mpi_datatype<T>(),
+                     mop = detail::mpi_reduce_op<T>(op),
+                     comm = s.comm](MPI_Request* r, std::unique_ptr<std::byte[]>& scratch) {
+                      void* to = recv;
+                      if (in_place) {
+                        scratch = std::make_unique<std::byte[]>(recv_count * sizeof(T));
+                        to = scratch.get();
+                      }
+                      return MPI_Ireduce_scatter_block(send, to, n, type, mop, comm, r);
+                    });
     if (in_place) {
       h.copy_to_ = recv;
       h.copy_bytes_ = recv_count * sizeof(T);
@@ -586,8 +700,11 @@ public:
     handle h = start(s, "all_gather", total * sizeof(T));
     // MPI_IN_PLACE takes each rank's input from its own block of recv: NCCL's in-place form.
     const void* from = in_place ? MPI_IN_PLACE : static_cast<const void*>(send);
-    const MPI_Datatype type = detail::mpi_datatype<T>();
-    ZERO_CHECK_MPI(MPI_Iallgather(from, n, type, recv, n, type, s.comm, &h.request_));
+    agree_and_start(s, h, {2, static_cast<std::int64_t>(send_count), static_cast<std::int64_t>(dtype_v<T>), 0},
+                    [from, recv, n, type = detail::mpi_datatype<T>(), comm = s.comm](MPI_Request* r,
+                                                                                     std::unique_ptr<std::byte[]>&) {
+                      return MPI_Iallgather(from, n, type, recv, n, type, comm, r);
+                    });
     return h;
   }
 
@@ -607,7 +724,11 @@ public:
     if (s.rank == root && send != recv && count != 0) {
       std::memmove(recv, send, count * sizeof(T));
     }
-    ZERO_CHECK_MPI(MPI_Ibcast(recv, n, detail::mpi_datatype<T>(), root, s.comm, &h.request_));
+    agree_and_start(s, h, {3, static_cast<std::int64_t>(count), static_cast<std::int64_t>(dtype_v<T>), root},
+                    [recv, n, type = detail::mpi_datatype<T>(), root, comm = s.comm](MPI_Request* r,
+                                                                                     std::unique_ptr<std::byte[]>&) {
+                      return MPI_Ibcast(recv, n, type, root, comm, r);
+                    });
     return h;
   }
 
@@ -616,7 +737,8 @@ public:
   [[nodiscard]] handle barrier() {
     auto& s = live("barrier");
     handle h = start(s, "barrier", 0);
-    ZERO_CHECK_MPI(MPI_Ibarrier(s.comm, &h.request_));
+    agree_and_start(s, h, {4, 0, 0, 0},
+                    [comm = s.comm](MPI_Request* r, std::unique_ptr<std::byte[]>&) { return MPI_Ibarrier(comm, r); });
     return h;
   }
 
@@ -671,8 +793,11 @@ public:
       throw usage_error(overlap_message("all_to_all", "it has no in-place form; send and recv must not overlap"));
     }
     handle h = start(s, "all_to_all", total * sizeof(T));
-    const MPI_Datatype type = detail::mpi_datatype<T>();
-    ZERO_CHECK_MPI(MPI_Ialltoall(send, n, type, recv, n, type, s.comm, &h.request_));
+    agree_and_start(s, h, {5, static_cast<std::int64_t>(count_per_peer), static_cast<std::int64_t>(dtype_v<T>), 0},
+                    [send, recv, n, type = detail::mpi_datatype<T>(), comm = s.comm](MPI_Request* r,
+                                                                                     std::unique_ptr<std::byte[]>&) {
+                      return MPI_Ialltoall(send, n, type, recv, n, type, comm, r);
+                    });
     return h;
   }
 
@@ -692,11 +817,14 @@ public:
       // The exchanged ints live in the handle's scratch so a timed-out exchange keeps them alive:
       // [0, 2*size) receives every rank's (color, key), the last two ints send this rank's.
       handle h = start(s, "split", 2 * ranks * sizeof(int));
-      h.scratch_ = std::make_unique<std::byte[]>((2 * ranks + 2) * sizeof(int));
-      int* ints = reinterpret_cast<int*>(h.scratch_.get());
-      ints[2 * ranks] = color;
-      ints[2 * ranks + 1] = key;
-      ZERO_CHECK_MPI(MPI_Iallgather(ints + 2 * ranks, 2, MPI_INT, ints, 2, MPI_INT, s.comm, &h.request_));
+      agree_and_start(s, h, {6, 0, 0, 0},
+                      [ranks, color, key, comm = s.comm](MPI_Request* r, std::unique_ptr<std::byte[]>& scratch) {
+                        scratch = std::make_unique<std::byte[]>((2 * ranks + 2) * sizeof(int));
+                        int* ints = reinterpret_cast<int*>(scratch.get());
+                        ints[2 * ranks] = color;
+                        ints[2 * ranks + 1] = key;
+                        return MPI_Iallgather(ints + 2 * ranks, 2, MPI_INT, ints, 2, MPI_INT, comm, r);
+                      });
       h.copy_to_ = all.data();
       h.copy_bytes_ = 2 * ranks * sizeof(int);
       h.wait();
@@ -741,7 +869,60 @@ private:
     }
     ZERO_CHECK_MPI(MPI_Comm_rank(comm, &s->rank));
     ZERO_CHECK_MPI(MPI_Comm_size(comm, &s->size));
+    // The descriptions of collectives travel on a duplicate, so their exchange never matches a
+    // collective of the caller's (MPI orders collectives per communicator).
+    ZERO_CHECK_MPI(MPI_Comm_dup(comm, &s->check_comm));
+    ZERO_CHECK_MPI(MPI_Comm_set_errhandler(s->check_comm, MPI_ERRORS_RETURN));
     state_ = std::move(s);
+  }
+
+  /// The starter of a collective: issues it into a request (and a scratch it writes into, for the
+  /// late start of `drain_abandoned`); returns the MPI error code.
+  using starter = std::function<int(MPI_Request*, std::unique_ptr<std::byte[]>&)>;
+
+  /// Exchanges `sig` with every rank (see the file comment) and starts the collective with `go`
+  /// when all agree. When the exchange times out, `h` carries the timeout_error for its wait() and
+  /// the exchange is abandoned with `go`, for `drain_abandoned`.
+  /// \throws comm_error naming every rank's operation when they differ (the group is then broken);
+  ///         mpi_error.
+  void agree_and_start(detail::mpi_comm_state& s, handle& h, detail::mpi_op_signature sig, const starter& go) const {
+    const auto n = static_cast<std::size_t>(s.size);
+    const std::uint64_t number = s.next_op++;
+    handle x = start(s, h.op_, h.bytes_); // a timeout names the operation and its bytes
+    x.scratch_ = std::make_unique<std::byte[]>((n + 1) * sizeof(sig));
+    auto* sigs = reinterpret_cast<detail::mpi_op_signature*>(x.scratch_.get());
+    sigs[n] = sig;
+    ZERO_CHECK_MPI(MPI_Iallgather(sigs + n, detail::mpi_op_signature_fields, MPI_INT64_T, sigs,
+                                  detail::mpi_op_signature_fields, MPI_INT64_T, s.check_comm, &x.request_));
+    x.then_ = go;
+    try {
+      MPI_Status status{};
+      x.poll(status);
+    } catch (const timeout_error&) {
+      h.error_ = std::current_exception();
+      return;
+    }
+    std::map<std::string, std::string> ranks_of; // description -> "0, 1"
+    for (std::size_t r = 0; r < n; ++r) {
+      auto& ranks = ranks_of[detail::describe(sigs[r])];
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (ranks_of.size() > 1) {
+      std::string calls;
+      for (const auto& [what, ranks] : ranks_of) {
+        calls += (calls.empty() ? "" : "; ") + std::string(ranks.find(',') == std::string::npos ? "rank " : "ranks ") +
+                 ranks + " called " + what;
+      }
+      const std::string reason = "operation #" + std::to_string(number) + " does not match across ranks: " + calls;
+      {
+        const std::lock_guard lock(s.mutex);
+        s.break_locked(reason);
+      }
+      x.reset();
+      throw comm_error(reason + " (group \"" + s.name + "\"; nothing was started)");
+    }
+    x.reset();
+    ZERO_CHECK_MPI(go(&h.request_, h.scratch_));
   }
 
   [[nodiscard]] detail::mpi_comm_state& state() const {
@@ -756,10 +937,11 @@ private:
     auto& s = state();
     const std::lock_guard lock(s.mutex);
     if (!s.broken_reason.empty()) {
-      throw comm_error("cannot start " + std::string(op) + " on group \"" + s.name + "\" (size " +
-                       std::to_string(s.size) + ") at rank " + std::to_string(s.rank) + ": the group is broken (" +
-                       s.broken_reason + "); its abandoned operation is still held by MPI, so no rank can rely on " +
-                       "this group any more; end the job or build a new communicator");
+      throw as_echo(comm_error("cannot start " + std::string(op) + " on group \"" + s.name + "\" (size " +
+                               std::to_string(s.size) + ") at rank " + std::to_string(s.rank) +
+                               ": the group is broken (" + s.broken_reason +
+                               "); its abandoned operation is still held by MPI, so no rank can rely on " +
+                               "this group any more; end the job or build a new communicator"));
     }
     return s;
   }

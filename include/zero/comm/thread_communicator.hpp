@@ -255,12 +255,13 @@ public:
     }
 
     [[noreturn]] void fail(detail::thread_group& g) {
+      // Another rank broke the group first: its exception names the cause, this one echoes it.
       if (g.broken_by_timeout) {
-        throw timeout_error(detail::timeout_message(what_, g.name, rank_, g.size, bytes_, timeout_) +
-                            "; group broken: " + g.broken_reason);
+        throw as_echo(timeout_error(detail::timeout_message(what_, g.name, rank_, g.size, bytes_, timeout_) +
+                                    "; group broken: " + g.broken_reason));
       }
-      throw comm_error(what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
-                       " cannot complete: the group is broken: " + g.broken_reason);
+      throw as_echo(comm_error(what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
+                               " cannot complete: the group is broken: " + g.broken_reason));
     }
 
     void time_out(detail::thread_group& g) {
@@ -562,8 +563,8 @@ private:
     auto& o = *slot;
     h.what_ = o.describe();
     if (g.broken) {
-      throw comm_error(h.what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
-                       " cannot start: the group is broken: " + g.broken_reason);
+      throw as_echo(comm_error(h.what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
+                               " cannot start: the group is broken: " + g.broken_reason));
     }
     if (o.kind != kind || o.type != dtype_v<T> || o.count != count || o.op != op || o.root != root) {
       detail::thread_op mine;
@@ -604,8 +605,8 @@ private:
     h.what_ = std::string(is_send ? "send to " : "recv from ") + std::to_string(peer);
     std::lock_guard lock(g.mutex);
     if (g.broken) {
-      throw comm_error(h.what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
-                       " cannot start: the group is broken: " + g.broken_reason);
+      throw as_echo(comm_error(h.what_ + " on group \"" + g.name + "\" at rank " + std::to_string(rank_) +
+                               " cannot start: the group is broken: " + g.broken_reason));
     }
     const auto key = is_send ? std::pair{rank_, peer} : std::pair{peer, rank_};
     auto& queue = g.pending[key];
@@ -645,11 +646,15 @@ static_assert(full_communicator<thread_communicator>);
 
 /// Runs `fn(comm)` on `n` threads, one per rank of a new group, and joins them. When a rank
 /// throws, the group is broken so that no other rank waits for it until its timeout, and the
-/// first exception thrown (the cause, not the echoes it provoked) is rethrown here.
+/// cause is rethrown here: the first exception to arrive that is not an echo of another rank's
+/// failure (`zero::error::echo()`: a broken group, a phase another rank failed), or the first
+/// echo when every exception is one. A rethrown `zero::error` names its rank ("[zero.io_error]
+/// rank 2: ..."); other exceptions are rethrown unchanged.
 template <class Fn> void run_ranks(int n, Fn&& fn, const thread_group_options& options = {}) {
   auto group = thread_communicator::make_group(n, options.name);
   std::mutex mutex;
-  std::exception_ptr first;
+  std::exception_ptr cause;
+  bool cause_is_echo = false;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -658,10 +663,20 @@ template <class Fn> void run_ranks(int n, Fn&& fn, const thread_group_options& o
         thread_communicator comm(group, r, options.timeout);
         fn(comm);
       } catch (...) {
+        bool echo = false;
+        try {
+          throw;
+        } catch (error& e) {
+          // Only this thread holds the exception object until it is stored below.
+          echo = e.echo();
+          e.name_rank(r);
+        } catch (...) { // NOLINT(bugprone-empty-catch): other exceptions are kept as thrown
+        }
         {
           std::lock_guard lock(mutex);
-          if (!first) {
-            first = std::current_exception();
+          if (!cause || (cause_is_echo && !echo)) {
+            cause = std::current_exception();
+            cause_is_echo = echo;
           }
         }
         std::lock_guard lock(group->mutex);
@@ -672,8 +687,8 @@ template <class Fn> void run_ranks(int n, Fn&& fn, const thread_group_options& o
   for (auto& t : threads) {
     t.join();
   }
-  if (first) {
-    std::rethrow_exception(first);
+  if (cause) {
+    std::rethrow_exception(cause);
   }
 }
 

@@ -335,6 +335,10 @@ struct config {
   std::optional<std::int64_t> steps_per_print;
   /// `wall_clock_breakdown`: time forward, backward and step. Default false.
   bool wall_clock_breakdown = false;
+  /// `comm_timeout` (zero-specific, not a DeepSpeed key): seconds a wait on the communicator may
+  /// block before it throws `timeout_error`; the engine sets it on its communicator. Empty (the
+  /// default): the communicator keeps its own (`default_comm_timeout`, 300 s, unless set).
+  std::optional<double> comm_timeout;
   /// `fp16`.
   fp16_config fp16;
   /// `bf16` (or DeepSpeed's old name `bfloat16`).

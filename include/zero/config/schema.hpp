@@ -34,7 +34,8 @@ inline constexpr std::string_view top[] = {"train_batch_size",
                                            "aio",
                                            "zero_allow_untested_optimizer",
                                            "zero_force_ds_cpu_optimizer",
-                                           "allgather_size"};
+                                           "allgather_size",
+                                           "comm_timeout"}; // zero-specific, not a DeepSpeed key
 inline constexpr std::string_view fp16[] = {"enabled",           "loss_scale", "initial_scale_power",
                                             "loss_scale_window", "hysteresis", "consecutive_hysteresis",
                                             "min_loss_scale"};

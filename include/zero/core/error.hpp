@@ -19,17 +19,40 @@ public:
   /// \param message what went wrong and what was expected.
   /// \param status  the native status code (CUDA, NCCL, MPI, errno), 0 when there is none.
   error(std::string_view id, const std::string& message, int status = 0)
-      : std::runtime_error("[zero." + std::string(id) + "] " + message), id_(id), status_(status) {}
+      : std::runtime_error(""), what_("[zero." + std::string(id) + "] " + message), id_(id), status_(status) {}
 
+  /// The message: "[zero.<id>] " and what went wrong.
+  [[nodiscard]] const char* what() const noexcept override { return what_.c_str(); }
   /// The id without the "zero." prefix, e.g. "timeout_error".
   [[nodiscard]] const std::string& id() const noexcept { return id_; }
   /// The native status code carried by the error, 0 when there is none.
   [[nodiscard]] int status() const noexcept { return status_; }
 
+  /// True when this error only reports that another rank failed first (a broken group, a phase
+  /// another rank did not complete): the other rank's exception names the cause.
+  [[nodiscard]] bool echo() const noexcept { return echo_; }
+  /// Marks this error as an echo of another rank's failure (see `echo()`).
+  void mark_echo() noexcept { echo_ = true; }
+
+  /// Names the rank the error happened on: what() becomes "[zero.<id>] rank <rank>: ...". Used by
+  /// `run_ranks` on the exception it rethrows. 	hrows std::bad_alloc only.
+  void name_rank(int rank) {
+    const std::string tag = "[zero." + id_ + "] ";
+    what_.insert(tag.size(), "rank " + std::to_string(rank) + ": ");
+  }
+
 private:
+  std::string what_;
   std::string id_;
   int status_;
+  bool echo_ = false;
 };
+
+/// Returns `e` marked as an echo of another rank's failure: `throw as_echo(comm_error(...))`.
+template <class E> [[nodiscard]] E as_echo(E e) {
+  e.mark_echo();
+  return e;
+}
 
 #define ZERO_DEFINE_ERROR(name)                                                                                        \
   class name : public ::zero::error {                                                                                  \

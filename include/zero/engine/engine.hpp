@@ -105,6 +105,14 @@ struct step_timings {
 /// or for whole parameters (stage 0), so the model is identical whatever the world size.
 using init_fn = std::function<void(const param_info& p, std::size_t first, std::span<float> out)>;
 
+/// How `basic_engine::evaluation` gathers stage 3's parameters inside the scope.
+enum class eval_gather : std::uint8_t {
+  /// Module by module, as in training: every rank must run the same evaluation forwards.
+  per_module,
+  /// The whole model once, when the scope opens: ranks may run different numbers of forwards.
+  whole_model
+};
+
 /// The ZeRO engine; see the file comment. `Backend` runs the kernels and provides the allocator
 /// policy `Allocator` (its memory must be reachable by the backend's kernels); `Comm` is the
 /// data-parallel group.
@@ -130,6 +138,9 @@ public:
         update_ready_(backend.make_event()), update_done_(backend.make_event()), layout_(cfg_.param_dtype()),
         frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)), scheduler_(make_scheduler(cfg_)) {
     require_all_reduce<Comm>();
+    if (cfg_.comm_timeout) {
+      comm_.set_timeout(std::chrono::milliseconds(std::llround(*cfg_.comm_timeout * 1000.0)));
+    }
     // A communicator with its own stream (NCCL's) orders each operation after the work enqueued on
     // the engine's stream so far: a gradient bucket is reduced after the kernels that wrote it.
     if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
@@ -520,6 +531,14 @@ public:
 
   /// A forward-only pass (evaluation) between training steps: stage 3 traces and prefetches it apart
   /// from training, so the next training step still prefetches everything it needs.
+  ///
+  /// At stage 3 every gather is a collective. With `eval_gather::per_module` (the default, memory
+  /// bounded as in training) every rank must therefore run the same forwards inside the scope: the
+  /// same number of batches, gathering the same modules in the same order; a rank with fewer test
+  /// batches must still run (empty or masked) forwards, or the others fail with a mismatch or a
+  /// timeout. With `eval_gather::whole_model` the scope gathers every parameter once when it opens
+  /// (one collective pass, whole model in memory until it closes), and gathers inside it are free, so
+  /// ranks may run any number of batches. Stages 0-2 need neither: their gathers are local.
   class evaluation_scope {
   public:
     explicit evaluation_scope(basic_engine* e) : e_(e) {}
@@ -536,11 +555,15 @@ public:
   private:
     basic_engine* e_;
   };
-  [[nodiscard]] evaluation_scope evaluation() {
+  /// Opens an evaluation scope (see `evaluation_scope`); collective at stage 3.
+  /// \param mode how stage 3 gathers inside the scope.
+  /// \throws usage_error when a scope is already open; timeout_error when a rank does not open it
+  /// (with `whole_model`).
+  [[nodiscard]] evaluation_scope evaluation(eval_gather mode = eval_gather::per_module) {
     check_final("evaluation");
     finish_gathers();
     if (coord_) {
-      coord_->begin_eval();
+      coord_->begin_eval(mode == eval_gather::whole_model);
     }
     return evaluation_scope(this);
   }

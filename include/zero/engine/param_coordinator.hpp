@@ -14,7 +14,9 @@
 /// stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the
 /// first backward one). When the order of a step differs from the trace, prefetching stops for the
 /// rest of that step, a log line says where, and the trace is recorded again. Evaluation passes
-/// (forward only) keep a trace of their own and leave the training trace intact.
+/// (forward only) keep a trace of their own and leave the training trace intact; an evaluation pass
+/// may instead gather the whole model once at its start (`begin_eval(true)`), after which its
+/// gathers issue no collective, so ranks may run different numbers of evaluation batches.
 ///
 /// Every rank must gather the same modules in the same order, as every rank must issue the same
 /// collectives; a module gathered by some ranks and not others ends in the communicator's timeout,
@@ -121,7 +123,9 @@ public:
       ++units_[u].refs;
     }
     ++module_refs_[mi];
-    prefetch();
+    if (!whole_eval_) {
+      prefetch();
+    }
   }
 
   /// Gives module `m` back; its units are freed unless the trace reuses them soon.
@@ -177,14 +181,20 @@ public:
   }
 
   /// Starts a forward-only pass (evaluation): its order is traced apart from training's, and its
-  /// gathers are counted apart (`stats_of_last_eval`).
-  void begin_eval() {
+  /// gathers are counted apart (`stats_of_last_eval`). With `whole_model`, every unit is gathered
+  /// now, once, and gathers inside the pass issue no collective and record no trace, so ranks may
+  /// run different numbers of forwards (the memory of the whole model is held until `end_eval`).
+  void begin_eval(bool whole_model = false) {
     if (in_eval_) {
       throw usage_error("an evaluation pass is already open");
     }
     in_eval_ = true;
     train_stats_ = stats_;
     stats_ = {};
+    if (whole_model) {
+      gather_everything();
+      whole_eval_ = true;
+    }
   }
   /// Ends the evaluation pass; nothing stays gathered.
   void end_eval() {
@@ -196,8 +206,15 @@ public:
         throw usage_error("evaluation ended while module \"" + module_names_[mi] + "\" is still gathered");
       }
     }
-    drop_all();
-    finish_pass(eval_);
+    if (whole_eval_) {
+      // The pass's order was local to each rank: it is not a trace every rank can replay.
+      whole_eval_ = false;
+      release_everything(-1);
+      drop_all();
+    } else {
+      drop_all();
+      finish_pass(eval_);
+    }
     last_eval_stats_ = stats_;
     stats_ = train_stats_;
     in_eval_ = false;
@@ -297,6 +314,9 @@ private:
   }
 
   void note_use(int m) {
+    if (whole_eval_) {
+      return; // everything is gathered: nothing to trace or prefetch
+    }
     auto& p = ctx();
     const std::size_t pos = p.current.size();
     p.current.push_back(m);
@@ -493,6 +513,7 @@ private:
   std::vector<int> module_refs_;
   pass train_, eval_;
   bool in_eval_ = false;
+  bool whole_eval_ = false; // an evaluation pass that gathered the whole model at its start
   std::size_t live_ = 0;
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;

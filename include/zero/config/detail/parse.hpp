@@ -852,6 +852,10 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
   if (const json* v = top.get("wall_clock_breakdown")) {
     c.wall_clock_breakdown = as_bool(ctx, "wall_clock_breakdown", *v);
   }
+  if (const json* v = top.get("comm_timeout"); v != nullptr && !v->is_null()) {
+    // At least a millisecond, the communicators' resolution; at most a year.
+    c.comm_timeout = as_number(ctx, "comm_timeout", *v, 0.001, 365.0 * 24 * 3600);
+  }
 
   parse_aio(ctx, top.get("aio"), c.aio);
 
@@ -1083,6 +1087,7 @@ inline nlohmann::json config::to_json() const {
   j["gradient_clipping"] = gradient_clipping;
   j["steps_per_print"] = steps_per_print ? json(*steps_per_print) : json(nullptr);
   j["wall_clock_breakdown"] = wall_clock_breakdown;
+  j["comm_timeout"] = comm_timeout ? json(*comm_timeout) : json(nullptr);
   j["fp16"] = {{"enabled", fp16.enabled},
                {"loss_scale", fp16.loss_scale},
                {"initial_scale_power", fp16.initial_scale_power},
