@@ -19,10 +19,8 @@ public:
   /// \param message what went wrong and what was expected.
   /// \param status  the native status code (CUDA, NCCL, MPI, errno), 0 when there is none.
   error(std::string_view id, const std::string& message, int status = 0)
-      : std::runtime_error(""), what_("[zero." + std::string(id) + "] " + message), id_(id), status_(status) {}
+      : std::runtime_error("[zero." + std::string(id) + "] " + message), id_(id), status_(status) {}
 
-  /// The message: "[zero.<id>] " and what went wrong.
-  [[nodiscard]] const char* what() const noexcept override { return what_.c_str(); }
   /// The id without the "zero." prefix, e.g. "timeout_error".
   [[nodiscard]] const std::string& id() const noexcept { return id_; }
   /// The native status code carried by the error, 0 when there is none.
@@ -35,14 +33,18 @@ public:
   void mark_echo() noexcept { echo_ = true; }
 
   /// Names the rank the error happened on: what() becomes "[zero.<id>] rank <rank>: ...". Used by
-  /// `run_ranks` on the exception it rethrows. 	hrows std::bad_alloc only.
+  /// `run_ranks` on the exception it rethrows.
+  /// \throws std::bad_alloc only.
   void name_rank(int rank) {
+    // The message stays in std::runtime_error, whose copies share it and cannot throw, so copying
+    // the exception (as std::exception_ptr and rethrow do) cannot throw either.
     const std::string tag = "[zero." + id_ + "] ";
-    what_.insert(tag.size(), "rank " + std::to_string(rank) + ": ");
+    std::string text = what();
+    text.insert(tag.size(), "rank " + std::to_string(rank) + ": ");
+    static_cast<std::runtime_error&>(*this) = std::runtime_error(text);
   }
 
 private:
-  std::string what_;
   std::string id_;
   int status_;
   bool echo_ = false;
