@@ -68,6 +68,8 @@ struct run_spec {
   /// stage 3 must hand the framework the current values.
   float param_coupling = 1.0f / 64;
   std::int64_t persistence_threshold = 40; // stage 3: the biases (37 and 5 elements) stay whole
+  /// More keys of zero_optimization, e.g. `"overlap_comm": false` (empty: none).
+  std::string zero_extra{};
 };
 
 inline std::string config_json(const run_spec& s) {
@@ -83,7 +85,8 @@ inline std::string config_json(const run_spec& s) {
          R"(, "weight_decay": )" + std::to_string(s.weight_decay) + R"(}}, "zero_optimization": {"stage": )" +
          std::to_string(s.stage) + R"(, "reduce_bucket_size": )" + std::to_string(s.bucket) +
          R"(, "allgather_bucket_size": )" + std::to_string(s.bucket * 2) +
-         R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) + "}}";
+         R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) +
+         (s.zero_extra.empty() ? "" : ", " + s.zero_extra) + "}}";
 }
 
 /// What a run produced: the whole parameters in fp32 and the reported norms.

@@ -262,9 +262,12 @@ public:
           }
         }
       }
+      // overlap_comm false (a debugging aid): nothing is fetched ahead; each gather waits for its own
+      // all-gather.
+      const std::size_t prefetch = z.overlap_comm ? static_cast<std::size_t>(z.stage3_prefetch_bucket_size) : 0;
       coord_.emplace(layout_, std::move(units), std::move(persistent), module_names_, backend_, comm_, state_alloc_,
                      work_alloc_,
-                     coordinator_options{.prefetch_elements = static_cast<std::size_t>(z.stage3_prefetch_bucket_size),
+                     coordinator_options{.prefetch_elements = prefetch,
                                          .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
                                          .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
                      stream_);
@@ -299,7 +302,7 @@ public:
     reducer_.emplace(layout_, backend_, comm_, state_alloc_, buffer_alloc_,
                      reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
                                      .grad_type = cfg_.grad_accum_dtype,
-                                     .overlap = z.overlap_comm || stage >= 2},
+                                     .overlap = z.overlap_comm},
                      stream_);
     optimizer_.emplace(layout_, comm_.rank(), stage >= 1, std::move(group_of), groups_, backend_, state_alloc_,
                        stream_);
