@@ -4,6 +4,7 @@
 #include "../support/recording_communicator.hpp"
 #include "engine_harness.hpp"
 
+#include <algorithm>
 #include <doctest/doctest.h>
 #include <string>
 #include <vector>
@@ -66,6 +67,16 @@ observed observe_second_step(const run_spec& s) {
   return out;
 }
 
+/// Three steps of the small model on 4 ranks.
+run_spec four_ranks(int stage, zero::dtype type) {
+  run_spec s;
+  s.stage = stage;
+  s.world = 4;
+  s.type = type;
+  s.steps = 3;
+  return s;
+}
+
 int max_of(const std::vector<int>& v) {
   int m = 0;
   for (const int x : v) {
@@ -106,18 +117,83 @@ TEST_CASE("overlap_comm false trains to the same bits as overlap_comm true at st
     for (const auto type : {zero::dtype::bf16, zero::dtype::f32}) {
       CAPTURE(stage);
       CAPTURE(type);
-      run_spec s;
-      s.stage = stage;
-      s.world = 4;
-      s.type = type;
+      auto s = four_ranks(stage, type);
       s.accumulation = 2;
-      s.steps = 3;
       s.zero_extra = R"("overlap_comm": true)";
       const auto a = zero::testing::train_with_engine(s);
       s.zero_extra = R"("overlap_comm": false)";
       const auto b = zero::testing::train_with_engine(s);
       CHECK(a.params == b.params);
       CHECK(a.norms == b.norms);
+    }
+  }
+}
+
+namespace {
+
+/// The per-rank element counts of the step-end all-gathers `layout` gets with allgather_bucket_size
+/// `cap`: consecutive segments grouped while their elements of all ranks fit.
+std::vector<std::size_t> expected_gathers(const zero::flat_layout& layout, std::size_t cap) {
+  std::vector<std::size_t> out;
+  std::size_t elements = 0;
+  for (std::size_t s = 0; s < layout.segments().size(); ++s) {
+    const auto& seg = layout.segments()[s];
+    if (s == 0 || elements + seg.range.size() > cap) {
+      out.push_back(0);
+      elements = 0;
+    }
+    out.back() += seg.slice;
+    elements += seg.range.size();
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("allgather_bucket_size groups the stage 1-2 parameter all-gathers, with the same bits") {
+  for (const int stage : {1, 2}) {
+    for (const auto type : {zero::dtype::bf16, zero::dtype::f32}) {
+      CAPTURE(stage);
+      CAPTURE(type);
+      auto s = four_ranks(stage, type);
+      // On 4 ranks the segments hold 512, 256, 256 and 512 elements in fp32 (768 + 768), five of 512
+      // in bf16 (1024 + 1024 + 512).
+      s.allgather_bucket = type == zero::dtype::f32 ? 768 : 1024;
+      std::vector<comm_record> records;
+      std::vector<std::size_t> segments, expected;
+      zero::testing::run_result grouped;
+      grouped.applied_by_rank.resize(4);
+      zero::testing::with_engine_group<zero::cpu_backend>(
+          s, [&](int world, auto&& fn) { zero::testing::run_recorded_ranks(world, records, fn); },
+          [](auto&) { return zero::cpu_backend({.threads = 1}); },
+          [&](auto& eng, const model_handles& mh, auto& comm) {
+            zero::testing::init_model(eng); // all-gathers once
+            zero::testing::train_steps(eng, mh, comm, s, 0, 1, grouped);
+            if (comm.rank() == 0) {
+              for (const auto& seg : eng.layout().segments()) {
+                segments.push_back(seg.slice);
+              }
+              expected = expected_gathers(eng.layout(), static_cast<std::size_t>(s.allgather_bucket));
+            }
+            zero::testing::train_steps(eng, mh, comm, s, 1, s.steps, grouped);
+            zero::testing::collect_params(eng, mh, comm, grouped);
+          });
+      // Two groups of several segments (the second reuses the staging buffer of the first) at least.
+      CHECK(segments.size() - expected.size() >= 2);
+      CHECK(std::count_if(expected.begin(), expected.end(), [&](std::size_t n) { return n > segments[0]; }) >= 2);
+      // init_params, then the end of each of the 3 steps: one all-gather per group, none per segment.
+      std::vector<std::size_t> want;
+      for (int k = 0; k < 1 + s.steps; ++k) {
+        want.insert(want.end(), expected.begin(), expected.end());
+      }
+      for (const auto& rec : records) {
+        CHECK(rec.counts("all_gather") == want);
+      }
+      // The same training with every segment gathered alone, in place (0), gives the same bits.
+      s.allgather_bucket = 0;
+      const auto alone = zero::testing::train_with_engine(s);
+      CHECK(grouped.params == alone.params);
+      CHECK(grouped.norms == alone.norms);
     }
   }
 }
