@@ -786,6 +786,14 @@ public:
   void export_safetensors(const std::filesystem::path& path, dtype type = dtype::f32) {
     checkpoint_export_safetensors(*this, path, type);
   }
+  /// DeepSpeed's save_16bit_model: the whole model in the parameters' own dtype, as the safetensors file
+  /// `dir / filename`, written by rank 0; collective. At stage 3 only with
+  /// stage3_gather_16bit_weights_on_model_save (every module is gathered for it); otherwise nothing is
+  /// written. \returns true when the file was written. \throws io_error when it cannot be.
+  [[nodiscard]] bool save_16bit_model(const std::filesystem::path& dir,
+                                      const std::string& filename = "model.safetensors") {
+    return checkpoint_save_16bit_model(*this, dir, filename);
+  }
   /// Initialises every parameter from a safetensors file with the registered names and shapes
   /// (through `init_params`). \throws checkpoint_error naming a missing or misshapen tensor.
   void init_from_safetensors(const std::filesystem::path& path) { checkpoint_init_from_safetensors(*this, path); }
