@@ -100,3 +100,52 @@ TEST_CASE("init_from_safetensors fills every parameter, at another world size an
   CHECK(msg.find((dir / "w.safetensors").string() +
                  ": has no tensor \"head\"; the model registered it with shape [3, 3]") != std::string::npos);
 }
+
+TEST_CASE("save_16bit_model writes the parameters as the framework sees them, in their dtype; at stage 3 only with "
+          "stage3_gather_16bit_weights_on_model_save") {
+  for (const int stage : {0, 1, 2, 3}) {
+    for (const bool gather_key : {false, true}) {
+      CAPTURE(stage);
+      CAPTURE(gather_key);
+      const auto dir = zt::scratch("save16-" + std::to_string(stage) + (gather_key ? "-key" : ""));
+      zt::run_spec s{.stage = stage, .world = 4, .type = dtype::bf16, .steps = 2, .batch = 64};
+      if (gather_key) {
+        s.zero_extra = R"("stage3_gather_16bit_weights_on_model_save": true)";
+      }
+      bool wrote = false;
+      std::map<std::string, std::vector<float>> held; // rank 0's whole parameters, gathered
+      zt::with_engine(s, {.frozen = true},
+                      [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+                        zt::init_and_train(eng, mh, comm, s, 2);
+                        const bool w = eng.save_16bit_model(dir / "out", "model.safetensors");
+                        auto all = eng.gather_all();
+                        if (comm.rank() == 0) {
+                          wrote = w;
+                          std::vector<std::string> names{"frozen.table"};
+                          for (const auto& p : zt::small_model()) {
+                            names.push_back(p.name);
+                          }
+                          for (const auto& name : names) {
+                            const auto v = eng.param(eng.find(name));
+                            REQUIRE(v.type == dtype::bf16);
+                            for (std::size_t i = 0; i < v.numel; ++i) {
+                              held[name].push_back(zero::to_float(v.as<zero::bf16>()[i]));
+                            }
+                          }
+                        }
+                      });
+      const auto file = dir / "out" / "model.safetensors";
+      if (stage == 3 && !gather_key) {
+        CHECK_FALSE(wrote);
+        CHECK_FALSE(fs::exists(file));
+        continue;
+      }
+      CHECK(wrote);
+      zero::safetensors::reader r(file);
+      for (const auto& t : r.tensors()) {
+        CHECK(t.type == dtype::bf16);
+      }
+      CHECK(read_all(file) == held);
+    }
+  }
+}

@@ -62,12 +62,15 @@ struct run_spec {
   int batch = 96; // global samples per optimizer step
   double lr = 1e-2;
   double weight_decay = 0.1;
-  std::int64_t bucket = 200;       // elements per reduce bucket: several buckets per model
-  std::int64_t overflow_step = -1; // inject inf on rank 0 at this optimizer step
+  std::int64_t bucket = 200;          // elements per reduce bucket: several buckets per model
+  std::int64_t allgather_bucket = -1; // elements per stage 1-2 all-gather; -1: twice `bucket`
+  std::int64_t overflow_step = -1;    // inject inf on rank 0 at this optimizer step
   /// Weight of the parameter in its own gradient: the gradient reads the gathered parameters, so
   /// stage 3 must hand the framework the current values.
   float param_coupling = 1.0f / 64;
   std::int64_t persistence_threshold = 40; // stage 3: the biases (37 and 5 elements) stay whole
+  /// More keys of zero_optimization, e.g. `"overlap_comm": false` (empty: none).
+  std::string zero_extra{};
 };
 
 inline std::string config_json(const run_spec& s) {
@@ -82,8 +85,9 @@ inline std::string config_json(const run_spec& s) {
          std::to_string(s.clip) + R"(, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) +
          R"(, "weight_decay": )" + std::to_string(s.weight_decay) + R"(}}, "zero_optimization": {"stage": )" +
          std::to_string(s.stage) + R"(, "reduce_bucket_size": )" + std::to_string(s.bucket) +
-         R"(, "allgather_bucket_size": )" + std::to_string(s.bucket * 2) +
-         R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) + "}}";
+         R"(, "allgather_bucket_size": )" + std::to_string(s.allgather_bucket < 0 ? s.bucket * 2 : s.allgather_bucket) +
+         R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) +
+         (s.zero_extra.empty() ? "" : ", " + s.zero_extra) + "}}";
 }
 
 /// What a run produced: the whole parameters in fp32 and the reported norms.

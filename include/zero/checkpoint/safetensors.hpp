@@ -205,6 +205,55 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   detail::agree(eng, err, cat("export_safetensors(", path.string(), ")"));
 }
 
+/// DeepSpeed's `save_16bit_model`: writes the whole model in the parameters' own dtype (bf16 or fp16,
+/// fp32 when training in fp32), frozen parameters included, under the registered names, to the
+/// safetensors file `dir / filename`; collective, rank 0 writes (creating `dir`). The values are the
+/// parameters the framework computes with, made whole first: at stage 3 every module is all-gathered
+/// for the save (the whole model on every rank at once), which
+/// zero_optimization.stage3_gather_16bit_weights_on_model_save must allow; without it nothing is
+/// written and false is returned, as DeepSpeed does. At stages 0-2 the parameters are whole anyway.
+/// \returns true when the file was written.
+/// \throws usage_error before finalize; io_error when the file cannot be written (on rank 0; the
+/// other ranks then fail with an error naming rank 0).
+template <class Engine>
+bool save_16bit_model(Engine& eng, const std::filesystem::path& dir, const std::string& filename) {
+  using access = checkpoint_access<Engine>;
+  if (!access::finalized(eng)) {
+    throw usage_error("save_16bit_model before finalize()");
+  }
+  if (eng.cfg().stage() == 3 && !eng.cfg().zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+    return false;
+  }
+  const auto path = dir / filename;
+  const auto registered = access::params(eng);
+  auto whole = eng.gather_all(); // stage 3 gathers every module; stages 1-2 finish the step-end all-gathers
+  std::exception_ptr err;
+  try {
+    if (access::comm(eng).rank() == 0) {
+      std::vector<safetensors::tensor_decl> decls;
+      for (const auto& r : registered) {
+        decls.push_back({r.info->name, r.info->type, r.info->shape});
+      }
+      std::filesystem::create_directories(dir);
+      safetensors::writer w(path, std::move(decls),
+                            {{"format", "pt"}, {"zero.global_steps", std::to_string(eng.global_steps())}});
+      for (std::size_t i = 0; i < registered.size(); ++i) {
+        const tensor_view v = eng.param(param_handle{i});
+        const std::size_t es = size_of(v.type);
+        for (std::size_t c0 = 0; c0 < v.numel; c0 += export_chunk_elements) {
+          const std::size_t n = std::min(export_chunk_elements, v.numel - c0);
+          w.write(access::read(eng, static_cast<const std::byte*>(v.data) + c0 * es, n * es));
+        }
+      }
+      w.close();
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  detail::agree(eng, err, detail::cat("save_16bit_model(", path.string(), ")"));
+  return true;
+}
+
 /// Initialises every parameter of `eng` from the safetensors file `path` (tensors named as the
 /// registered parameters, of their shapes, in fp32, bf16 or fp16), through `init_params`.
 /// \throws checkpoint_error naming the file and the tensor that is missing, misshapen or of
@@ -258,6 +307,11 @@ namespace zero {
 /// What `basic_engine::export_safetensors` calls (found by argument-dependent lookup).
 template <class Engine> void checkpoint_export_safetensors(Engine& eng, const std::filesystem::path& path, dtype type) {
   checkpoint::export_safetensors(eng, path, type);
+}
+/// What `basic_engine::save_16bit_model` calls.
+template <class Engine>
+bool checkpoint_save_16bit_model(Engine& eng, const std::filesystem::path& dir, const std::string& filename) {
+  return checkpoint::save_16bit_model(eng, dir, filename);
 }
 /// What `basic_engine::init_from_safetensors` calls.
 template <class Engine> void checkpoint_init_from_safetensors(Engine& eng, const std::filesystem::path& path) {

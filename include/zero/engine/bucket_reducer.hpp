@@ -6,7 +6,8 @@
 /// The framework asks `grad(p)` for the memory it accumulates a parameter's gradient into (`+=`,
 /// as autograd does) and calls `ready(p)` once that gradient is final for the micro-step. A bucket
 /// (a segment of the flat layout) whose parameters are all ready is reduced at once, on the
-/// communicator's asynchronous path, while backward goes on:
+/// communicator's asynchronous path, while backward goes on (with `overlap` off, DeepSpeed's
+/// overlap_comm false, `ready` waits for the reduction before it returns):
 ///
 /// - `reduce_mode::all_reduce` (stages 0 and 1): one flat gradient buffer of the whole model; the
 ///   framework accumulates micro-steps into it and nothing is communicated until the last micro-step

@@ -135,8 +135,9 @@ public:
   basic_engine(const config& cfg, Comm& comm, Backend& backend, Allocator alloc)
       : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc), buffer_alloc_(alloc),
         work_alloc_(alloc), stream_(backend.make_stream()), update_stream_(backend.make_stream()),
-        update_ready_(backend.make_event()), update_done_(backend.make_event()), layout_(cfg_.param_dtype()),
-        frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)), scheduler_(make_scheduler(cfg_)) {
+        update_ready_(backend.make_event()), update_done_(backend.make_event()), staging_free_(backend.make_event()),
+        layout_(cfg_.param_dtype()), frozen_layout_(cfg_.param_dtype()), scaler_(make_scaler(cfg_)),
+        scheduler_(make_scheduler(cfg_)) {
     require_all_reduce<Comm>();
     if (cfg_.comm_timeout) {
       comm_.set_timeout(std::chrono::milliseconds(std::llround(*cfg_.comm_timeout * 1000.0)));
@@ -273,9 +274,12 @@ public:
           }
         }
       }
+      // overlap_comm false (a debugging aid): nothing is fetched ahead; each gather waits for its own
+      // all-gather.
+      const std::size_t prefetch = z.overlap_comm ? static_cast<std::size_t>(z.stage3_prefetch_bucket_size) : 0;
       coord_.emplace(layout_, std::move(units), std::move(persistent), module_names_, backend_, comm_, state_alloc_,
                      work_alloc_,
-                     coordinator_options{.prefetch_elements = static_cast<std::size_t>(z.stage3_prefetch_bucket_size),
+                     coordinator_options{.prefetch_elements = prefetch,
                                          .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
                                          .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
                      stream_);
@@ -310,7 +314,7 @@ public:
     reducer_.emplace(layout_, backend_, comm_, state_alloc_, buffer_alloc_,
                      reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
                                      .grad_type = cfg_.grad_accum_dtype,
-                                     .overlap = z.overlap_comm || stage >= 2},
+                                     .overlap = z.overlap_comm},
                      stream_);
     optimizer_.emplace(layout_, comm_.rank(), stage >= 1, std::move(group_of), groups_, backend_, state_alloc_,
                        stream_);
@@ -341,6 +345,7 @@ public:
         }
       }
       pending_gathers_.resize(layout_.segments().size());
+      plan_gather_groups(static_cast<std::size_t>(z.allgather_bucket_size));
     }
     finalized_ = true;
     begin_micro_step();
@@ -804,6 +809,14 @@ public:
   void export_safetensors(const std::filesystem::path& path, dtype type = dtype::f32) {
     checkpoint_export_safetensors(*this, path, type);
   }
+  /// DeepSpeed's save_16bit_model: the whole model in the parameters' own dtype, as the safetensors file
+  /// `dir / filename`, written by rank 0; collective. At stage 3 only with
+  /// stage3_gather_16bit_weights_on_model_save (every module is gathered for it); otherwise nothing is
+  /// written. \returns true when the file was written. \throws io_error when it cannot be.
+  [[nodiscard]] bool save_16bit_model(const std::filesystem::path& dir,
+                                      const std::string& filename = "model.safetensors") {
+    return checkpoint_save_16bit_model(*this, dir, filename);
+  }
   /// Initialises every parameter from a safetensors file with the registered names and shapes
   /// (through `init_params`). \throws checkpoint_error naming a missing or misshapen tensor.
   void init_from_safetensors(const std::filesystem::path& path) { checkpoint_init_from_safetensors(*this, path); }
@@ -996,32 +1009,122 @@ private:
     if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
       backend_.synchronize(stream_); // the optimizer's writes come first
     }
-    // Every segment's all-gather is posted now and waited for where its parameters are next used
+    // Every group's all-gather is posted now and waited for where its parameters are next used
     // (gather, param), so the gathers run beside the next forward's first modules.
-    for (std::size_t s = 0; s < layout_.segments().size(); ++s) {
-      post_gather(s);
+    for (std::size_t g = 0; g < gather_groups_.size(); ++g) {
+      post_gather(g, stream_);
     }
   }
 
-  /// Posts the in-place all-gather of segment `s`'s owned slices (stages 1-2); waited in `wait_gathers`.
-  void post_gather(std::size_t s) {
-    const auto& seg = layout_.segments()[s];
+  /// Groups consecutive segments into the step-end all-gathers of stages 1-2, each of at most `cap`
+  /// elements of all ranks together (allgather_bucket_size, counted as DeepSpeed counts it); a segment
+  /// larger than `cap` is all-gathered alone. A group of one segment runs in place; a group of several
+  /// goes through one staging buffer (memory_tag::buffers) sized for the largest such group.
+  void plan_gather_groups(std::size_t cap) {
+    const auto& segs = layout_.segments();
+    gather_groups_.clear();
+    segment_group_.assign(segs.size(), 0);
+    std::size_t staging = 0;
+    for (std::size_t s = 0; s < segs.size(); ++s) {
+      if (gather_groups_.empty() || gather_groups_.back().elements + segs[s].range.size() > cap) {
+        gather_groups_.push_back({.first = s, .last = s});
+      }
+      auto& g = gather_groups_.back();
+      g.last = s + 1;
+      g.elements += segs[s].range.size();
+      g.slices += segs[s].slice;
+      segment_group_[s] = gather_groups_.size() - 1;
+      if (g.last - g.first > 1) {
+        staging = std::max(staging, g.elements);
+      }
+    }
+    if (staging > 0 && comm_.size() > 1) {
+      gather_staging_ =
+          buffer<std::byte, counting>(buffer_alloc_, staging * size_of(layout_.type()), memory_tag::buffers);
+    }
+  }
+
+  /// Posts the all-gather of group `g`'s owned slices (stages 1-2), waited in `wait_gathers`; its handle
+  /// is kept at the group's first segment. One segment: in place. Several: this rank's slices are packed
+  /// into its block of the staging buffer on `s` (the stream the communicator is ordered after), the
+  /// all-gather runs in place there, and `wait_group` unpacks the other ranks' blocks. The staging
+  /// buffer holds one group at a time, so the group before is waited for (and unpacked) first.
+  void post_gather(std::size_t g, const typename Backend::stream_type& s) {
+    const auto& grp = gather_groups_[g];
+    const auto& segs = layout_.segments();
     const auto rank = static_cast<std::size_t>(comm_.rank());
+    auto& slot = pending_gathers_[grp.first];
     visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
-      P* whole = reinterpret_cast<P*>(params_.data()) + seg.range.begin;
-      pending_gathers_[s].emplace(comm_.all_gather(whole + rank * seg.slice, whole, seg.slice));
+      P* params = reinterpret_cast<P*>(params_.data());
+      if (grp.last - grp.first == 1) {
+        const auto& seg = segs[grp.first];
+        P* whole = params + seg.range.begin;
+        slot.emplace(comm_.all_gather(whole + rank * seg.slice, whole, seg.slice));
+        return;
+      }
+      if (staged_group_) {
+        wait_group(*staged_group_);
+      }
+      backend_.wait(s, staging_free_); // the last unpack, on stream_, has read the staging buffer
+      P* staging = reinterpret_cast<P*>(gather_staging_.data());
+      P* block = staging + rank * grp.slices;
+      for (std::size_t k = grp.first; k < grp.last; ++k) {
+        backend_.cast(params + segs[k].range.begin + rank * segs[k].slice, block, segs[k].slice, s);
+        block += segs[k].slice;
+      }
+      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+        backend_.synchronize(s); // the packing comes first
+      }
+      slot.emplace(comm_.all_gather(staging + rank * grp.slices, staging, grp.slices));
+      staged_group_ = g;
     });
   }
 
-  /// Waits for the posted all-gathers of segments `segs` (stages 1-2).
+  /// Waits for the posted all-gathers of the groups holding segments `segs` (stages 1-2).
   void wait_gathers(std::span<const std::size_t> segs) const {
     for (const std::size_t s : segs) {
-      if (s < pending_gathers_.size() && pending_gathers_[s]) {
-        auto h = std::move(*pending_gathers_[s]);
-        pending_gathers_[s].reset();
-        h.wait();
+      if (s < segment_group_.size()) {
+        wait_group(segment_group_[s]);
       }
     }
+  }
+
+  /// Waits for group `g`'s all-gather, if posted; a staged one is then unpacked into the parameters on
+  /// the engine's stream, after which the staging buffer is free again (`staging_free_`).
+  void wait_group(std::size_t g) const {
+    const auto& grp = gather_groups_[g];
+    auto& slot = pending_gathers_[grp.first];
+    if (!slot) {
+      return;
+    }
+    auto h = std::move(*slot);
+    slot.reset();
+    const bool staged = grp.last - grp.first > 1;
+    if (staged) {
+      staged_group_.reset();
+    }
+    h.wait();
+    if (!staged) {
+      return;
+    }
+    const auto& segs = layout_.segments();
+    visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+      // The engine owns the parameters; a const engine still completes its own gathers into them.
+      P* params = reinterpret_cast<P*>(const_cast<std::byte*>(params_.data()));
+      const P* staging = reinterpret_cast<const P*>(gather_staging_.data());
+      for (int q = 0; q < comm_.size(); ++q) {
+        if (q == comm_.rank()) {
+          continue; // its own slices were never moved
+        }
+        const auto uq = static_cast<std::size_t>(q);
+        const P* block = staging + uq * grp.slices;
+        for (std::size_t k = grp.first; k < grp.last; ++k) {
+          backend_.cast(block, params + segs[k].range.begin + uq * segs[k].slice, segs[k].slice, stream_);
+          block += segs[k].slice;
+        }
+      }
+    });
+    backend_.record(staging_free_, stream_);
   }
 
   /// Waits for every posted all-gather, and orders the engine's stream after the last update.
@@ -1049,9 +1152,10 @@ private:
   }
 
   /// AdamW over each segment's owned slice on the update stream, in the order the next forward uses
-  /// the segments. Stages 1-2 (several ranks): each segment's all-gather is posted right behind its
-  /// update (the communicator ordered after the update stream meanwhile), and the next forward, on
-  /// `stream_`, waits per module in `gather`/`param` for exactly the segments it reads. Stage 3: an
+  /// the segments. Stages 1-2 (several ranks): each gather group's all-gather is posted right behind
+  /// the update of its last segment (the communicator ordered after the update stream meanwhile), and
+  /// the next forward, on `stream_`, waits per module in `gather`/`param` for exactly the groups it
+  /// reads. Stage 3: an
   /// event per segment, which the engine's stream waits for before the coordinator reads that
   /// segment's shard to gather it. Either way the update of later segments runs beside the forward
   /// of earlier ones. Same kernels, same arguments, same per-element order as stepping everything at
@@ -1080,10 +1184,14 @@ private:
         segment_pending_[k] = true;
         continue;
       }
-      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
-        backend_.synchronize(update_stream_); // the segment's update comes first
+      const std::size_t g = segment_group_[k];
+      if (gather_groups_[g].last != k + 1) {
+        continue; // the group's all-gather follows the update of its last segment
       }
-      post_gather(k);
+      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+        backend_.synchronize(update_stream_); // the group's updates come first
+      }
+      post_gather(g, update_stream_);
     }
   }
 
@@ -1119,6 +1227,8 @@ private:
   typename Backend::stream_type update_stream_;
   typename Backend::event_type update_ready_; // stream_: the gradients are final
   typename Backend::event_type update_done_;  // update_stream_: the step and the gradient zeroing are done
+  /// stream_: the last unpack of a staged all-gather has read the staging buffer (see `wait_group`).
+  mutable typename Backend::event_type staging_free_;
   /// The update stream has work `stream_` has not been ordered after yet (see `join_update`).
   mutable bool update_pending_ = false;
   /// Stage 3: per segment, the point the update stream passed its update, and whether the engine's
@@ -1142,6 +1252,19 @@ private:
   /// Stages 1-2: the segments of each module, and the all-gather still in flight per segment.
   std::vector<std::vector<std::size_t>> module_segments_;
   mutable std::vector<std::optional<gather_handle>> pending_gathers_;
+  /// Stages 1-2: the step-end all-gathers, segments [first, last) each (see `plan_gather_groups`):
+  /// `elements` of all ranks, `slices` per rank; the group of each segment; the staging buffer of
+  /// groups of several segments, and the group that holds it now.
+  struct gather_group {
+    std::size_t first = 0;
+    std::size_t last = 0;
+    std::size_t elements = 0;
+    std::size_t slices = 0;
+  };
+  std::vector<gather_group> gather_groups_;
+  std::vector<std::size_t> segment_group_;
+  buffer<std::byte, counting> gather_staging_;
+  mutable std::optional<std::size_t> staged_group_;
   int persistent_module_ = -1;
   buffer<int, counting> flag_;
   buffer<float, counting> norm_;
