@@ -497,8 +497,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> require;
   bool config_only = false;
   zero::tools::config_options options;
-  app.add_option("--config", config_file, "validate a DeepSpeed config and print it resolved")
-      ->check(CLI::ExistingFile);
+  // Not CLI::ExistingFile: zero::config::from_file names a missing file, a folder or a device itself.
+  app.add_option("--config", config_file, "validate a DeepSpeed config and print it resolved");
   app.add_option("--path", path, "probe O_DIRECT and io_uring in this directory")->check(CLI::ExistingDirectory);
   app.add_option("--require", require, "features that must be present: cuda, gpu, nccl, mpi, o_direct, io_uring")
       ->delimiter(',')

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,14 @@
 #include <vector>
 
 namespace zero {
+
+/// The largest config text `config::from_file` and `config::from_string` read (16 MiB). DeepSpeed
+/// configs are a few kilobytes; the bound keeps a wrong path (a log, a device such as /dev/zero)
+/// from being read until memory runs out.
+inline constexpr std::size_t max_config_bytes = std::size_t{16} << 20;
+/// The deepest nesting of arrays and objects a config may have (DeepSpeed's deepest is 4). Deeper
+/// text is refused while it is parsed, before anything recursive (copying, printing) touches it.
+inline constexpr int max_config_depth = 64;
 
 /// Where ZeRO keeps offloaded state. DeepSpeed's `"none"`, `"cpu"`, `"nvme"`.
 enum class offload_device : std::uint8_t { none, cpu, nvme };
@@ -364,12 +373,19 @@ struct config {
   [[nodiscard]] int stage() const noexcept { return zero_optimization.stage; }
 
   /// Reads and resolves a config file (JSON; `//` and `/* */` comments allowed).
-  /// \param path   the file.
+  /// \param path   the file: a regular file or a pipe (such as `<(...)`), of at most `max_config_bytes`.
   /// \param inputs values that resolve `"auto"` and the batch rule.
   /// \returns the resolved config.
-  /// \throws config_error when the file cannot be read, is not valid JSON, or any setting is refused;
-  ///         the message names the file.
+  /// \throws config_error when the file is missing, is a folder or a device, is larger than
+  ///         `max_config_bytes`, nests deeper than `max_config_depth`, is not valid JSON, or any
+  ///         setting is refused; the message names the file.
   [[nodiscard]] static config from_file(const std::filesystem::path& path, const config_inputs& inputs = {});
+
+  /// The JSON object of a config file, read as `from_file` reads it (bounded size and depth, comments
+  /// allowed, duplicate keys refused) but not resolved: for a program that edits the config before
+  /// `from_json` (e.g. sets the stage from its command line).
+  /// \throws config_error as `from_file` does for the file and its JSON.
+  [[nodiscard]] static nlohmann::json read_json_file(const std::filesystem::path& path);
 
   /// Reads and resolves a config held in a string.
   /// \param text   the JSON text.
@@ -380,7 +396,7 @@ struct config {
                                           std::string_view source = {});
 
   /// Resolves an already parsed JSON object.
-  /// \param j      the config object.
+  /// \param j      the config object; nesting deeper than `max_config_depth` is refused.
   /// \param inputs values that resolve `"auto"` and the batch rule.
   /// \param source how messages name the config; empty for none.
   /// \throws config_error naming the JSON path of the first refused setting.

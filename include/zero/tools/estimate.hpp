@@ -21,10 +21,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -479,15 +477,12 @@ struct model_summary {
 }
 
 /// Reads a model description file (see `read_model_description`).
-/// \throws config_error when the file cannot be read, is not JSON, or does not describe a model.
+/// \throws config_error when the file cannot be read (as a config file: bounded size and depth), is not
+///         JSON, or does not describe a model.
 [[nodiscard]] inline model_summary read_model_description_file(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    throw config_error(cat("cannot read model description ", path.string()));
-  }
-  std::ostringstream text;
-  text << f.rdbuf();
-  return read_model_description(zero::detail::parse_text(text.str(), path.string()), path.string());
+  return read_model_description(
+      zero::detail::parse_text(zero::detail::read_config_text(path, "model description"), path.string()),
+      path.string());
 }
 
 /// Parses a count such as "7e9", "7000000000", "6.7B", "125M", "1.5T" or "350k".

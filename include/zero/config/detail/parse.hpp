@@ -9,12 +9,14 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace zero {
@@ -890,10 +892,8 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
     if (what.compare(0, prefix.size(), prefix) == 0) {
       what.erase(0, prefix.size());
     }
-    if (!ctx.source.empty()) {
-      what += cat(" (in ", ctx.source, ")");
-    }
-    throw config_error(what);
+    what += in_source(ctx.source);
+    throw config_error(printable(what));
   }
 
   top.finish();
@@ -910,8 +910,35 @@ inline std::string parse_error_text(const nlohmann::json::exception& e) {
   return s;
 }
 
-/// Parses JSON text with comments allowed, refusing duplicate keys (DeepSpeed refuses them too).
+/// Refuses a JSON value nested deeper than `max_config_depth`, walking it without recursion (a
+/// value built by the caller may be as deep as memory allows).
+inline void check_depth(const json& root, std::string_view source) {
+  std::vector<std::pair<const json*, int>> todo{{&root, 1}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) {
+      continue;
+    }
+    if (depth > max_config_depth) {
+      throw config_error(
+          printable(cat("arrays and objects nested ", std::to_string(depth), " deep; expected at most ",
+                        std::to_string(max_config_depth), " (zero::max_config_depth)", in_source(source))));
+    }
+    for (const json& child : *v) {
+      todo.emplace_back(&child, depth + 1);
+    }
+  }
+}
+
+/// Parses JSON text with comments allowed, refusing duplicate keys (DeepSpeed refuses them too),
+/// text longer than `max_config_bytes` and nesting deeper than `max_config_depth`.
 inline json parse_text(std::string_view text, std::string_view source) {
+  const std::string where = in_source(source);
+  if (text.size() > max_config_bytes) {
+    throw config_error(printable(cat("the config is ", std::to_string(text.size()), " bytes; expected at most ",
+                                     std::to_string(max_config_bytes), " (zero::max_config_bytes)", where)));
+  }
   struct level {
     bool object = false;
     std::set<std::string> keys;
@@ -930,14 +957,28 @@ inline json parse_text(std::string_view text, std::string_view source) {
     }
     return p;
   };
-  const std::string where = source.empty() ? std::string() : cat(" (in ", std::string(source), ")");
+  // Refused as soon as it opens, so the parser never holds more than max_config_depth levels.
+  auto push = [&](bool object) {
+    if (stack.size() >= static_cast<std::size_t>(max_config_depth)) {
+      // Named by the keys of the objects around it (the arrays in between would be 60 "[]"s).
+      std::string keys;
+      for (const level& l : stack) {
+        if (l.object) {
+          keys = join_path(keys, l.key);
+        }
+      }
+      throw config_error(printable(cat(keys, (keys.empty() ? "" : ": "), "arrays and objects nested deeper than ",
+                                       std::to_string(max_config_depth), " (zero::max_config_depth)", where)));
+    }
+    stack.push_back(level{object, {}, {}});
+  };
   auto callback = [&](int, json::parse_event_t event, json& parsed) {
     switch (event) {
     case json::parse_event_t::object_start:
-      stack.push_back(level{true, {}, {}});
+      push(true);
       break;
     case json::parse_event_t::array_start:
-      stack.push_back(level{false, {}, {}});
+      push(false);
       break;
     case json::parse_event_t::object_end:
     case json::parse_event_t::array_end:
@@ -951,7 +992,7 @@ inline json parse_text(std::string_view text, std::string_view source) {
       if (!l.keys.insert(k).second) {
         const std::string parent = path();
         l.key = k;
-        throw config_error(join_path(parent, k) + ": duplicate key; give each key once" + where);
+        throw config_error(printable(join_path(parent, k) + ": duplicate key; give each key once" + where));
       }
       l.key = std::move(k);
       break;
@@ -964,11 +1005,66 @@ inline json parse_text(std::string_view text, std::string_view source) {
   try {
     return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
-    throw config_error(cat("not valid JSON: ", parse_error_text(e), where));
+    throw config_error(printable(cat("not valid JSON: ", parse_error_text(e), where)));
   } catch (const json::out_of_range& e) {
     // A number too large for a double, e.g. 1e400.
-    throw config_error(cat("not valid JSON for DeepSpeed: ", parse_error_text(e), where));
+    throw config_error(printable(cat("not valid JSON for DeepSpeed: ", parse_error_text(e), where)));
   }
+}
+
+/// What a path that is not a regular file is, for messages; empty for a regular file or a pipe,
+/// which are read (a pipe up to the size bound).
+inline std::string_view unreadable_kind(std::filesystem::file_type t) {
+  switch (t) {
+  case std::filesystem::file_type::directory:
+    return "a folder";
+  case std::filesystem::file_type::character:
+    return "a character device";
+  case std::filesystem::file_type::block:
+    return "a block device";
+  case std::filesystem::file_type::socket:
+    return "a socket";
+  case std::filesystem::file_type::regular:
+  case std::filesystem::file_type::fifo:
+    return {};
+  default:
+    return "not a regular file";
+  }
+}
+
+/// The text of a config file: a regular file or a pipe, at most `max_config_bytes`.
+/// \param what how messages call the file ("config file", "model description").
+/// \throws config_error naming the file and what is wrong with it.
+inline std::string read_config_text(const std::filesystem::path& path, std::string_view what = "config file") {
+  const std::string name = path.string();
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || st.type() == std::filesystem::file_type::not_found) {
+    const int err = ec ? ec.value() : ENOENT;
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": ", std::strerror(err))), err);
+  }
+  if (auto kind = unreadable_kind(st.type()); !kind.empty()) {
+    throw config_error(printable(
+        cat("cannot read ", std::string(what), " ", name, ": it is ", std::string(kind), "; expected a JSON file")));
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    const int err = errno;
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": ", std::strerror(err))), err);
+  }
+  // Read one byte past the bound, so a longer file (or a pipe that keeps writing) is refused without
+  // reading the rest of it.
+  std::string text(max_config_bytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (f.bad()) {
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name)));
+  }
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  if (text.size() > max_config_bytes) {
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": it is larger than ",
+                                     std::to_string(max_config_bytes), " bytes (zero::max_config_bytes)")));
+  }
+  return text;
 }
 
 } // namespace detail
@@ -1043,25 +1139,21 @@ inline batch_sizes resolve_batch(const batch_spec& given, std::int64_t world) {
 }
 
 inline config config::from_json(const nlohmann::json& j, const config_inputs& inputs, std::string_view source) {
+  detail::check_depth(j, source);
   return detail::parse_config(j, inputs, source);
 }
 
 inline config config::from_string(std::string_view text, const config_inputs& inputs, std::string_view source) {
+  // parse_text has bounded the depth already.
   return detail::parse_config(detail::parse_text(text, source), inputs, source);
 }
 
+inline nlohmann::json config::read_json_file(const std::filesystem::path& path) {
+  return detail::parse_text(detail::read_config_text(path), path.string());
+}
+
 inline config config::from_file(const std::filesystem::path& path, const config_inputs& inputs) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    const int err = errno;
-    throw config_error(detail::cat("cannot read config file ", path.string(), ": ", std::strerror(err)), err);
-  }
-  std::ostringstream text;
-  text << f.rdbuf();
-  if (f.bad()) {
-    throw config_error(detail::cat("cannot read config file ", path.string()));
-  }
-  return from_string(text.str(), inputs, path.string());
+  return from_string(detail::read_config_text(path), inputs, path.string());
 }
 
 inline config config::rebatched(std::int64_t world) const {
