@@ -242,7 +242,9 @@ struct zero_optimization_config {
   bool round_robin_gradients = false;
   /// `ignore_unused_parameters`: tolerate parameters that receive no gradient. Default true.
   bool ignore_unused_parameters = true;
-  /// `elastic_checkpoint`: always false in this version (true is refused as not implemented).
+  /// `elastic_checkpoint`: DeepSpeed's switch for loading a stage 1-2 checkpoint at another rank
+  /// count. zero's checkpoints always reshard (any stage, any rank count; docs/checkpoints.md), so
+  /// true is what zero does anyway and false is noted as having no effect. Default false.
   bool elastic_checkpoint = false;
   friend bool operator==(const zero_optimization_config&, const zero_optimization_config&) = default;
 };

@@ -275,7 +275,6 @@ inline constexpr stage_scope stage_scopes[] = {
     {"allgather_bucket_size", 0b0110},
     {"round_robin_gradients", 0b0110},
     {"ignore_unused_parameters", 0b0110},
-    {"elastic_checkpoint", 0b0110},
     {"sub_group_size", 0b1000},
     {"stage3_max_live_parameters", 0b1000},
     {"max_live_parameters", 0b1000},
@@ -288,6 +287,29 @@ inline constexpr stage_scope stage_scopes[] = {
     {"stage3_gather_16bit_weights_on_model_save", 0b1000},
     {"gather_16bit_weights_on_model_save", 0b1000},
     {"stage3_gather_fp16_weights_on_model_save", 0b1000},
+};
+
+/// A zero_optimization value that zero accepts at a stage where DeepSpeed would act on it, but that
+/// changes nothing here, with what zero does instead. An empty `value` matches any value.
+struct value_without_effect {
+  std::string_view key;
+  std::string_view value; ///< JSON text of the value, or empty for any
+  std::string_view instead;
+};
+inline constexpr value_without_effect values_without_effect[] = {
+    {"reduce_scatter", "false",
+     "stages 2 and 3 always reduce-scatter gradients into each rank's shard (an all-reduce would hold "
+     "gradients for the whole model)"},
+    {"contiguous_gradients", "false",
+     "gradients always live in one flat buffer (the rank's shard at stages 2 and 3), reduced bucket by bucket"},
+    {"allgather_partitions", "false", "updated shards are always all-gathered, never broadcast rank by rank"},
+    {"round_robin_gradients", "true",
+     "it spreads gradient copies to the CPU under optimizer offload, which this version's engine does not run"},
+    {"sub_group_size", "",
+     "the optimizer steps the rank's shard one segment at a time (a reduce bucket, or a module at stage 3) "
+     "whatever this says"},
+    {"elastic_checkpoint", "false",
+     "zero's checkpoints always load at any stage and any rank count (docs/checkpoints.md)"},
 };
 
 /// The hidden-size formulas Hugging Face uses for "auto" bucket sizes.
@@ -497,7 +519,6 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
     z.ignore_unused_parameters = as_bool(ctx, r.path_of("ignore_unused_parameters"), *v);
   }
   if (const json* v = plain(r, "elastic_checkpoint")) {
-    // The unimplemented table has already refused true.
     z.elastic_checkpoint = as_bool(ctx, r.path_of("elastic_checkpoint"), *v);
   }
 
@@ -521,6 +542,16 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
         }
       }
       ctx.note(r.path_of(s.key), cat("no effect at stage ", std::to_string(stage), " (used at stage ", at, ")"));
+    }
+  }
+  for (const value_without_effect& n : values_without_effect) {
+    const auto scope = std::find_if(std::begin(stage_scopes), std::end(stage_scopes),
+                                    [&](const stage_scope& s) { return s.key == n.key; });
+    const bool in_scope = scope == std::end(stage_scopes) || (scope->stages & (1u << stage)) != 0;
+    if (in_scope && r.has(n.key) && (n.value.empty() || block->at(std::string(n.key)) == json::parse(n.value))) {
+      ctx.note(r.path_of(n.key),
+               cat(n.value.empty() ? std::string("no effect") : cat(std::string(n.value), " has no effect"), ": ",
+                   std::string(n.instead)));
     }
   }
   r.finish();
