@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
               << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
-              << (r.implemented ? "" : "  (NVMe offload planned, not implemented)") << "\n";
+              << (r.implemented ? "" : "  (offload planned: the engine refuses it in this version)") << "\n";
   }
   std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
                "16-bit training):\n"

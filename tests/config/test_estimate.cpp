@@ -133,7 +133,11 @@ TEST_CASE("zero's accounting matches the model-state table of DESIGN.md") {
   // stage 3 + CPU optimizer and parameters: the GPU holds only buffers; host (2 + 12 + 4) Ψ / N per rank
   CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 0);
   CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 18);
-  CHECK(find(3, cpu, cpu).implemented);
+  // The engine refuses offload until it lands: only the rows without offload run.
+  CHECK(find(2, none, none).implemented);
+  CHECK(find(3, none, none).implemented);
+  CHECK_FALSE(find(2, cpu, none).implemented);
+  CHECK_FALSE(find(3, cpu, cpu).implemented);
   CHECK_FALSE(find(3, offload_device::nvme, none).implemented);
   CHECK(find(3, offload_device::nvme, none).nvme_bytes_per_node == 8 * 875'000'000LL * 12);
 

@@ -203,7 +203,7 @@ struct estimate_row {
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  bool implemented = true;                ///< false for NVMe rows: NVMe offload is planned, not implemented
+  bool implemented = true;                ///< false for offload rows: the engine refuses offload until it lands
 };
 
 /// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
@@ -253,7 +253,8 @@ struct estimate_row {
     r.stage = stage;
     r.offload_optimizer = opt;
     r.offload_param = par;
-    r.implemented = opt != offload_device::nvme && par != offload_device::nvme;
+    // The engine refuses CPU and NVMe offload until it lands; those rows are what it will need.
+    r.implemented = opt == offload_device::none && par == offload_device::none;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     const std::int64_t optimizer_state = shard * (master + moments);
