@@ -91,6 +91,12 @@ enum class warmup_curve : std::uint8_t { log, linear };
   return c == warmup_curve::log ? "log" : "linear";
 }
 
+/// The gradient accumulation dtype DeepSpeed's engine uses when `data_types.grad_accum_dtype` is
+/// absent: fp32 for bf16 at stage 0, the parameter dtype otherwise.
+[[nodiscard]] constexpr dtype default_grad_accum_dtype(dtype param, int stage) noexcept {
+  return param == dtype::bf16 && stage == 0 ? dtype::f32 : param;
+}
+
 /// The `fp16` block: fp16 mixed precision and its dynamic loss scaler.
 struct fp16_config {
   /// `fp16.enabled`: parameters and gradients in fp16 with fp32 master weights. Default false.

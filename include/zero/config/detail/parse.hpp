@@ -860,7 +860,7 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
 
   // Data types, resolved as DeepSpeed's engine does when absent.
   const dtype param = c.param_dtype();
-  c.grad_accum_dtype = param == dtype::bf16 && c.zero_optimization.stage == 0 ? dtype::f32 : param;
+  c.grad_accum_dtype = default_grad_accum_dtype(param, c.zero_optimization.stage);
   if (const json* dt = top.get("data_types"); dt != nullptr && !dt->is_null()) {
     object_reader r(ctx, expect_object(ctx, "data_types", *dt), "data_types", schema::data_types);
     if (const json* v = plain(r, "grad_accum_dtype"); v != nullptr && !v->is_null()) {
