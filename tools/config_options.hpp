@@ -10,10 +10,36 @@
 #include <CLI/CLI.hpp>
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 
 namespace zero::tools {
+
+/// A CLI11 check for a number from `lo` to `hi` that names the range as written and refuses NaN
+/// (CLI::Range lets NaN through, since every comparison with it is false, and prints its bounds
+/// as "0.000000").
+inline CLI::Validator number_in(double lo, double hi) {
+  const std::string range = "a number from " + zero::detail::show_number(lo) + " to " + zero::detail::show_number(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        double v = 0;
+        std::size_t used = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size()) {
+          return "expected " + range + ", found \"" + zero::detail::printable(s) + "\"";
+        }
+        if (!(v >= lo && v <= hi)) {
+          return "expected " + range + ", found " + zero::detail::show_number(v);
+        }
+        return {};
+      },
+      "NUMBER in [" + zero::detail::show_number(lo) + ", " + zero::detail::show_number(hi) + "]");
+}
 
 /// Holds the raw option values until `inputs()` turns them into `config_inputs`.
 class config_options {

@@ -7,6 +7,7 @@
 //
 // Exit status: 0 on success, 1 for an unreadable model description, 2 for a command-line error.
 
+#include "config_options.hpp"
 #include "zero/tools/estimate.hpp"
 
 #include <CLI/CLI.hpp>
@@ -41,7 +42,6 @@ int main(int argc, char** argv) {
   std::string dtype_text = "bf16";
   std::optional<std::string> grad_dtype_text;
   std::string reduce_bucket = "5e8", prefetch_bucket = "5e7", max_live = "1e9", sub_group = "1e9";
-  bool overlap_comm = false;
   double buffer_factor = 1.5;
   bool json_out = false;
 
@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype_text, "parameter dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
-  app.add_option("--grad-dtype", grad_dtype_text, "gradient accumulation dtype (default: the parameter dtype)")
+  app.add_option("--grad-dtype", grad_dtype_text,
+                 "gradient accumulation dtype (default: the config's, fp32 for bf16 at stage 0, else the parameter "
+                 "dtype)")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   app.add_option("--reduce-bucket-size", reduce_bucket, "zero_optimization.reduce_bucket_size (elements)")
       ->capture_default_str();
@@ -68,10 +70,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-live-parameters", max_live, "zero_optimization.stage3_max_live_parameters")
       ->capture_default_str();
   app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size (NVMe rows)")->capture_default_str();
-  app.add_flag("--overlap-comm", overlap_comm, "double-buffered gradient buckets (zero_optimization.overlap_comm)");
   app.add_option("--additional-buffer-factor", buffer_factor, "DeepSpeed's additional_buffer_factor (its tables only)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(zero::tools::number_in(0.0, 100.0));
   app.add_flag("--json", json_out, "end with one line of JSON: {\"params\", \"gpus\", \"rows\": [...]}");
   try {
     app.parse(argc, argv);
@@ -108,12 +109,13 @@ int main(int argc, char** argv) {
     o.gpus_per_node = gpus_per_node;
     o.nodes = nodes;
     o.param_dtype = zero::parse_dtype(dtype_text);
-    o.grad_dtype = grad_dtype_text ? zero::parse_dtype(*grad_dtype_text) : o.param_dtype;
+    if (grad_dtype_text) {
+      o.grad_dtype = zero::parse_dtype(*grad_dtype_text);
+    }
     o.reduce_bucket_size = zero::tools::parse_count(reduce_bucket);
     o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
     o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
     o.sub_group_size = zero::tools::parse_count(sub_group);
-    o.overlap_comm = overlap_comm;
   } catch (const zero::config_error& e) {
     std::cerr << "zero-estimate: " << e.what() << "\n";
     return 1;
@@ -128,7 +130,12 @@ int main(int argc, char** argv) {
             << (largest_name.empty() ? "" : cat(" (", largest_name, ")")) << "\n";
   std::cout << "hardware: " << o.nodes << (o.nodes > 1 ? " nodes" : " node") << " x " << o.gpus_per_node
             << (o.gpus_per_node > 1 ? " GPUs" : " GPU") << " = " << o.ranks() << " data-parallel ranks\n";
-  std::cout << "dtypes: parameters " << zero::name_of(o.param_dtype) << ", gradients " << zero::name_of(o.grad_dtype)
+  const std::string grads =
+      o.grad_dtype ? std::string(zero::name_of(*o.grad_dtype))
+                   : std::string(zero::name_of(zero::default_grad_accum_dtype(o.param_dtype, 0))) + " at stage 0, " +
+                         std::string(zero::name_of(zero::default_grad_accum_dtype(o.param_dtype, 1))) +
+                         " at stages 1-3 (the config's default)";
+  std::cout << "dtypes: parameters " << zero::name_of(o.param_dtype) << ", gradients " << grads
             << ", optimizer Adam/AdamW (fp32 master" << (o.param_dtype == zero::dtype::f32 ? " = parameters" : "")
             << ", fp32 moments)\n";
   if (!model_file && largest_text.empty()) {
@@ -141,7 +148,7 @@ int main(int argc, char** argv) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
               << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
-              << (r.implemented ? "" : "  (NVMe offload planned, not implemented)") << "\n";
+              << (r.implemented ? "" : "  (offload planned: the engine refuses it in this version)") << "\n";
   }
   std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
                "16-bit training):\n"

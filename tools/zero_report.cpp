@@ -465,7 +465,7 @@ void report_backends() {
   line("compute backends", compute);
   line("communicators", comm);
   line("storage", storage);
-  line("ZeRO stages", "0, 1, 2, 3; offload to CPU (NVMe offload planned)");
+  line("ZeRO stages", "0, 1, 2, 3; offload planned (the engine refuses CPU and NVMe offload in this version)");
 }
 
 // ---- config ----------------------------------------------------------------------------------------
@@ -482,6 +482,15 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     for (const std::string& n : c.notes) {
       std::cout << "  note: " << n << "\n";
     }
+    // The reader accepts CPU offload so such configs can be checked, but the engine refuses it: the
+    // config is valid, not runnable, and the verdict says so.
+    const auto& z = c.zero_optimization;
+    if (z.offload_optimizer.device != zero::offload_device::none ||
+        z.offload_param.device != zero::offload_device::none) {
+      v.problems.push_back("the config is valid but asks for offload (zero_optimization.offload_optimizer/"
+                           "offload_param device \"cpu\"), which this version's engine refuses (offload is "
+                           "planned); set \"device\": \"none\" to train with it");
+    }
   } catch (const zero::config_error& e) {
     std::cout << "  " << e.what() << "\n";
     v.problems.push_back(std::string("the config is refused: ") + e.what());
@@ -497,8 +506,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> require;
   bool config_only = false;
   zero::tools::config_options options;
-  app.add_option("--config", config_file, "validate a DeepSpeed config and print it resolved")
-      ->check(CLI::ExistingFile);
+  // Not CLI::ExistingFile: zero::config::from_file names a missing file, a folder or a device itself.
+  app.add_option("--config", config_file, "validate a DeepSpeed config and print it resolved");
   app.add_option("--path", path, "probe O_DIRECT and io_uring in this directory")->check(CLI::ExistingDirectory);
   app.add_option("--require", require, "features that must be present: cuda, gpu, nccl, mpi, o_direct, io_uring")
       ->delimiter(',')

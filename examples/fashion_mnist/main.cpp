@@ -12,11 +12,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cblas.h>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -91,6 +91,13 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& opt, co
   inputs.world_size = comm.size();
   const auto cfg =
       zero::config::from_json(cfg_json, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
+  // Every rank's micro-batch is a slice of one global batch drawn from the training set, so a global
+  // batch larger than the set has no step to take.
+  if (static_cast<std::size_t>(cfg.train_batch_size) > train_set.count) {
+    throw zero::config_error("train_batch_size: " + std::to_string(cfg.train_batch_size) + " is larger than the " +
+                             std::to_string(train_set.count) + " training samples; expected at most " +
+                             std::to_string(train_set.count) + " (micro batch x accumulation x ranks)");
+  }
   zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
   zero::engine<zero::cpu_backend, Comm> eng(cfg, comm, backend);
   if (opt.timeout) {
@@ -249,6 +256,18 @@ void report(const outcome& o, bool json) {
   std::fflush(stdout);
 }
 
+/// A whole number >= 1 (CLI::PositiveNumber prints its range as doubles: "0.000000 to 1.797693e+308").
+const CLI::Validator at_least_one(
+    [](std::string& s) -> std::string {
+      long v = 0;
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+      if (ec != std::errc{} || end != s.data() + s.size() || v < 1) {
+        return "expected a whole number >= 1";
+      }
+      return {};
+    },
+    "INT>=1");
+
 std::vector<int> parse_stages(const options& opt) {
   if (opt.stages.empty()) {
     return {};
@@ -278,22 +297,27 @@ int main(int argc, char** argv) {
   app.add_option("--stage", opt.stage, "ZeRO stage, overriding the config's zero_optimization.stage")
       ->check(CLI::Range(0, 3));
   app.add_option("--stages", opt.stages, "run several stages and print a table: \"all\" or e.g. 0,2");
-  app.add_option("--steps", opt.steps, "optimizer steps (default: --epochs worth)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", opt.steps, "optimizer steps (default: --epochs worth)")->check(at_least_one);
   app.add_option("--epochs", opt.epochs, "epochs over the training set")->check(CLI::Range(1, 100));
-  app.add_option("--config", opt.config_file, "DeepSpeed-style JSON config")->check(CLI::ExistingFile);
+  app.add_option("--config", opt.config_file, "DeepSpeed-style JSON config"); // zero::config names what is wrong
   app.add_option("--data", opt.data, "folder with the Fashion-MNIST IDX files");
   app.add_option("--hidden", opt.hidden, "width of the first hidden layer")->check(CLI::Range(8, 4096));
   app.add_flag("--json", opt.json, "print one JSON object per run as the last line(s)");
   auto* save_opt = app.add_option("--save", opt.save, "save checkpoints into this directory (at the end)");
-  app.add_option("--save-every", opt.save_every, "also save every N steps")
-      ->check(CLI::PositiveNumber)
-      ->needs(save_opt);
-  app.add_option("--load", opt.load, "resume from the latest checkpoint in this directory");
+  app.add_option("--save-every", opt.save_every, "also save every N steps")->check(at_least_one)->needs(save_opt);
+  auto* load_opt = app.add_option("--load", opt.load, "resume from the latest checkpoint in this directory");
   app.add_option("--timeout", opt.timeout,
                  "seconds a rank waits for the others before it reports them (default: the config's "
                  "comm_timeout, else 300)")
       ->check(CLI::Range(0.001, 31536000.0));
   CLI11_PARSE(app, argc, argv);
+  for (const CLI::Option* o : {save_opt, load_opt}) {
+    if (o->count() > 0 && o->as<std::string>().empty()) {
+      std::fprintf(stderr, "zero-fashion-mnist: %s: expected a directory, found an empty string\n",
+                   o->get_name().c_str());
+      return 2;
+    }
+  }
 #if !ZERO_HAS_CHECKPOINT
   if (!opt.save.empty() || !opt.load.empty()) {
     std::fprintf(stderr, "zero-fashion-mnist: --save and --load need zero::checkpoint (libxxhash-dev); this build "
@@ -307,18 +331,21 @@ int main(int argc, char** argv) {
   }
 
   try {
-    nlohmann::json base;
-    if (opt.config_file.empty()) {
-      base = nlohmann::json::parse(default_config);
-    } else {
-      std::ifstream in(opt.config_file);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      base = nlohmann::json::parse(ss.str(), nullptr, true, true);
-    }
+    // Through zero's reader: bounded size and depth, duplicate keys refused. The stage is set per run
+    // below, so the JSON is kept; reading it once here refuses a bad config before the data loads.
+    const std::string source = opt.config_file.empty() ? "built-in config" : opt.config_file;
+    const nlohmann::json base =
+        opt.config_file.empty() ? nlohmann::json::parse(default_config) : zero::config::read_json_file(opt.config_file);
+    // The batch rule needs the rank count: the launcher's under mpirun, else --ranks.
+    const char* launcher_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    launcher_size = launcher_size != nullptr ? launcher_size : std::getenv("PMI_SIZE");
+    const int config_stage =
+        zero::config::from_json(base, {.world_size = launcher_size != nullptr ? std::atol(launcher_size) : opt.ranks},
+                                source)
+            .stage();
     auto stages = parse_stages(opt);
     if (stages.empty()) {
-      stages.push_back(opt.stage.value_or(base.value("/zero_optimization/stage"_json_pointer, 0)));
+      stages.push_back(opt.stage.value_or(config_stage));
     }
     const auto train_set = fmnist::load(opt.data, "train");
     const auto test_set = fmnist::load(opt.data, "t10k");

@@ -547,3 +547,59 @@ TEST_CASE("docs/config.md documents every key zero reads and every key it refuse
     CHECK_MESSAGE(doc.find(path) != std::string::npos, "docs/config.md lacks " << path);
   }
 }
+
+namespace {
+/// The note about `key` in `c.notes`, or empty.
+std::string note_of(const config& c, std::string_view key) {
+  for (const std::string& n : c.notes) {
+    if (n.rfind(std::string("zero_optimization.") + std::string(key) + ":", 0) == 0) {
+      return n;
+    }
+  }
+  return {};
+}
+} // namespace
+
+TEST_CASE("elastic_checkpoint is accepted at every stage: zero's checkpoints always reshard") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    const config on = config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                          std::to_string(stage) + R"(, "elastic_checkpoint": true}})");
+    CHECK(on.zero_optimization.elastic_checkpoint);
+    CHECK(note_of(on, "elastic_checkpoint").empty()); // true is what zero does
+    CHECK(on.to_json()["zero_optimization"]["elastic_checkpoint"] == true);
+    const config off = config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" +
+                                           std::to_string(stage) + R"(, "elastic_checkpoint": false}})");
+    CHECK(has(note_of(off, "elastic_checkpoint"),
+              "false has no effect: zero's checkpoints always load at any stage and any rank count"));
+  }
+}
+
+TEST_CASE("keys accepted without effect get a note saying what zero does instead") {
+  const auto read = [](int stage, const std::string& key, const std::string& value) {
+    return config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" + std::to_string(stage) +
+                               ", \"" + key + "\": " + value + "}}");
+  };
+  CHECK(has(note_of(read(2, "reduce_scatter", "false"), "reduce_scatter"),
+            "false has no effect: stages 2 and 3 always reduce-scatter gradients"));
+  CHECK(has(note_of(read(3, "reduce_scatter", "false"), "reduce_scatter"), "false has no effect"));
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    CHECK(has(note_of(read(stage, "contiguous_gradients", "false"), "contiguous_gradients"),
+              "false has no effect: gradients always live in one flat buffer"));
+  }
+  CHECK(has(note_of(read(1, "allgather_partitions", "false"), "allgather_partitions"),
+            "false has no effect: updated shards are always all-gathered"));
+  CHECK(has(note_of(read(2, "round_robin_gradients", "true"), "round_robin_gradients"),
+            "true has no effect: it spreads gradient copies to the CPU under optimizer offload"));
+  CHECK(has(note_of(read(3, "sub_group_size", "1e9"), "sub_group_size"),
+            "no effect: the optimizer steps the rank's shard one segment at a time"));
+  // DeepSpeed's defaults act as zero does: no note.
+  CHECK(note_of(read(2, "reduce_scatter", "true"), "reduce_scatter").empty());
+  CHECK(note_of(read(2, "contiguous_gradients", "true"), "contiguous_gradients").empty());
+  CHECK(note_of(read(2, "allgather_partitions", "true"), "allgather_partitions").empty());
+  CHECK(note_of(read(2, "round_robin_gradients", "false"), "round_robin_gradients").empty());
+  // At a stage where DeepSpeed ignores the key too, the stage note stands alone.
+  CHECK(
+      has(note_of(read(0, "reduce_scatter", "false"), "reduce_scatter"), "no effect at stage 0 (used at stage 2, 3)"));
+}

@@ -4,8 +4,15 @@
 #include "support.hpp"
 #include "zero/config/config.hpp"
 
+#include <cmath>
 #include <doctest/doctest.h>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <string>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
 
 using zero::config;
 using zero_test::error_of;
@@ -204,10 +211,6 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
               "bfloat16.immediate_grad_update: found true; this needs immediate bf16 gradient updates"));
     CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true}})"),
               "ZeRO++ quantized weight all-gather"));
-    CHECK(
-        has(error_of(R"({"zero_optimization": {"stage": 2, "elastic_checkpoint": true}})"),
-            "zero_optimization.elastic_checkpoint: found true; this needs loading a checkpoint saved with a different "
-            "number of ranks"));
     CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})"), "MiCS sharding"));
     CHECK(has(error_of(R"({"prescale_gradients": true})"), "pre-scaling gradients before all-reduce"));
     CHECK(has(error_of(R"({"gradient_predivide_factor": 2.0})"),
@@ -397,4 +400,85 @@ TEST_CASE("JSON that is not valid, duplicate keys, and unreadable files") {
     CHECK(has(e.what(), "(in "));
     CHECK(has(e.what(), "bad_offload_device.json)"));
   }
+}
+
+TEST_CASE("config reads are bounded in depth and size, and name the limit and the file") {
+  // 100,000 levels used to overflow the stack when the message printed the value (and in a copy).
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  const std::string e = error_of(deep);
+  CHECK(has(e, "nested deeper than 64 (zero::max_config_depth)"));
+  const std::string deep_key =
+      std::string("{\"zero_optimization\": {\"offload_param\": ") + std::string(70, '[') + std::string(70, ']') + "}}";
+  CHECK(has(error_of(deep_key), "zero_optimization.offload_param: arrays and objects nested deeper than 64"));
+  // 64 levels are fine for the parser (the config reader then refuses the value's type, not its depth).
+  CHECK(has(error_of(std::string(64, '[') + std::string(64, ']')), "a DeepSpeed config is a JSON object"));
+
+  // A value built in memory, deeper than any text could be parsed into: refused without recursion.
+  nlohmann::json built = nlohmann::json::object();
+  nlohmann::json* cur = &built;
+  for (int i = 0; i < 100'000; ++i) {
+    cur = &((*cur)["a"] = nlohmann::json::object());
+  }
+  try {
+    static_cast<void>(config::from_json(built, {}, "built.json"));
+    FAIL("expected a config_error");
+  } catch (const zero::config_error& err) {
+    CHECK(has(err.what(), "nested 65 deep; expected at most 64 (zero::max_config_depth) (in built.json)"));
+  }
+
+  const std::string big(zero::max_config_bytes + 1, ' ');
+  CHECK(has(error_of(big), "the config is 16777217 bytes; expected at most 16777216 (zero::max_config_bytes)"));
+
+  const auto dir = std::filesystem::temp_directory_path() / ("zero_config_bounds_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file_error = [](const std::filesystem::path& p) -> std::string {
+    try {
+      static_cast<void>(config::from_file(p));
+    } catch (const zero::config_error& err) {
+      return err.what();
+    }
+    FAIL("expected a config_error for " << p);
+    return {};
+  };
+  {
+    std::ofstream(dir / "big.json") << big;
+    CHECK(has(file_error(dir / "big.json"), "big.json: it is larger than 16777216 bytes (zero::max_config_bytes)"));
+  }
+  // Devices and folders are named as such; /dev/zero used to be read until memory ran out.
+  CHECK(has(file_error("/dev/zero"), "cannot read config file /dev/zero: it is a character device; expected a "
+                                     "JSON file"));
+  CHECK(has(file_error(dir), ": it is a folder; expected a JSON file"));
+  // A pipe is read (as `--config <(...)` gives one), up to the same bound.
+  const auto fifo = dir / "pipe.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::thread writer([&] { std::ofstream(fifo) << R"({"train_batch_size": 8, "zero_optimization": {"stage": 2}})"; });
+  const config c = config::from_file(fifo);
+  writer.join();
+  CHECK(c.stage() == 2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("messages name NaN and infinities, and escape control and non-UTF-8 bytes") {
+  zero::config_inputs in;
+  in.lr = std::numeric_limits<double>::quiet_NaN();
+  const std::string nan = error_of(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW"}})", in);
+  CHECK(has(nan, "optimizer.params.lr (from config_inputs::lr (--lr)): found NaN; expected a number >= 0"));
+  in.lr = -std::numeric_limits<double>::infinity();
+  CHECK(has(error_of(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW"}})", in), "found -Infinity"));
+
+  // A key holding a control byte (written as \u0001 in JSON): shown as \x01, valid UTF-8 kept.
+  const std::string e = error_of("{\"train_batch_size\": 8, \"st\\u0001ge\u00e9\": 1}");
+  CHECK(has(e, "st\\x01ge\u00e9: unknown key"));
+  CHECK(e.find('\x01') == std::string::npos);
+  // nlohmann's parse error quotes the bytes it read last (control bytes as <U+001B>, other bytes raw).
+  for (const std::string text : {"{\"a\": \x1b[31m}", "{\"st\xff\xfe\": 1}"}) {
+    const std::string garbage = error_of(text);
+    CHECK(has(garbage, "not valid JSON"));
+    for (const char raw : {'\x1b', '\xff', '\xfe'}) {
+      CHECK(garbage.find(raw) == std::string::npos);
+    }
+  }
+  CHECK(has(error_of("{\"st\xff\xfe\": 1}"), "\\xff"));
+  // Duplicate keys name the key escaped.
+  CHECK(has(error_of("{\"k\\u0002\": 1, \"k\\u0002\": 2}"), "k\\x02: duplicate key"));
 }

@@ -115,8 +115,11 @@ TEST_CASE("zero's accounting matches the model-state table of DESIGN.md") {
   const auto none = offload_device::none;
   const auto cpu = offload_device::cpu;
   // bf16: 2-byte params and grads, K = 12 bytes (fp32 master + m + v); Ψ = 7e9, N = 8, Ψ/N = 875e6.
-  // stage 0: (2 + 2 + 12) Ψ = 112e9
-  CHECK(find(0, none, none).gpu_model_state_bytes == 112'000'000'000);
+  // stage 0: (2 + 4 + 12) Ψ = 126e9: bf16 gradients accumulate in fp32 at stage 0, as the config
+  // defaults data_types.grad_accum_dtype (DeepSpeed's engine); stages 1-3 keep them in bf16.
+  CHECK(find(0, none, none).grad_dtype == zero::dtype::f32);
+  CHECK(find(1, none, none).grad_dtype == zero::dtype::bf16);
+  CHECK(find(0, none, none).gpu_model_state_bytes == 126'000'000'000);
   CHECK(find(0, none, none).gpu_buffer_bytes == 0);
   // stage 1: (2 + 2) Ψ + 12 Ψ / N = 28e9 + 10.5e9
   CHECK(find(1, none, none).gpu_model_state_bytes == 38'500'000'000);
@@ -124,16 +127,22 @@ TEST_CASE("zero's accounting matches the model-state table of DESIGN.md") {
   CHECK(find(2, none, none).gpu_model_state_bytes == 26'250'000'000);
   CHECK(find(2, none, none).gpu_buffer_bytes == 400'000'000);
   CHECK(find(2, none, none).gpu_bytes_per_rank == 26'650'000'000);
-  // stage 3: 16 Ψ / N = 14e9; buffers: bucket 4e8 + working set (L + prefetch) * 2 = 181072000 * 2 = 362144000
+  // stage 3: 16 Ψ / N = 14e9; buffers: it reduces one module at a time, so the staging buffer is the
+  // largest module's bf16 gradient, L * 2 = 262144000 (not the reduce bucket), plus the working set
+  // (L + prefetch) * 2 = 181072000 * 2 = 362144000
   CHECK(find(3, none, none).gpu_model_state_bytes == 14'000'000'000);
-  CHECK(find(3, none, none).gpu_buffer_bytes == 762'144'000);
+  CHECK(find(3, none, none).gpu_buffer_bytes == 262'144'000 + 362'144'000);
   // stage 2 + CPU optimizer: GPU keeps 2 Ψ; each rank's host holds (12 + 4 fp32 grads) Ψ / N = 14e9, x 8 per node
   CHECK(find(2, cpu, none).gpu_model_state_bytes == 14'000'000'000);
   CHECK(find(2, cpu, none).host_bytes_per_node == 112'000'000'000);
   // stage 3 + CPU optimizer and parameters: the GPU holds only buffers; host (2 + 12 + 4) Ψ / N per rank
   CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 0);
   CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 18);
-  CHECK(find(3, cpu, cpu).implemented);
+  // The engine refuses offload until it lands: only the rows without offload run.
+  CHECK(find(2, none, none).implemented);
+  CHECK(find(3, none, none).implemented);
+  CHECK_FALSE(find(2, cpu, none).implemented);
+  CHECK_FALSE(find(3, cpu, cpu).implemented);
   CHECK_FALSE(find(3, offload_device::nvme, none).implemented);
   CHECK(find(3, offload_device::nvme, none).nvme_bytes_per_node == 8 * 875'000'000LL * 12);
 
@@ -164,7 +173,9 @@ TEST_CASE("zero's accounting matches the model-state table of DESIGN.md") {
     CHECK(j["rows"].size() == 14);
     CHECK(j["rows"][0]["stage"] == 0);
     CHECK(j["rows"][0]["offload_optimizer"] == "none");
-    CHECK(j["rows"][0]["gpu_bytes_per_rank"] == 112'000'000'000);
+    CHECK(j["rows"][0]["gpu_bytes_per_rank"] == 126'000'000'000);
+    CHECK(j["rows"][0]["grad_dtype"] == "fp32");
+    CHECK(j["grad_dtype"] == "default");
     CHECK(j["rows"][0].contains("host_bytes_per_node"));
   }
 }

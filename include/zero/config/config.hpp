@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,14 @@
 #include <vector>
 
 namespace zero {
+
+/// The largest config text `config::from_file` and `config::from_string` read (16 MiB). DeepSpeed
+/// configs are a few kilobytes; the bound keeps a wrong path (a log, a device such as /dev/zero)
+/// from being read until memory runs out.
+inline constexpr std::size_t max_config_bytes = std::size_t{16} << 20;
+/// The deepest nesting of arrays and objects a config may have (DeepSpeed's deepest is 4). Deeper
+/// text is refused while it is parsed, before anything recursive (copying, printing) touches it.
+inline constexpr int max_config_depth = 64;
 
 /// Where ZeRO keeps offloaded state. DeepSpeed's `"none"`, `"cpu"`, `"nvme"`.
 enum class offload_device : std::uint8_t { none, cpu, nvme };
@@ -80,6 +89,12 @@ enum class warmup_curve : std::uint8_t { log, linear };
 /// DeepSpeed's name of a warm-up curve: "log", "linear".
 [[nodiscard]] constexpr std::string_view name_of(warmup_curve c) noexcept {
   return c == warmup_curve::log ? "log" : "linear";
+}
+
+/// The gradient accumulation dtype DeepSpeed's engine uses when `data_types.grad_accum_dtype` is
+/// absent: fp32 for bf16 at stage 0, the parameter dtype otherwise.
+[[nodiscard]] constexpr dtype default_grad_accum_dtype(dtype param, int stage) noexcept {
+  return param == dtype::bf16 && stage == 0 ? dtype::f32 : param;
 }
 
 /// The `fp16` block: fp16 mixed precision and its dynamic loss scaler.
@@ -233,7 +248,9 @@ struct zero_optimization_config {
   bool round_robin_gradients = false;
   /// `ignore_unused_parameters`: tolerate parameters that receive no gradient. Default true.
   bool ignore_unused_parameters = true;
-  /// `elastic_checkpoint`: always false in this version (true is refused as not implemented).
+  /// `elastic_checkpoint`: DeepSpeed's switch for loading a stage 1-2 checkpoint at another rank
+  /// count. zero's checkpoints always reshard (any stage, any rank count; docs/checkpoints.md), so
+  /// true is what zero does anyway and false is noted as having no effect. Default false.
   bool elastic_checkpoint = false;
   friend bool operator==(const zero_optimization_config&, const zero_optimization_config&) = default;
 };
@@ -368,12 +385,19 @@ struct config {
   [[nodiscard]] int stage() const noexcept { return zero_optimization.stage; }
 
   /// Reads and resolves a config file (JSON; `//` and `/* */` comments allowed).
-  /// \param path   the file.
+  /// \param path   the file: a regular file or a pipe (such as `<(...)`), of at most `max_config_bytes`.
   /// \param inputs values that resolve `"auto"` and the batch rule.
   /// \returns the resolved config.
-  /// \throws config_error when the file cannot be read, is not valid JSON, or any setting is refused;
-  ///         the message names the file.
+  /// \throws config_error when the file is missing, is a folder or a device, is larger than
+  ///         `max_config_bytes`, nests deeper than `max_config_depth`, is not valid JSON, or any
+  ///         setting is refused; the message names the file.
   [[nodiscard]] static config from_file(const std::filesystem::path& path, const config_inputs& inputs = {});
+
+  /// The JSON object of a config file, read as `from_file` reads it (bounded size and depth, comments
+  /// allowed, duplicate keys refused) but not resolved: for a program that edits the config before
+  /// `from_json` (e.g. sets the stage from its command line).
+  /// \throws config_error as `from_file` does for the file and its JSON.
+  [[nodiscard]] static nlohmann::json read_json_file(const std::filesystem::path& path);
 
   /// Reads and resolves a config held in a string.
   /// \param text   the JSON text.
@@ -384,7 +408,7 @@ struct config {
                                           std::string_view source = {});
 
   /// Resolves an already parsed JSON object.
-  /// \param j      the config object.
+  /// \param j      the config object; nesting deeper than `max_config_depth` is refused.
   /// \param inputs values that resolve `"auto"` and the batch rule.
   /// \param source how messages name the config; empty for none.
   /// \throws config_error naming the JSON path of the first refused setting.

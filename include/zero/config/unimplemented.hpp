@@ -52,8 +52,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "fast optimizer initialisation on NVMe", "planned with NVMe offload", ""},
     {"aio.use_gds", unimplemented_when::differs_from, "false", "GPUDirect Storage", "not planned", ""},
     // ---- ZeRO variants and stage 3 internals ------------------------------------------------
-    {"zero_optimization.elastic_checkpoint", unimplemented_when::differs_from, "false",
-     "loading a checkpoint saved with a different number of ranks", "planned with checkpoints", ""},
     {"zero_optimization.load_from_fp32_weights", unimplemented_when::differs_from, "true",
      "rebuilding fp32 master weights from 16-bit weights when loading", "planned with checkpoints", ""},
     {"zero_optimization.legacy_stage1", unimplemented_when::differs_from, "false", "DeepSpeed's legacy stage 1",

@@ -21,10 +21,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -174,16 +173,19 @@ inline std::string hw_line(std::int64_t gpus_per_node, std::int64_t nodes) {
 
 /// What zero-estimate accounts for. Sizes in elements unless named bytes.
 struct estimate_options {
-  std::int64_t params = 0;                                 ///< parameters in the model (Ψ)
-  std::int64_t largest_layer_params = 0;                   ///< parameters of the largest module (stage 3 working set)
-  std::int64_t gpus_per_node = 1;                          ///< ranks per node
-  std::int64_t nodes = 1;                                  ///< nodes
-  dtype param_dtype = dtype::bf16;                         ///< dtype of parameters (fp32, fp16, bf16)
-  dtype grad_dtype = dtype::bf16;                          ///< dtype gradients accumulate in
+  std::int64_t params = 0; ///< parameters in the model (Ψ)
+  /// parameters of the largest module stage 3 gathers (its working set and its reduce buffer);
+  /// parameters below stage3_param_persistence_threshold stay whole and are not part of it
+  std::int64_t largest_layer_params = 0;
+  std::int64_t gpus_per_node = 1;  ///< ranks per node
+  std::int64_t nodes = 1;          ///< nodes
+  dtype param_dtype = dtype::bf16; ///< dtype of parameters (fp32, fp16, bf16)
+  /// dtype gradients accumulate in; empty: the config's default at each stage
+  /// (`default_grad_accum_dtype`: fp32 for bf16 at stage 0, the parameter dtype otherwise)
+  std::optional<dtype> grad_dtype;
   std::int64_t reduce_bucket_size = 500'000'000;           ///< zero_optimization.reduce_bucket_size
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;   ///< zero_optimization.stage3_prefetch_bucket_size
   std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
-  bool overlap_comm = false;                               ///< double-buffered gradient buckets at stages 2 and 3
   std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
   std::int64_t offload_optimizer_buffer_count = 4;         ///< offload_optimizer.buffer_count
   std::int64_t offload_param_buffer_count = 5;             ///< offload_param.buffer_count
@@ -199,13 +201,14 @@ struct estimate_row {
   int stage = 0;                                           ///< 0..3
   offload_device offload_optimizer = offload_device::none; ///< where optimizer state lives
   offload_device offload_param = offload_device::none;     ///< where parameter shards live (stage 3)
+  dtype grad_dtype = dtype::f32;                           ///< the gradient dtype this row counts
   std::int64_t gpu_model_state_bytes = 0; ///< params, grads and optimizer state on one GPU (the DESIGN.md table)
   std::int64_t gpu_buffer_bytes = 0;      ///< gradient buckets and the stage-3 gathered working set
   std::int64_t gpu_bytes_per_rank = 0;    ///< the two above
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  bool implemented = true;                ///< false for NVMe rows: NVMe offload is planned, not implemented
+  bool implemented = true;                ///< false for offload rows: the engine refuses offload until it lands
 };
 
 /// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
@@ -220,11 +223,20 @@ struct estimate_row {
 ///
 /// Optimizer offload moves S(m + 8) and an fp32 gradient shard (4S) to the host, and the sharded
 /// gradients of stages 2-3 leave the GPU; parameter offload moves the stage-3 parameter shard too.
-/// Buffers: stages 2-3 hold a gradient bucket of min(reduce_bucket_size, Ψ) elements (two with
-/// overlap_comm); stage 3 holds the gathered working set, min(Ψ, max_live, largest layer +
-/// prefetch bucket) parameters. NVMe rows keep `sub_group_size` tiles (optimizer) or
-/// buffer_count x buffer_size elements (parameters) in host memory and the rest on NVMe.
-/// \throws usage_error when params, ranks or dtypes are out of range.
+/// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
+/// stage-3 working set):
+/// - stage 2 reduces bucket by bucket through one staging buffer of min(reduce_bucket_size, Ψ)
+///   gradient elements: the next bucket reuses it after the previous reduce-scatter, so
+///   overlap_comm does not add a second one (bucket_reducer.hpp). A parameter larger than a bucket
+///   gets a segment of its own, which this term does not see.
+/// - stage 3 reduces one module at a time (its segments are modules, param_coordinator.hpp), so its
+///   staging buffer is the largest module's gradient, largest_layer_params elements (0 when
+///   unknown), not reduce_bucket_size; and it holds the gathered working set, min(Ψ, max_live,
+///   largest layer + prefetch bucket) parameters.
+/// - stages 0-1 reduce in place in the flat gradient buffer: no staging.
+/// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. NVMe rows keep
+/// `sub_group_size` tiles (optimizer) or buffer_count x buffer_size elements (parameters) in host memory and the rest
+/// on NVMe. \throws usage_error when params, ranks or dtypes are out of range.
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
@@ -232,7 +244,7 @@ struct estimate_row {
     throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20 and "
                       "0 <= largest_layer_params <= params");
   }
-  for (dtype t : {o.param_dtype, o.grad_dtype}) {
+  for (dtype t : {o.param_dtype, o.grad_dtype.value_or(o.param_dtype)}) {
     if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
       throw usage_error(cat("estimate_memory: dtypes must be fp32, fp16 or bf16, not ", std::string(name_of(t))));
     }
@@ -241,11 +253,10 @@ struct estimate_row {
   const std::int64_t n = o.ranks();
   const std::int64_t shard = (psi + n - 1) / n;
   const auto p = static_cast<std::int64_t>(size_of(o.param_dtype));
-  const auto g = static_cast<std::int64_t>(size_of(o.grad_dtype));
+
   const std::int64_t master = o.param_dtype == dtype::f32 ? 0 : 4;
   const std::int64_t moments = 8;
   const std::int64_t fp32_grad = 4;
-  const std::int64_t bucket = std::min(o.reduce_bucket_size, psi) * g * (o.overlap_comm ? 2 : 1);
   const std::int64_t working =
       std::min({psi, o.stage3_max_live_parameters, o.largest_layer_params + o.stage3_prefetch_bucket_size}) * p;
 
@@ -253,9 +264,12 @@ struct estimate_row {
   auto add = [&](int stage, offload_device opt, offload_device par) {
     estimate_row r;
     r.stage = stage;
+    r.grad_dtype = o.grad_dtype.value_or(default_grad_accum_dtype(o.param_dtype, stage));
+    const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    r.implemented = opt != offload_device::nvme && par != offload_device::nvme;
+    // The engine refuses CPU and NVMe offload until it lands; those rows are what it will need.
+    r.implemented = opt == offload_device::none && par == offload_device::none;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     const std::int64_t optimizer_state = shard * (master + moments);
@@ -275,7 +289,7 @@ struct estimate_row {
       break;
     case 2:
       r.gpu_model_state_bytes = psi * p + (opt == offload_device::none ? shard * g + optimizer_state : 0);
-      r.gpu_buffer_bytes = bucket;
+      r.gpu_buffer_bytes = std::min(o.reduce_bucket_size, psi) * g;
       break;
     default: {
       std::int64_t on_gpu = 0;
@@ -292,7 +306,7 @@ struct estimate_row {
         on_gpu += shard * g + optimizer_state;
       }
       r.gpu_model_state_bytes = on_gpu;
-      r.gpu_buffer_bytes = bucket + working;
+      r.gpu_buffer_bytes = o.largest_layer_params * g + working;
       break;
     }
     }
@@ -329,12 +343,13 @@ struct estimate_row {
                       {"gpus_per_node", o.gpus_per_node},
                       {"nodes", o.nodes},
                       {"param_dtype", name_of(o.param_dtype)},
-                      {"grad_dtype", name_of(o.grad_dtype)},
+                      {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
                       {"rows", nlohmann::json::array()}};
   for (const estimate_row& r : rows) {
     j["rows"].push_back({{"stage", r.stage},
                          {"offload_optimizer", name_of(r.offload_optimizer)},
                          {"offload_param", name_of(r.offload_param)},
+                         {"grad_dtype", name_of(r.grad_dtype)},
                          {"gpu_bytes_per_rank", r.gpu_bytes_per_rank},
                          {"gpu_model_state_bytes", r.gpu_model_state_bytes},
                          {"gpu_buffer_bytes", r.gpu_buffer_bytes},
@@ -479,15 +494,12 @@ struct model_summary {
 }
 
 /// Reads a model description file (see `read_model_description`).
-/// \throws config_error when the file cannot be read, is not JSON, or does not describe a model.
+/// \throws config_error when the file cannot be read (as a config file: bounded size and depth), is not
+///         JSON, or does not describe a model.
 [[nodiscard]] inline model_summary read_model_description_file(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    throw config_error(cat("cannot read model description ", path.string()));
-  }
-  std::ostringstream text;
-  text << f.rdbuf();
-  return read_model_description(zero::detail::parse_text(text.str(), path.string()), path.string());
+  return read_model_description(
+      zero::detail::parse_text(zero::detail::read_config_text(path, "model description"), path.string()),
+      path.string());
 }
 
 /// Parses a count such as "7e9", "7000000000", "6.7B", "125M", "1.5T" or "350k".

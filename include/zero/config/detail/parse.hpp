@@ -9,12 +9,14 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 namespace zero {
@@ -273,7 +275,6 @@ inline constexpr stage_scope stage_scopes[] = {
     {"allgather_bucket_size", 0b0110},
     {"round_robin_gradients", 0b0110},
     {"ignore_unused_parameters", 0b0110},
-    {"elastic_checkpoint", 0b0110},
     {"sub_group_size", 0b1000},
     {"stage3_max_live_parameters", 0b1000},
     {"max_live_parameters", 0b1000},
@@ -286,6 +287,29 @@ inline constexpr stage_scope stage_scopes[] = {
     {"stage3_gather_16bit_weights_on_model_save", 0b1000},
     {"gather_16bit_weights_on_model_save", 0b1000},
     {"stage3_gather_fp16_weights_on_model_save", 0b1000},
+};
+
+/// A zero_optimization value that zero accepts at a stage where DeepSpeed would act on it, but that
+/// changes nothing here, with what zero does instead. An empty `value` matches any value.
+struct value_without_effect {
+  std::string_view key;
+  std::string_view value; ///< JSON text of the value, or empty for any
+  std::string_view instead;
+};
+inline constexpr value_without_effect values_without_effect[] = {
+    {"reduce_scatter", "false",
+     "stages 2 and 3 always reduce-scatter gradients into each rank's shard (an all-reduce would hold "
+     "gradients for the whole model)"},
+    {"contiguous_gradients", "false",
+     "gradients always live in one flat buffer (the rank's shard at stages 2 and 3), reduced bucket by bucket"},
+    {"allgather_partitions", "false", "updated shards are always all-gathered, never broadcast rank by rank"},
+    {"round_robin_gradients", "true",
+     "it spreads gradient copies to the CPU under optimizer offload, which this version's engine does not run"},
+    {"sub_group_size", "",
+     "the optimizer steps the rank's shard one segment at a time (a reduce bucket, or a module at stage 3) "
+     "whatever this says"},
+    {"elastic_checkpoint", "false",
+     "zero's checkpoints always load at any stage and any rank count (docs/checkpoints.md)"},
 };
 
 /// The hidden-size formulas Hugging Face uses for "auto" bucket sizes.
@@ -495,7 +519,6 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
     z.ignore_unused_parameters = as_bool(ctx, r.path_of("ignore_unused_parameters"), *v);
   }
   if (const json* v = plain(r, "elastic_checkpoint")) {
-    // The unimplemented table has already refused true.
     z.elastic_checkpoint = as_bool(ctx, r.path_of("elastic_checkpoint"), *v);
   }
 
@@ -510,6 +533,16 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
              cat("found \"", std::string(name_of(z.offload_param.device)),
                  "\", but offload_param needs ZeRO stage 3 and zero_optimization.stage is ", std::to_string(stage)));
   }
+  // CPU offload is read and validated so that configs written for it can be checked, but the engine
+  // does not run it yet and refuses it when built; the note says so before a run gets that far.
+  for (const auto& [key, device] :
+       {std::pair<std::string_view, offload_device>{"offload_optimizer.device", z.offload_optimizer.device},
+        std::pair<std::string_view, offload_device>{"offload_param.device", z.offload_param.device}}) {
+    if (device == offload_device::cpu) {
+      ctx.note(r.path_of(key), "\"cpu\" is read, but this version's engine refuses offload (planned); "
+                               "set \"none\" to train with it");
+    }
+  }
   for (const stage_scope& s : stage_scopes) {
     if (r.has(s.key) && (s.stages & (1u << stage)) == 0) {
       std::string at;
@@ -519,6 +552,16 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
         }
       }
       ctx.note(r.path_of(s.key), cat("no effect at stage ", std::to_string(stage), " (used at stage ", at, ")"));
+    }
+  }
+  for (const value_without_effect& n : values_without_effect) {
+    const auto scope = std::find_if(std::begin(stage_scopes), std::end(stage_scopes),
+                                    [&](const stage_scope& s) { return s.key == n.key; });
+    const bool in_scope = scope == std::end(stage_scopes) || (scope->stages & (1u << stage)) != 0;
+    if (in_scope && r.has(n.key) && (n.value.empty() || block->at(std::string(n.key)) == json::parse(n.value))) {
+      ctx.note(r.path_of(n.key),
+               cat(n.value.empty() ? std::string("no effect") : cat(std::string(n.value), " has no effect"), ": ",
+                   std::string(n.instead)));
     }
   }
   r.finish();
@@ -817,7 +860,7 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
 
   // Data types, resolved as DeepSpeed's engine does when absent.
   const dtype param = c.param_dtype();
-  c.grad_accum_dtype = param == dtype::bf16 && c.zero_optimization.stage == 0 ? dtype::f32 : param;
+  c.grad_accum_dtype = default_grad_accum_dtype(param, c.zero_optimization.stage);
   if (const json* dt = top.get("data_types"); dt != nullptr && !dt->is_null()) {
     object_reader r(ctx, expect_object(ctx, "data_types", *dt), "data_types", schema::data_types);
     if (const json* v = plain(r, "grad_accum_dtype"); v != nullptr && !v->is_null()) {
@@ -894,10 +937,8 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
     if (what.compare(0, prefix.size(), prefix) == 0) {
       what.erase(0, prefix.size());
     }
-    if (!ctx.source.empty()) {
-      what += cat(" (in ", ctx.source, ")");
-    }
-    throw config_error(what);
+    what += in_source(ctx.source);
+    throw config_error(printable(what));
   }
 
   top.finish();
@@ -914,8 +955,35 @@ inline std::string parse_error_text(const nlohmann::json::exception& e) {
   return s;
 }
 
-/// Parses JSON text with comments allowed, refusing duplicate keys (DeepSpeed refuses them too).
+/// Refuses a JSON value nested deeper than `max_config_depth`, walking it without recursion (a
+/// value built by the caller may be as deep as memory allows).
+inline void check_depth(const json& root, std::string_view source) {
+  std::vector<std::pair<const json*, int>> todo{{&root, 1}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) {
+      continue;
+    }
+    if (depth > max_config_depth) {
+      throw config_error(
+          printable(cat("arrays and objects nested ", std::to_string(depth), " deep; expected at most ",
+                        std::to_string(max_config_depth), " (zero::max_config_depth)", in_source(source))));
+    }
+    for (const json& child : *v) {
+      todo.emplace_back(&child, depth + 1);
+    }
+  }
+}
+
+/// Parses JSON text with comments allowed, refusing duplicate keys (DeepSpeed refuses them too),
+/// text longer than `max_config_bytes` and nesting deeper than `max_config_depth`.
 inline json parse_text(std::string_view text, std::string_view source) {
+  const std::string where = in_source(source);
+  if (text.size() > max_config_bytes) {
+    throw config_error(printable(cat("the config is ", std::to_string(text.size()), " bytes; expected at most ",
+                                     std::to_string(max_config_bytes), " (zero::max_config_bytes)", where)));
+  }
   struct level {
     bool object = false;
     std::set<std::string> keys;
@@ -934,14 +1002,28 @@ inline json parse_text(std::string_view text, std::string_view source) {
     }
     return p;
   };
-  const std::string where = source.empty() ? std::string() : cat(" (in ", std::string(source), ")");
+  // Refused as soon as it opens, so the parser never holds more than max_config_depth levels.
+  auto push = [&](bool object) {
+    if (stack.size() >= static_cast<std::size_t>(max_config_depth)) {
+      // Named by the keys of the objects around it (the arrays in between would be 60 "[]"s).
+      std::string keys;
+      for (const level& l : stack) {
+        if (l.object) {
+          keys = join_path(keys, l.key);
+        }
+      }
+      throw config_error(printable(cat(keys, (keys.empty() ? "" : ": "), "arrays and objects nested deeper than ",
+                                       std::to_string(max_config_depth), " (zero::max_config_depth)", where)));
+    }
+    stack.push_back(level{object, {}, {}});
+  };
   auto callback = [&](int, json::parse_event_t event, json& parsed) {
     switch (event) {
     case json::parse_event_t::object_start:
-      stack.push_back(level{true, {}, {}});
+      push(true);
       break;
     case json::parse_event_t::array_start:
-      stack.push_back(level{false, {}, {}});
+      push(false);
       break;
     case json::parse_event_t::object_end:
     case json::parse_event_t::array_end:
@@ -955,7 +1037,7 @@ inline json parse_text(std::string_view text, std::string_view source) {
       if (!l.keys.insert(k).second) {
         const std::string parent = path();
         l.key = k;
-        throw config_error(join_path(parent, k) + ": duplicate key; give each key once" + where);
+        throw config_error(printable(join_path(parent, k) + ": duplicate key; give each key once" + where));
       }
       l.key = std::move(k);
       break;
@@ -968,11 +1050,66 @@ inline json parse_text(std::string_view text, std::string_view source) {
   try {
     return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
-    throw config_error(cat("not valid JSON: ", parse_error_text(e), where));
+    throw config_error(printable(cat("not valid JSON: ", parse_error_text(e), where)));
   } catch (const json::out_of_range& e) {
     // A number too large for a double, e.g. 1e400.
-    throw config_error(cat("not valid JSON for DeepSpeed: ", parse_error_text(e), where));
+    throw config_error(printable(cat("not valid JSON for DeepSpeed: ", parse_error_text(e), where)));
   }
+}
+
+/// What a path that is not a regular file is, for messages; empty for a regular file or a pipe,
+/// which are read (a pipe up to the size bound).
+inline std::string_view unreadable_kind(std::filesystem::file_type t) {
+  switch (t) {
+  case std::filesystem::file_type::directory:
+    return "a folder";
+  case std::filesystem::file_type::character:
+    return "a character device";
+  case std::filesystem::file_type::block:
+    return "a block device";
+  case std::filesystem::file_type::socket:
+    return "a socket";
+  case std::filesystem::file_type::regular:
+  case std::filesystem::file_type::fifo:
+    return {};
+  default:
+    return "not a regular file";
+  }
+}
+
+/// The text of a config file: a regular file or a pipe, at most `max_config_bytes`.
+/// \param what how messages call the file ("config file", "model description").
+/// \throws config_error naming the file and what is wrong with it.
+inline std::string read_config_text(const std::filesystem::path& path, std::string_view what = "config file") {
+  const std::string name = path.string();
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || st.type() == std::filesystem::file_type::not_found) {
+    const int err = ec ? ec.value() : ENOENT;
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": ", std::strerror(err))), err);
+  }
+  if (auto kind = unreadable_kind(st.type()); !kind.empty()) {
+    throw config_error(printable(
+        cat("cannot read ", std::string(what), " ", name, ": it is ", std::string(kind), "; expected a JSON file")));
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    const int err = errno;
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": ", std::strerror(err))), err);
+  }
+  // Read one byte past the bound, so a longer file (or a pipe that keeps writing) is refused without
+  // reading the rest of it.
+  std::string text(max_config_bytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (f.bad()) {
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name)));
+  }
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  if (text.size() > max_config_bytes) {
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": it is larger than ",
+                                     std::to_string(max_config_bytes), " bytes (zero::max_config_bytes)")));
+  }
+  return text;
 }
 
 } // namespace detail
@@ -1047,25 +1184,21 @@ inline batch_sizes resolve_batch(const batch_spec& given, std::int64_t world) {
 }
 
 inline config config::from_json(const nlohmann::json& j, const config_inputs& inputs, std::string_view source) {
+  detail::check_depth(j, source);
   return detail::parse_config(j, inputs, source);
 }
 
 inline config config::from_string(std::string_view text, const config_inputs& inputs, std::string_view source) {
+  // parse_text has bounded the depth already.
   return detail::parse_config(detail::parse_text(text, source), inputs, source);
 }
 
+inline nlohmann::json config::read_json_file(const std::filesystem::path& path) {
+  return detail::parse_text(detail::read_config_text(path), path.string());
+}
+
 inline config config::from_file(const std::filesystem::path& path, const config_inputs& inputs) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    const int err = errno;
-    throw config_error(detail::cat("cannot read config file ", path.string(), ": ", std::strerror(err)), err);
-  }
-  std::ostringstream text;
-  text << f.rdbuf();
-  if (f.bad()) {
-    throw config_error(detail::cat("cannot read config file ", path.string()));
-  }
-  return from_string(text.str(), inputs, path.string());
+  return from_string(detail::read_config_text(path), inputs, path.string());
 }
 
 inline config config::rebatched(std::int64_t world) const {

@@ -44,8 +44,80 @@ inline std::string join_path(std::string_view parent, std::string_view key) {
   return out;
 }
 
-/// A JSON value as it appears in a message, shortened to one line.
+/// `text` with every byte a terminal could misread made visible: control bytes and bytes that are
+/// not part of valid UTF-8 become `\xNN`; valid UTF-8 is kept.
+/// Messages pass what a user wrote (keys, file names, JSON parse excerpts) through it.
+inline std::string printable(std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char b) {
+    out += "\\x";
+    out += hex[b >> 4];
+    out += hex[b & 0xf];
+  };
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0x80) {
+      if (b < 0x20 || b == 0x7f) {
+        escape(b);
+      } else {
+        out += static_cast<char>(b);
+      }
+      ++i;
+      continue;
+    }
+    // The length of a UTF-8 sequence by its lead byte, and the range its second byte must fall in
+    // (which refuses overlong forms, surrogates and code points past U+10FFFF).
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (b >= 0xc2 && b <= 0xdf) {
+      len = 2;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      len = 3;
+      lo = b == 0xe0 ? 0xa0 : 0x80;
+      hi = b == 0xed ? 0x9f : 0xbf;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      len = 4;
+      lo = b == 0xf0 ? 0x90 : 0x80;
+      hi = b == 0xf4 ? 0x8f : 0xbf;
+    }
+    bool valid = len != 0 && i + len <= text.size();
+    for (std::size_t k = 1; valid && k < len; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      valid = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xbf);
+    }
+    if (valid) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      escape(b);
+      ++i;
+    }
+  }
+  return out;
+}
+
+/// A non-finite number by name (NaN, Infinity, -Infinity), which JSON cannot write; empty for others.
+inline std::string_view non_finite_name(double v) {
+  if (std::isnan(v)) {
+    return "NaN";
+  }
+  if (std::isinf(v)) {
+    return v > 0 ? "Infinity" : "-Infinity";
+  }
+  return {};
+}
+
+/// A JSON value as it appears in a message, shortened to one line. NaN and infinities (which can
+/// come from outside values such as `config_inputs::lr`) are named, not written as JSON's null.
 inline std::string show(const json& v) {
+  if (v.is_number_float()) {
+    if (auto name = non_finite_name(v.get<double>()); !name.empty()) {
+      return std::string(name);
+    }
+  }
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 80) {
     s = s.substr(0, 77) + "...";
@@ -78,7 +150,10 @@ inline std::string_view kind_of(const json& v) {
 
 /// A number as messages print it: integers without a fraction, others in shortest form.
 inline std::string show_number(double v) {
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e18) {
+  if (auto name = non_finite_name(v); !name.empty()) {
+    return std::string(name);
+  }
+  if (v == std::floor(v) && std::fabs(v) < 1e18) {
     return std::to_string(static_cast<long long>(v));
   }
   return json(v).dump();
@@ -86,6 +161,11 @@ inline std::string show_number(double v) {
 
 /// Hugging Face's placeholder.
 inline bool is_auto(const json& v) { return v.is_string() && v.get_ref<const std::string&>() == "auto"; }
+
+/// " (in <source>)", or nothing for an unnamed source.
+inline std::string in_source(std::string_view source) {
+  return source.empty() ? std::string() : cat(" (in ", std::string(source), ")");
+}
 
 /// Parse state: where the config came from, and the notes collected so far.
 struct parse_context {
@@ -97,10 +177,8 @@ struct parse_context {
     std::string msg = path.empty() ? std::string("(top level)") : std::string(path);
     msg += ": ";
     msg += what;
-    if (!source.empty()) {
-      msg += cat(" (in ", source, ")");
-    }
-    throw config_error(msg);
+    msg += in_source(source);
+    throw config_error(printable(msg));
   }
   /// Records that `path` is accepted but has no effect, or was read under another name.
   void note(std::string_view path, const std::string& what) { notes.push_back(std::string(path) + ": " + what); }
