@@ -1,14 +1,16 @@
 // Integrity: every single-bit change of any file of a checkpoint is refused by load and reported by
 // verify; piece tables that overlap, are misaligned or leave gaps are refused even under a matching
 // checksum; load refuses what save refuses (unsafe tags) and what leads outside the checkpoint
-// (symbolic links), and duplicate manifest keys.
+// (symbolic links), and duplicate manifest keys; a failed save leaves no temporary folder.
 
 #include "ckpt_harness.hpp"
 
 #include <chrono>
+#include <csignal>
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <fstream>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace zt = zero::testing;
@@ -54,6 +56,29 @@ void flip_bit(int fd, std::uint64_t at, int bit) {
   c = static_cast<unsigned char>(c ^ (1u << bit));
   REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(at)) == 1);
 }
+
+/// Lowers this process's file size limit to `bytes` while it lives (SIGXFSZ ignored), so that a
+/// write past it fails with EFBIG, as a full disk fails a write, even for root.
+class file_size_limit {
+public:
+  explicit file_size_limit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lower = old_;
+    lower.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lower) == 0);
+  }
+  file_size_limit(const file_size_limit&) = delete;
+  file_size_limit& operator=(const file_size_limit&) = delete;
+  ~file_size_limit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+
+private:
+  rlimit old_{};
+  void (*old_handler_)(int) = nullptr;
+};
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -258,4 +283,43 @@ TEST_CASE("load refuses the tags save refuses and files that are symbolic links"
                  (dir / "linked").string() + ": a symbolic link; expected a checkpoint directory inside " +
                      dir.string()));
   CHECK(zt::error_of([&] { zero::checkpoint::reader(dir).verify(); }).empty());
+}
+
+TEST_CASE("a save that fails to write removes its temporary folder and keeps what was saved") {
+  const auto dir = tiny_saved("failed-save");
+  const std::string latest = zt::read_text(dir / "latest");
+  const auto snapshot = zt::read_snapshot(dir);
+  for (const std::string tag : {"u", "t"}) { // a new tag, and the tag saved before
+    CAPTURE(tag);
+    std::string e;
+    with_tiny(-3.0f, [&](zt::test_engine& eng, const zt::model_handles&, zero::thread_communicator&) {
+      const file_size_limit limit(100); // the shard is 144 bytes
+      e = zt::error_of([&] { eng.save(dir, tag); });
+    });
+    CHECK(e.rfind("[zero.io_error] " + (dir / (".tmp-" + tag) / "rank-00000.bin").string() + ": write failed: ", 0) ==
+          0);
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      names.push_back(entry.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"latest", "t"});
+    CHECK(zt::read_text(dir / "latest") == latest);
+    CHECK(zt::read_snapshot(dir) == snapshot);
+  }
+  // A failure while publishing (the marker cannot be written) cleans up too.
+  std::string e;
+  with_tiny(-3.0f, [&](zt::test_engine& eng, const zt::model_handles&, zero::thread_communicator&) {
+    zero::checkpoint::save_options opt;
+    opt.observer = [](const zero::checkpoint::save_event& ev) {
+      if (ev.what == "manifest_synced") {
+        throw zero::io_error("injected: the disk filled up after the manifest");
+      }
+    };
+    e = zt::error_of([&] { zero::checkpoint::save(eng, dir, "v", opt); });
+  });
+  CHECK(e == "[zero.io_error] injected: the disk filled up after the manifest");
+  CHECK(!fs::exists(dir / ".tmp-v"));
+  CHECK(!fs::exists(dir / "v"));
+  CHECK(zt::read_snapshot(dir) == snapshot);
 }

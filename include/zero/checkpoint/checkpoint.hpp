@@ -16,7 +16,7 @@
 /// renameat2(RENAME_EXCHANGE), or, where the file system cannot, first moved aside to
 /// `dir/.old-<tag>`, which a load of `tag` falls back to), and only then is `latest` replaced by
 /// write-tmp, fsync, rename, fsync of `dir`. A crash at any point leaves the previous checkpoint
-/// loadable and `latest` naming a complete one.
+/// loadable and `latest` naming a complete one; a save that fails removes its temporary folder.
 ///
 /// Loading reads the manifest's piece tables: each rank reads (pread) exactly the element ranges it
 /// owns in the loading run, whatever world size and stage saved them, verifies the size and xxh64
@@ -607,6 +607,21 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
 
   const fs::path tmp = dir / (".tmp-" + tag);
   const fs::path final_dir = dir / tag;
+  // A save that fails removes what it wrote (a full disk must not stay full); it runs after an
+  // agreement, when no rank writes any more. What is in tmp then is this save's partial output, or
+  // after an exchange the replaced old checkpoint of this tag; nothing published is touched.
+  struct cleanup {
+    const fs::path& tmp;
+    fs::path latest_tmp;
+    bool armed;
+    ~cleanup() {
+      if (armed) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        fs::remove(latest_tmp, ec);
+      }
+    }
+  } on_failure{tmp, dir / ".latest.tmp", rank == 0};
   std::exception_ptr err;
   try {
     if (rank == 0) {
@@ -724,7 +739,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
       // What a save of this tag that crashed between its two renames left aside is not needed now.
       fs::remove_all(dir / (".old-" + tag));
       event("old_removed");
-      const fs::path latest_tmp = dir / ".latest.tmp";
+      const fs::path& latest_tmp = on_failure.latest_tmp;
       detail::write_file(latest_tmp, detail::latest_text(tag));
       event("latest_tmp_synced");
       detail::rename_path(latest_tmp, dir / "latest");
@@ -738,6 +753,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
     err = std::current_exception();
   }
   detail::agree(eng, err, cat("save(\"", tag, "\"): publishing"));
+  on_failure.armed = false;
   event("done");
 }
 
