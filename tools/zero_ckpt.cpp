@@ -3,6 +3,7 @@
 //   zero-ckpt show DIR [--tag T]                         the manifest in brief: run, counters, params, files
 //   zero-ckpt verify DIR [--tag T]                       latest, manifest and files against their xxh64
 //   zero-ckpt export DIR --out FILE [--dtype bf16|fp32]  consolidated weights as one safetensors file
+//                                                        (a regular file outside DIR, replaced atomically)
 //
 // Exit status: 0 when all is well, 1 when the checkpoint is missing, damaged or cannot be written
 // out (the message names the file and what was expected), 2 for a command-line error.

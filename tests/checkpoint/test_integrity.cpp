@@ -1,9 +1,11 @@
 // Integrity: every single-bit change of any file of a checkpoint is refused by load and reported by
 // verify; piece tables that overlap, are misaligned or leave gaps are refused even under a matching
 // checksum; load refuses what save refuses (unsafe tags) and what leads outside the checkpoint
-// (symbolic links), and duplicate manifest keys; a failed save leaves no temporary folder.
+// (symbolic links), and duplicate manifest keys; a failed save leaves no temporary folder; an export
+// writes only regular files outside the checkpoint.
 
 #include "ckpt_harness.hpp"
+#include "zero/checkpoint/safetensors.hpp"
 
 #include <chrono>
 #include <csignal>
@@ -11,6 +13,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace zt = zero::testing;
@@ -322,4 +325,70 @@ TEST_CASE("a save that fails to write removes its temporary folder and keeps wha
   CHECK(!fs::exists(dir / ".tmp-v"));
   CHECK(!fs::exists(dir / "v"));
   CHECK(zt::read_snapshot(dir) == snapshot);
+}
+
+TEST_CASE("export writes a regular file outside the checkpoint and refuses other targets, naming them") {
+  const auto root = zt::scratch("export-target");
+  const auto dir = root / "ckpt";
+  with_tiny(1.0f,
+            [&](zt::test_engine& eng, const zt::model_handles&, zero::thread_communicator&) { eng.save(dir, "t"); });
+  zero::checkpoint::reader r(dir);
+  auto export_error = [&](const fs::path& out) {
+    return zt::error_of([&] { zero::checkpoint::export_safetensors(r, out); });
+  };
+  const std::string expected_target =
+      "; expected a regular file or a new name to write the safetensors file to (an export replaces only regular "
+      "files)";
+
+  // A FIFO stays a FIFO.
+  const auto fifo = root / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  CHECK(export_error(fifo) == "[zero.io_error] " + fifo.string() + ": a FIFO" + expected_target);
+  CHECK(fs::is_fifo(fs::symlink_status(fifo)));
+  // A link stays a link, and the file it names is untouched.
+  { std::ofstream(root / "precious") << "keep"; }
+  const auto link = root / "link.safetensors";
+  fs::create_symlink(root / "precious", link);
+  CHECK(export_error(link) == "[zero.io_error] " + link.string() + ": a symbolic link" + expected_target);
+  CHECK(fs::is_symlink(link));
+  CHECK(zt::read_text(root / "precious") == "keep");
+  // A folder, and a folder or link at the temporary name.
+  fs::create_directory(root / "folder");
+  CHECK(export_error(root / "folder") ==
+        "[zero.io_error] " + (root / "folder").string() + ": a directory" + expected_target);
+  fs::create_directory(root / "m.safetensors.tmp");
+  CHECK(export_error(root / "m.safetensors") ==
+        "[zero.io_error] " + (root / "m.safetensors.tmp").string() + ": a directory" + expected_target);
+  CHECK(!fs::exists(root / "m.safetensors"));
+  // A character device (checked without writing: the test may run as root).
+  struct stat st {};
+  if (::lstat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode)) {
+    CHECK(zt::error_of([] { zero::checkpoint::detail::check_export_target("/dev/null"); }) ==
+          "[zero.io_error] /dev/null: a character device" + expected_target);
+  }
+
+  // Inside the checkpoint folder: a shard of the checkpoint being read, and any other name there.
+  const auto shard = dir / "t" / "rank-00000.bin";
+  const std::string shard_bytes = zt::read_text(shard);
+  for (const fs::path& out : {shard, dir / "model.safetensors", root / "ckpt" / "." / "t" / ".." / "x.safetensors"}) {
+    CAPTURE(out);
+    CHECK(export_error(out) == "[zero.io_error] " + out.string() + ": inside the checkpoint folder " + dir.string() +
+                                   "; expected a path outside it (an export must not replace a file of the checkpoint "
+                                   "it reads)");
+  }
+  // ... also through a link to the checkpoint's folder.
+  fs::create_directory_symlink(dir, root / "alias");
+  CHECK(contains(export_error(root / "alias" / "t" / "rank-00000.bin"), ": inside the checkpoint folder "));
+  CHECK(zt::read_text(shard) == shard_bytes);
+  CHECK(zt::error_of([&] { r.verify(); }).empty());
+
+  // A regular file is replaced atomically: written beside it, then renamed over it.
+  const auto out = root / "model.safetensors";
+  { std::ofstream(out) << "old"; }
+  CHECK(export_error(out).empty());
+  CHECK(fs::is_regular_file(fs::symlink_status(out)));
+  CHECK(!fs::exists(root / "model.safetensors.tmp"));
+  zero::safetensors::reader st_r(out);
+  CHECK(st_r.find("w") != nullptr);
+  CHECK(st_r.find("f") != nullptr);
 }
