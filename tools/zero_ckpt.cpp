@@ -1,8 +1,9 @@
 // zero-ckpt: looks at zero checkpoints without a model or a communicator.
 //
 //   zero-ckpt show DIR [--tag T]                         the manifest in brief: run, counters, params, files
-//   zero-ckpt verify DIR [--tag T]                       size and xxh64 of every file; names a bad one
+//   zero-ckpt verify DIR [--tag T]                       latest, manifest and files against their xxh64
 //   zero-ckpt export DIR --out FILE [--dtype bf16|fp32]  consolidated weights as one safetensors file
+//                                                        (a regular file outside DIR, replaced atomically)
 //
 // Exit status: 0 when all is well, 1 when the checkpoint is missing, damaged or cannot be written
 // out (the message names the file and what was expected), 2 for a command-line error.
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
   std::string out;
   std::string dtype = "fp32";
   auto* show_cmd = app.add_subcommand("show", "print the manifest in brief: the run, counters, parameters, files");
-  auto* verify_cmd = app.add_subcommand("verify", "check the size and xxh64 of every file of the checkpoint");
+  auto* verify_cmd =
+      app.add_subcommand("verify", "check latest, the manifest and every file of the checkpoint against their xxh64");
   auto* export_cmd = app.add_subcommand("export", "write the consolidated parameters as one safetensors file");
   for (auto* c : {show_cmd, verify_cmd, export_cmd}) {
     c->add_option("dir", dir, "checkpoint directory (holding tags and latest)")->required();
@@ -97,6 +99,9 @@ int main(int argc, char** argv) {
       show(r);
     } else if (verify_cmd->parsed()) {
       const auto& m = r.info();
+      // The reader checked the manifest against its marker (and latest against its checksum) on opening.
+      std::cout << "ok   " << (r.path() / zero::checkpoint::manifest_name).string() << "  xxh64 as "
+                << zero::checkpoint::checksum_name << " records\n";
       for (std::size_t f = 0; f < m.files.size(); ++f) {
         r.verify_file(f);
         std::cout << "ok   " << (r.path() / m.files[f].name).string() << "  " << bytes_text(m.files[f].size)

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -176,6 +177,20 @@ inline snapshot read_snapshot(const fs::path& dir, const std::string& tag = "lat
     }
   }
   return s;
+}
+
+/// The bytes of file `f`.
+inline std::string read_text(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+/// Replaces the manifest of the checkpoint in `tag_dir` with `text` and records its xxh64 in the
+/// marker beside it, as a save does, so that an edit reaches the checks behind the checksum.
+inline void write_manifest(const fs::path& tag_dir, const std::string& text) {
+  std::ofstream(tag_dir / std::string(checkpoint::manifest_name), std::ios::binary | std::ios::trunc) << text;
+  std::ofstream(tag_dir / std::string(checkpoint::checksum_name), std::ios::binary | std::ios::trunc)
+      << checkpoint::hex64(checkpoint::detail::xxh64_of(text)) << "\n";
 }
 
 /// The message of the exception `f` throws, or "" when it throws none.

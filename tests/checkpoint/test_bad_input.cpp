@@ -75,7 +75,7 @@ TEST_CASE("missing directory, missing tag, missing or dangling latest") {
   e = load_error(dir, "step-9");
   CHECK(e.find((dir / "step-9").string() + ": no such checkpoint; tags here: good") != std::string::npos);
 
-  { std::ofstream(dir / "latest") << "gone\n"; }
+  { std::ofstream(dir / "latest") << zero::checkpoint::detail::latest_text("gone"); }
   e = load_error(dir);
   CHECK(e.find((dir / "latest").string() + " names tag \"gone\" but " + (dir / "gone").string() +
                " does not exist; tags here: good") != std::string::npos);
@@ -116,20 +116,30 @@ TEST_CASE("a model that does not match the checkpoint is refused, naming the par
 TEST_CASE("an unknown format version and a damaged manifest are refused") {
   const auto dir = saved("version");
   const auto mpath = dir / "good" / "manifest.json";
-  std::string text;
-  {
-    std::ifstream in(mpath);
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  const std::string text = zt::read_text(mpath);
   auto j = nlohmann::json::parse(text);
   j["format_version"] = 7;
-  { std::ofstream(mpath) << j.dump(); }
+  zt::write_manifest(dir / "good", j.dump());
   auto e = load_error(dir);
   CHECK(e.find(mpath.string() + ": format_version: found 7; this build reads format version 1 only") !=
         std::string::npos);
-  { std::ofstream(mpath) << text.substr(0, text.size() / 2); }
+  zt::write_manifest(dir / "good", text.substr(0, text.size() / 2));
   e = load_error(dir);
   CHECK(e.find(mpath.string() + ": not valid JSON") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint without the manifest's checksum, or a latest without its own, is refused by name") {
+  const auto dir = saved("no-checksum");
+  const auto marker = dir / "good" / "manifest.xxh64";
+  const std::string latest = zt::read_text(dir / "latest");
+  { std::ofstream(dir / "latest", std::ios::trunc) << "good\n"; } // as zero wrote it before the checksum
+  auto e = load_error(dir);
+  CHECK(e.find((dir / "latest").string() + ": holds \"good\", without the tag's xxh64") != std::string::npos);
+  CHECK(load_error(dir, "good").empty());
+  { std::ofstream(dir / "latest", std::ios::trunc) << latest; }
+  fs::remove(marker);
+  e = load_error(dir);
+  CHECK(e.find(marker.string() + ": no such file; expected the xxh64 of manifest.json") != std::string::npos);
 }
 
 TEST_CASE("a truncated or bit-flipped file is detected, naming the file, before anything changes") {

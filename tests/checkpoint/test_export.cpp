@@ -59,10 +59,11 @@ TEST_CASE("export_safetensors streams the fp32 masters under the registered name
       }
       CHECK(bf16.at(name) == rounded);
     }
-    // Offline, from the checkpoint: the same tensors.
+    // Offline, from the checkpoint: the same tensors (written outside the checkpoint's folder).
     zero::checkpoint::reader rd(dir);
-    zero::checkpoint::export_safetensors(rd, dir / "offline.safetensors", dtype::f32);
-    CHECK(read_all(dir / "offline.safetensors") == fp32);
+    const auto offline = dir.parent_path() / ("export-" + std::to_string(stage) + "-offline.safetensors");
+    zero::checkpoint::export_safetensors(rd, offline, dtype::f32);
+    CHECK(read_all(offline) == fp32);
   }
 }
 

@@ -59,6 +59,7 @@ TEST_CASE("hostile manifests are refused with the field named") {
   CHECK(error_of(bad).find("parameter \"w\": elements from 5 are stored twice") != std::string::npos);
   bad = j;
   bad["files"][1]["pieces"][0]["count"] = 5;
+  bad["files"][1]["size"] = 60; // the file as long as its pieces
   CHECK(error_of(bad).find("parameter \"w\": elements [11, 12) are in no file") != std::string::npos);
   bad = j;
   bad["files"][0]["pieces"][0]["count"] = 1ull << 60;
@@ -77,11 +78,28 @@ TEST_CASE("hostile manifests are refused with the field named") {
   CHECK(error_of(bad).find("\"w\" is trainable but this is a frozen file") != std::string::npos);
   bad = j;
   bad["files"][0]["xxh64"] = "xyz";
-  CHECK(error_of(bad).find("files[0].xxh64: found \"xyz\", expected 16 hex digits") != std::string::npos);
+  CHECK(error_of(bad).find("files[0].xxh64: found \"xyz\", expected 16 lowercase hex digits") != std::string::npos);
+  bad = j;
+  bad["files"][1]["pieces"][0]["byte_offset"] = 2;
+  bad["files"][1]["size"] = 74;
+  CHECK(error_of(bad).find("files[1].pieces[0].byte_offset: found 2, expected a multiple of 4") != std::string::npos);
+  bad = j;
+  bad["files"][1]["size"] = 76;
+  CHECK(error_of(bad).find("files[1].size: found 76; its pieces end at 72") != std::string::npos);
   bad = j;
   bad.erase("stage");
   CHECK(error_of(bad).find("m.json: stage: missing") != std::string::npos);
   bad = j;
   bad["format"] = "safetensors";
   CHECK(error_of(bad).find("m.json: format: found \"safetensors\", expected \"zero-checkpoint\"") != std::string::npos);
+  // A key given twice: nlohmann alone would keep the last.
+  std::string text = j.dump();
+  text.insert(1, "\"stage\":3,");
+  try {
+    static_cast<void>(manifest::parse(text, "m.json"));
+    FAIL("a duplicate key was accepted");
+  } catch (const zero::checkpoint_error& e) {
+    CHECK(std::string(e.what()) == "[zero.checkpoint_error] m.json: stage: duplicate key; give each key once; expected "
+                                   "a zero checkpoint manifest");
+  }
 }

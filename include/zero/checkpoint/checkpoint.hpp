@@ -7,18 +7,21 @@
 /// A checkpoint is a directory `dir/tag` holding `manifest.json` (see manifest.hpp), one shard file
 /// per rank that owns optimizer state (`rank-00000.bin`, ...: fp32 master, m and v of the elements
 /// the rank owns; at stage 0 rank 0 writes everything) and `frozen.bin` (frozen parameters, written
-/// by rank 0). `dir/latest` holds the tag of the last complete checkpoint.
+/// by rank 0), and `manifest.xxh64`, the commit marker: the xxh64 of the manifest's bytes.
+/// `dir/latest` holds the tag of the last complete checkpoint and the tag's xxh64. With the
+/// manifest's xxh64 of every data file, every byte of a checkpoint is under a checksum.
 ///
 /// Saving is atomic: everything is written into `dir/.tmp-<tag>`, every file fsync'd, the
 /// directory fsync'd, then moved to `dir/tag` (an existing `dir/tag` is swapped out in one
 /// renameat2(RENAME_EXCHANGE), or, where the file system cannot, first moved aside to
 /// `dir/.old-<tag>`, which a load of `tag` falls back to), and only then is `latest` replaced by
 /// write-tmp, fsync, rename, fsync of `dir`. A crash at any point leaves the previous checkpoint
-/// loadable and `latest` naming a complete one.
+/// loadable and `latest` naming a complete one; a save that fails removes its temporary folder.
 ///
 /// Loading reads the manifest's piece tables: each rank reads (pread) exactly the element ranges it
 /// owns in the loading run, whatever world size and stage saved them, verifies the size and xxh64
-/// of every file it reads, and stages everything before anything in the engine changes; the ranks
+/// of every file it reads (opened without following links: a checkpoint holds none), and stages
+/// everything before anything in the engine changes; the ranks
 /// agree (one all-reduce) before any of them commits, so a failed load leaves every rank's engine
 /// as it was.
 
@@ -202,10 +205,17 @@ enum class tensor_kind : std::uint8_t {
 
 namespace detail {
 
-/// A tag is a plain file name that is not "latest" and does not start with '.'.
+/// xxh64 of a string.
+inline std::uint64_t xxh64_of(std::string_view s) { return XXH64(s.data(), s.size(), 0); }
+
+/// A tag is a plain file name that is not "latest" and does not start with '.': no separator, no
+/// "..", nothing absolute, so that `dir / tag` stays inside `dir`.
+inline bool valid_tag(std::string_view tag) { return plain_file_name(tag) && tag != "latest" && tag.front() != '.'; }
+
+/// The one check of a tag that save and load share. \throws usage_error naming the tag.
 inline void check_tag(const std::string& tag) {
-  if (!plain_file_name(tag) || tag == "latest" || tag.front() == '.') {
-    throw usage_error(cat("checkpoint tag \"", tag,
+  if (!valid_tag(tag)) {
+    throw usage_error(cat("checkpoint tag \"", tag.substr(0, 80),
                           "\": expected a plain name of letters, digits, '-', '_' and '.', not starting with '.' "
                           "and other than \"latest\""));
   }
@@ -257,11 +267,54 @@ inline std::string shard_name(int r) {
   return buf;
 }
 
+/// What `dir/latest` holds: the tag, one space, the xxh64 (seed 0) of the tag as 16 lowercase hex
+/// digits, and a newline. The checksum makes any change of the file's bytes detectable, including
+/// one that turns the tag into another tag that exists.
+inline std::string latest_text(const std::string& tag) { return cat(tag, " ", hex64(xxh64_of(tag)), "\n"); }
+
+/// The tag `latest_text` wrote. \param path `dir/latest`, for messages.
+/// \throws checkpoint_error naming the file and what was expected for any other text.
+inline std::string parse_latest(const std::string& text, const std::filesystem::path& path) {
+  const std::string expected = "expected \"<tag> <xxh64 of the tag, 16 hex digits>\\n\"";
+  const auto space = text.find(' ');
+  if (text.empty() || text.back() != '\n' || space == std::string::npos) {
+    throw checkpoint_error(cat(path.string(), ": holds \"", trim(text).substr(0, 80),
+                               "\", without the tag's xxh64 (latest from an older zero, or damaged); ", expected,
+                               "; pass the tag to load it"));
+  }
+  const std::string tag = text.substr(0, space);
+  const std::string sum = text.substr(space + 1, text.size() - space - 2);
+  if (!valid_tag(tag)) {
+    throw checkpoint_error(
+        cat(path.string(), ": holds tag \"", tag.substr(0, 80), "\"; ", expected, " with a plain tag"));
+  }
+  const auto v = parse_hex64(sum);
+  if (!v) {
+    throw checkpoint_error(cat(path.string(), ": checksum \"", sum.substr(0, 40), "\"; ", expected));
+  }
+  if (*v != xxh64_of(tag)) {
+    throw checkpoint_error(cat(path.string(), ": holds tag \"", tag, "\" with xxh64 ", sum, ", expected ",
+                               hex64(xxh64_of(tag)), " (the file is corrupt)"));
+  }
+  return tag;
+}
+
+/// Refuses a tag directory reached through a symbolic link (a save never makes one, and it could
+/// lead outside `dir`). \throws checkpoint_error naming it.
+inline void check_not_link(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (std::filesystem::is_symlink(p, ec)) {
+    throw checkpoint_error(cat(p.string(), ": a symbolic link; expected a checkpoint directory inside ",
+                               p.parent_path().string(), " (links are not followed)"));
+  }
+}
+
 } // namespace detail
 
 /// The directory of checkpoint `tag` in `dir` ("latest" reads `dir/latest`).
-/// \throws checkpoint_error naming what is missing: the directory, `latest`, or the tag (with the
-/// tags that are there).
+/// \throws usage_error for a tag save would refuse (`check_tag`: "..", absolute, a separator);
+/// checkpoint_error naming what is missing or wrong: the directory, `latest` (or its checksum), the
+/// tag (with the tags that are there), or a tag folder that is a symbolic link.
 inline std::filesystem::path resolve(const std::filesystem::path& dir, const std::string& tag = "latest") {
   using detail::cat;
   std::error_code ec;
@@ -270,19 +323,20 @@ inline std::filesystem::path resolve(const std::filesystem::path& dir, const std
   }
   std::string t = tag;
   if (tag == "latest") {
-    t = detail::trim(
-        detail::read_small_file(dir / "latest", 4096, "the tag of the last complete checkpoint (or pass a tag)"));
-    if (t.empty() || !detail::plain_file_name(t) || t.front() == '.' || t == "latest") {
-      throw checkpoint_error(cat((dir / "latest").string(), ": holds \"", t.substr(0, 80),
-                                 "\"; expected the tag of a checkpoint directory"));
-    }
+    t = detail::parse_latest(
+        detail::read_small_file(dir / "latest", 4096, "the tag of the last complete checkpoint (or pass a tag)"),
+        dir / "latest");
+  } else {
+    detail::check_tag(tag);
   }
   const auto p = dir / t;
+  detail::check_not_link(p);
   if (std::filesystem::is_directory(p, ec)) {
     return p;
   }
   // A save that replaced this tag and crashed between its two renames left the old one aside.
-  if (const auto old = dir / (".old-" + t); std::filesystem::is_regular_file(old / "manifest.json", ec)) {
+  if (const auto old = dir / (".old-" + t); std::filesystem::is_regular_file(old / manifest_name, ec)) {
+    detail::check_not_link(old);
     return old;
   }
   if (tag == "latest") {
@@ -297,13 +351,31 @@ inline std::filesystem::path resolve(const std::filesystem::path& dir, const std
 /// are checked against the manifest before anything is read from them.
 class reader {
 public:
-  /// Opens checkpoint `tag` of `dir` and parses its manifest.
-  /// \throws checkpoint_error for a missing directory, tag or latest, or a bad manifest.
+  /// Opens checkpoint `tag` of `dir`, checks the manifest's bytes against `manifest.xxh64` and
+  /// parses the manifest.
+  /// \throws usage_error for an unsafe tag; checkpoint_error for a missing directory, tag or latest,
+  /// a damaged latest, a missing or mismatched marker, or a bad manifest.
   explicit reader(const std::filesystem::path& dir, const std::string& tag = "latest", bool verify_on_open = true)
       : path_(resolve(dir, tag)), verify_(verify_on_open) {
-    const auto mpath = path_ / "manifest.json";
-    m_ = manifest::parse(detail::read_small_file(mpath, max_manifest_bytes, "a zero checkpoint manifest"),
-                         mpath.string());
+    using detail::cat;
+    const auto mpath = path_ / manifest_name;
+    const auto cpath = path_ / checksum_name;
+    // The marker first: a checkpoint without one is incomplete or from an older zero.
+    const std::string marker =
+        detail::read_small_file(cpath, 64, cat("the xxh64 of ", manifest_name, " (16 hex digits and a newline)"));
+    const auto expected =
+        marker.size() == 17 && marker.back() == '\n' ? parse_hex64(marker.substr(0, 16)) : std::nullopt;
+    if (!expected) {
+      throw checkpoint_error(cat(cpath.string(), ": holds \"", detail::trim(marker).substr(0, 40),
+                                 "\"; expected the xxh64 of ", manifest_name,
+                                 " as 16 lowercase hex digits and a newline (the file is corrupt)"));
+    }
+    const std::string text = detail::read_small_file(mpath, max_manifest_bytes, "a zero checkpoint manifest");
+    if (const std::uint64_t h = detail::xxh64_of(text); h != *expected) {
+      throw checkpoint_error(cat(mpath.string(), ": xxh64 ", hex64(h), ", expected ", hex64(*expected), " as ",
+                                 cpath.string(), " records (the manifest or its marker is corrupt)"));
+    }
+    m_ = manifest::parse(text, mpath.string());
     by_param_.resize(m_.params.size());
     for (std::size_t f = 0; f < m_.files.size(); ++f) {
       for (std::size_t k = 0; k < m_.files[f].pieces.size(); ++k) {
@@ -318,27 +390,10 @@ public:
   /// The manifest.
   [[nodiscard]] const manifest& info() const noexcept { return m_; }
 
-  /// Checks the size and xxh64 of file `f` of the manifest.
+  /// Checks the size and xxh64 of file `f` of the manifest (the manifest itself was checked against
+  /// its marker when the reader was made).
   /// \throws checkpoint_error naming the file, what was expected and what was found.
-  void verify_file(std::size_t f) const {
-    using detail::cat;
-    const auto& fe = m_.files.at(f);
-    const auto p = path_ / fe.name;
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(p, ec)) {
-      throw checkpoint_error(
-          cat(p.string(), ": missing; the manifest lists it with ", std::to_string(fe.size), " bytes"));
-    }
-    const auto [size, hash] = detail::hash_file(p);
-    if (size != fe.size) {
-      throw checkpoint_error(cat(p.string(), ": ", std::to_string(size), " bytes, expected ", std::to_string(fe.size),
-                                 size < fe.size ? " (truncated)" : ""));
-    }
-    if (hash != fe.xxh64) {
-      throw checkpoint_error(
-          cat(p.string(), ": xxh64 ", hex64(hash), ", expected ", hex64(fe.xxh64), " (the file is corrupt)"));
-    }
-  }
+  void verify_file(std::size_t f) const { verify_open(f, open_file(f)); }
   /// Checks every file. \throws checkpoint_error naming the first bad one.
   void verify() const {
     for (std::size_t f = 0; f < m_.files.size(); ++f) {
@@ -388,13 +443,43 @@ public:
   }
 
 private:
+  /// Opens file `f` of the manifest: a regular file inside the tag's directory, not a link.
+  [[nodiscard]] detail::file open_file(std::size_t f) const {
+    using detail::cat;
+    const auto& fe = m_.files.at(f);
+    const auto p = path_ / fe.name;
+    std::error_code ec;
+    if (std::filesystem::symlink_status(p, ec).type() == std::filesystem::file_type::not_found) {
+      throw checkpoint_error(
+          cat(p.string(), ": missing; the manifest lists it with ", std::to_string(fe.size), " bytes"));
+    }
+    return detail::open_regular(p, cat("a checkpoint file of ", std::to_string(fe.size), " bytes"));
+  }
+  /// Checks the size and xxh64 of the open file `fd` against entry `f` of the manifest.
+  void verify_open(std::size_t f, const detail::file& fd) const {
+    using detail::cat;
+    const auto& fe = m_.files.at(f);
+    const auto& p = fd.path();
+    const auto [size, hash] = detail::hash_file(fd);
+    if (size != fe.size) {
+      throw checkpoint_error(cat(p.string(), ": ", std::to_string(size), " bytes, expected ", std::to_string(fe.size),
+                                 size < fe.size ? " (truncated)" : ""));
+    }
+    if (hash != fe.xxh64) {
+      throw checkpoint_error(
+          cat(p.string(), ": xxh64 ", hex64(hash), ", expected ", hex64(fe.xxh64), " (the file is corrupt)"));
+    }
+  }
+  /// Reads `n` bytes at `at` of file `f`, opening it on first use (and verifying the open file when
+  /// the reader verifies: what is checked is what is read).
   void read_bytes(std::size_t f, void* dst, std::size_t n, std::uint64_t at) {
     using detail::cat;
     if (!open_[f]) {
+      auto fd = std::make_unique<detail::file>(open_file(f));
       if (verify_) {
-        verify_file(f);
+        verify_open(f, *fd);
       }
-      open_[f] = std::make_unique<detail::file>(path_ / m_.files[f].name, O_RDONLY);
+      open_[f] = std::move(fd);
     }
     const std::size_t got = open_[f]->pread_some(dst, n, at);
     if (got != n) {
@@ -429,9 +514,6 @@ template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, 
                                        " (its exception names the cause); nothing was changed on this rank")));
   }
 }
-
-/// xxh64 of a string.
-inline std::uint64_t xxh64_of(std::string_view s) { return XXH64(s.data(), s.size(), 0); }
 
 } // namespace detail
 
@@ -525,6 +607,21 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
 
   const fs::path tmp = dir / (".tmp-" + tag);
   const fs::path final_dir = dir / tag;
+  // A save that fails removes what it wrote (a full disk must not stay full); it runs after an
+  // agreement, when no rank writes any more. What is in tmp then is this save's partial output, or
+  // after an exchange the replaced old checkpoint of this tag; nothing published is touched.
+  struct cleanup {
+    const fs::path& tmp;
+    fs::path latest_tmp;
+    bool armed;
+    ~cleanup() {
+      if (armed) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        fs::remove(latest_tmp, ec);
+      }
+    }
+  } on_failure{tmp, dir / ".latest.tmp", rank == 0};
   std::exception_ptr err;
   try {
     if (rank == 0) {
@@ -605,8 +702,13 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
         fe.xxh64 = w.digest();
         event("frozen_synced");
       }
-      detail::write_file(tmp / "manifest.json", m.to_json().dump(1));
+      // The manifest, then its marker: the xxh64 of the manifest's bytes, so that a load detects any
+      // change of them (a flipped byte_offset would otherwise read the wrong bytes as data).
+      const auto [manifest_size, manifest_xxh64] = detail::write_file(tmp / manifest_name, m.to_json().dump(1));
+      static_cast<void>(manifest_size);
       event("manifest_synced");
+      detail::write_file(tmp / checksum_name, hex64(manifest_xxh64) + "\n");
+      event("checksum_synced");
       detail::sync_dir(tmp);
       event("tmp_dir_synced");
       // Publish: the new directory takes the tag's name; an old one with that name is kept until then.
@@ -637,8 +739,8 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
       // What a save of this tag that crashed between its two renames left aside is not needed now.
       fs::remove_all(dir / (".old-" + tag));
       event("old_removed");
-      const fs::path latest_tmp = dir / ".latest.tmp";
-      detail::write_file(latest_tmp, tag + "\n");
+      const fs::path& latest_tmp = on_failure.latest_tmp;
+      detail::write_file(latest_tmp, detail::latest_text(tag));
       event("latest_tmp_synced");
       detail::rename_path(latest_tmp, dir / "latest");
       event("latest_renamed");
@@ -651,6 +753,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
     err = std::current_exception();
   }
   detail::agree(eng, err, cat("save(\"", tag, "\"): publishing"));
+  on_failure.armed = false;
   event("done");
 }
 
@@ -658,8 +761,9 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
 /// at another world size or stage than the saving run; collective over the engine's communicator.
 /// Parameters are matched by name, and must have the same shapes and be trainable or frozen alike.
 /// Optimizer state, step counts, the loss scaler and the LR scheduler are restored.
-/// \throws checkpoint_error naming the file and what was expected (missing directory, tag or
-/// latest; unknown format version; a parameter missing, extra or of another shape; a truncated or
+/// \throws usage_error for an unsafe tag (the check save makes); checkpoint_error naming the file
+/// and what was expected (missing directory, tag or latest; a checksum that does not match; a
+/// file that is a symbolic link; unknown format version; a parameter missing, extra or of another shape; a truncated or
 /// corrupt file); the engine is unchanged on every rank then.
 template <class Engine> void load(Engine& eng, const std::filesystem::path& dir, const std::string& tag = "latest") {
   using access = checkpoint_access<Engine>;

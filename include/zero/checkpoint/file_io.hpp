@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -214,14 +215,52 @@ inline bool exchange_paths(const std::filesystem::path& a, const std::filesystem
 #endif
 }
 
-/// Reads a whole small file (at most `max_bytes`). \throws checkpoint_error when it is missing or
-/// larger; io_error when reading fails.
-inline std::string read_small_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view what) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw checkpoint_error(cat(path.string(), ": no such file; expected ", what));
+/// What kind of file `mode` (from stat) is, for messages: "a directory", "a FIFO", ...
+inline std::string_view file_kind(mode_t mode) {
+  static constexpr std::pair<mode_t, std::string_view> kinds[] = {
+      {S_IFREG, "a regular file"},     {S_IFDIR, "a directory"},    {S_IFLNK, "a symbolic link"}, {S_IFIFO, "a FIFO"},
+      {S_IFCHR, "a character device"}, {S_IFBLK, "a block device"}, {S_IFSOCK, "a socket"}};
+  for (const auto& [type, name] : kinds) {
+    if ((mode & S_IFMT) == type) {
+      return name;
+    }
   }
-  file f(path, O_RDONLY);
+  return "not a regular file";
+}
+
+/// Opens a file of a checkpoint for reading: a regular file reached without following a symbolic
+/// link at its last component (a checkpoint never holds links, and a link could lead outside it),
+/// and without blocking on a FIFO. \param what what the file should hold, for messages.
+/// \throws checkpoint_error naming the path when it is missing, a link or not a regular file;
+/// io_error when opening fails otherwise.
+inline file open_regular(const std::filesystem::path& path, std::string_view what) {
+  std::optional<file> f;
+  try {
+    f.emplace(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+  } catch (const io_error& e) {
+    if (e.status() == ENOENT) {
+      throw checkpoint_error(cat(path.string(), ": no such file; expected ", what));
+    }
+    if (e.status() == ELOOP) {
+      throw checkpoint_error(cat(path.string(), ": a symbolic link; expected ", what,
+                                 " as a regular file inside the checkpoint (links are not followed)"));
+    }
+    throw;
+  }
+  struct stat st {};
+  if (::fstat(f->fd(), &st) != 0) {
+    throw sys_error("fstat", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw checkpoint_error(cat(path.string(), ": ", file_kind(st.st_mode), "; expected ", what, " as a regular file"));
+  }
+  return std::move(*f);
+}
+
+/// Reads a whole small file (at most `max_bytes`) through `open_regular`. \throws checkpoint_error
+/// when it is missing, not a regular file or larger; io_error when reading fails.
+inline std::string read_small_file(const std::filesystem::path& path, std::size_t max_bytes, std::string_view what) {
+  file f = open_regular(path, what);
   const std::uint64_t n = f.size();
   if (n > max_bytes) {
     throw checkpoint_error(cat(path.string(), ": ", std::to_string(n), " bytes, expected at most ",
@@ -233,9 +272,8 @@ inline std::string read_small_file(const std::filesystem::path& path, std::size_
   return s;
 }
 
-/// Size and xxh64 of a whole file, read in 1 MiB blocks.
-inline std::pair<std::uint64_t, std::uint64_t> hash_file(const std::filesystem::path& path) {
-  file f(path, O_RDONLY);
+/// Size and xxh64 of the whole of an open file, read in 1 MiB blocks.
+inline std::pair<std::uint64_t, std::uint64_t> hash_file(const file& f) {
   hasher h;
   std::vector<char> buf(std::size_t{1} << 20);
   std::uint64_t off = 0;

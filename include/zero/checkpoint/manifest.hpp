@@ -22,11 +22,17 @@
 /// the `frozen` file holds `count` elements of the parameter's dtype. xxh64 is of the whole file
 /// (seed 0), as 16 lowercase hex digits.
 ///
-/// `manifest::parse` trusts nothing in the text: every field is type-checked, every size and count
-/// is capped and checked for overflow, file names are plain names inside the checkpoint directory,
-/// and every parameter must be covered by its pieces exactly once. It throws `checkpoint_error`
-/// naming the source and the field; it never allocates more than a small multiple of the text size.
+/// `manifest::parse` trusts nothing in the text: a key given twice in an object is refused (the
+/// config reader's check), every field is type-checked, every size and count is capped and checked
+/// for overflow, file names are plain names inside the checkpoint directory, every piece starts at
+/// an element boundary of its file, the pieces of a file tile it exactly (no overlap, no gap), and
+/// every parameter is covered by its pieces exactly once. It throws `checkpoint_error` naming the
+/// source and the field; it never allocates more than a small multiple of the text size.
+///
+/// The manifest's own bytes are covered by `manifest.xxh64` beside it (see `checksum_name`), which
+/// `checkpoint::reader` checks before parsing.
 
+#include "zero/config/config.hpp"
 #include "zero/config/detail/reader.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
@@ -38,8 +44,10 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -59,6 +67,11 @@ inline constexpr int max_world_size = 1 << 20;
 inline constexpr std::size_t max_dims = 16;
 /// Bytes per element of a shard piece: fp32 master, m and v.
 inline constexpr std::uint64_t shard_bytes_per_element = 12;
+/// The manifest's file name in a tag's directory.
+inline constexpr std::string_view manifest_name = "manifest.json";
+/// The commit marker beside the manifest: the xxh64 (seed 0) of `manifest.json`'s bytes as 16
+/// lowercase hex digits and a newline, written after the manifest and before the tag is published.
+inline constexpr std::string_view checksum_name = "manifest.xxh64";
 
 /// One registered parameter as the checkpoint saw it.
 struct param_entry {
@@ -149,6 +162,27 @@ struct manifest {
   return s;
 }
 
+/// The value of exactly 16 lowercase hex digits, or nothing for any other text.
+[[nodiscard]] inline std::optional<std::uint64_t> parse_hex64(std::string_view s) {
+  if (s.size() != 16) {
+    return std::nullopt;
+  }
+  std::uint64_t v = 0;
+  for (char c : s) {
+    int d = -1;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    }
+    if (d < 0) {
+      return std::nullopt;
+    }
+    v = v << 4 | static_cast<std::uint64_t>(d);
+  }
+  return v;
+}
+
 namespace detail {
 
 using zero::detail::cat;
@@ -226,23 +260,11 @@ public:
   }
   std::uint64_t hash(std::string_view key) const {
     const std::string s = str(key);
-    std::uint64_t v = 0;
-    if (s.size() != 16) {
-      fail(key, cat("found \"", s.substr(0, 40), "\", expected 16 hex digits"));
+    const auto v = parse_hex64(s);
+    if (!v) {
+      fail(key, cat("found \"", s.substr(0, 40), "\", expected 16 lowercase hex digits"));
     }
-    for (char c : s) {
-      int d = -1;
-      if (c >= '0' && c <= '9') {
-        d = c - '0';
-      } else if (c >= 'a' && c <= 'f') {
-        d = c - 'a' + 10;
-      }
-      if (d < 0) {
-        fail(key, cat("found \"", s, "\", expected 16 lowercase hex digits"));
-      }
-      v = v << 4 | static_cast<std::uint64_t>(d);
-    }
-    return v;
+    return *v;
   }
   dtype type(std::string_view key) const {
     const std::string s = str(key);
@@ -342,9 +364,14 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
     throw checkpoint_error(cat(source, ": the manifest is ", std::to_string(text.size()), " bytes, expected at most ",
                                std::to_string(max_manifest_bytes)));
   }
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) {
-    throw checkpoint_error(cat(source, ": not valid JSON; expected a zero checkpoint manifest"));
+  json j;
+  try {
+    // The config reader's parse: it refuses a key given twice in one object (nlohmann keeps the last).
+    j = zero::detail::parse_text(text, "");
+  } catch (const config_error& e) {
+    std::string what = e.what();
+    what.erase(0, std::min(what.size(), what.find("] ") + 2)); // the "[zero.config_error] " id
+    throw checkpoint_error(cat(source, ": ", what, "; expected a zero checkpoint manifest"));
   }
   const fields top(j, source, "");
   manifest m;
@@ -441,10 +468,11 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
     const fields f(v, source, cat("files[", std::to_string(fi++), "]"));
     file_entry fe;
     fe.name = f.str("name");
-    if (!detail::plain_file_name(fe.name) || fe.name == "manifest.json") {
+    if (!detail::plain_file_name(fe.name) || fe.name == manifest_name || fe.name == checksum_name) {
       f.fail("name", cat("found \"", fe.name.substr(0, 60),
                          "\", expected a plain file name (letters, digits, '-', "
-                         "'_', '.') other than manifest.json"));
+                         "'_', '.') other than ",
+                         manifest_name, " and ", checksum_name));
     }
     for (const auto& other : m.files) {
       if (other.name == fe.name) {
@@ -460,6 +488,8 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
     fe.rank = static_cast<int>(f.integer("rank", 0, m.world_size - 1));
     fe.size = f.count("size", std::numeric_limits<std::int64_t>::max());
     fe.xxh64 = f.hash("xxh64");
+    // (byte_offset, bytes, index) of each piece, to check that they tile the file.
+    std::vector<std::tuple<std::uint64_t, std::uint64_t, std::size_t>> tiles;
     std::size_t k = 0;
     for (const json& pv : f.array("pieces")) {
       const fields pf(pv, source, cat(f.path(), ".pieces[", std::to_string(k++), "]"));
@@ -487,8 +517,34 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
         pf.fail("byte_offset", cat("bytes [", std::to_string(pc.byte_offset), ", +", std::to_string(bytes),
                                    ") run past the file's size ", std::to_string(fe.size)));
       }
+      // Every element of a shard is fp32; a frozen piece holds elements of its parameter's dtype.
+      const std::uint64_t align = shard ? sizeof(float) : size_of(p.type);
+      if (pc.byte_offset % align != 0) {
+        pf.fail("byte_offset",
+                cat("found ", std::to_string(pc.byte_offset), ", expected a multiple of ", std::to_string(align),
+                    " (the start of a ", shard ? "fp32" : name_of(p.type), " element)"));
+      }
       covered[pc.param].emplace_back(pc.offset, pc.count);
+      tiles.push_back({pc.byte_offset, bytes, fe.pieces.size()});
       fe.pieces.push_back(pc);
+    }
+    // The pieces tile the file: sorted by where they start, each begins where the one before ends.
+    std::sort(tiles.begin(), tiles.end());
+    std::uint64_t next_byte = 0;
+    for (const auto& [at, bytes, k] : tiles) {
+      if (at != next_byte) {
+        f.fail(cat("pieces[", std::to_string(k), "].byte_offset"),
+               at < next_byte ? cat("bytes [", std::to_string(at), ", ", std::to_string(at + bytes),
+                                    ") overlap another piece's, which ends at ", std::to_string(next_byte),
+                                    "; expected every byte of the file in one piece")
+                              : cat("found ", std::to_string(at), "; bytes [", std::to_string(next_byte), ", ",
+                                    std::to_string(at), ") of the file are in no piece"));
+      }
+      next_byte = at + bytes;
+    }
+    if (next_byte != fe.size) {
+      f.fail("size", cat("found ", std::to_string(fe.size), "; its pieces end at ", std::to_string(next_byte),
+                         ", expected the file to end there"));
     }
     m.files.push_back(std::move(fe));
   }

@@ -21,6 +21,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <sys/stat.h>
 #include <vector>
 
 namespace zero::checkpoint {
@@ -52,13 +53,53 @@ inline void check_export_type(dtype type) {
   }
 }
 
+/// Refuses to export to `out` unless it is a regular file or a new name: the writer writes
+/// `<out>.tmp` and renames it over `out`, which would replace a device node, a FIFO, a symbolic
+/// link or a folder's entry with a regular file. \throws io_error naming the path, what it is and
+/// what was expected.
+inline void check_export_target(const std::filesystem::path& out) {
+  for (const auto& p : {out, std::filesystem::path(out.string() + ".tmp")}) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      throw io_error(cat(p.string(), ": ", file_kind(st.st_mode),
+                         "; expected a regular file or a new name to write the safetensors file to (an export "
+                         "replaces only regular files)"));
+    }
+  }
+}
+
+/// Refuses an export target inside `ckpt_dir` (the folder holding a checkpoint's tags and latest),
+/// where it could replace a file of the checkpoint being read. Both paths are compared with every
+/// link of their existing folders resolved. \throws io_error naming both.
+inline void check_outside(const std::filesystem::path& out, const std::filesystem::path& ckpt_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(ckpt_dir, ec);
+  const fs::path target = fs::weakly_canonical(fs::absolute(out, ec).parent_path(), ec);
+  if (root.empty() || target.empty()) {
+    throw io_error(cat(out.string(), ": cannot resolve the path to compare it with the checkpoint folder ",
+                       ckpt_dir.string(), ": ", ec.message()),
+                   ec.value());
+  }
+  const auto [r, t] = std::mismatch(root.begin(), root.end(), target.begin(), target.end());
+  if (r == root.end()) {
+    throw io_error(cat(out.string(), ": inside the checkpoint folder ", ckpt_dir.string(),
+                       "; expected a path outside it (an export must not replace a file of the checkpoint it reads)"));
+  }
+}
+
 } // namespace detail
 
 /// Writes the parameters of checkpoint `r` to the safetensors file `out` in `type`, one chunk at a
-/// time. \throws checkpoint_error for a bad checkpoint file (verified as it is read); io_error when
-/// `out` cannot be written (a file already at `out` stays as it was).
+/// time, atomically (`<out>.tmp`, then a rename in `out`'s folder).
+/// \throws checkpoint_error for a bad checkpoint file (verified as it is read); io_error when `out`
+/// is inside the checkpoint's folder, is not a regular file or a new name (a device node, a FIFO, a
+/// symbolic link, a folder), or cannot be written (a file already at `out` stays as it was).
 inline void export_safetensors(reader& r, const std::filesystem::path& out, dtype type = dtype::f32) {
   detail::check_export_type(type);
+  // r.path() is dir/tag (or dir/.old-tag): the checkpoint's folder is the one above it.
+  detail::check_outside(out, r.path().parent_path());
+  detail::check_export_target(out);
   const manifest& m = r.info();
   std::vector<safetensors::tensor_decl> decls;
   for (const auto& p : m.params) {
@@ -116,6 +157,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   std::exception_ptr err;
   try {
     if (rank == 0) {
+      detail::check_export_target(path);
       std::vector<safetensors::tensor_decl> decls;
       for (const auto& r : registered) {
         decls.push_back({r.info->name, type, r.info->shape});
