@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   std::string dtype_text = "bf16";
   std::optional<std::string> grad_dtype_text;
   std::string reduce_bucket = "5e8", prefetch_bucket = "5e7", max_live = "1e9", sub_group = "1e9";
+  std::optional<std::string> allgather_bucket;
   double buffer_factor = 1.5;
   bool json_out = false;
 
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   app.add_option("--reduce-bucket-size", reduce_bucket, "zero_optimization.reduce_bucket_size (elements)")
       ->capture_default_str();
+  app.add_option("--allgather-bucket-size", allgather_bucket,
+                 "zero_optimization.allgather_bucket_size (elements; default unset: in-place all-gathers, no buffer)");
   app.add_option("--prefetch-bucket-size", prefetch_bucket, "zero_optimization.stage3_prefetch_bucket_size")
       ->capture_default_str();
   app.add_option("--max-live-parameters", max_live, "zero_optimization.stage3_max_live_parameters")
@@ -113,6 +116,9 @@ int main(int argc, char** argv) {
       o.grad_dtype = zero::parse_dtype(*grad_dtype_text);
     }
     o.reduce_bucket_size = zero::tools::parse_count(reduce_bucket);
+    if (allgather_bucket) {
+      o.allgather_bucket_size = zero::tools::parse_count(*allgather_bucket);
+    }
     o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
     o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
     o.sub_group_size = zero::tools::parse_count(sub_group);

@@ -5,6 +5,7 @@
 #include "zero/checkpoint/safetensors.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 namespace zt = zero::testing;
 namespace fs = std::filesystem;
@@ -149,4 +150,21 @@ TEST_CASE("save_16bit_model writes the parameters as the framework sees them, in
       CHECK(read_all(file) == held);
     }
   }
+}
+
+TEST_CASE("save_16bit_model refuses a target that is not a regular file, as export does") {
+  const auto dir = zt::scratch("save16-fifo");
+  fs::create_directories(dir);
+  REQUIRE(::mkfifo((dir / "model.safetensors").c_str(), 0644) == 0);
+  zt::run_spec s{.stage = 2, .world = 2, .type = dtype::bf16, .steps = 1, .batch = 64};
+  std::string msg;
+  zt::with_engine(s, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+    zt::init_and_train(eng, mh, comm, s, 1);
+    const auto m = zt::error_of([&] { static_cast<void>(eng.save_16bit_model(dir, "model.safetensors")); });
+    if (comm.rank() == 0) {
+      msg = m;
+    }
+  });
+  CHECK(msg.find("model.safetensors: a FIFO; expected a regular file or a new name") != std::string::npos);
+  CHECK(fs::is_fifo(dir / "model.safetensors"));
 }

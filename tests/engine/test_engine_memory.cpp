@@ -172,8 +172,14 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
   constexpr int world = 2;
   constexpr std::int64_t weight = 128 * 200;
   constexpr std::int64_t bucket = 2 * weight;
-  for (int stage : {0, 1, 2, 3}) {
+  // Stages 1-2 also with allgather_bucket_size set to both buckets: their all-gathers then share one
+  // staging buffer of both buckets' parameters.
+  for (const auto& run : std::vector<std::pair<int, std::int64_t>>{
+           {0, 0}, {1, 0}, {2, 0}, {3, 0}, {1, 2 * bucket}, {2, 2 * bucket}}) {
+    const int stage = run.first; // named copies: lambdas below capture them (Clang 14: no bindings)
+    const std::int64_t allgather = run.second;
     CAPTURE(stage);
+    CAPTURE(allgather);
     std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
     zero::run_ranks(world, [&](zero::thread_communicator& comm) {
       zero::config_inputs inputs;
@@ -185,6 +191,7 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
               "zero_optimization": {"stage": )" +
               std::to_string(stage) + R"(, "reduce_bucket_size": )" + std::to_string(bucket) +
+              (allgather > 0 ? R"(, "allgather_bucket_size": )" + std::to_string(allgather) : std::string()) +
               R"(, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0,
                   "stage3_param_persistence_threshold": 100}})",
           inputs);
@@ -219,6 +226,9 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
     o.param_dtype = zero::dtype::bf16;
     o.reduce_bucket_size = bucket;
     o.stage3_prefetch_bucket_size = 0;
+    if (allgather > 0) {
+      o.allgather_bucket_size = allgather;
+    }
     zero::tools::estimate_row row;
     for (const auto& r : zero::tools::estimate_memory(o)) {
       if (r.stage == stage && r.offload_optimizer == zero::offload_device::none &&
@@ -234,8 +244,9 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
       const auto staging_measured = static_cast<std::int64_t>(m.buffers_peak);
       CAPTURE(staging_estimate);
       CAPTURE(staging_measured);
-      // The staging buffer the estimate names (stage 2: one bucket; stage 3: the largest module's
-      // gradient, not a reduce bucket; stages 0-1: none), plus the engine's small buffers, which the
+      // The staging buffers the estimate names (stage 2: one bucket; stage 3: the largest module's
+      // gradient, not a reduce bucket; stages 0-1: none; stages 1-2 with allgather_bucket_size: the
+      // all-gather group's parameters), plus the engine's small buffers, which the
       // estimate leaves out: the overflow flag (4 bytes), one fp32 norm partial per owned range and
       // the norm workspace (at least 1 byte; none is needed below the CPU backend's chunk size).
       // Measured here: 21 to 36 bytes; the bound is 64.

@@ -277,6 +277,7 @@ bool save_16bit_model(Engine& eng, const std::filesystem::path& dir, const std::
         decls.push_back({r.info->name, r.info->type, r.info->shape});
       }
       std::filesystem::create_directories(dir);
+      detail::check_export_target(path); // a regular file or a new name, as export_safetensors writes
       safetensors::writer w(path, std::move(decls),
                             {{"format", "pt"}, {"zero.global_steps", std::to_string(eng.global_steps())}});
       for (std::size_t i = 0; i < registered.size(); ++i) {

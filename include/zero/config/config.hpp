@@ -225,8 +225,12 @@ struct zero_optimization_config {
   std::int64_t reduce_bucket_size = 500'000'000;
   /// `allgather_partitions`: all-gather updated shards (true, default) or broadcast them one by one.
   bool allgather_partitions = true;
-  /// `allgather_bucket_size`: elements all-gathered at a time (stages 1 and 2). Default 5e8.
-  std::int64_t allgather_bucket_size = 500'000'000;
+  /// `allgather_bucket_size` (stages 1 and 2): when set, the step-end parameter all-gathers join
+  /// consecutive reduce buckets into one all-gather of at most this many elements, through a staging
+  /// buffer of up to that size. Unset (zero's default): every bucket is all-gathered alone, in place,
+  /// with no buffer; DeepSpeed's default, 5e8, would make that buffer as large as a small model's
+  /// parameters, so zero does not assume it.
+  std::optional<std::int64_t> allgather_bucket_size;
   /// `offload_optimizer` (stages 1-3). Also set by the deprecated `cpu_offload: true`.
   offload_optimizer_config offload_optimizer;
   /// `offload_param` (stage 3). Also set by the deprecated `cpu_offload_param: true`.

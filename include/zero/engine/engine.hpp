@@ -345,7 +345,7 @@ public:
         }
       }
       pending_gathers_.resize(layout_.segments().size());
-      plan_gather_groups(static_cast<std::size_t>(z.allgather_bucket_size));
+      plan_gather_groups(static_cast<std::size_t>(z.allgather_bucket_size.value_or(0)));
     }
     finalized_ = true;
     begin_micro_step();

@@ -184,6 +184,8 @@ struct estimate_options {
   /// (`default_grad_accum_dtype`: fp32 for bf16 at stage 0, the parameter dtype otherwise)
   std::optional<dtype> grad_dtype;
   std::int64_t reduce_bucket_size = 500'000'000;           ///< zero_optimization.reduce_bucket_size
+  /// zero_optimization.allgather_bucket_size; empty: unset, every bucket all-gathered in place
+  std::optional<std::int64_t> allgather_bucket_size;
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;   ///< zero_optimization.stage3_prefetch_bucket_size
   std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
   std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
@@ -234,6 +236,9 @@ struct estimate_row {
 ///   unknown), not reduce_bucket_size; and it holds the gathered working set, min(Ψ, max_live,
 ///   largest layer + prefetch bucket) parameters.
 /// - stages 0-1 reduce in place in the flat gradient buffer: no staging.
+/// - stages 1-2 with allgather_bucket_size set (and several ranks) join consecutive buckets' parameter
+///   all-gathers through one staging buffer of at most min(allgather_bucket_size, Ψ) parameter
+///   elements (engine.hpp, `plan_gather_groups`); unset, the all-gathers run in place.
 /// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. NVMe rows keep
 /// `sub_group_size` tiles (optimizer) or buffer_count x buffer_size elements (parameters) in host memory and the rest
 /// on NVMe. \throws usage_error when params, ranks or dtypes are out of range.
@@ -309,6 +314,9 @@ struct estimate_row {
       r.gpu_buffer_bytes = o.largest_layer_params * g + working;
       break;
     }
+    }
+    if ((stage == 1 || stage == 2) && o.allgather_bucket_size && o.ranks() > 1) {
+      r.gpu_buffer_bytes += std::min(*o.allgather_bucket_size, psi) * p;
     }
     r.gpu_bytes_per_rank = r.gpu_model_state_bytes + r.gpu_buffer_bytes;
     r.host_bytes_per_rank = host;

@@ -381,10 +381,10 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
   if (const json* v = plain(r, "allgather_partitions")) {
     z.allgather_partitions = as_bool(ctx, r.path_of("allgather_partitions"), *v);
   }
-  if (const json* v = plain(r, "allgather_bucket_size")) {
+  if (const json* v = plain(r, "allgather_bucket_size"); v != nullptr && !v->is_null()) { // null: unset
     z.allgather_bucket_size = as_int(ctx, r.path_of("allgather_bucket_size"), *v, 0, i64_max);
     // DeepSpeed's stage 1/2 aligns all-gather buffers to 4 bytes of 16-bit elements.
-    if ((stage == 1 || stage == 2) && z.allgather_bucket_size % 2 != 0) {
+    if ((stage == 1 || stage == 2) && *z.allgather_bucket_size % 2 != 0) {
       ctx.fail(r.path_of("allgather_bucket_size"),
                cat("found ", show(*v),
                    "; expected a multiple of 2 at stage 1 and 2 (DeepSpeed aligns all-gather "
@@ -1266,7 +1266,6 @@ inline nlohmann::json config::to_json() const {
                             {"reduce_scatter", z.reduce_scatter},
                             {"reduce_bucket_size", z.reduce_bucket_size},
                             {"allgather_partitions", z.allgather_partitions},
-                            {"allgather_bucket_size", z.allgather_bucket_size},
                             {"offload_optimizer",
                              {{"device", name_of(z.offload_optimizer.device)},
                               {"nvme_path", z.offload_optimizer.nvme_path},
@@ -1289,6 +1288,9 @@ inline nlohmann::json config::to_json() const {
                             {"round_robin_gradients", z.round_robin_gradients},
                             {"ignore_unused_parameters", z.ignore_unused_parameters},
                             {"elastic_checkpoint", z.elastic_checkpoint}};
+  // null: unset, zero's in-place gathers (see config.hpp)
+  j["zero_optimization"]["allgather_bucket_size"] =
+      z.allgather_bucket_size ? nlohmann::json(*z.allgather_bucket_size) : nlohmann::json(nullptr);
   j["aio"] = {{"block_size", aio.block_size},
               {"queue_depth", aio.queue_depth},
               {"thread_count", aio.thread_count},
