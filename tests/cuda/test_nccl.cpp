@@ -284,6 +284,45 @@ TEST_SUITE("nccl") {
     CHECK(refused);
   }
 
+  TEST_CASE("check_matching: ranks that start different collectives get a named error, and nothing starts") {
+    int n = 0;
+    ZERO_CHECK_CUDA(cudaGetDeviceCount(&n));
+    if (n < 2) {
+      MESSAGE("needs 2 GPUs; not run on this machine");
+      return;
+    }
+    zero::nccl_options opt;
+    opt.timeout = std::chrono::milliseconds(20000);
+    opt.check_matching = true;
+    std::vector<std::string> what(2);
+    std::vector<float> after(2, 0.0f);
+    zero::run_gpus(
+        2,
+        [&](zero::nccl_communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          std::vector<float> h(2000, 1.0f);
+          float* d = to_device(h);
+          // Rank 0 gathers 1000 elements per rank, rank 1 only 500: without the check NCCL hangs or
+          // writes past what rank 1 expects.
+          try {
+            (void)comm.all_gather(d, d, r == 0 ? 1000 : 500);
+          } catch (const zero::comm_error& e) {
+            what[r] = e.what();
+          }
+          // The group is still usable: the matched all-reduce that follows is exact.
+          comm.all_reduce(d, d, 1, zero::reduce_op::sum).wait();
+          ZERO_CHECK_CUDA(cudaMemcpy(&after[r], d, sizeof(float), cudaMemcpyDeviceToHost));
+          cudaFree(d);
+        },
+        opt);
+    for (const auto& w : what) {
+      CHECK(w.find("operation #0 does not match across ranks: rank 0 called all_gather(count=1000, fp32); "
+                   "rank 1 called all_gather(count=500, fp32)") != std::string::npos);
+    }
+    CHECK(after[0] == 2.0f);
+    CHECK(after[1] == 2.0f);
+  }
+
   TEST_CASE("the rendezvous of from_env skips taken ports and listeners that are not zero's") {
     // MASTER_PORT + 1 answers with junk and + 2 accepts nothing: rank 0 listens on + 3, and the others
     // find it there after greeting the two foreign listeners.

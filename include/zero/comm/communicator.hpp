@@ -22,9 +22,13 @@
 
 #include "zero/core/dtype.hpp"
 
+#include <array>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -150,6 +154,54 @@ inline std::string timeout_message(std::string_view op, std::string_view group, 
          std::to_string(rank) + " did not complete within " + std::to_string(timeout.count()) + " ms (" +
          std::to_string(bytes) + " bytes); a rank that never joined the operation, or joined a different one, " +
          "is the usual cause";
+}
+
+/// What a rank says about a collective it starts, for communicators that compare it across ranks
+/// before starting it (`mpi_communicator` always, `nccl_communicator` when asked): four int64, so
+/// one all-gather of `op_signature_fields` words per rank exchanges it.
+struct op_signature {
+  std::int64_t kind = 0;  // index into op_names
+  std::int64_t count = 0; // elements (per rank, as the call takes them)
+  std::int64_t type = 0;  // zero::dtype
+  std::int64_t extra = 0; // root of a broadcast, reduce_op of a reduction, 0 otherwise
+};
+inline constexpr int op_signature_fields = 4;
+static_assert(sizeof(op_signature) == op_signature_fields * sizeof(std::int64_t));
+inline constexpr std::array<const char*, 7> op_names = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                                        "barrier",    "all_to_all",     "split"};
+
+/// "all_gather(count=1000, fp32)", "broadcast(count=8, u8, root=1)", "barrier".
+[[nodiscard]] inline std::string describe(const op_signature& s) {
+  const auto kind = static_cast<std::size_t>(s.kind);
+  std::string text = kind < op_names.size() ? op_names[kind] : "operation " + std::to_string(s.kind);
+  if (text == "barrier" || text == "split") {
+    return text;
+  }
+  text += "(count=" + std::to_string(s.count) + ", " + std::string(name_of(static_cast<dtype>(s.type)));
+  if (text.starts_with("all_reduce") || text.starts_with("reduce_scatter")) {
+    text += ", " + std::string(name_of(static_cast<reduce_op>(s.extra)));
+  } else if (text.starts_with("broadcast")) {
+    text += ", root=" + std::to_string(s.extra);
+  }
+  return text + ")";
+}
+
+/// Empty when every rank's signature (`sigs[r]` of rank r) is the same; else which ranks called what:
+/// "ranks 0, 1 called all_gather(count=1000, fp32); rank 2 called all_gather(count=500, fp32)".
+[[nodiscard]] inline std::string mismatched_calls(std::span<const op_signature> sigs) {
+  std::map<std::string, std::string> ranks_of; // description -> "0, 1"
+  for (std::size_t r = 0; r < sigs.size(); ++r) {
+    auto& ranks = ranks_of[describe(sigs[r])];
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  }
+  std::string calls;
+  if (ranks_of.size() > 1) {
+    for (const auto& [what, ranks] : ranks_of) {
+      calls += (calls.empty() ? "" : "; ") + std::string(ranks.find(',') == std::string::npos ? "rank " : "ranks ") +
+               ranks + " called " + what;
+    }
+  }
+  return calls;
 }
 } // namespace detail
 

@@ -269,33 +269,6 @@ struct mpi_comm_state {
   std::vector<abandoned_op> abandoned;
 };
 
-/// What a rank says about the collective it starts; compared across ranks before it starts.
-struct mpi_op_signature {
-  std::int64_t kind = 0;  // index into mpi_op_names
-  std::int64_t count = 0; // elements (per rank, as the call takes them)
-  std::int64_t type = 0;  // zero::dtype
-  std::int64_t extra = 0; // root of a broadcast, reduce_op of a reduction, 0 otherwise
-};
-inline constexpr int mpi_op_signature_fields = 4;
-static_assert(sizeof(mpi_op_signature) == mpi_op_signature_fields * sizeof(std::int64_t));
-inline constexpr std::array<const char*, 7> mpi_op_names = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                                            "barrier",    "all_to_all",     "split"};
-
-/// "all_gather(count=1000, fp32)", "broadcast(count=8, u8, root=1)", "barrier".
-[[nodiscard]] inline std::string describe(const mpi_op_signature& s) {
-  const auto kind = static_cast<std::size_t>(s.kind);
-  std::string text = kind < mpi_op_names.size() ? mpi_op_names[kind] : "operation " + std::to_string(s.kind);
-  if (text == "barrier" || text == "split") {
-    return text;
-  }
-  text += "(count=" + std::to_string(s.count) + ", " + std::string(name_of(static_cast<dtype>(s.type)));
-  if (text.starts_with("all_reduce") || text.starts_with("reduce_scatter")) {
-    text += ", " + std::string(name_of(static_cast<reduce_op>(s.extra)));
-  } else if (text.starts_with("broadcast")) {
-    text += ", root=" + std::to_string(s.extra);
-  }
-  return text + ")";
-}
 
 } // namespace detail
 
@@ -885,15 +858,15 @@ private:
   /// the exchange is abandoned with `go`, for `drain_abandoned`.
   /// \throws comm_error naming every rank's operation when they differ (the group is then broken);
   ///         mpi_error.
-  void agree_and_start(detail::mpi_comm_state& s, handle& h, detail::mpi_op_signature sig, const starter& go) const {
+  void agree_and_start(detail::mpi_comm_state& s, handle& h, detail::op_signature sig, const starter& go) const {
     const auto n = static_cast<std::size_t>(s.size);
     const std::uint64_t number = s.next_op++;
     handle x = start(s, h.op_, h.bytes_); // a timeout names the operation and its bytes
     x.scratch_ = std::make_unique<std::byte[]>((n + 1) * sizeof(sig));
-    auto* sigs = reinterpret_cast<detail::mpi_op_signature*>(x.scratch_.get());
+    auto* sigs = reinterpret_cast<detail::op_signature*>(x.scratch_.get());
     sigs[n] = sig;
-    ZERO_CHECK_MPI(MPI_Iallgather(sigs + n, detail::mpi_op_signature_fields, MPI_INT64_T, sigs,
-                                  detail::mpi_op_signature_fields, MPI_INT64_T, s.check_comm, &x.request_));
+    ZERO_CHECK_MPI(MPI_Iallgather(sigs + n, detail::op_signature_fields, MPI_INT64_T, sigs,
+                                  detail::op_signature_fields, MPI_INT64_T, s.check_comm, &x.request_));
     x.then_ = go;
     try {
       MPI_Status status{};
@@ -902,17 +875,7 @@ private:
       h.error_ = std::current_exception();
       return;
     }
-    std::map<std::string, std::string> ranks_of; // description -> "0, 1"
-    for (std::size_t r = 0; r < n; ++r) {
-      auto& ranks = ranks_of[detail::describe(sigs[r])];
-      ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (ranks_of.size() > 1) {
-      std::string calls;
-      for (const auto& [what, ranks] : ranks_of) {
-        calls += (calls.empty() ? "" : "; ") + std::string(ranks.find(',') == std::string::npos ? "rank " : "ranks ") +
-                 ranks + " called " + what;
-      }
+    if (const std::string calls = detail::mismatched_calls({sigs, n}); !calls.empty()) {
       const std::string reason = "operation #" + std::to_string(number) + " does not match across ranks: " + calls;
       {
         const std::lock_guard lock(s.mutex);

@@ -33,6 +33,17 @@
 /// aborted communicator refuses every later operation with `comm_error`. In a `run_gpus` group, a rank that
 /// fails makes the others' waits abort at once instead of at their timeout.
 ///
+/// ## Matching
+/// NCCL leaves collectives that differ between ranks (another operation, count, type or root at the
+/// same position) undefined: a hang or wrong data. With `nccl_options::check_matching`, or the
+/// environment variable ZERO_CHECK_COLLECTIVES=1, every collective first all-gathers each rank's
+/// description of it (four int64 per rank) and waits for it on the host, under the timeout; when
+/// the ranks disagree every rank throws the same `comm_error` ("operation #k does not match across
+/// ranks: rank 0 called all_gather(count=1000, bf16); rank 1 called all_gather(count=500, bf16)")
+/// and nothing is started. The price is a host wait per collective, which ends the overlap of
+/// communication with compute: a debugging mode, off by default (PyTorch's
+/// TORCH_DISTRIBUTED_DEBUG=DETAIL makes the same trade). `send`/`recv` are not checked.
+///
 /// Element types: float, f16, bf16, double, int32, int64, uint8 (`zero::element_type`); `reduce_op::avg`
 /// is for floating types.
 
@@ -76,6 +87,9 @@ struct nccl_options {
   /// Shared by the ranks of one process (set by `run_gpus`): set when a rank fails, so the others abort
   /// their waits instead of waiting for their timeout. Null: no such sharing.
   std::shared_ptr<std::atomic<bool>> group_failed{};
+  /// Compare every collective across ranks before starting it (see "Matching" in the file comment);
+  /// also on when the environment variable ZERO_CHECK_COLLECTIVES is 1.
+  bool check_matching = false;
 };
 
 namespace detail {
@@ -145,6 +159,9 @@ struct nccl_state {
   cudaStream_t compute = nullptr; // the stream operations are ordered after (not owned)
   cudaEvent_t produced = nullptr; // recorded on `compute` at each call
   int* scratch = nullptr;         // one device word for barrier
+  bool check_matching = false;     // compare collectives across ranks first (see "Matching")
+  std::int64_t* signatures = nullptr; // device: size x op_signature_fields words, when check_matching
+  std::uint64_t next_op = 0;          // number of the next collective, for mismatch messages
   bool blocking = false;          // `comm` is a blocking NCCL communicator (the fast path)
   std::atomic<bool> aborted{false};
   std::mutex events_mutex;
@@ -202,6 +219,9 @@ struct nccl_state {
     }
     if (scratch != nullptr) {
       (void)cudaFree(scratch);
+    }
+    if (signatures != nullptr) {
+      (void)cudaFree(signatures);
     }
     if (stream != nullptr) {
       (void)cudaStreamDestroy(stream);
@@ -717,6 +737,8 @@ public:
     s.name = std::move(opt.name);
     s.timeout = opt.timeout;
     s.group_failed = std::move(opt.group_failed);
+    const char* check_env = std::getenv("ZERO_CHECK_COLLECTIVES");
+    s.check_matching = opt.check_matching || (check_env != nullptr && std::string_view(check_env) == "1");
     cuda_call(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
     cuda_call(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     cuda_call(cudaEventCreateWithFlags(&s.produced, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -815,6 +837,7 @@ public:
   /// recv[i] = op over ranks of send[i], `count` elements each (in place when recv == send).
   template <element_type T> [[nodiscard]] handle all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
     check_op<T>("all_reduce", op);
+    agree<T>(0, count, static_cast<std::int64_t>(op));
     return launch("all_reduce", count * sizeof(T), [&] {
       return ncclAllReduce(send, recv, count, detail::nccl_type<T>(), detail::nccl_op(op), s_->comm, s_->stream);
     });
@@ -824,6 +847,7 @@ public:
   template <element_type T>
   [[nodiscard]] handle reduce_scatter(const T* send, T* recv, std::size_t recv_count, reduce_op op) {
     check_op<T>("reduce_scatter", op);
+    agree<T>(1, recv_count, static_cast<std::int64_t>(op));
     return launch("reduce_scatter", recv_count * sizeof(T) * static_cast<std::size_t>(s_->size), [&] {
       return ncclReduceScatter(send, recv, recv_count, detail::nccl_type<T>(), detail::nccl_op(op), s_->comm,
                                s_->stream);
@@ -832,6 +856,7 @@ public:
 
   /// recv[r*send_count, (r+1)*send_count) = send of rank r.
   template <element_type T> [[nodiscard]] handle all_gather(const T* send, T* recv, std::size_t send_count) {
+    agree<T>(2, send_count, 0);
     return launch("all_gather", send_count * sizeof(T) * static_cast<std::size_t>(s_->size),
                   [&] { return ncclAllGather(send, recv, send_count, detail::nccl_type<T>(), s_->comm, s_->stream); });
   }
@@ -839,12 +864,14 @@ public:
   /// recv = root's send, `count` elements.
   template <element_type T> [[nodiscard]] handle broadcast(const T* send, T* recv, std::size_t count, int root) {
     check_rank("broadcast", root);
+    agree<T>(3, count, root);
     return launch("broadcast", count * sizeof(T),
                   [&] { return ncclBroadcast(send, recv, count, detail::nccl_type<T>(), root, s_->comm, s_->stream); });
   }
 
   /// Completes when every rank has reached it (a one-word all-reduce on the device).
   [[nodiscard]] handle barrier() {
+    agree<std::uint8_t>(4, 0, 0);
     return launch("barrier", sizeof(int),
                   [&] { return ncclAllReduce(s_->scratch, s_->scratch, 1, ncclInt32, ncclSum, s_->comm, s_->stream); });
   }
@@ -865,6 +892,7 @@ public:
 
   /// recv[p*count, (p+1)*count) = send[rank*count, ...) of rank p: one grouped send/recv per peer.
   template <element_type T> [[nodiscard]] handle all_to_all(const T* send, T* recv, std::size_t count_per_peer) {
+    agree<T>(5, count_per_peer, 0);
     return launch("all_to_all", count_per_peer * sizeof(T) * static_cast<std::size_t>(s_->size), [&] {
       ncclResult_t r = ncclGroupStart();
       for (int p = 0; p < s_->size && (r == ncclSuccess || r == ncclInProgress); ++p) {
@@ -895,6 +923,7 @@ public:
     child->timeout = s_->timeout;
     child->group_failed = s_->group_failed;
     child->compute = s_->compute;
+    child->check_matching = s_->check_matching;
     cuda_call(cudaStreamCreateWithFlags(&child->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     cuda_call(cudaEventCreateWithFlags(&child->produced, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     cuda_call(cudaMalloc(reinterpret_cast<void**>(&child->scratch), 256), "cudaMalloc");
@@ -945,6 +974,41 @@ private:
   template <class T> static void check_op(const char* op, reduce_op r) {
     if (r == reduce_op::avg && !(std::is_floating_point_v<T> || is_half_v<T>)) {
       throw usage_error(std::string(op) + ": reduce_op::avg needs a floating element type");
+    }
+  }
+
+  /// With check_matching: all-gathers this rank's description of the collective it is about to start
+  /// (`kind` indexes detail::op_names) and waits for every rank's on the host; throws comm_error naming
+  /// each rank's call when they differ (see "Matching" in the file comment). Otherwise nothing.
+  template <class T> void agree(std::int64_t kind, std::size_t count, std::int64_t extra) {
+    if (!s_->check_matching) {
+      return;
+    }
+    auto& s = *s_;
+    const auto n = static_cast<std::size_t>(s.size);
+    constexpr std::size_t words = detail::op_signature_fields;
+    if (s.signatures == nullptr) {
+      cuda_call(cudaMalloc(reinterpret_cast<void**>(&s.signatures), n * words * sizeof(std::int64_t)),
+                "cudaMalloc (collective signatures)");
+    }
+    const std::uint64_t number = s.next_op++;
+    const detail::op_signature mine{kind, static_cast<std::int64_t>(count), static_cast<std::int64_t>(dtype_v<T>),
+                                    extra};
+    std::int64_t* slot = s.signatures + static_cast<std::size_t>(s.rank) * words;
+    // From pageable memory: the copy has taken `mine` when the call returns.
+    cuda_call(cudaMemcpyAsync(slot, &mine, sizeof(mine), cudaMemcpyHostToDevice, s.stream),
+              "cudaMemcpyAsync (collective signature)");
+    handle exchange = launch("match check", n * sizeof(mine), [&] {
+      return ncclAllGather(slot, s.signatures, words, ncclInt64, s.comm, s.stream);
+    });
+    exchange.wait(); // bounded by the timeout like any operation
+    std::vector<detail::op_signature> all(n);
+    cuda_call(cudaMemcpyAsync(all.data(), s.signatures, n * sizeof(mine), cudaMemcpyDeviceToHost, s.stream),
+              "cudaMemcpyAsync (collective signatures)");
+    cuda_call(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize (collective signatures)");
+    if (const std::string calls = detail::mismatched_calls(all); !calls.empty()) {
+      throw comm_error("operation #" + std::to_string(number) + " does not match across ranks: " + calls +
+                       " (group \"" + s.name + "\"; nothing was started)");
     }
   }
 
