@@ -32,9 +32,22 @@ struct idx_data {
 /// element type or rank, or shorter than its header says.
 inline idx_data read_idx(const std::filesystem::path& path, std::size_t expected_dims) {
   const std::string name = path.string();
-  if (!std::filesystem::exists(path)) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) {
     throw zero::io_error(name + ": no such file; Fashion-MNIST comes from Debian's dataset-fashion-mnist "
                                 "package (apt-get install dataset-fashion-mnist) or --data DIR");
+  }
+  if (!fs::is_regular_file(st)) {
+    // Named as what it is: a folder is no missing file, and opening a FIFO would block.
+    const char* kind = fs::is_directory(st)       ? "a directory"
+                       : fs::is_fifo(st)          ? "a FIFO"
+                       : fs::is_character_file(st) ? "a character device"
+                       : fs::is_block_file(st)    ? "a block device"
+                       : fs::is_socket(st)        ? "a socket"
+                                                  : "not a regular file";
+    throw zero::io_error(name + ": " + kind + "; expected a gzip'd IDX file (a regular file)");
   }
   gzFile f = gzopen(name.c_str(), "rb");
   if (f == nullptr) {
