@@ -41,12 +41,12 @@ inline idx_data read_idx(const std::filesystem::path& path, std::size_t expected
   }
   if (!fs::is_regular_file(st)) {
     // Named as what it is: a folder is no missing file, and opening a FIFO would block.
-    const char* kind = fs::is_directory(st)       ? "a directory"
-                       : fs::is_fifo(st)          ? "a FIFO"
+    const char* kind = fs::is_directory(st)        ? "a directory"
+                       : fs::is_fifo(st)           ? "a FIFO"
                        : fs::is_character_file(st) ? "a character device"
-                       : fs::is_block_file(st)    ? "a block device"
-                       : fs::is_socket(st)        ? "a socket"
-                                                  : "not a regular file";
+                       : fs::is_block_file(st)     ? "a block device"
+                       : fs::is_socket(st)         ? "a socket"
+                                                   : "not a regular file";
     throw zero::io_error(name + ": " + kind + "; expected a gzip'd IDX file (a regular file)");
   }
   gzFile f = gzopen(name.c_str(), "rb");

@@ -174,8 +174,8 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
   constexpr std::int64_t bucket = 2 * weight;
   // Stages 1-2 also with allgather_bucket_size set to both buckets: their all-gathers then share one
   // staging buffer of both buckets' parameters.
-  for (const auto& run : std::vector<std::pair<int, std::int64_t>>{
-           {0, 0}, {1, 0}, {2, 0}, {3, 0}, {1, 2 * bucket}, {2, 2 * bucket}}) {
+  for (const auto& run :
+       std::vector<std::pair<int, std::int64_t>>{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {1, 2 * bucket}, {2, 2 * bucket}}) {
     const int stage = run.first; // named copies: lambdas below capture them (Clang 14: no bindings)
     const std::int64_t allgather = run.second;
     CAPTURE(stage);

@@ -269,7 +269,6 @@ struct mpi_comm_state {
   std::vector<abandoned_op> abandoned;
 };
 
-
 } // namespace detail
 
 /// A communicator over an MPI intra-communicator; satisfies `zero::full_communicator`.
@@ -865,8 +864,8 @@ private:
     x.scratch_ = std::make_unique<std::byte[]>((n + 1) * sizeof(sig));
     auto* sigs = reinterpret_cast<detail::op_signature*>(x.scratch_.get());
     sigs[n] = sig;
-    ZERO_CHECK_MPI(MPI_Iallgather(sigs + n, detail::op_signature_fields, MPI_INT64_T, sigs,
-                                  detail::op_signature_fields, MPI_INT64_T, s.check_comm, &x.request_));
+    ZERO_CHECK_MPI(MPI_Iallgather(sigs + n, detail::op_signature_fields, MPI_INT64_T, sigs, detail::op_signature_fields,
+                                  MPI_INT64_T, s.check_comm, &x.request_));
     x.then_ = go;
     try {
       MPI_Status status{};

@@ -155,14 +155,14 @@ struct nccl_state {
   std::string name;
   std::chrono::milliseconds timeout{};
   std::shared_ptr<std::atomic<bool>> group_failed;
-  cudaStream_t stream = nullptr;  // the communication stream (owned)
-  cudaStream_t compute = nullptr; // the stream operations are ordered after (not owned)
-  cudaEvent_t produced = nullptr; // recorded on `compute` at each call
-  int* scratch = nullptr;         // one device word for barrier
-  bool check_matching = false;     // compare collectives across ranks first (see "Matching")
+  cudaStream_t stream = nullptr;      // the communication stream (owned)
+  cudaStream_t compute = nullptr;     // the stream operations are ordered after (not owned)
+  cudaEvent_t produced = nullptr;     // recorded on `compute` at each call
+  int* scratch = nullptr;             // one device word for barrier
+  bool check_matching = false;        // compare collectives across ranks first (see "Matching")
   std::int64_t* signatures = nullptr; // device: size x op_signature_fields words, when check_matching
   std::uint64_t next_op = 0;          // number of the next collective, for mismatch messages
-  bool blocking = false;          // `comm` is a blocking NCCL communicator (the fast path)
+  bool blocking = false;              // `comm` is a blocking NCCL communicator (the fast path)
   std::atomic<bool> aborted{false};
   std::mutex events_mutex;
   std::vector<cudaEvent_t> free_events;
@@ -998,9 +998,8 @@ private:
     // From pageable memory: the copy has taken `mine` when the call returns.
     cuda_call(cudaMemcpyAsync(slot, &mine, sizeof(mine), cudaMemcpyHostToDevice, s.stream),
               "cudaMemcpyAsync (collective signature)");
-    handle exchange = launch("match check", n * sizeof(mine), [&] {
-      return ncclAllGather(slot, s.signatures, words, ncclInt64, s.comm, s.stream);
-    });
+    handle exchange = launch("match check", n * sizeof(mine),
+                             [&] { return ncclAllGather(slot, s.signatures, words, ncclInt64, s.comm, s.stream); });
     exchange.wait(); // bounded by the timeout like any operation
     std::vector<detail::op_signature> all(n);
     cuda_call(cudaMemcpyAsync(all.data(), s.signatures, n * sizeof(mine), cudaMemcpyDeviceToHost, s.stream),

@@ -183,7 +183,7 @@ struct estimate_options {
   /// dtype gradients accumulate in; empty: the config's default at each stage
   /// (`default_grad_accum_dtype`: fp32 for bf16 at stage 0, the parameter dtype otherwise)
   std::optional<dtype> grad_dtype;
-  std::int64_t reduce_bucket_size = 500'000'000;           ///< zero_optimization.reduce_bucket_size
+  std::int64_t reduce_bucket_size = 500'000'000; ///< zero_optimization.reduce_bucket_size
   /// zero_optimization.allgather_bucket_size; empty: unset, every bucket all-gathered in place
   std::optional<std::int64_t> allgather_bucket_size;
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;   ///< zero_optimization.stage3_prefetch_bucket_size
