@@ -308,9 +308,15 @@ int main(int argc, char** argv) {
   auto* load_opt = app.add_option("--load", opt.load, "resume from the latest checkpoint in this directory");
   app.add_option("--timeout", opt.timeout,
                  "seconds a rank waits for the others before it reports them (default: the config's "
-                 "comm_timeout, else 300)")
-      ->check(CLI::Range(0.001, 31536000.0));
+                 "comm_timeout, else 300)");
   CLI11_PARSE(app, argc, argv);
+  // Checked here rather than with CLI::Range, which lets NaN through (every comparison with it is
+  // false) and prints its bounds as "0.001000 to 31536000.000000".
+  if (opt.timeout && !(*opt.timeout >= 0.001 && *opt.timeout <= 31536000.0)) {
+    std::fprintf(stderr, "zero-fashion-mnist: --timeout: expected seconds from 0.001 to 31536000, found %g\n",
+                 *opt.timeout);
+    return 2;
+  }
   for (const CLI::Option* o : {save_opt, load_opt}) {
     if (o->count() > 0 && o->as<std::string>().empty()) {
       std::fprintf(stderr, "zero-fashion-mnist: %s: expected a directory, found an empty string\n",

@@ -92,6 +92,16 @@ std::vector<ncclUniqueId> rendezvous(int size, const std::vector<int>& ports, in
   return ids;
 }
 
+/// True when 2 GPUs are visible; otherwise says that the test case is not run here.
+bool two_gpus() {
+  int n = 0;
+  ZERO_CHECK_CUDA(cudaGetDeviceCount(&n));
+  if (n < 2) {
+    MESSAGE("needs 2 GPUs; not run on this machine");
+  }
+  return n >= 2;
+}
+
 int random_base_port() {
   std::random_device rd;
   return 20000 + static_cast<int>(rd() % 20000);
@@ -245,10 +255,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("a rank that never joins: the waiting rank times out naming the operation, then refuses more") {
-    int n = 0;
-    ZERO_CHECK_CUDA(cudaGetDeviceCount(&n));
-    if (n < 2) {
-      MESSAGE("needs 2 GPUs; not run on this machine");
+    if (!two_gpus()) {
       return;
     }
     std::string what;
@@ -285,10 +292,7 @@ TEST_SUITE("nccl") {
   }
 
   TEST_CASE("check_matching: ranks that start different collectives get a named error, and nothing starts") {
-    int n = 0;
-    ZERO_CHECK_CUDA(cudaGetDeviceCount(&n));
-    if (n < 2) {
-      MESSAGE("needs 2 GPUs; not run on this machine");
+    if (!two_gpus()) {
       return;
     }
     zero::nccl_options opt;

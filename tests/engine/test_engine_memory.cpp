@@ -13,17 +13,24 @@
 
 namespace {
 
+/// An AdamW config for `world` ranks at `stage`: `precision` is e.g. `"bf16": {"enabled": true},` and
+/// `zero_keys` the keys after "stage" in zero_optimization, each with a leading comma.
+zero::config make_config(int world, int stage, const std::string& precision, const std::string& zero_keys) {
+  zero::config_inputs inputs;
+  inputs.world_size = world;
+  return zero::config::from_string(
+      "{\"train_micro_batch_size_per_gpu\": 1, " + precision +
+          " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, \"zero_optimization\": {\"stage\": " +
+          std::to_string(stage) + zero_keys + "}}",
+      inputs);
+}
+
 /// Peak model-state bytes per rank of a 10-layer model of 10,010,000 parameters after one step.
 zero::memory_report measure(int stage, int world, const std::string& precision) {
   std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
   zero::run_ranks(world, [&](zero::thread_communicator& comm) {
-    zero::config_inputs inputs;
-    inputs.world_size = world;
-    const auto cfg = zero::config::from_string(
-        "{\"train_micro_batch_size_per_gpu\": 1, " + precision +
-            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, \"zero_optimization\": {\"stage\": " +
-            std::to_string(stage) + ", \"reduce_bucket_size\": 100000, \"allgather_bucket_size\": 1000000}}",
-        inputs);
+    const auto cfg =
+        make_config(world, stage, precision, ", \"reduce_bucket_size\": 100000, \"allgather_bucket_size\": 1000000");
     zero::cpu_backend backend({.threads = 1});
     zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
     for (int l = 0; l < 10; ++l) {
@@ -111,15 +118,8 @@ TEST_CASE("zero-estimate's model-state bytes are within 2% of what the counting 
     for (int world : {1, 2, 4, 8}) {
       std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
       zero::run_ranks(world, [&](zero::thread_communicator& comm) {
-        zero::config_inputs inputs;
-        inputs.world_size = world;
-        const auto cfg = zero::config::from_string(
-            R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                "zero_optimization": {"stage": )" +
-                std::to_string(stage) +
-                R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
-            inputs);
+        const auto cfg = make_config(world, stage, R"("bf16": {"enabled": true},)",
+                                     R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100)");
         zero::cpu_backend backend({.threads = 1});
         zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
         std::vector<int> modules;
@@ -182,19 +182,14 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
     CAPTURE(allgather);
     std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
     zero::run_ranks(world, [&](zero::thread_communicator& comm) {
-      zero::config_inputs inputs;
-      inputs.world_size = world;
       // Stage 3 without prefetch or reuse: one module gathered at a time, as the estimate counts it
       // with a prefetch bucket of 0.
-      const auto cfg = zero::config::from_string(
-          R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-              "zero_optimization": {"stage": )" +
-              std::to_string(stage) + R"(, "reduce_bucket_size": )" + std::to_string(bucket) +
+      const auto cfg = make_config(
+          world, stage, R"("bf16": {"enabled": true},)",
+          R"(, "reduce_bucket_size": )" + std::to_string(bucket) +
               (allgather > 0 ? R"(, "allgather_bucket_size": )" + std::to_string(allgather) : std::string()) +
               R"(, "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0,
-                  "stage3_param_persistence_threshold": 100}})",
-          inputs);
+                  "stage3_param_persistence_threshold": 100)");
       zero::cpu_backend backend({.threads = 1});
       zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
       std::vector<int> modules;

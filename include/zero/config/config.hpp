@@ -180,7 +180,8 @@ struct scheduler_config {
 /// `zero_optimization.offload_optimizer`: where the fp32 master weights, Adam moments and the
 /// gradient shard live, and where the optimizer step runs (CPU for any device but none).
 struct offload_optimizer_config {
-  /// `device`: none (default), cpu. nvme is refused as not implemented yet.
+  /// `device`: none (default), cpu. cpu is read but refused by the engine until optimizer offload
+  /// lands (issue 12); nvme is refused here, by the reader.
   offload_device device = offload_device::none;
   /// `nvme_path`: directory for NVMe offload. Default empty.
   std::string nvme_path;
@@ -195,7 +196,8 @@ struct offload_optimizer_config {
 
 /// `zero_optimization.offload_param` (stage 3): where parameter shards live between uses.
 struct offload_param_config {
-  /// `device`: none (default), cpu. nvme is refused as not implemented yet.
+  /// `device`: none (default), cpu. cpu is read but refused by the engine until parameter offload
+  /// lands (issue 12); nvme is refused here, by the reader.
   offload_device device = offload_device::none;
   /// `nvme_path`: directory for NVMe offload. Default empty.
   std::string nvme_path;
