@@ -46,134 +46,68 @@
 
 namespace zero {
 
-/// The one access point of checkpoint code into an engine's private state (a friend of
-/// `basic_engine`). Nothing else in zero/checkpoint touches engine internals.
+/// How checkpoint code reads and writes an engine: only through its public state view
+/// (`registered`, `owned_by`, `stores`, `counters`, `restore`) and the backend's `upload`/`download`,
+/// with staging in backend memory where the communicator needs it (NCCL).
 template <class Engine> struct checkpoint_access {
-  /// A registered parameter, in registration order.
-  struct registered {
-    const param_info* info = nullptr;
-    bool trainable = true;
-    std::size_t group = 0;
-    std::string module;
-  };
-  /// The elements of one trainable parameter a rank owns, where their optimizer state lives
-  /// (`state`) and where the low-precision values live in the parameter store (`store`).
-  struct owned {
-    std::size_t id = 0;
-    std::size_t param_offset = 0;
-    std::size_t count = 0;
-    std::size_t state = 0;
-    std::size_t store = 0;
-  };
+  using registered = registered_param;
+  using owned = owned_piece;
+  using counting = typename Engine::counting_allocator_type;
+  static constexpr bool host_accessible = Engine::allocator_type::host_accessible;
 
-  static auto& comm(Engine& e) { return e.comm_; }
-  static const flat_layout& frozen_layout(const Engine& e) { return e.frozen_layout_; }
-  static bool finalized(const Engine& e) { return e.finalized_; }
-  static std::vector<registered> params(const Engine& e) {
-    std::vector<registered> out;
-    for (const auto& en : e.entries_) {
-      const auto& l = en.trainable ? e.layout_ : e.frozen_layout_;
-      out.push_back({&l.param(en.id), en.trainable, en.group, e.module_names_[static_cast<std::size_t>(en.module)]});
-    }
-    return out;
-  }
-  /// Pieces rank `rank` owns: its shard's pieces (stages 1-3), or every parameter whole (stage 0).
-  static std::vector<owned> owned_by(const Engine& e, int rank) {
-    std::vector<owned> out;
-    const auto& l = e.layout_;
-    if (e.cfg_.stage() == 0) {
-      for (std::size_t id : l.flat_order()) {
-        const auto& p = l.param(id);
-        out.push_back({id, 0, p.numel, p.offset, p.offset});
-      }
-      return out;
-    }
-    for (const auto& pc : l.pieces(rank)) {
-      out.push_back({pc.param, pc.param_offset, pc.count, pc.shard_offset,
-                     e.cfg_.stage() == 3 ? pc.shard_offset : pc.flat_offset});
-    }
-    return out;
-  }
-  /// Waits for the engine's stream, so host reads of its buffers see every kernel's result.
-  static void synchronize(Engine& e) {
-    e.finish_gathers(); // stages 1-2: the all-gathers posted at the last step end write the parameters
-    e.backend_.synchronize(e.stream_);
-  }
-  static std::byte* param_store(Engine& e) { return e.param_store(); }
-  static std::byte* frozen(Engine& e) { return e.frozen_.data(); }
-  /// Elements of the parameter store: the rank's shard at stage 3, the whole flat buffer otherwise.
-  static std::size_t store_elements(const Engine& e) {
-    return e.coord_ ? e.layout_.shard_size() : e.layout_.total_size();
-  }
-  /// Bytes of the frozen parameters' buffer.
-  static std::size_t frozen_bytes(const Engine& e) {
-    return e.frozen_layout_.param_count() > 0 ? e.frozen_layout_.total_size() * size_of(e.frozen_layout_.type()) : 0;
-  }
-  /// A host copy of `n` elements of engine memory (the backend's copy where the host cannot touch it,
-  /// as on a GPU), after the engine's stream.
+  static auto& comm(Engine& e) { return e.communicator(); }
+  static const flat_layout& frozen_layout(const Engine& e) { return e.frozen_layout(); }
+  static bool finalized(const Engine& e) { return e.finalized(); }
+  static std::vector<registered> params(const Engine& e) { return e.registered(); }
+  static std::vector<owned> owned_by(const Engine& e, int rank) { return e.owned_by(rank); }
+
+  /// A host copy of `n` elements of engine memory, after the engine's stream.
   template <class T> static std::vector<T> read(Engine& e, const T* src, std::size_t n) {
     std::vector<T> host(n);
     if (n > 0) {
-      e.download(src, host.data(), n);
+      download<host_accessible>(e.backend(), e.stream(), src, host.data(), n);
     }
     return host;
   }
-  /// Memory the communicator can use: host memory as it is when the engine's memory is host accessible,
-  /// otherwise a staging buffer from the engine's buffer allocator (NCCL needs device memory).
-  static constexpr bool host_collectives = Engine::allocator_type::host_accessible;
+  /// Writes `n` host elements into engine memory at `dst`.
+  template <class T> static void write(Engine& e, const T* host, T* dst, std::size_t n) {
+    if (n > 0) {
+      upload<host_accessible>(e.backend(), e.stream(), host, dst, n);
+    }
+  }
 
-  /// `op` over ranks of `n` host elements, in place; collective.
+  /// `op` over ranks of `n` host elements, in place; collective. Host memory as it is when the
+  /// engine's memory is host accessible, otherwise through a staging buffer of the engine's buffer
+  /// allocator (NCCL needs device memory).
   template <class T> static void all_reduce(Engine& e, T* host, std::size_t n, reduce_op op) {
-    if constexpr (host_collectives) {
-      e.comm_.all_reduce(host, host, n, op).wait();
+    if constexpr (host_accessible) {
+      e.communicator().all_reduce(host, host, n, op).wait();
     } else {
-      buffer<T, typename Engine::counting> dev(e.buffer_alloc_, n, memory_tag::buffers);
+      buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
       write(e, host, dev.data(), n);
-      e.comm_.all_reduce(dev.data(), dev.data(), n, op).wait();
-      e.download(dev.data(), host, n);
+      e.communicator().all_reduce(dev.data(), dev.data(), n, op).wait();
+      download<host_accessible>(e.backend(), e.stream(), dev.data(), host, n);
     }
   }
   /// Sends `n` host elements to `peer`.
   template <class T> static void send(Engine& e, const T* host, std::size_t n, int peer) {
-    if constexpr (host_collectives) {
-      e.comm_.send(host, n, peer).wait();
+    if constexpr (host_accessible) {
+      e.communicator().send(host, n, peer).wait();
     } else {
-      buffer<T, typename Engine::counting> dev(e.buffer_alloc_, n, memory_tag::buffers);
+      buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
       write(e, host, dev.data(), n);
-      e.comm_.send(dev.data(), n, peer).wait();
+      e.communicator().send(dev.data(), n, peer).wait();
     }
   }
   /// Receives `n` host elements from `peer`.
   template <class T> static void recv(Engine& e, T* host, std::size_t n, int peer) {
-    if constexpr (host_collectives) {
-      e.comm_.recv(host, n, peer).wait();
+    if constexpr (host_accessible) {
+      e.communicator().recv(host, n, peer).wait();
     } else {
-      buffer<T, typename Engine::counting> dev(e.buffer_alloc_, n, memory_tag::buffers);
-      e.comm_.recv(dev.data(), n, peer).wait();
-      e.download(dev.data(), host, n);
+      buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
+      e.communicator().recv(dev.data(), n, peer).wait();
+      download<host_accessible>(e.backend(), e.stream(), dev.data(), host, n);
     }
-  }
-
-  /// Writes `n` host elements into engine memory at `dst` (through the backend's copy where needed).
-  template <class T> static void write(Engine& e, const T* host, T* dst, std::size_t n) {
-    if (n > 0) {
-      e.upload(host, dst, n);
-    }
-  }
-  static loss_scaler& scaler(Engine& e) { return e.scaler_; }
-  static lr_scheduler& scheduler(Engine& e) { return e.scheduler_; }
-  static std::int64_t& applied_steps(Engine& e) { return e.applied_steps_; }
-  static std::int64_t& micro_step(Engine& e) { return e.micro_step_; }
-  static std::int64_t& boundaries(Engine& e) { return e.boundaries_; }
-  /// After the owned part of the parameter store was rewritten: make parameters whole again
-  /// (all-gather at stages 1-2, refresh the persistent ones at stage 3) and reopen the micro-step.
-  static void params_rewritten(Engine& e) {
-    if (e.coord_) {
-      e.coord_->refresh_persistent();
-    } else {
-      e.gather_params();
-    }
-    e.begin_micro_step();
   }
 };
 
@@ -534,9 +468,9 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   const int rank = comm.rank();
   const int world = comm.size();
   const config& cfg = eng.cfg();
-  if (access::micro_step(eng) % cfg.gradient_accumulation_steps != 0) {
+  if (eng.counters().micro_step % cfg.gradient_accumulation_steps != 0) {
     throw usage_error(cat(
-        "save(\"", tag, "\") inside a gradient accumulation (micro-step ", std::to_string(access::micro_step(eng)),
+        "save(\"", tag, "\") inside a gradient accumulation (micro-step ", std::to_string(eng.counters().micro_step),
         " of ", std::to_string(cfg.gradient_accumulation_steps), "); save after the step() that ends an accumulation"));
   }
   auto event = [&](std::string_view what, std::size_t index = 0) {
@@ -556,12 +490,12 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   m.param_dtype = layout.type();
   m.grad_dtype = cfg.grad_accum_dtype;
   m.config_xxh64 = detail::xxh64_of(cfg.to_json().dump());
-  m.global_steps = access::applied_steps(eng);
-  m.micro_steps = access::micro_step(eng);
-  m.boundaries = access::boundaries(eng);
-  m.scaler_dynamic = access::scaler(eng).dynamic();
-  m.scaler = access::scaler(eng).state();
-  m.lr_last_batch_iteration = access::scheduler(eng).last_batch_iteration();
+  m.global_steps = eng.counters().applied_steps;
+  m.micro_steps = eng.counters().micro_step;
+  m.boundaries = eng.counters().boundaries;
+  m.scaler_dynamic = eng.scaler().dynamic();
+  m.scaler = eng.scaler().state();
+  m.lr_last_batch_iteration = eng.scheduler().last_batch_iteration();
   m.modules = frozen.modules();
   for (const auto& g : eng.optimizer().groups()) {
     m.groups.emplace_back(g.lr, g.weight_decay);
@@ -643,13 +577,12 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   try {
     const auto& mine = owned[static_cast<std::size_t>(rank)];
     if (!mine.empty()) {
-      access::synchronize(eng);
+      const auto st = eng.stores();
       auto& optim = eng.optimizer();
       // Host copies of the rank's state (through the backend's copy when it lives on a device).
       const std::size_t n_state = optim.state_size();
       const bool fp32_store = optim.master() == nullptr;
-      const auto master = fp32_store ? access::read(eng, reinterpret_cast<const float*>(access::param_store(eng)),
-                                                    access::store_elements(eng))
+      const auto master = fp32_store ? access::read(eng, reinterpret_cast<const float*>(st.params), st.param_elements)
                                      : access::read(eng, static_cast<const float*>(optim.master()), n_state);
       const auto m1 = access::read(eng, static_cast<const float*>(optim.exp_avg()), n_state);
       const auto m2 = access::read(eng, static_cast<const float*>(optim.exp_avg_sq()), n_state);
@@ -691,8 +624,8 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
       if (frozen.param_count() > 0) {
         auto& fe = m.files.back();
         detail::hashing_writer w(tmp / fe.name);
-        const auto frozen_host =
-            access::read(eng, static_cast<const std::byte*>(access::frozen(eng)), access::frozen_bytes(eng));
+        const auto st = eng.stores();
+        const auto frozen_host = access::read(eng, static_cast<const std::byte*>(st.frozen), st.frozen_bytes);
         const std::byte* base = frozen_host.data();
         for (std::size_t id : frozen.flat_order()) {
           const auto& p = frozen.param(id);
@@ -773,9 +706,9 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   }
   auto& comm = access::comm(eng);
   const config& cfg = eng.cfg();
-  if (access::micro_step(eng) % cfg.gradient_accumulation_steps != 0) {
+  if (eng.counters().micro_step % cfg.gradient_accumulation_steps != 0) {
     throw usage_error(cat("load(\"", tag, "\") inside a gradient accumulation (micro-step ",
-                          std::to_string(access::micro_step(eng)), "); load between optimizer steps"));
+                          std::to_string(eng.counters().micro_step), "); load between optimizer steps"));
   }
   const flat_layout& layout = eng.layout();
   const flat_layout& frozen = access::frozen_layout(eng);
@@ -843,10 +776,10 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
 
   // Commit: nothing below reads a file.
   const manifest& m = rd->info();
-  access::synchronize(eng);
+  const auto st = eng.stores();
   auto& optim = eng.optimizer();
   float* opt_master = optim.master();
-  std::byte* store = access::param_store(eng);
+  std::byte* store = st.params;
   std::size_t at = 0;
   // Every write goes through the engine (the backend's copy when the state lives on a device).
   visit_float(layout.type(), [&]<class P>(type_tag<P>) {
@@ -873,18 +806,14 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
       for (std::size_t i = 0; i < p.numel; ++i) {
         values[i] = from_float<P>(frozen_values[id][i]);
       }
-      access::write(eng, values.data(), reinterpret_cast<P*>(access::frozen(eng)) + p.offset, p.numel);
+      access::write(eng, values.data(), reinterpret_cast<P*>(st.frozen) + p.offset, p.numel);
     });
   }
-  if (m.scaler_dynamic && access::scaler(eng).dynamic()) {
-    access::scaler(eng).load_state(m.scaler);
-  }
-  access::scheduler(eng).set_last_batch_iteration(m.lr_last_batch_iteration);
-  access::applied_steps(eng) = m.global_steps;
-  access::boundaries(eng) = m.boundaries;
   // Keep accumulation boundaries aligned under this run's gradient_accumulation_steps.
-  access::micro_step(eng) = m.boundaries * cfg.gradient_accumulation_steps;
-  access::params_rewritten(eng);
+  eng.restore({.applied_steps = m.global_steps,
+               .micro_step = m.boundaries * cfg.gradient_accumulation_steps,
+               .boundaries = m.boundaries},
+              m.scaler_dynamic ? std::optional<loss_scaler_state>(m.scaler) : std::nullopt, m.lr_last_batch_iteration);
 }
 
 } // namespace checkpoint

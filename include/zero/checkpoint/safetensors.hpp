@@ -139,17 +139,15 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   const int stage = eng.cfg().stage();
   const flat_layout& layout = eng.layout();
   const auto registered = access::params(eng);
-  access::synchronize(eng);
+  const auto st = eng.stores();
   auto& optim = eng.optimizer();
   // Host copies of this rank's fp32 values (its shard, or everything at stage 0) and of the frozen
   // parameters, through the backend's copy when they live on a device.
   const bool fp32_store = optim.master() == nullptr;
-  const auto values = fp32_store ? access::read(eng, reinterpret_cast<const float*>(access::param_store(eng)),
-                                                access::store_elements(eng))
+  const auto values = fp32_store ? access::read(eng, reinterpret_cast<const float*>(st.params), st.param_elements)
                                  : access::read(eng, static_cast<const float*>(optim.master()), optim.state_size());
-  const auto frozen_host =
-      rank == 0 ? access::read(eng, static_cast<const std::byte*>(access::frozen(eng)), access::frozen_bytes(eng))
-                : std::vector<std::byte>{};
+  const auto frozen_host = rank == 0 ? access::read(eng, static_cast<const std::byte*>(st.frozen), st.frozen_bytes)
+                                     : std::vector<std::byte>{};
   // The fp32 value of the element at state index `s` / store index `t` of this rank.
   auto value = [&](std::size_t s, std::size_t t) { return fp32_store ? values[t] : values[s]; };
 

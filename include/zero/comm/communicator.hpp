@@ -129,21 +129,63 @@ template <class C>
 concept full_communicator = can_all_reduce<C> && can_reduce_scatter<C> && can_all_gather<C> && can_broadcast<C> &&
     can_barrier<C> && can_send_recv<C> && can_all_to_all<C> && can_split<C>;
 
+// The sentences of the capability checks, one per operation, shared by the compile-time checks
+// (`require_*`, whose static_assert needs a literal) and the run-time ones (`missing_for_stage`).
+#define ZERO_DETAIL_NEEDS_ALL_REDUCE                                                                                   \
+  "zero: this needs a communicator with all_reduce(const T* send, T* recv, size_t count, reduce_op) returning a "      \
+  "handle with wait() (see zero/comm/communicator.hpp)"
+#define ZERO_DETAIL_NEEDS_REDUCE_SCATTER                                                                               \
+  "zero: this needs a communicator with reduce_scatter(const T* send, T* recv, size_t recv_count, reduce_op) "         \
+  "returning a handle with wait() (ZeRO stage 2 and 3 reduce gradients this way)"
+#define ZERO_DETAIL_NEEDS_ALL_GATHER                                                                                   \
+  "zero: this needs a communicator with all_gather(const T* send, T* recv, size_t send_count) returning a handle "     \
+  "with wait() (ZeRO stages 1-3 gather parameters)"
+
+namespace detail {
+inline constexpr std::string_view needs_all_reduce = ZERO_DETAIL_NEEDS_ALL_REDUCE;
+inline constexpr std::string_view needs_reduce_scatter = ZERO_DETAIL_NEEDS_REDUCE_SCATTER;
+inline constexpr std::string_view needs_all_gather = ZERO_DETAIL_NEEDS_ALL_GATHER;
+} // namespace detail
+
 /// Compile-time checks with a sentence a user understands, for code that needs one capability.
 /// Call as `zero::require_all_reduce<C>();` at the top of a function template.
 template <class C> constexpr void require_all_reduce() {
-  static_assert(can_all_reduce<C>,
-                "zero: this needs a communicator with all_reduce(const T* send, T* recv, size_t count, "
-                "reduce_op) returning a handle with wait() (see zero/comm/communicator.hpp)");
+  static_assert(can_all_reduce<C>, ZERO_DETAIL_NEEDS_ALL_REDUCE);
 }
 template <class C> constexpr void require_reduce_scatter() {
-  static_assert(can_reduce_scatter<C>, "zero: this needs a communicator with reduce_scatter(const T* send, T* recv, "
-                                       "size_t recv_count, reduce_op) returning a handle with wait() "
-                                       "(ZeRO stage 2 and 3 reduce gradients this way)");
+  static_assert(can_reduce_scatter<C>, ZERO_DETAIL_NEEDS_REDUCE_SCATTER);
 }
 template <class C> constexpr void require_all_gather() {
-  static_assert(can_all_gather<C>, "zero: this needs a communicator with all_gather(const T* send, T* recv, size_t "
-                                   "send_count) returning a handle with wait() (ZeRO stages 1-3 gather parameters)");
+  static_assert(can_all_gather<C>, ZERO_DETAIL_NEEDS_ALL_GATHER);
+}
+
+/// What ZeRO stage `Stage` asks of a communicator: all_reduce (stage 0: gradients; every stage: the
+/// gradient norm), all_gather from stage 1 (updated parameters), reduce_scatter from stage 2
+/// (gradients). Stops compilation with the sentence of the first missing operation.
+template <class C, int Stage> constexpr void require_stage() {
+  static_assert(Stage >= 0 && Stage <= 3, "zero: ZeRO stages are 0, 1, 2 and 3");
+  require_all_reduce<C>();
+  if constexpr (Stage >= 1) {
+    require_all_gather<C>();
+  }
+  if constexpr (Stage >= 2) {
+    require_reduce_scatter<C>();
+  }
+}
+
+/// The run-time form of `require_stage`, for a stage read from a config: the sentence naming the
+/// first operation stage `stage` needs and `C` lacks, or empty when `C` can run it.
+template <class C> [[nodiscard]] constexpr std::string_view missing_for_stage(int stage) noexcept {
+  if (!can_all_reduce<C>) {
+    return detail::needs_all_reduce;
+  }
+  if (stage >= 1 && !can_all_gather<C>) {
+    return detail::needs_all_gather;
+  }
+  if (stage >= 2 && !can_reduce_scatter<C>) {
+    return detail::needs_reduce_scatter;
+  }
+  return {};
 }
 
 namespace detail {

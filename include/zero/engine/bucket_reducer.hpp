@@ -69,10 +69,11 @@ public:
                  reducer_options opt, typename Backend::stream_type& stream)
       : layout_(layout), backend_(backend), comm_(comm), buffers_alloc_(std::move(buffers)), opt_(opt), stream_(stream),
         esize_(size_of(opt.grad_type)) {
-    if (opt_.mode == reduce_mode::reduce_scatter) {
-      require_reduce_scatter<Comm>();
-    } else {
-      require_all_reduce<Comm>();
+    require_all_reduce<Comm>();
+    if constexpr (!can_reduce_scatter<Comm>) {
+      if (opt_.mode == reduce_mode::reduce_scatter) {
+        throw config_error(std::string(detail::needs_reduce_scatter));
+      }
     }
     if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
       comm_.set_compute_stream(stream_.get());
@@ -116,6 +117,7 @@ public:
   /// is launched. \throws usage_error after the parameter was marked ready in this micro-step.
   [[nodiscard]] void* grad(std::size_t id) {
     const auto& p = layout_.param(id);
+    check_open("grad", p.name);
     if (param_ready_[id]) {
       throw usage_error("grad(\"" + p.name +
                         "\") after grad_ready in the same micro-step; its bucket may be "
@@ -134,6 +136,7 @@ public:
   /// complete and next in the launch order. \throws usage_error when marked twice.
   void ready(std::size_t id) {
     const auto& p = layout_.param(id);
+    check_open("grad_ready", p.name);
     if (param_ready_[id]) {
       throw usage_error("grad_ready(\"" + p.name + "\") called twice in one micro-step");
     }
@@ -162,7 +165,7 @@ public:
         }
       }
       if (count > 0) {
-        open_ = false;
+        // The micro-step stays open: the framework may still mark the missing gradients ready.
         throw usage_error(std::to_string(count) + " parameter(s) received no gradient in this micro-step (" + missing +
                           (count > 8 ? ", ..." : "") + " at rank " + std::to_string(comm_.rank()) +
                           "); call grad_ready for every trainable parameter, freeze the ones that do not train, "
@@ -198,12 +201,20 @@ public:
 
   /// Dtype of the gradients.
   [[nodiscard]] dtype grad_type() const noexcept { return opt_.grad_type; }
-  /// Bytes of staging buffers allocated (stage 2).
+  /// Staging buffers allocated so far (stage 2), each of the largest segment's gradient bytes.
   [[nodiscard]] std::size_t staging_buffers() const noexcept { return pool_.size(); }
   /// Collectives launched since construction (for tests that count communication).
   [[nodiscard]] std::size_t launches() const noexcept { return launches_; }
 
 private:
+  /// \throws usage_error when no micro-step is open (`finish` ended it; `begin_micro_step` opens one).
+  void check_open(const char* what, const std::string& name) const {
+    if (!open_) {
+      throw usage_error(std::string(what) + "(\"" + name + "\") between micro-steps: the reducer's micro-step ended " +
+                        "with finish(); begin_micro_step() opens the next");
+    }
+  }
+
   void fill_zero(std::byte* p, std::size_t n) {
     visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) { backend_.fill(reinterpret_cast<T*>(p), n, T{}, stream_); });
   }
@@ -261,7 +272,7 @@ private:
       if (opt_.mode == reduce_mode::all_reduce) {
         T* p = reinterpret_cast<T*>(grads_.data()) + s.range.begin;
         in_flight_.push_back({seg, comm_.all_reduce(p, p, s.range.size(), reduce_op::avg)});
-      } else {
+      } else if constexpr (can_reduce_scatter<Comm>) { // the constructor refused the mode otherwise
         T* st = reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[seg])].data());
         T* mine = st + static_cast<std::size_t>(comm_.rank()) * s.slice;
         in_flight_.push_back({seg, comm_.reduce_scatter(st, mine, s.slice, reduce_op::avg)});

@@ -4,6 +4,8 @@
 /// generalised to the dtypes in use, and the report that puts the measured bytes beside it.
 
 #include "zero/core/dtype.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/memory/allocator.hpp"
 
 #include <cstddef>
 #include <cstdio>
@@ -80,5 +82,30 @@ struct memory_report {
     return buf;
   }
 };
+
+/// The report of an engine's counting allocators: `state` (params, grads, optimizer), `buffers`
+/// and `work` (stage 3's gathered working set), beside the formula for `layout` (not finalized: no
+/// parameters yet) at `stage` over `world` ranks with gradients in `grad`.
+template <class Counting>
+[[nodiscard]] memory_report make_memory_report(int stage, int world, const flat_layout& layout, dtype grad,
+                                               const Counting& state, const Counting& buffers, const Counting& work) {
+  memory_report m;
+  m.stage = stage;
+  m.world_size = world;
+  m.parameters = layout.finalized() ? layout.numel() : 0;
+  m.padding = layout.finalized() ? layout.padding() : 0;
+  m.params = state.live(memory_tag::params);
+  m.grads = state.live(memory_tag::grads);
+  m.optimizer = state.live(memory_tag::optimizer);
+  m.buffers = buffers.live(memory_tag::buffers);
+  m.params_peak = state.peak(memory_tag::params);
+  m.grads_peak = state.peak(memory_tag::grads);
+  m.optimizer_peak = state.peak(memory_tag::optimizer);
+  m.buffers_peak = buffers.peak(memory_tag::buffers);
+  m.model_state_peak = state.total().peak;
+  m.working_set_peak = work.total().peak;
+  m.formula = zero_formula_bytes(m.stage, static_cast<double>(m.parameters), m.world_size, layout.type(), grad);
+  return m;
+}
 
 } // namespace zero

@@ -111,6 +111,33 @@ public:
 
   /// The rank's shard of every unit, indexed like the optimizer state.
   [[nodiscard]] std::byte* shard() noexcept { return shard_.data(); }
+  /// The parameters the optimizer updates: the shard (the interface `replicated_params` shares).
+  [[nodiscard]] std::byte* store() noexcept { return shard_.data(); }
+  /// True: the store is the rank's shard, indexed like the optimizer state.
+  static constexpr bool sharded_store = true;
+  /// Elements of the store.
+  [[nodiscard]] std::size_t store_elements() const noexcept { return layout_.shard_size(); }
+
+  /// After the update of unit `u`'s shard slice was enqueued on `s` (a stream other than the
+  /// coordinator's): the unit's next gather orders the coordinator's stream after that point first.
+  void after_update(std::size_t u, const typename Backend::stream_type& s) {
+    auto& unit = units_[u];
+    if (!unit.updated) {
+      unit.updated.emplace(backend_.make_event());
+    }
+    backend_.record(*unit.updated, s);
+    unit.update_pending = true;
+  }
+  /// The coordinator's stream was ordered after every update (the engine joined the update stream).
+  void updates_joined() noexcept {
+    for (auto& unit : units_) {
+      unit.update_pending = false;
+    }
+  }
+  /// After the shard was rewritten (initialisation, loading, a step): the persistent units again.
+  void refresh() { refresh_persistent(); }
+  /// Nothing is posted beyond a gather's own scope.
+  void finish() const noexcept {}
 
   /// Brings module `m`'s units in (or finds them gathered, prefetched or kept) and counts a use.
   /// \throws usage_error for an unknown module; timeout_error naming the module when other ranks
@@ -281,9 +308,6 @@ public:
   [[nodiscard]] std::size_t peak_live_elements() const noexcept { return peak_live_; }
   /// Where log lines go (trace changes).
   void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
-  /// Called with a unit's index right before its shard slice is read (on the coordinator's stream) to
-  /// gather it: the engine orders that stream after the unit's optimizer update there.
-  void set_before_shard_read(std::function<void(std::size_t)> fn) { before_shard_read_ = std::move(fn); }
 
 private:
   enum class unit_state : std::uint8_t { idle, in_flight, live };
@@ -295,6 +319,10 @@ private:
     int refs = 0;
     buffer<std::byte, counting> data;
     std::optional<handle_type> pending;
+    /// The point the update stream passed this unit's optimizer update, and whether the
+    /// coordinator's stream still has to wait for it before the shard slice is read.
+    std::optional<typename Backend::event_type> updated;
+    bool update_pending = false;
   };
 
   struct pass {
@@ -344,8 +372,9 @@ private:
       const P* mine = reinterpret_cast<const P*>(shard_.data()) + s.shard_offset;
       // The shard slice is copied into place first, so the all-gather runs in place.
       P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
-      if (before_shard_read_) {
-        before_shard_read_(u);
+      if (units_[u].update_pending) {
+        backend_.wait(stream_, *units_[u].updated); // the unit's optimizer update comes first
+        units_[u].update_pending = false;
       }
       backend_.cast(mine, slot, s.slice, stream_);
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
@@ -518,7 +547,6 @@ private:
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;
   std::function<void(const std::string&)> log_;
-  std::function<void(std::size_t)> before_shard_read_;
 };
 
 } // namespace zero

@@ -37,20 +37,41 @@ struct owned_run {
   std::size_t group = 0;
 };
 
+/// Where a `partitioned_adamw` works, fixed when the engine is finalized.
+struct adamw_placement {
+  /// This rank.
+  int rank = 0;
+  /// Own one slice per segment (stages 1-3) or everything (stage 0).
+  bool partitioned = false;
+  /// Dtype of the reduced gradients the step reads.
+  dtype grad_type = dtype::f32;
+  /// The low-precision parameters the step rewrites (their owned part): the whole flat buffer, or
+  /// with `params_sharded` only the rank's shard, indexed like the optimizer state (stage 3).
+  std::byte* params = nullptr;
+  bool params_sharded = false;
+};
+
 /// AdamW over a rank's part of the flat buffer; see the file comment.
 template <backend Backend, allocator A> class partitioned_adamw {
   using counting = counting_allocator<A>;
 
 public:
   /// \param layout       finalized layout (kept by reference).
-  /// \param rank         this rank; \param partitioned own one slice per segment (true) or everything.
+  /// \param place        the rank, what it owns, the gradient dtype and the parameters it updates.
   /// \param group_of     group index of every parameter of the layout, by parameter id.
   /// \param groups       the groups' hyper-parameters.
   /// \param alloc        memory for master, m and v (counted under `memory_tag::optimizer`).
-  partitioned_adamw(const flat_layout& layout, int rank, bool partitioned, std::vector<std::size_t> group_of,
+  /// \throws usage_error when `group_of` does not cover the layout or `place.params` is null.
+  partitioned_adamw(const flat_layout& layout, adamw_placement place, std::vector<std::size_t> group_of,
                     std::vector<param_group> groups, Backend& backend, counting alloc,
                     typename Backend::stream_type& stream)
-      : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)), param_type_(layout.type()) {
+      : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)), param_type_(layout.type()),
+        place_(place) {
+    if (place.params == nullptr) {
+      throw usage_error("partitioned_adamw: no parameters to update (adamw_placement::params is null)");
+    }
+    const int rank = place.rank;
+    const bool partitioned = place.partitioned;
     if (group_of.size() != layout.param_count()) {
       throw usage_error("partitioned_adamw: " + std::to_string(group_of.size()) + " group indices for " +
                         std::to_string(layout.param_count()) + " parameters");
@@ -92,15 +113,14 @@ public:
   /// Group hyper-parameters, changeable between steps.
   [[nodiscard]] std::vector<param_group>& groups() noexcept { return groups_; }
 
-  /// Fills the master copy from the owned part of the low-precision `params` (the flat buffer, or
-  /// the rank's shard with `params_sharded`).
-  void load_master(const std::byte* params, bool params_sharded = false) {
+  /// Fills the master copy from the owned part of the low-precision parameters.
+  void load_master() {
     if (param_type_ == dtype::f32) {
       return;
     }
     visit_float(param_type_, [&]<class P>(type_tag<P>) {
       for (const auto& [range, state_offset] : ranges_) {
-        const P* src = reinterpret_cast<const P*>(params) + (params_sharded ? state_offset : range.begin);
+        const P* src = reinterpret_cast<const P*>(place_.params) + (place_.params_sharded ? state_offset : range.begin);
         backend_.cast(src, master_.data() + state_offset, range.size(), stream_);
       }
     });
@@ -110,15 +130,10 @@ public:
   /// \param base      betas, eps, mode, bias corrections and grad_scale; lr and weight decay come from
   ///                  the groups through `group_lr`.
   /// \param group_lr  maps a group's own lr to the lr of this step (the schedule).
-  /// \param grad_type dtype of the gradients; \param grad_of returns the reduced gradient of an owned
-  ///                  range given (flat range, state offset).
-  /// \param params    the low-precision parameters; their owned part is rewritten. With
-  ///                  `params_sharded` it holds only the rank's shard (stage 3), indexed like the
-  ///                  optimizer state; otherwise it is the whole flat buffer.
-  template <class GradOf, class GroupLr>
-  void step(const adamw_step_args& base, GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
-            bool params_sharded = false) {
-    step_runs(0, ranges_.size(), stream_, base, group_lr, grad_type, grad_of, params, params_sharded);
+  /// \param grad_of   returns the reduced gradient of an owned range given (flat range, state offset),
+  ///                  in the placement's gradient dtype.
+  template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
+    step_runs(0, ranges_.size(), stream_, base, group_lr, grad_of);
   }
 
   /// The same step over the runs of owned range `k` only (`ranges()[k]`: segment k's slice when
@@ -126,23 +141,21 @@ public:
   /// all-gathers each segment as soon as its update is enqueued.
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const typename Backend::stream_type& s, const adamw_step_args& base,
-                  GroupLr&& group_lr, dtype grad_type, GradOf&& grad_of, std::byte* params,
-                  bool params_sharded = false) {
+                  GroupLr&& group_lr, GradOf&& grad_of) {
     if (k >= ranges_.size()) {
       throw usage_error("partitioned_adamw::step_range: range " + std::to_string(k) +
                         " does not exist; this rank owns ranges 0 to " + std::to_string(ranges_.size()) +
                         " (exclusive), one per segment");
     }
-    step_runs(k, k + 1, s, base, group_lr, grad_type, grad_of, params, params_sharded);
+    step_runs(k, k + 1, s, base, group_lr, grad_of);
   }
 
 private:
   /// AdamW over the runs of owned ranges [first, last), on `s`.
   template <class GradOf, class GroupLr>
   void step_runs(std::size_t first, std::size_t last, const typename Backend::stream_type& s,
-                 const adamw_step_args& base, GroupLr& group_lr, dtype grad_type, GradOf& grad_of, std::byte* params,
-                 bool params_sharded) {
-    visit_float(grad_type, [&]<class G>(type_tag<G>) {
+                 const adamw_step_args& base, GroupLr& group_lr, GradOf& grad_of) {
+    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
       visit_float(param_type_, [&]<class P>(type_tag<P>) {
         for (std::size_t k = first; k < last; ++k) {
           const auto& [range, state_offset] = ranges_[k];
@@ -154,7 +167,7 @@ private:
             a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
             const std::size_t n = run.flat.size();
             const G* g = grads + (run.flat.begin - range.begin);
-            P* p = reinterpret_cast<P*>(params) + (params_sharded ? run.state_offset : run.flat.begin);
+            P* p = reinterpret_cast<P*>(place_.params) + (place_.params_sharded ? run.state_offset : run.flat.begin);
             float* m = m_.data() + run.state_offset;
             float* v = v_.data() + run.state_offset;
             if constexpr (std::is_same_v<P, float>) {
@@ -201,6 +214,7 @@ private:
   typename Backend::stream_type& stream_;
   std::vector<param_group> groups_;
   dtype param_type_;
+  adamw_placement place_;
   std::vector<std::pair<flat_range, std::size_t>> ranges_;
   std::vector<owned_run> runs_;
   /// Runs of owned range k: [range_runs_[k], range_runs_[k + 1]) (runs are split range by range, in order).

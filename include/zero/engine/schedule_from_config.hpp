@@ -1,9 +1,15 @@
 #pragma once
 /// \file
-/// The `scheduler` block of a config as an `lr_scheduler`.
+/// The parts of a config the engine's step follows: the `scheduler` block as an `lr_scheduler`,
+/// the `fp16` block as a `loss_scaler`, and the settings an engine must refuse.
 
 #include "zero/config/config.hpp"
+#include "zero/core/error.hpp"
+#include "zero/optim/adamw_args.hpp"
+#include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
+
+#include <string>
 
 namespace zero {
 
@@ -46,6 +52,60 @@ namespace zero {
   lr_scheduler s(schedule_from_config(*c.scheduler, base));
   s.set_last_batch_iteration(c.scheduler->last_batch_iteration);
   return s;
+}
+
+/// The loss scaler of a config: DeepSpeed's dynamic (or static) fp16 scaler, none otherwise.
+[[nodiscard]] inline loss_scaler scaler_from_config(const config& c) {
+  if (!c.fp16.enabled) {
+    return loss_scaler::none();
+  }
+  return loss_scaler(loss_scaler_options{.loss_scale = c.fp16.loss_scale,
+                                         .initial_scale_power = static_cast<int>(c.fp16.initial_scale_power),
+                                         .loss_scale_window = c.fp16.loss_scale_window,
+                                         .hysteresis = static_cast<int>(c.fp16.hysteresis),
+                                         .consecutive_hysteresis = c.fp16.consecutive_hysteresis,
+                                         .min_loss_scale = c.fp16.min_loss_scale});
+}
+
+/// The arguments of AdamW step `step` (1-based, for bias correction) of `o`, its gradients scaled by
+/// `grad_scale` (the clip coefficient); lr and weight decay come from the parameter groups.
+[[nodiscard]] inline adamw_step_args adamw_args_from_config(const optimizer_config& o, std::int64_t step,
+                                                            double grad_scale) {
+  adamw_step_args args;
+  args.beta1 = static_cast<float>(o.betas[0]);
+  args.beta2 = static_cast<float>(o.betas[1]);
+  args.eps = static_cast<float>(o.eps);
+  args.adam_w_mode = o.adam_w_mode;
+  args.set_step(step, o.bias_correction);
+  args.grad_scale = static_cast<float>(grad_scale);
+  return args;
+}
+
+/// DeepSpeed's clip: the factor the gradients are scaled by, `max_norm / (norm + 1e-6)` when that is
+/// below 1, else 1 (also for `max_norm <= 0`, no clipping).
+[[nodiscard]] inline double clip_coefficient(double norm, double max_norm) noexcept {
+  const double coef = max_norm > 0 ? max_norm / (norm + 1e-6) : 1.0;
+  return coef < 1.0 ? coef : 1.0;
+}
+
+/// Refuses what a config asks and the engine cannot honour, naming the key.
+/// \throws config_error for offload (not run yet), a missing optimizer, or a communication dtype
+/// that is neither the gradient nor the parameter dtype.
+inline void check_engine_config(const config& c) {
+  if (c.zero_optimization.offload_optimizer.device != offload_device::none ||
+      c.zero_optimization.offload_param.device != offload_device::none) {
+    throw config_error("zero_optimization.offload_optimizer / offload_param: offload is read from the config "
+                       "but this engine does not run it yet; set \"device\": \"none\"");
+  }
+  if (!c.optimizer) {
+    throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
+                       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");
+  }
+  if (c.communication_data_type != c.grad_accum_dtype && c.communication_data_type != c.param_dtype()) {
+    throw config_error("communication_data_type: " + std::string(name_of(c.communication_data_type)) +
+                       " is neither the gradient dtype (" + std::string(name_of(c.grad_accum_dtype)) +
+                       ") nor the parameter dtype; gradients are communicated in the gradient dtype");
+  }
 }
 
 } // namespace zero

@@ -1,0 +1,294 @@
+#pragma once
+/// \file
+/// `engine_state<Backend, Comm, Allocator>`: what an engine holds and the read-only view of it — the
+/// base of `basic_engine`, which adds the training protocol (docs/design.md).
+///
+/// It holds the policies and the three parts: the parameter residency (`replicated_params` at
+/// stages 0-2, stage 3's `param_coordinator`, made at `finalize`), the gradient pipeline
+/// (`bucket_reducer`, `grad_stats`) and the optimizer step (`partitioned_adamw`, beside the next
+/// forward through `update_overlap`). Its public part is the state view checkpoints read and restore
+/// through (`registered`, `owned_by`, `stores`, `counters`, `restore`) besides the accessors a
+/// framework uses (`cfg`, `layout`, `memory`, ...).
+
+#include "zero/backend/backend.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/config/config.hpp"
+#include "zero/core/error.hpp"
+#include "zero/engine/bucket_reducer.hpp"
+#include "zero/engine/engine_types.hpp"
+#include "zero/engine/grad_stats.hpp"
+#include "zero/engine/memory_report.hpp"
+#include "zero/engine/param_registry.hpp"
+#include "zero/engine/partitioned_adamw.hpp"
+#include "zero/engine/residency.hpp"
+#include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/step_log.hpp"
+#include "zero/engine/update_overlap.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace zero {
+
+/// An engine's state and its view; see the file comment. `Backend` runs the kernels
+/// (`zero::backend`), `Comm` is the data-parallel group (`zero::communicator` with all_reduce;
+/// all_gather for stages 1-3 and reduce_scatter for 2-3), `Allocator` (`zero::allocator`, default the
+/// backend's) is where model state lives; its memory must be reachable by the backend's kernels.
+template <class Backend, class Comm, class Allocator = typename Backend::allocator_type> class engine_state {
+  static_assert(check_backend<Backend>());
+  static_assert(communicator<Comm>, "zero::basic_engine: Comm is not a zero::communicator (rank(), size(), name(), "
+                                    "timeout(), set_timeout(ms)); see zero/comm/communicator.hpp");
+  static_assert(allocator<Allocator>, "zero::basic_engine: Allocator is not a zero::allocator; see "
+                                      "zero/memory/allocator.hpp and docs/allocators.md");
+
+public:
+  using backend_type = Backend;
+  using communicator_type = Comm;
+  using allocator_type = Allocator;
+  using counting_allocator_type = counting_allocator<Allocator>;
+  using stream_type = typename Backend::stream_type;
+
+  /// \param cfg     a resolved config; the batch rule is applied again for the communicator's size.
+  /// \param comm    the data-parallel group (kept by reference).
+  /// \param backend the kernels (kept by reference).
+  /// \param alloc   where model state lives (default: the backend's allocator).
+  /// \throws config_error for settings this engine cannot honour, and for a stage the communicator
+  /// cannot run (the sentence names the missing operation).
+  engine_state(const config& cfg, Comm& comm, Backend& backend, Allocator alloc)
+      : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc), buffer_alloc_(alloc),
+        work_alloc_(alloc), stream_(backend.make_stream()),
+        reg_(cfg_.param_dtype(), cfg_.optimizer ? cfg_.optimizer->lr : 1e-3,
+             cfg_.optimizer ? cfg_.optimizer->weight_decay : 0.0,
+             cfg_.stage() == 3 ? static_cast<std::size_t>(cfg_.zero_optimization.stage3_param_persistence_threshold)
+                               : 0),
+        scaler_(scaler_from_config(cfg_)), scheduler_(scheduler_from_config(cfg_)) {
+    require_all_reduce<Comm>();
+    if (const auto missing = missing_for_stage<Comm>(cfg_.stage()); !missing.empty()) {
+      throw config_error("zero_optimization.stage: stage " + std::to_string(cfg_.stage()) +
+                         " cannot run on this "
+                         "communicator: " +
+                         std::string(missing));
+    }
+    check_engine_config(cfg_);
+    if (cfg_.comm_timeout) {
+      comm_.set_timeout(std::chrono::milliseconds(std::llround(*cfg_.comm_timeout * 1000.0)));
+    }
+    // A communicator with its own stream (NCCL's) orders each operation after the work enqueued on
+    // the engine's stream so far: a gradient bucket is reduced after the kernels that wrote it.
+    if constexpr (stream_ordered<Comm, stream_type>) {
+      comm_.set_compute_stream(stream_.get());
+    }
+  }
+  /// The same, with the backend's allocator.
+  engine_state(const config& cfg, Comm& comm,
+               Backend& backend) requires std::same_as<Allocator, typename Backend::allocator_type>
+      : engine_state(cfg, comm, backend, backend.get_allocator()) {}
+  engine_state(const engine_state&) = delete;
+  engine_state& operator=(const engine_state&) = delete;
+  /// Waits for the work still in flight on the engine's buffers (the parts' destructors); never throws.
+  ~engine_state() = default;
+
+  /// Registers a module (the unit stage 3 gathers) and returns its id.
+  int add_module(const std::string& name) { return check_open("add_module"), reg_.add_module(name); }
+  /// Registers a parameter of `module` with shape `shape` in the config's dtype.
+  /// \throws usage_error for a bad name, shape or module, or after finalize.
+  param_handle add_param(int module, const std::string& name, const std::vector<std::int64_t>& shape,
+                         const param_options& opt = {}) {
+    check_open("add_param(\"" + name + "\")");
+    return reg_.add_param(module, name, shape, opt);
+  }
+
+  /// Lays out and allocates everything: parameters, gradients and the rank's optimizer state.
+  /// \throws usage_error when no trainable parameter was registered; memory_error when memory runs out
+  /// (nothing allocated so far leaks).
+  void finalize() {
+    check_open("finalize");
+    const auto& z = cfg_.zero_optimization;
+    const int stage = cfg_.stage();
+    const std::size_t esize = size_of(cfg_.param_dtype());
+    // Stages 0-2: segments are reduce buckets. Stage 3: one segment per module, the unit gathered.
+    reg_.finalize({.world_size = comm_.size(),
+                   .alignment_bytes = buffer_alignment,
+                   .grouping = stage == 3 ? segment_by::module : segment_by::bucket,
+                   .segment_bytes = static_cast<std::size_t>(z.reduce_bucket_size) * esize});
+    const flat_layout& layout = reg_.layout();
+    if (reg_.frozen_layout().param_count() > 0) {
+      frozen_ =
+          buffer<std::byte, counting>(state_alloc_, reg_.frozen_layout().total_size() * esize, memory_tag::params);
+    }
+    residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
+                    log_.sink_for(comm_.rank()));
+    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
+                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
+                                     .grad_type = cfg_.grad_accum_dtype,
+                                     .overlap = z.overlap_comm},
+                     stream_);
+    std::byte* store = residency_([](auto& r) { return r.store(); });
+    const bool sharded = residency_([](auto& r) { return r.sharded_store; });
+    optimizer_.emplace(layout,
+                       adamw_placement{.rank = comm_.rank(),
+                                       .partitioned = stage >= 1,
+                                       .grad_type = cfg_.grad_accum_dtype,
+                                       .params = store,
+                                       .params_sharded = sharded},
+                       reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
+    stats_.emplace(optimizer_->ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
+    // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
+    if (stage == 3 || (stage >= 1 && comm_.size() > 1)) {
+      overlap_.emplace(backend_, comm_, stream_);
+    }
+    finalized_ = true;
+    begin_micro_step();
+  }
+
+  /// Stage 3's gathering counters (null at stages 0-2).
+  [[nodiscard]] const param_coordinator<Backend, Comm, Allocator>*
+  coordinator() const noexcept requires can_all_gather<Comm> {
+    return residency_.coordinator();
+  }
+
+  /// The stream the engine's kernels run on. A framework computing on a device runs its forward and
+  /// backward on it (or orders its own stream against it with events).
+  [[nodiscard]] const stream_type& stream() const noexcept { return stream_; }
+  /// The factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise).
+  [[nodiscard]] double loss_scale() const noexcept { return scaler_.scale(); }
+  /// True when the current micro-step is the last of its accumulation.
+  [[nodiscard]] bool is_boundary() const noexcept {
+    return (counters_.micro_step + 1) % cfg_.gradient_accumulation_steps == 0;
+  }
+
+  /// Measures a phase for wall_clock_breakdown: `{ auto t = eng.time("forward"); ... }`.
+  [[nodiscard]] auto time(std::string name) { return log_.time(std::move(name)); }
+  /// The phases timed so far.
+  [[nodiscard]] const step_timings& timings() const noexcept { return log_.timings(); }
+  /// Where log lines go (wall_clock_breakdown, stage 3's trace changes); default: stdout on rank 0.
+  void set_log(std::function<void(const std::string&)> sink) { log_.set_sink(std::move(sink)); }
+  /// Bytes per tag from the counting allocator, beside the ZeRO formula.
+  [[nodiscard]] memory_report memory() const {
+    return make_memory_report(cfg_.stage(), comm_.size(), reg_.layout(), cfg_.grad_accum_dtype, state_alloc_,
+                              buffer_alloc_, work_alloc_);
+  }
+
+  /// The resolved config in force.
+  [[nodiscard]] const config& cfg() const noexcept { return cfg_; }
+  /// The flat layout of trainable parameters, and of frozen ones.
+  [[nodiscard]] const flat_layout& layout() const noexcept { return reg_.layout(); }
+  [[nodiscard]] const flat_layout& frozen_layout() const noexcept { return reg_.frozen_layout(); }
+  /// Optimizer steps applied so far.
+  [[nodiscard]] std::int64_t global_steps() const noexcept { return counters_.applied_steps; }
+  /// Collectives the gradient reducer launched (tests count communication with it).
+  [[nodiscard]] std::size_t reduce_launches() const noexcept { return reducer_ ? reducer_->launches() : 0; }
+  /// This rank's optimizer (master weights, m, v over the owned ranges).
+  [[nodiscard]] partitioned_adamw<Backend, Allocator>& optimizer() {
+    check_final("optimizer");
+    finish_gathers(); // the state is read or written on the engine's stream, after the last update
+    return *optimizer_;
+  }
+  /// The scaler and scheduler, for checkpoints and logs.
+  [[nodiscard]] const loss_scaler& scaler() const noexcept { return scaler_; }
+  [[nodiscard]] const lr_scheduler& scheduler() const noexcept { return scheduler_; }
+  /// The handle of a parameter by name. \throws usage_error when there is none.
+  [[nodiscard]] param_handle find(const std::string& name) const { return reg_.find(name); }
+
+  // ---- the state view (what checkpoints read and restore; docs/design.md) ----
+  [[nodiscard]] bool finalized() const noexcept { return finalized_; }
+  /// Every registered parameter, in registration order.
+  [[nodiscard]] std::vector<registered_param> registered() const { return reg_.registered(); }
+  /// The pieces rank `rank` owns: its shard's (stages 1-3), or every parameter whole (stage 0).
+  [[nodiscard]] std::vector<owned_piece> owned_by(int rank) const { return reg_.owned_by(rank, cfg_.stage()); }
+  /// Where parameter values live, after every kernel and all-gather so far (a host wait).
+  [[nodiscard]] param_stores stores() {
+    check_final("stores");
+    finish_gathers();
+    backend_.synchronize(stream_);
+    const auto& f = reg_.frozen_layout();
+    return {residency_([](auto& r) { return r.store(); }), residency_([](auto& r) { return r.store_elements(); }),
+            frozen_.data(), f.param_count() > 0 ? f.total_size() * size_of(f.type()) : 0};
+  }
+  [[nodiscard]] step_counters counters() const noexcept { return counters_; }
+  /// After the owned part of the parameter store (and the optimizer state) was rewritten from a
+  /// checkpoint: takes its progress, makes the parameters whole again and reopens the micro-step.
+  void restore(const step_counters& c, const std::optional<loss_scaler_state>& scaler,
+               std::int64_t lr_last_batch_iteration) {
+    check_final("restore");
+    counters_ = c;
+    if (scaler && scaler_.dynamic()) {
+      scaler_.load_state(*scaler);
+    }
+    scheduler_.set_last_batch_iteration(lr_last_batch_iteration);
+    residency_([](auto& r) { r.refresh(); });
+    begin_micro_step();
+  }
+  [[nodiscard]] Comm& communicator() noexcept { return comm_; }
+  [[nodiscard]] Backend& backend() noexcept { return backend_; }
+  /// The allocator of the engine's buffers (memory_tag::buffers), for staging in backend memory.
+  [[nodiscard]] counting_allocator_type buffer_allocator() const { return buffer_alloc_; }
+
+protected:
+  using counting = counting_allocator<Allocator>;
+
+  void check_open(const std::string& what) const {
+    if (finalized_) {
+      throw usage_error(what + " after finalize(); register every module and parameter first");
+    }
+  }
+  void check_final(const std::string& what) const {
+    if (deferred_) {
+      std::rethrow_exception(std::exchange(deferred_, nullptr)); // a scope's end failed in a destructor
+    }
+    if (!finalized_) {
+      throw usage_error(what + " before finalize(); call finalize() after registering parameters");
+    }
+  }
+
+  void begin_micro_step() { reducer_->begin_micro_step(is_boundary()); }
+  auto reduced() {
+    return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
+  }
+
+  /// Waits for every posted all-gather, and orders the engine's stream after the last update.
+  void finish_gathers() {
+    residency_([](auto& r) { r.finish(); });
+    join_update();
+  }
+  /// Makes the engine's stream wait for the update stream's last step (without blocking the host), once.
+  void join_update() {
+    if (overlap_ && overlap_->join()) {
+      residency_([](auto& r) { r.updates_joined(); });
+    }
+  }
+
+  config cfg_;
+  Comm& comm_;
+  Backend& backend_;
+  counting state_alloc_;
+  counting buffer_alloc_;
+  counting work_alloc_;
+  stream_type stream_;
+  param_registry reg_;
+  buffer<std::byte, counting> frozen_;
+  residency<Backend, Comm, Allocator> residency_;
+  std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
+  std::optional<partitioned_adamw<Backend, Allocator>> optimizer_;
+  std::optional<grad_stats<Backend, Comm, Allocator>> stats_;
+  std::optional<update_overlap<Backend, Comm>> overlap_;
+  loss_scaler scaler_;
+  lr_scheduler scheduler_;
+  step_log log_;
+  step_counters counters_;
+  /// An error of a scope ended in a destructor, thrown by the next call (see `engine_scope`).
+  mutable std::exception_ptr deferred_;
+  bool finalized_ = false;
+};
+
+} // namespace zero

@@ -1,0 +1,123 @@
+#pragma once
+/// \file
+/// `grad_stats`: what a step learns about its gradients before the optimizer runs — whether any is
+/// inf or NaN (fp16's overflow), their global L2 norm, and the clip coefficient.
+///
+/// It owns the overflow flag, one squared-norm slot per owned range and the norm kernels'
+/// workspace, all in backend memory. `check` unscales the reduced gradients in place when there is
+/// a factor to unscale by (fp16's loss scale, accumulation), computes each owned range's squared
+/// norm, sums the flag (max) and the norms (sum) over ranks with two small all-reduces waited
+/// together, and reads the two results back: one host round trip per step.
+
+#include "zero/backend/backend.hpp"
+#include "zero/backend/transfer.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/core/dispatch.hpp"
+#include "zero/core/flat_layout.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace zero {
+
+/// What `grad_stats::check` found.
+struct grad_check {
+  /// A gradient was inf or NaN on some rank (the step is skipped).
+  bool overflow = false;
+  /// Global L2 norm of the averaged, unscaled gradients; inf on overflow.
+  double norm = 0;
+};
+
+/// The overflow flag, norm and clip of one step's gradients; see the file comment.
+template <class Backend, class Comm, class A> class grad_stats {
+  using counting = counting_allocator<A>;
+
+public:
+  /// \param ranges    the rank's owned ranges (flat range, state offset), as the optimizer has them.
+  /// \param grad_type dtype of the reduced gradients.
+  /// \param partitioned each rank holds only its ranges' gradients (stages 1-3): the flag and the
+  ///                  norms are summed over ranks; otherwise every rank has them all.
+  /// \param alloc     memory of the flag, the norms and the workspace (memory_tag::buffers).
+  grad_stats(std::vector<std::pair<flat_range, std::size_t>> ranges, dtype grad_type, bool partitioned,
+             Backend& backend, Comm& comm, counting alloc, typename Backend::stream_type& stream)
+      : ranges_(std::move(ranges)), grad_type_(grad_type), partitioned_(partitioned), backend_(backend), comm_(comm),
+        stream_(stream), flag_(alloc, 1, memory_tag::buffers),
+        norm_(alloc, std::max<std::size_t>(ranges_.size(), 1), memory_tag::buffers) {
+    require_all_reduce<Comm>();
+    visit_float(grad_type_, [&]<class G>(type_tag<G>) {
+      for (const auto& [range, off] : ranges_) {
+        workspace_bytes_ = std::max(workspace_bytes_, backend_.template squared_norm_workspace_bytes<G>(range.size()));
+      }
+    });
+    workspace_ = buffer<std::byte, counting>(alloc, std::max<std::size_t>(workspace_bytes_, 1), memory_tag::buffers);
+  }
+
+  /// Checks the reduced gradients of every owned range, `reduced(range, state offset)` giving each
+  /// one's memory; with `unscale != 1` they are first multiplied by it (and the flag pass runs, as
+  /// it rewrites them). Without a factor an inf or NaN makes a squared norm, and so the sum,
+  /// non-finite, which is the same overflow test without the flag's collective. Collective when
+  /// partitioned on several ranks.
+  template <class Reduced> grad_check check(double unscale, Reduced&& reduced) {
+    const bool scaled = unscale != 1.0;
+    if (scaled) {
+      backend_.fill(flag_.data(), 1, 0, stream_);
+    }
+    visit_float(grad_type_, [&]<class G>(type_tag<G>) {
+      std::size_t i = 0;
+      for (const auto& [range, off] : ranges_) {
+        G* g = reinterpret_cast<G*>(reduced(range, off));
+        if (scaled) {
+          backend_.unscale_and_check(g, range.size(), static_cast<float>(unscale), flag_.data(), stream_);
+        }
+        backend_.squared_norm(g, range.size(), norm_.data() + i, workspace_.data(), workspace_bytes_, stream_);
+        ++i;
+      }
+    });
+    if (partitioned_ && comm_.size() > 1) {
+      using handle_type = decltype(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
+      std::optional<handle_type> hf;
+      if (scaled) {
+        hf.emplace(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
+      }
+      auto hn = comm_.all_reduce(norm_.data(), norm_.data(), ranges_.size(), reduce_op::sum);
+      if (hf) {
+        hf->wait();
+      }
+      hn.wait();
+    }
+    const std::int32_t flag = scaled ? backend_.read_scalar(flag_.data(), stream_) : 0;
+    host_.resize(ranges_.size());
+    download<A::host_accessible>(backend_, stream_, norm_.data(), host_.data(), ranges_.size());
+    double sq = 0;
+    for (const float part : host_) {
+      sq += static_cast<double>(part);
+    }
+    grad_check r;
+    r.overflow = flag != 0 || !std::isfinite(sq);
+    r.norm = r.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(sq);
+    return r;
+  }
+
+private:
+  std::vector<std::pair<flat_range, std::size_t>> ranges_;
+  dtype grad_type_;
+  bool partitioned_;
+  Backend& backend_;
+  Comm& comm_;
+  typename Backend::stream_type& stream_;
+  buffer<int, counting> flag_;
+  buffer<float, counting> norm_;
+  buffer<std::byte, counting> workspace_;
+  std::size_t workspace_bytes_ = 0;
+  std::vector<float> host_;
+};
+
+} // namespace zero

@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// `residency`: where an engine's parameters live between uses — nothing before `finalize`, then
+/// `replicated_params` (stages 0-2) or stage 3's `param_coordinator`. Both have one interface
+/// (`store`, `gather`, `release`, `full`, `after_update`, `updates_joined`, `end_step`, `refresh`,
+/// `finish`, `gather_everything`, `release_everything`, `begin_eval`, `end_eval`); the engine calls
+/// it through `residency(f)` without asking which it holds.
+///
+/// The coordinator is a possible alternative only where the communicator can all-gather, so an
+/// engine over an all-reduce-only communicator compiles (and runs stage 0).
+
+#include "zero/comm/communicator.hpp"
+#include "zero/config/config.hpp"
+#include "zero/core/error.hpp"
+#include "zero/engine/param_coordinator.hpp"
+#include "zero/engine/param_registry.hpp"
+#include "zero/engine/replicated_params.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace zero {
+
+namespace detail {
+template <class B, class C, class A> struct residency_of {
+  using type = std::variant<std::monostate, replicated_params<B, C, A>>;
+};
+template <class B, can_all_gather C, class A> struct residency_of<B, C, A> {
+  using type = std::variant<std::monostate, replicated_params<B, C, A>, param_coordinator<B, C, A>>;
+};
+} // namespace detail
+
+/// One of the two parameter residencies; see the file comment.
+template <class Backend, class Comm, class A> class residency {
+  using replicated = replicated_params<Backend, Comm, A>;
+  using counting = counting_allocator<A>;
+
+public:
+  /// Makes the residency `cfg`'s stage asks for over the finalized layouts of `reg`: stage 3's
+  /// coordinator (its trace-change lines to `log`), or replicated parameters. Model state comes from
+  /// `state`, staging from `buffers`, stage 3's gathered units from `work`; kernels run on `stream`.
+  void make(const config& cfg, const param_registry& reg, Backend& backend, Comm& comm, counting state,
+            counting buffers, counting work, typename Backend::stream_type& stream,
+            std::function<void(const std::string&)> log) {
+    const auto& z = cfg.zero_optimization;
+    if constexpr (can_all_gather<Comm>) {
+      if (cfg.stage() == 3) {
+        auto [units, persistent] = reg.module_units();
+        // overlap_comm false (a debugging aid): nothing is fetched ahead; each gather waits for its own.
+        const auto prefetch = z.overlap_comm ? static_cast<std::size_t>(z.stage3_prefetch_bucket_size) : 0;
+        v_.template emplace<param_coordinator<Backend, Comm, A>>(
+              reg.layout(), std::move(units), std::move(persistent), reg.module_names(), backend, comm,
+              std::move(state), std::move(work),
+              coordinator_options{.prefetch_elements = prefetch,
+                                  .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
+                                  .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
+              stream)
+            .set_log(std::move(log));
+        return;
+      }
+    }
+    const auto bucket = z.allgather_bucket_size;
+    v_.template emplace<replicated>(
+        reg.layout(), reg.module_segments(), reg.module_names(), backend, comm, std::move(state), std::move(buffers),
+        replicated_options{.sharded = cfg.stage() >= 1,
+                           .allgather_elements = bucket ? std::optional<std::size_t>(*bucket) : std::nullopt},
+        stream);
+  }
+
+  /// Calls `f` with the residency held. \throws usage_error before one was made (before finalize).
+  template <class F> decltype(auto) operator()(F&& f) { return visit(v_, f); }
+  template <class F> decltype(auto) operator()(F&& f) const { return visit(v_, f); }
+
+  /// Stage 3's coordinator, or null.
+  [[nodiscard]] const param_coordinator<Backend, Comm, A>* coordinator() const noexcept requires can_all_gather<Comm> {
+    return std::get_if<param_coordinator<Backend, Comm, A>>(&v_);
+  }
+
+private:
+  template <class V, class F> static decltype(auto) visit(V& v, F& f) {
+    using held = std::conditional_t<std::is_const_v<V>, const replicated&, replicated&>;
+    using result = decltype(f(std::declval<held>()));
+    return std::visit(
+        [&](auto& r) -> result {
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(r)>, std::monostate>) {
+            throw usage_error("the engine has no parameters before finalize()");
+          } else {
+            return f(r);
+          }
+        },
+        v);
+  }
+
+  typename detail::residency_of<Backend, Comm, A>::type v_;
+};
+
+} // namespace zero
