@@ -1,3 +1,4 @@
+#include "../../examples/arena_allocator/arena.hpp" // the allocator of docs/allocators.md
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/failing_allocator.hpp"
@@ -219,4 +220,23 @@ TEST_CASE("a buffer whose byte count overflows throws memory_error before alloca
                        doctest::Contains("9223372036854775807 elements of 4 bytes for params overflow"),
                        zero::memory_error);
   CHECK(a.total().allocations == 0);
+}
+
+TEST_CASE("the example's arena, too small, gives a memory_error naming the tag, the bytes and the live bytes") {
+  static_assert(zero::allocator<example::arena> && !std::default_initializable<example::arena>);
+  zero::counting_allocator<example::arena> a(example::arena(1024));
+  {
+    zero::buffer<float, decltype(a)> p(a, 100, memory_tag::params); // bytes 0-400 of the block
+    zero::buffer<float, decltype(a)> g(a, 50, memory_tag::grads);   // bytes 512-712: aligned to 256
+    using buf = zero::buffer<float, decltype(a)>;
+    CHECK_THROWS_WITH_AS(buf(a, 200, memory_tag::optimizer),
+                         "[zero.memory_error] could not allocate 800 bytes of optimizer (alignment 256); live: params "
+                         "400, grads 200, 600 bytes in all; arena: 800 bytes do not fit in the 312 bytes left of 1024",
+                         zero::memory_error);
+    CHECK(a.inner().high_water() == 712);
+  }
+  CHECK(a.total().live == 0);
+  // Everything came back: the arena starts again from the front.
+  zero::buffer<float, decltype(a)> whole(a, 256, memory_tag::optimizer);
+  CHECK(a.live(memory_tag::optimizer) == 1024);
 }
