@@ -3,11 +3,14 @@
 /// `buffer<T, A>`: an owning, typed, tagged array of memory from an allocator policy. Moves, never
 /// copies; returns its memory to the allocator it came from with the tag it was counted under.
 
+#include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 
 namespace zero {
@@ -22,9 +25,15 @@ template <class T, allocator A> class buffer {
 
 public:
   buffer() = default;
-  /// Allocates `count` elements from `alloc` under `tag`. \throws whatever the allocator throws.
+  /// Allocates `count` elements from `alloc` under `tag`.
+  /// \throws memory_error naming the tag and the bytes when the allocator fails (see `allocate_tagged`) or
+  ///         `count` elements do not fit in `std::size_t` bytes; what else the allocator throws.
   buffer(A alloc, std::size_t count, memory_tag tag = memory_tag::other, std::size_t alignment = buffer_alignment)
       : alloc_(std::move(alloc)), count_(count), tag_(tag), alignment_(alignment) {
+    if (count_ > std::numeric_limits<std::size_t>::max() / sizeof(T)) {
+      throw memory_error("buffer: " + std::to_string(count_) + " elements of " + std::to_string(sizeof(T)) +
+                         " bytes for " + std::string(name_of(tag_)) + " overflow the address space");
+    }
     data_ = static_cast<T*>(allocate_tagged(*alloc_, count_ * sizeof(T), alignment_, tag_));
   }
   buffer(const buffer&) = delete;

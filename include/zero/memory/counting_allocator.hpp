@@ -4,12 +4,15 @@
 /// It is how zero's memory claims are tested: the peak of model-state bytes per rank against
 /// the ZeRO paper's formula.
 
+#include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace zero {
 
@@ -27,20 +30,35 @@ public:
   static constexpr bool host_accessible = A::host_accessible;
   static constexpr bool device_accessible = A::device_accessible;
 
+  /// Wraps a default-constructed `A`; only when `A` has a default constructor.
+  counting_allocator() requires std::default_initializable<A> : counting_allocator(A{}) {}
   /// Wraps `inner`; counters start at zero.
-  explicit counting_allocator(A inner = A{}) : state_(std::make_shared<state>(std::move(inner))) {}
+  explicit counting_allocator(A inner) : state_(std::make_shared<state>(std::move(inner))) {}
 
   /// Allocates through the inner allocator and counts the bytes under `memory_tag::other`.
+  /// \throws as the tagged overload.
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment) {
     return allocate(bytes, alignment, memory_tag::other);
   }
   /// Allocates through the inner allocator and counts the bytes under `tag`.
-  /// \throws whatever the inner allocator throws; nothing is counted then.
+  /// \throws memory_error when the inner allocator fails (throws `memory_error` or `std::bad_alloc`, or
+  ///         returns null): "could not allocate <bytes> bytes of <tag> (alignment <n>); live: <tag> <bytes>,
+  ///         ..., <bytes> bytes in all; <the inner allocator's message>", the live bytes being this
+  ///         counter's (shared by its copies) before the request; the inner `memory_error`'s status is kept.
+  ///         What else the inner allocator throws (`usage_error` for a bad alignment) passes unchanged.
+  ///         Nothing is counted and nothing is kept when it throws.
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment, memory_tag tag) {
-    void* p = state_->inner.allocate(bytes, alignment);
-    std::lock_guard lock(state_->mutex);
-    add(state_->tags[static_cast<std::size_t>(tag)], bytes);
-    add(state_->total, bytes);
+    void* p = detail::allocate_or_explain(
+        bytes, alignment, tag, [&] { return state_->inner.allocate(bytes, alignment); },
+        [&] { return "; live: " + describe_live(); });
+    try {
+      std::lock_guard lock(state_->mutex);
+      add(state_->tags[static_cast<std::size_t>(tag)], bytes);
+      add(state_->total, bytes);
+    } catch (...) { // the mutex could not be locked: give the memory back rather than lose it
+      state_->inner.deallocate(p, bytes, alignment);
+      throw;
+    }
     return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
@@ -91,6 +109,17 @@ private:
     std::array<memory_counts, memory_tag_count> tags{};
     memory_counts total{};
   };
+  /// "params 400, grads 200, 600 bytes in all": the live bytes of each tag that has some, and the total.
+  [[nodiscard]] std::string describe_live() const {
+    std::lock_guard lock(state_->mutex);
+    std::string out;
+    for (std::size_t t = 0; t < memory_tag_count; ++t) {
+      if (state_->tags[t].live != 0) {
+        out += std::string(name_of(static_cast<memory_tag>(t))) + " " + std::to_string(state_->tags[t].live) + ", ";
+      }
+    }
+    return out + std::to_string(state_->total.live) + " bytes in all";
+  }
   static void add(memory_counts& c, std::size_t bytes) {
     c.live += bytes;
     c.allocations += 1;

@@ -104,33 +104,68 @@ private:
   std::unordered_map<void*, void*> bases_;
 };
 
-/// Allocates `bytes` aligned to `alignment` with `raw(n)` (which throws on failure) and `release(p)`:
-/// a plain call when its result is aligned, else one over-allocated call recorded in `blocks`.
-template <class Raw, class Release>
-[[nodiscard]] void* allocate_aligned(std::size_t bytes, std::size_t alignment, std::size_t native_alignment,
-                                     over_aligned_blocks& blocks, const char* who, Raw&& raw, Release&& release) {
-  if (alignment <= native_alignment) {
-    void* p = raw(bytes);
-    if (reinterpret_cast<std::uintptr_t>(p) % alignment == 0) {
-      return p;
+/// What `device_allocator` and `pinned_allocator` share: a CUDA call hands out blocks aligned to
+/// `native_alignment`; a larger alignment costs one over-allocated block, whose base is recorded in
+/// bookkeeping that copies share, so any copy may free another's memory. `Derived` provides `name` (for
+/// messages), `raw_allocate(bytes)` (a block of `bytes` > 0, or throws `memory_error`) and
+/// `raw_free(p) noexcept`.
+template <class Derived> class cuda_block_allocator {
+public:
+  /// The alignment assumed of the CUDA call (cudaMalloc gives at least 256 bytes; cudaHostAlloc, a page); a
+  /// larger request, or a result found less aligned, costs one over-allocation.
+  static constexpr std::size_t native_alignment = 256;
+
+  /// Allocates `bytes` (a 1-byte block for 0, so each call gives a distinct pointer) aligned to `alignment`.
+  /// Synchronous; the memory is uninitialized.
+  /// \throws usage_error if `alignment` is not a power of two; memory_error when the bytes with the alignment
+  ///         overflow the address space, or when the CUDA call fails (see the derived class).
+  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = native_alignment) {
+    require_power_of_two_alignment(alignment, Derived::name);
+    const auto& self = static_cast<const Derived&>(*this);
+    if (alignment <= native_alignment) {
+      void* p = self.raw_allocate(bytes == 0 ? 1 : bytes);
+      if (reinterpret_cast<std::uintptr_t>(p) % alignment == 0) {
+        return p;
+      }
+      self.raw_free(p);
     }
-    release(p);
+    if (bytes > std::numeric_limits<std::size_t>::max() - alignment) {
+      throw memory_error(std::string(Derived::name) + ": " + describe_bytes(bytes) + " with alignment " +
+                         std::to_string(alignment) + " overflows the address space");
+    }
+    void* base = self.raw_allocate(bytes + alignment - 1);
+    const auto addr = reinterpret_cast<std::uintptr_t>(base);
+    void* aligned = reinterpret_cast<void*>((addr + alignment - 1) & ~(static_cast<std::uintptr_t>(alignment) - 1));
+    try {
+      blocks_->insert(aligned, base);
+    } catch (...) {
+      self.raw_free(base);
+      throw;
+    }
+    return aligned;
   }
-  if (bytes > std::numeric_limits<std::size_t>::max() - alignment) {
-    throw memory_error(std::string(who) + ": " + describe_bytes(bytes) + " with alignment " +
-                       std::to_string(alignment) + " overflows the address space");
+
+  /// Returns `p` (from `allocate` of this allocator or a copy; null is ignored) with the CUDA call, which
+  /// waits for the work in flight. Never throws: a CUDA failure is reported on stderr.
+  void deallocate(void* p, std::size_t bytes, std::size_t alignment = native_alignment) noexcept {
+    (void)bytes;
+    (void)alignment;
+    if (p != nullptr) {
+      static_cast<const Derived&>(*this).raw_free(blocks_->take_base(p));
+    }
   }
-  void* base = raw(bytes + alignment - 1);
-  const auto addr = reinterpret_cast<std::uintptr_t>(base);
-  void* aligned = reinterpret_cast<void*>((addr + alignment - 1) & ~(static_cast<std::uintptr_t>(alignment) - 1));
-  try {
-    blocks.insert(aligned, base);
-  } catch (...) {
-    release(base);
-    throw;
+
+  /// True when `a` and `b` are copies of one allocator, so either may free the other's memory.
+  friend bool operator==(const Derived& a, const Derived& b) noexcept {
+    return static_cast<const cuda_block_allocator&>(a).blocks_ == static_cast<const cuda_block_allocator&>(b).blocks_;
   }
-  return aligned;
-}
+
+protected:
+  cuda_block_allocator() : blocks_(std::make_shared<over_aligned_blocks>()) {}
+
+private:
+  std::shared_ptr<over_aligned_blocks> blocks_;
+};
 
 } // namespace detail
 
@@ -139,54 +174,35 @@ template <class Raw, class Release>
 /// finish the work in flight, so memory is never freed under a running kernel, at the price of a device-wide
 /// synchronization per free: use `caching_device_allocator` in a training loop.
 ///
-/// A cheap handle: copies share state and may free each other's memory. Thread-safe.
-class device_allocator {
+/// `allocate(bytes, alignment = 256)` gives `bytes` (a 1-byte block for 0, so each call gives a distinct
+/// pointer) of device memory on `device()`, aligned to `alignment`; synchronous, uninitialized. It throws
+/// usage_error if `alignment` is not a power of two; memory_error naming the bytes, the device and the CUDA
+/// error (with the device's free and total memory) when cudaMalloc fails; cuda_error if the device cannot be
+/// made current. `deallocate(p, bytes, alignment)` returns `p` with `cudaFree` and never throws.
+///
+/// A cheap handle: copies share state and may free each other's memory (`==` says whether two are copies).
+/// Thread-safe.
+class device_allocator : public detail::cuda_block_allocator<device_allocator> {
 public:
   /// The CPU cannot dereference device memory.
   static constexpr bool host_accessible = false;
   /// CUDA kernels can.
   static constexpr bool device_accessible = true;
-  /// The alignment `cudaMalloc` gives (at least 256 bytes); larger alignments cost one over-allocation.
-  static constexpr std::size_t native_alignment = 256;
 
   /// An allocator for the device that is current now.
   /// \throws cuda_error if there is no CUDA device or the query fails.
-  device_allocator() : device_(current_device()), blocks_(std::make_shared<detail::over_aligned_blocks>()) {}
+  device_allocator() : device_(current_device()) {}
 
   /// An allocator for CUDA device `device` (made current around each call, then restored).
-  explicit device_allocator(int device) : device_(device), blocks_(std::make_shared<detail::over_aligned_blocks>()) {}
-
-  /// Allocates `bytes` (a 1-byte block for 0, so each call gives a distinct pointer) of device memory on
-  /// `device()`, aligned to `alignment`. Synchronous; the memory is uninitialized.
-  /// \throws usage_error if `alignment` is not a power of two; memory_error naming the bytes, the device and
-  ///         the CUDA error (with the device's free and total memory) when cudaMalloc fails; cuda_error if the
-  ///         device cannot be made current.
-  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = native_alignment) {
-    detail::require_power_of_two_alignment(alignment, "device_allocator");
-    return detail::allocate_aligned(
-        bytes, alignment, native_alignment, *blocks_, "device_allocator",
-        [this](std::size_t n) { return raw_allocate(n); }, [this](void* p) { raw_free(p); });
-  }
-
-  /// Returns `p` (from `allocate` of this allocator or a copy; null is ignored) with `cudaFree`, which
-  /// waits for the work in flight on the device. Never throws: a CUDA failure is reported on stderr.
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = native_alignment) noexcept {
-    (void)bytes;
-    (void)alignment;
-    if (p != nullptr) {
-      raw_free(blocks_->take_base(p));
-    }
-  }
+  explicit device_allocator(int device) : device_(device) {}
 
   /// The CUDA device this allocator allocates on.
   [[nodiscard]] int device() const noexcept { return device_; }
 
-  /// True when `a` and `b` are copies of one allocator, so either may free the other's memory.
-  friend bool operator==(const device_allocator& a, const device_allocator& b) noexcept {
-    return a.blocks_ == b.blocks_;
-  }
-
 private:
+  friend class detail::cuda_block_allocator<device_allocator>;
+  static constexpr const char* name = "device_allocator";
+
   static int current_device() {
     int device = 0;
     ZERO_CHECK_CUDA(cudaGetDevice(&device));
@@ -196,7 +212,7 @@ private:
   void* raw_allocate(std::size_t bytes) const {
     const detail::cuda_device_scope scope(device_);
     void* p = nullptr;
-    const cudaError_t status = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+    const cudaError_t status = cudaMalloc(&p, bytes);
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
       std::size_t free_bytes = 0;
@@ -220,7 +236,6 @@ private:
   }
 
   int device_;
-  std::shared_ptr<detail::over_aligned_blocks> blocks_;
 };
 
 static_assert(allocator<device_allocator>);

@@ -7,6 +7,7 @@
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 
+#include <concepts>
 #include <cstddef>
 #include <limits>
 #include <memory>
@@ -31,8 +32,10 @@ public:
   static constexpr bool host_accessible = A::host_accessible;
   static constexpr bool device_accessible = A::device_accessible;
 
-  explicit failing_allocator(failure_plan plan, A inner = A{})
-      : state_(std::make_shared<state>(plan, std::move(inner))) {}
+  /// Fails as `plan` says, over a default-constructed `A`; only when `A` has a default constructor.
+  explicit failing_allocator(failure_plan plan) requires std::default_initializable<A> : failing_allocator(plan, A{}) {}
+  /// Fails as `plan` says, over `inner`.
+  failing_allocator(failure_plan plan, A inner) : state_(std::make_shared<state>(plan, std::move(inner))) {}
 
   /// Allocates, or throws `memory_error` saying which planned failure fired.
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment) {
@@ -49,13 +52,19 @@ public:
       }
       state_->live += bytes;
     }
+    void* p = nullptr;
     try {
-      return state_->inner.allocate(bytes, alignment);
+      p = state_->inner.allocate(bytes, alignment);
     } catch (...) {
       std::lock_guard lock(state_->mutex);
       state_->live -= bytes;
       throw;
     }
+    if (p == nullptr) { // the inner allocator's way of failing: nothing to count
+      std::lock_guard lock(state_->mutex);
+      state_->live -= bytes;
+    }
+    return p;
   }
   void deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
     state_->inner.deallocate(p, bytes, alignment);

@@ -25,56 +25,36 @@ namespace zero {
 /// buffer while work enqueued on a stream still reads or writes it.
 ///
 /// Pinning is slow (page locking) and `cudaFreeHost` synchronizes: use `caching_pinned_allocator` in a loop.
-/// A cheap handle: copies share state and may free each other's memory. Thread-safe.
-class pinned_allocator {
+///
+/// `allocate(bytes, alignment = 256)` gives `bytes` (a 1-byte block for 0) of pinned host memory aligned to
+/// `alignment`; synchronous, uninitialized. It throws usage_error if `alignment` is not a power of two;
+/// memory_error naming the bytes, the flags, the current device and the CUDA error when cudaHostAlloc fails.
+/// `deallocate(p, bytes, alignment)` returns `p` with `cudaFreeHost` and never throws.
+///
+/// A cheap handle: copies share state and may free each other's memory (`==` says whether two are copies).
+/// Thread-safe.
+class pinned_allocator : public detail::cuda_block_allocator<pinned_allocator> {
 public:
   /// The CPU may dereference pinned memory.
   static constexpr bool host_accessible = true;
   /// CUDA kernels may too (mapped, unified addressing).
   static constexpr bool device_accessible = true;
-  /// The alignment assumed of `cudaHostAlloc`; a larger request, or a result found less aligned, costs one
-  /// over-allocation.
-  static constexpr std::size_t native_alignment = 256;
   /// Flags used when none are given: usable from every CUDA context (portable) and mapped for kernels.
   static constexpr unsigned default_flags = cudaHostAllocPortable | cudaHostAllocMapped;
 
   /// An allocator passing `flags` (a combination of `cudaHostAlloc*` flags) to `cudaHostAlloc`.
-  explicit pinned_allocator(unsigned flags = default_flags)
-      : flags_(flags), blocks_(std::make_shared<detail::over_aligned_blocks>()) {}
-
-  /// Allocates `bytes` (a 1-byte block for 0) of pinned host memory aligned to `alignment`. Synchronous; the
-  /// memory is uninitialized.
-  /// \throws usage_error if `alignment` is not a power of two; memory_error naming the bytes, the flags, the
-  ///         current device and the CUDA error when cudaHostAlloc fails.
-  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = native_alignment) {
-    detail::require_power_of_two_alignment(alignment, "pinned_allocator");
-    return detail::allocate_aligned(
-        bytes, alignment, native_alignment, *blocks_, "pinned_allocator",
-        [this](std::size_t n) { return raw_allocate(n); }, [](void* p) { raw_free(p); });
-  }
-
-  /// Returns `p` (from `allocate` of this allocator or a copy; null is ignored) with `cudaFreeHost`, which
-  /// waits for the work in flight. Never throws: a CUDA failure is reported on stderr.
-  void deallocate(void* p, std::size_t bytes, std::size_t alignment = native_alignment) noexcept {
-    (void)bytes;
-    (void)alignment;
-    if (p != nullptr) {
-      raw_free(blocks_->take_base(p));
-    }
-  }
+  explicit pinned_allocator(unsigned flags = default_flags) : flags_(flags) {}
 
   /// The `cudaHostAlloc` flags this allocator passes.
   [[nodiscard]] unsigned flags() const noexcept { return flags_; }
 
-  /// True when `a` and `b` are copies of one allocator, so either may free the other's memory.
-  friend bool operator==(const pinned_allocator& a, const pinned_allocator& b) noexcept {
-    return a.blocks_ == b.blocks_;
-  }
-
 private:
+  friend class detail::cuda_block_allocator<pinned_allocator>;
+  static constexpr const char* name = "pinned_allocator";
+
   void* raw_allocate(std::size_t bytes) const {
     void* p = nullptr;
-    const cudaError_t status = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, flags_);
+    const cudaError_t status = cudaHostAlloc(&p, bytes, flags_);
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
       int device = -1;
@@ -94,7 +74,6 @@ private:
   static void raw_free(void* p) noexcept { ZERO_CHECK_CUDA_NOTHROW(cudaFreeHost(p)); }
 
   unsigned flags_;
-  std::shared_ptr<detail::over_aligned_blocks> blocks_;
 };
 
 static_assert(allocator<pinned_allocator>);
