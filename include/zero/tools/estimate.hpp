@@ -13,6 +13,7 @@
 /// (the largest module is stage 3's working set). Needs nlohmann-json.
 
 #include "zero/config/config.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
