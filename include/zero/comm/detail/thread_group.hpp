@@ -23,7 +23,8 @@
 
 namespace zero::detail {
 
-/// The collectives of a thread group, for matching and messages.
+/// The collectives of a thread group, for matching and messages; in the order of `op_names`, so that a
+/// kind is also the kind of an `op_signature` (zero/comm/communicator.hpp).
 enum class thread_op_kind : std::uint8_t {
   all_reduce,
   reduce_scatter,
@@ -34,26 +35,14 @@ enum class thread_op_kind : std::uint8_t {
   split
 };
 
-/// The name of a collective, as the communicator's member function is called.
-constexpr std::string_view name_of(thread_op_kind k) noexcept {
-  switch (k) {
-  case thread_op_kind::all_reduce:
-    return "all_reduce";
-  case thread_op_kind::reduce_scatter:
-    return "reduce_scatter";
-  case thread_op_kind::all_gather:
-    return "all_gather";
-  case thread_op_kind::broadcast:
-    return "broadcast";
-  case thread_op_kind::barrier:
-    return "barrier";
-  case thread_op_kind::all_to_all:
-    return "all_to_all";
-  case thread_op_kind::split:
-    return "split";
-  }
-  return "?";
+/// `op_names[k]` of kind `k`.
+[[nodiscard]] constexpr std::string_view name_of(thread_op_kind k) noexcept {
+  return op_names[static_cast<std::size_t>(k)];
 }
+static_assert(op_names.size() == static_cast<std::size_t>(thread_op_kind::split) + 1 &&
+              name_of(thread_op_kind::all_reduce) == "all_reduce" &&
+              name_of(thread_op_kind::broadcast) == "broadcast" && name_of(thread_op_kind::barrier) == "barrier" &&
+              name_of(thread_op_kind::split) == "split");
 
 struct thread_group; // below: the state of a group, which a split makes new ones of
 
@@ -80,19 +69,12 @@ struct thread_op {
   std::size_t done_chunks = 0;                                    // finished chunks
   std::function<void(thread_op&, std::size_t, std::size_t)> work; // produce units [begin, end)
 
+  /// What a rank said it started, in the words every communicator uses (`detail::describe`):
+  /// "all_gather(count=1000, fp32)", "broadcast(count=8, u8, root=1)", "barrier".
   [[nodiscard]] std::string describe() const {
-    std::string s(name_of(kind));
-    if (kind != thread_op_kind::barrier && kind != thread_op_kind::split) {
-      s += "(count=" + std::to_string(count) + ", " + std::string(zero::name_of(type));
-      if (kind == thread_op_kind::all_reduce || kind == thread_op_kind::reduce_scatter) {
-        s += ", " + std::string(zero::name_of(op));
-      }
-      if (kind == thread_op_kind::broadcast) {
-        s += ", root=" + std::to_string(root);
-      }
-      s += ")";
-    }
-    return s;
+    const std::int64_t extra = kind == thread_op_kind::broadcast ? root : static_cast<std::int64_t>(op);
+    return detail::describe(op_signature{static_cast<std::int64_t>(kind), static_cast<std::int64_t>(count),
+                                         static_cast<std::int64_t>(type), extra});
   }
 };
 
