@@ -5,10 +5,10 @@
 /// the fp32 streams), a grid-stride loop over a grid that covers the shard. On an H200, 0.97-0.98 of device
 /// copy bandwidth for 64M-256M parameters, 0.90 from 4M (bench/cuda/bench_adamw.cpp).
 /// `zero::cuda::adamw_step` (cuda_kernels.hpp) is this, instantiated for G, P in {float, __half,
-/// __nv_bfloat16}. The math is `zero/optim/adamw_args.hpp`'s, operation for operation.
+/// __nv_bfloat16}. The math is `zero/backend/adamw_args.hpp`'s, operation for operation.
 
 #include "numeric.cuh"
-#include "zero/optim/adamw_args.hpp"
+#include "zero/backend/adamw_args.hpp"
 
 #include <cmath>
 

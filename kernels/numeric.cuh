@@ -8,7 +8,7 @@
 /// own and call the launch templates of `elementwise.cuh`, `reduce.cuh` and `adamw.cuh` directly.
 /// Compile with nvcc in C++20 mode (`-std=c++20`) and without `--use_fast_math` / `-ftz=true`.
 
-#include "zero/backend/cuda_check.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 

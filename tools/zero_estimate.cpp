@@ -8,6 +8,7 @@
 // Exit status: 0 on success, 1 for an unreadable model description, 2 for a command-line error.
 
 #include "config_options.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/tools/estimate.hpp"
 
 #include <CLI/CLI.hpp>

@@ -7,6 +7,7 @@
 
 #include "config_options.hpp"
 #include "zero/config/config.hpp"
+#include "zero/core/detail/text.hpp"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

@@ -12,8 +12,8 @@
 /// Run with --benchmark_repetitions=N --benchmark_report_aggregates_only=true and compare the medians
 /// (bench/comm/compare_collectives.py does).
 
-#include "zero/backend/cuda_check.hpp"
 #include "zero/comm/nccl_communicator.hpp"
+#include "zero/core/cuda_check.hpp"
 
 #include <benchmark/benchmark.h>
 #include <cstddef>

@@ -12,8 +12,8 @@
 ///   ratio      GB/s / copy_GB/s, the fraction of copy bandwidth the step reaches (target >= 0.9)
 /// Works with --benchmark_format=json and --benchmark_out.
 
-#include "zero/backend/cuda_check.hpp"
 #include "zero/backend/cuda_kernels.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/memory/device_allocator.hpp"
 
 #include <benchmark/benchmark.h>

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <zero/backend/cuda_check.hpp>
+#include <zero/core/cuda_check.hpp>
 #include <zero/core/error.hpp>
 
 namespace deep_mlp {

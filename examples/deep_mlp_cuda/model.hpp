@@ -25,7 +25,7 @@
 #include <span>
 #include <string>
 #include <vector>
-#include <zero/backend/cuda_check.hpp>
+#include <zero/core/cuda_check.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/engine/engine.hpp>

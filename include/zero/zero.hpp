@@ -4,6 +4,7 @@
 /// CUDA and io_uring parts have headers of their own (`zero/comm/mpi_communicator.hpp`, ...)
 /// and targets of their own (`zero::mpi`, `zero::nccl`, `zero::cuda`, `zero::uring`).
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/communicator.hpp"
@@ -19,6 +20,5 @@
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/failing_allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
-#include "zero/optim/adamw_args.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"

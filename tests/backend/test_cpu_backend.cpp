@@ -4,7 +4,7 @@
 // runs one level only) and several thread counts.
 //
 // Tolerance: none. Every kernel must match its reference bit for bit, because the references are
-// the expressions of zero/optim/adamw_args.hpp and zero/core/dtype.hpp evaluated in the same fp32
+// the expressions of zero/backend/adamw_args.hpp and zero/core/dtype.hpp evaluated in the same fp32
 // operations in the same order, and the backend promises exactly that for every SIMD level. This
 // file is compiled with -ffp-contract=off (CMakeLists.txt) so the compiler cannot fuse the
 // reference's multiply-adds either. The one relaxation: a NaN produced by arithmetic compares equal
@@ -219,7 +219,7 @@ template <class S, class D> D ref_cast(S x) {
 template <class G, class P>
 void ref_adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
                const zero::adamw_step_args& a) {
-  // Written from the comment of zero/optim/adamw_args.hpp.
+  // Written from the comment of zero/backend/adamw_args.hpp.
   for (std::size_t i = 0; i < n; ++i) {
     float g = zero::to_float(grad[i]) * a.grad_scale;
     if (!a.adam_w_mode) {

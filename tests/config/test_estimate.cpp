@@ -1,5 +1,5 @@
 // zero-estimate's arithmetic: DeepSpeed's formulas reproduced to the byte, zero's own accounting
-// against the model-state table of DESIGN.md, and model descriptions.
+// against the model-state table of docs/design.md, and model descriptions.
 
 #include "support.hpp"
 #include "zero/tools/estimate.hpp"
@@ -93,7 +93,7 @@ TEST_CASE("the tables read as DeepSpeed prints them") {
   CHECK(has(zt::deepspeed_zero2_table(1'000'000, 1, 2), "HW: Setup with 2 nodes, 1 GPU per node.\n"));
 }
 
-TEST_CASE("zero's accounting matches the model-state table of DESIGN.md") {
+TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   zt::estimate_options o;
   o.params = 7'000'000'000;
   o.gpus_per_node = 8;

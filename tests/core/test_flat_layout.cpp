@@ -74,7 +74,7 @@ void check_invariants(const flat_layout& l) {
 }
 } // namespace
 
-TEST_CASE("flat_layout: a single segment is DESIGN.md's contiguous shard") {
+TEST_CASE("flat_layout: a single segment is docs/design.md's contiguous shard") {
   flat_layout l(dtype::f32);
   l.add("a", {3, 5}, dtype::f32);
   l.add("b", {7}, dtype::f32);

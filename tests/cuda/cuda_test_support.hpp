@@ -4,7 +4,7 @@
 /// a kernel that writes outside its range, or skips an element, is caught), bit access to element types,
 /// and a stream per test.
 
-#include "zero/backend/cuda_check.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/core/dtype.hpp"
 
 #include <cmath>

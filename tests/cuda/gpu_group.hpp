@@ -3,7 +3,7 @@
 /// Helpers of the multi-GPU tests: the world sizes this machine can run (1 and 2 GPUs), and host <-> device
 /// copies of small vectors.
 
-#include "zero/backend/cuda_check.hpp"
+#include "zero/core/cuda_check.hpp"
 
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>

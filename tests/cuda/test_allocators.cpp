@@ -4,8 +4,8 @@
 /// destruction, and thread safety; plus ZERO_CHECK_CUDA and its non-throwing twin.
 
 #include "cuda_test_support.hpp"
-#include "zero/backend/cuda_check.hpp"
 #include "zero/backend/cuda_kernels.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/memory/device_allocator.hpp"
 #include "zero/memory/pinned_allocator.hpp"
 

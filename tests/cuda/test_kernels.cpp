@@ -98,7 +98,7 @@ template <class T> double squared_norm_reference(const std::vector<T>& x) {
   return sum;
 }
 
-// The per-element formula of zero/optim/adamw_args.hpp, literally, in fp32 (this file is compiled with
+// The per-element formula of zero/backend/adamw_args.hpp, literally, in fp32 (this file is compiled with
 // -ffp-contract=off, so each operation rounds once as written).
 void adamw_reference(float& master, float& m, float& v, float grad, const zero::adamw_step_args& a) {
   float g = grad * a.grad_scale;

@@ -1,6 +1,6 @@
 #pragma once
 // A small "framework" for engine tests: a fixed model, synthetic per-sample gradients, and a plain
-// single-process AdamW to compare against (the oracle of DESIGN.md).
+// single-process AdamW to compare against (the oracle of docs/design.md).
 
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"

@@ -35,19 +35,22 @@
 ///
 /// ## Kernels (each member function of `B`, `s` being a `const B::stream_type&`)
 ///
+// clang-format off
 /// | kernel | effect |
 /// |---|---|
-/// | `adamw_step(master, m, v, grad, param, n, args, s)` | one Adam/AdamW step over n elements, exactly as
-/// zero/optim/adamw_args.hpp; `param` may be null | | `cast(src, dst, n, s)` | dst[i] = D(src[i]), round to nearest
-/// even | | `unscale_and_check(x, n, factor, flag, s)` | x[i] = T(x[i] * factor); *flag = 1 if any stored x[i] is inf
-/// or NaN, else *flag unchanged | | `squared_norm_workspace_bytes<T>(n)` | bytes of workspace `squared_norm` needs for
-/// n elements | | `squared_norm(x, n, out, workspace, workspace_bytes, s)` | *out = sum of x[i]^2 in fp32, in an order
-/// fixed by n alone | | `fill(x, n, value, s)` | x[i] = value | | `accumulate(src, dst, n, s)` | dst[i] =
-/// D(float(dst[i]) + float(src[i])) | | `scale(x, n, factor, s)` | x[i] = T(float(x[i]) * factor) |
+/// | `adamw_step(master, m, v, grad, param, n, args, s)` | one Adam/AdamW step over n elements, exactly as zero/backend/adamw_args.hpp; `param` may be null |
+/// | `cast(src, dst, n, s)` | dst[i] = D(src[i]), round to nearest even |
+/// | `unscale_and_check(x, n, factor, flag, s)` | x[i] = T(x[i] * factor); *flag = 1 if any stored x[i] is inf or NaN, else *flag unchanged |
+/// | `squared_norm_workspace_bytes<T>(n)` | bytes of workspace `squared_norm` needs for n elements |
+/// | `squared_norm(x, n, out, workspace, workspace_bytes, s)` | *out = sum of x[i]^2 in fp32, in an order fixed by n alone |
+/// | `fill(x, n, value, s)` | x[i] = value |
+/// | `accumulate(src, dst, n, s)` | dst[i] = D(float(dst[i]) + float(src[i])) |
+/// | `scale(x, n, factor, s)` | x[i] = T(float(x[i]) * factor) |
+// clang-format on
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/memory/allocator.hpp"
-#include "zero/optim/adamw_args.hpp"
 
 #include <concepts>
 #include <cstddef>
@@ -149,7 +152,7 @@ template <class> inline constexpr bool dependent_false = false;
 
 /// `adamw_step<G, P>(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
 /// const adamw_step_args& args, const stream_type& s)` for every G and P among float, f16, bf16:
-/// one Adam/AdamW step exactly as zero/optim/adamw_args.hpp defines it; `param` may be null, and
+/// one Adam/AdamW step exactly as zero/backend/adamw_args.hpp defines it; `param` may be null, and
 /// then no low-precision copy is written. master, m and v are updated in place.
 template <class B>
 concept can_adamw_step = backend_base<B> && detail::adamw_step_for_grad<B, float> &&

@@ -17,6 +17,7 @@
 /// The CPU has no asynchrony to hide: streams and events are empty tags and every kernel has
 /// finished when it returns. They keep the shape of `zero::backend` so engines are written once.
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
 #include "zero/backend/detail/cpu_features.hpp"
 #include "zero/backend/detail/cpu_kernels_avx2.hpp"
@@ -27,7 +28,6 @@
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
-#include "zero/optim/adamw_args.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -188,7 +188,7 @@ public:
     }
   }
 
-  /// One Adam/AdamW step over `n` elements, exactly as zero/optim/adamw_args.hpp defines it.
+  /// One Adam/AdamW step over `n` elements, exactly as zero/backend/adamw_args.hpp defines it.
   /// \param master fp32 master weights, updated in place.
   /// \param m,v    fp32 first and second moments, updated in place.
   /// \param grad   gradients in `G` (float, f16, bf16); multiplied by `args.grad_scale` first.

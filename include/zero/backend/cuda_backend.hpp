@@ -13,8 +13,8 @@
 /// Host code; compiles with a plain C++20 compiler given CUDA's include directory.
 
 #include "zero/backend/backend.hpp"
-#include "zero/backend/cuda_check.hpp"
 #include "zero/backend/cuda_kernels.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/memory/device_allocator.hpp"
 
 #include <concepts>

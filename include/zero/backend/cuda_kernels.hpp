@@ -25,8 +25,8 @@
 ///   operation correctly rounded (the kernels use `__fmul_rn`-style intrinsics, so no FMA contraction and
 ///   no fast-math), which is what a plain fp32 C++ implementation of the same expression computes.
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/core/dtype.hpp"
-#include "zero/optim/adamw_args.hpp"
 
 #include <concepts>
 #include <cstddef>
@@ -117,7 +117,7 @@ void squared_norm(const T* x, std::size_t n, float* out, void* workspace, std::s
 
 /// One fused Adam/AdamW step over a flat shard of `n` parameters, in one pass over memory: reads grad,
 /// master, m and v, writes master, m, v and (when `param_out` is not null) the low-precision copy of the
-/// parameters. Computes exactly the per-element math of `zero/optim/adamw_args.hpp` in the same operation
+/// parameters. Computes exactly the per-element math of `zero/backend/adamw_args.hpp` in the same operation
 /// order, each operation correctly rounded in fp32 (with `lr / bias_correction1`, `1 - beta1`, `1 - beta2`,
 /// `1 - lr * weight_decay` and `sqrt(bias_correction2)` formed once on the host in fp32), so it matches a
 /// plain fp32 CPU evaluation of that formula without FMA contraction bit for bit, and any fp32 evaluation

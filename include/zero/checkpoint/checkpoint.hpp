@@ -27,6 +27,7 @@
 
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/engine/engine.hpp"
 

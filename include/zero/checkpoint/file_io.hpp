@@ -4,7 +4,7 @@
 /// xxh64, fsync of files and directories, atomic renames, and bounded positional reads that call a
 /// short file what it is. Needs libxxhash (`zero::checkpoint`).
 
-#include "zero/config/detail/reader.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 
 #include <cerrno>

@@ -34,6 +34,7 @@
 
 #include "zero/config/config.hpp"
 #include "zero/config/detail/reader.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 #include "zero/optim/loss_scaler.hpp"

@@ -12,6 +12,7 @@
 /// pieces (send/recv), converted and written, then the next.
 
 #include "zero/checkpoint/checkpoint.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/io/safetensors.hpp"
 
 #include <algorithm>

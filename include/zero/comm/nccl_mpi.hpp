@@ -4,6 +4,7 @@
 /// Rank 0 makes NCCL's unique id and broadcasts it with MPI; ranks keep their MPI order. The multi-node
 /// path: mpirun starts the processes, NCCL moves the data.
 
+#include "zero/comm/mpi_check.hpp"
 #include "zero/comm/mpi_communicator.hpp"
 #include "zero/comm/nccl_communicator.hpp"
 

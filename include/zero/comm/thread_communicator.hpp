@@ -12,6 +12,7 @@
 /// that posted an operation and went on to other work never stalls the others.
 
 #include "zero/comm/communicator.hpp"
+#include "zero/comm/detail/thread_group.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
@@ -33,158 +34,6 @@
 #include <vector>
 
 namespace zero {
-
-namespace detail {
-
-enum class thread_op_kind : std::uint8_t {
-  all_reduce,
-  reduce_scatter,
-  all_gather,
-  broadcast,
-  barrier,
-  all_to_all,
-  split
-};
-
-constexpr std::string_view name_of(thread_op_kind k) noexcept {
-  switch (k) {
-  case thread_op_kind::all_reduce:
-    return "all_reduce";
-  case thread_op_kind::reduce_scatter:
-    return "reduce_scatter";
-  case thread_op_kind::all_gather:
-    return "all_gather";
-  case thread_op_kind::broadcast:
-    return "broadcast";
-  case thread_op_kind::barrier:
-    return "barrier";
-  case thread_op_kind::all_to_all:
-    return "all_to_all";
-  case thread_op_kind::split:
-    return "split";
-  }
-  return "?";
-}
-
-struct thread_group;
-
-/// One collective in flight: every rank's buffers, and the work split into claimable chunks.
-struct thread_op {
-  thread_op_kind kind{};
-  dtype type{};
-  std::size_t count = 0;
-  reduce_op op{};
-  int root = 0;
-  std::uint64_t seq = 0;
-  std::vector<const void*> send;
-  std::vector<void*> recv;
-  std::vector<bool> joined;
-  std::vector<int> colors, keys;                           // split
-  std::vector<std::shared_ptr<thread_group>> split_groups; // split: the new group of each rank
-  std::vector<int> split_ranks;                            // split: the new rank of each rank
-  std::string split_name;                                  // split: the parent group's name
-  int arrived = 0;
-  int released = 0;
-  std::size_t units = 0;                                          // elements to produce
-  std::size_t chunks = 0;                                         // work items
-  std::size_t next_chunk = 0;                                     // first unclaimed chunk
-  std::size_t done_chunks = 0;                                    // finished chunks
-  std::function<void(thread_op&, std::size_t, std::size_t)> work; // produce units [begin, end)
-
-  [[nodiscard]] std::string describe() const {
-    std::string s(name_of(kind));
-    if (kind != thread_op_kind::barrier && kind != thread_op_kind::split) {
-      s += "(count=" + std::to_string(count) + ", " + std::string(zero::name_of(type));
-      if (kind == thread_op_kind::all_reduce || kind == thread_op_kind::reduce_scatter) {
-        s += ", " + std::string(zero::name_of(op));
-      }
-      if (kind == thread_op_kind::broadcast) {
-        s += ", root=" + std::to_string(root);
-      }
-      s += ")";
-    }
-    return s;
-  }
-};
-
-/// A matched or pending point-to-point transfer.
-struct thread_p2p {
-  const void* src = nullptr;
-  void* dst = nullptr;
-  std::size_t send_bytes = 0;
-  std::size_t recv_bytes = 0;
-  bool has_send = false;
-  bool has_recv = false;
-  bool claimed = false;
-  bool done = false;
-  std::string error;
-};
-
-/// State shared by the members of one group.
-struct thread_group {
-  thread_group(std::string n, int s) : name(std::move(n)), size(s) {}
-  std::string name;
-  int size;
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::map<std::uint64_t, std::shared_ptr<thread_op>> ops;
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<thread_p2p>>> pending; // (src, dst) -> FIFO
-  bool broken = false;
-  bool broken_by_timeout = false;
-  std::string broken_reason;
-
-  /// Marks the group unusable and wakes every waiter. Call with `mutex` held.
-  void break_locked(std::string reason, bool by_timeout) {
-    if (!broken) {
-      broken = true;
-      broken_by_timeout = by_timeout;
-      broken_reason = std::move(reason);
-    }
-    cv.notify_all();
-  }
-};
-
-template <class T> using accum_t = std::conditional_t<is_half_v<T>, float, T>;
-
-template <class T> accum_t<T> load_acc(const void* p, std::size_t i) {
-  const T v = static_cast<const T*>(p)[i];
-  if constexpr (is_half_v<T>) {
-    return static_cast<float>(v);
-  } else {
-    return v;
-  }
-}
-
-template <class T> T store_acc(accum_t<T> v) {
-  if constexpr (is_half_v<T>) {
-    return T(v);
-  } else {
-    return v;
-  }
-}
-
-/// Reduces element `i` of `n` buffers in rank order.
-template <class T> accum_t<T> reduce_element(const std::vector<const void*>& src, std::size_t i, reduce_op op) {
-  accum_t<T> acc = load_acc<T>(src[0], i);
-  for (std::size_t q = 1; q < src.size(); ++q) {
-    const accum_t<T> v = load_acc<T>(src[q], i);
-    if (op == reduce_op::max) {
-      acc = v > acc ? v : acc;
-    } else {
-      acc = static_cast<accum_t<T>>(acc + v);
-    }
-  }
-  if (op == reduce_op::avg) {
-    acc = static_cast<accum_t<T>>(acc / static_cast<accum_t<T>>(src.size()));
-  }
-  return acc;
-}
-
-/// Elements per chunk of collective work: large enough to amortise locking, small enough that
-/// several waiting ranks share a large collective.
-inline constexpr std::size_t thread_chunk_units = 1u << 15;
-
-} // namespace detail
 
 /// Options of a group started by `run_ranks`.
 struct thread_group_options {
@@ -378,9 +227,13 @@ public:
     return std::make_shared<detail::thread_group>(std::move(name), size);
   }
 
+  /// \returns this thread's rank in the group, 0 <= rank() < size().
   [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// \returns the number of ranks in the group.
   [[nodiscard]] int size() const noexcept { return group_->size; }
+  /// \returns the group's name in messages ("world", or "<parent>/<color>" for a split).
   [[nodiscard]] std::string_view name() const noexcept { return group_->name; }
+  /// \returns how long a wait may block before it throws `timeout_error`.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   /// Sets how long any later wait on this rank may block.
   void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }

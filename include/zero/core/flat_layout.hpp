@@ -7,7 +7,7 @@
 /// of `world_size * alignment` elements and split into `world_size` equal, contiguous slices,
 /// slice r owned by rank r. A rank's shard is the concatenation of its slices, one per segment,
 /// stored contiguously in its own memory. With one segment this is exactly the contiguous shard
-/// `[r*S, (r+1)*S)` of DESIGN.md; with several, each segment is a reduce bucket (stages 0-2) or
+/// `[r*S, (r+1)*S)` of docs/design.md; with several, each segment is a reduce bucket (stages 0-2) or
 /// a module (stage 3), and every reduce-scatter and all-gather runs in place over one segment as
 /// `nccl.h` defines them, with evenly split buffers and no uneven (v-) collectives. Padding is
 /// below `world_size * alignment` elements per segment, plus the alignment gaps between params.

@@ -8,12 +8,12 @@
 /// and v are kept. Parameter groups (their own lr and weight decay) split the owned ranges into
 /// runs; padding joins the run beside it (its gradient, master, m and v are zero and stay zero).
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
-#include "zero/optim/adamw_args.hpp"
 
 #include <cstddef>
 #include <functional>

@@ -9,7 +9,7 @@
 /// Memory from these allocators is owned by the caller until it is given back with `deallocate`, to the
 /// allocator that gave it or a copy of it (copies share their state).
 
-#include "zero/backend/cuda_check.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 

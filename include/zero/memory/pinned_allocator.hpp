@@ -5,7 +5,7 @@
 /// device_allocator.hpp). Host code only; compiles with a plain C++20 compiler given CUDA's include
 /// directory (link CUDA::cudart, as zero::cuda does).
 
-#include "zero/backend/cuda_check.hpp"
+#include "zero/core/cuda_check.hpp"
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 #include "zero/memory/device_allocator.hpp"

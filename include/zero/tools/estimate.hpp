@@ -6,13 +6,14 @@
 ///   deepspeed/runtime/zero/stage_1_and_2.py) and `estimate_zero3_model_states_mem_needs` (in
 ///   deepspeed/runtime/zero/stage3.py), with the tables their `*_all_cold` functions print;
 /// - zero's own accounting of the bytes each rank and each node holds for every stage and offload
-///   choice, from the ZeRO paper's model-state table in DESIGN.md plus the communication buffers the
+///   choice, from the ZeRO paper's model-state table in docs/design.md plus the communication buffers the
 ///   config asks for.
 ///
 /// A model is a parameter count, or a description file listing modules and their parameter shapes
 /// (the largest module is stage 3's working set). Needs nlohmann-json.
 
 #include "zero/config/config.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
@@ -204,7 +205,7 @@ struct estimate_row {
   offload_device offload_optimizer = offload_device::none; ///< where optimizer state lives
   offload_device offload_param = offload_device::none;     ///< where parameter shards live (stage 3)
   dtype grad_dtype = dtype::f32;                           ///< the gradient dtype this row counts
-  std::int64_t gpu_model_state_bytes = 0; ///< params, grads and optimizer state on one GPU (the DESIGN.md table)
+  std::int64_t gpu_model_state_bytes = 0; ///< params, grads and optimizer state on one GPU (the docs/design.md table)
   std::int64_t gpu_buffer_bytes = 0;      ///< gradient buckets and the stage-3 gathered working set
   std::int64_t gpu_bytes_per_rank = 0;    ///< the two above
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank

@@ -11,8 +11,8 @@
 /// `CMAKE_CXX_EXTENSIONS OFF`). Under `-ffp-contract=fast` (GCC's default in GNU mode) the scalar
 /// tails may be fused and differ from the vector lanes by an ulp.
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/core/dtype.hpp"
-#include "zero/optim/adamw_args.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -23,7 +23,7 @@
 namespace zero::detail::cpu {
 
 /// The per-call factors of one AdamW step, computed once in fp32 from `adamw_step_args` with the
-/// expressions of zero/optim/adamw_args.hpp:
+/// expressions of zero/backend/adamw_args.hpp:
 /// step_size = lr / bias_correction1, sqrt_bc2 = sqrt(bias_correction2), decay = 1 - lr * weight_decay.
 struct adamw_consts {
   float beta1;
@@ -80,7 +80,7 @@ template <class T> inline bool nonfinite1(const T* p) noexcept {
   }
 }
 
-/// One element of the AdamW/Adam step (see zero/optim/adamw_args.hpp); every SIMD lane does exactly this.
+/// One element of the AdamW/Adam step (see zero/backend/adamw_args.hpp); every SIMD lane does exactly this.
 template <bool AdamW> inline void adamw1(float& p, float& m, float& v, float grad, const adamw_consts& c) noexcept {
   float g = grad * c.grad_scale;
   if constexpr (!AdamW) {

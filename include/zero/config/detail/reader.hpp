@@ -7,6 +7,7 @@
 #include "zero/config/detail/edit_distance.hpp"
 #include "zero/config/schema.hpp"
 #include "zero/config/unimplemented.hpp"
+#include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 
 #include <algorithm>
@@ -23,16 +24,6 @@
 namespace zero::detail {
 
 using json = nlohmann::json;
-
-/// Concatenates text by appending each piece in turn. Messages are built with it rather than with
-/// `"literal" + std::string(...)`, which makes GCC 12 warn falsely under -O2 (-Wrestrict, GCC bug
-/// 105651) in the code of whoever includes these headers.
-template <class... Parts> std::string cat(const Parts&... parts) {
-  std::string out;
-  out.reserve((std::string_view(parts).size() + ... + 0));
-  (out.append(std::string_view(parts)), ...);
-  return out;
-}
 
 /// `parent.key`, or `key` at the top level.
 inline std::string join_path(std::string_view parent, std::string_view key) {

@@ -10,6 +10,9 @@
 /// reported again by every later call, as CUDA defines.
 ///
 /// Host code only; compiles with a plain C++20 compiler given CUDA's include directory (link CUDA::cudart).
+/// It lives in core, the bottom layer (docs/design.md), because the device and pinned allocators of
+/// memory check their calls with it as the CUDA backend and the kernels do; it is the one core header
+/// that needs more than the standard library, and only code that uses CUDA includes it.
 
 #include "zero/core/error.hpp"
 

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The arguments of one Adam/AdamW step over a shard, shared by every backend's kernel so the
-/// CPU and CUDA kernels compute the same thing.
+/// CPU and CUDA kernels compute the same thing. It lives in backend, below optim (docs/design.md),
+/// because it is the contract of the backends' `adamw_step` kernel.
 ///
 /// For each element i (PyTorch's `torch.optim.AdamW` / `Adam`, DeepSpeed's FusedAdam):
 ///
