@@ -5,7 +5,7 @@
 
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
-#include "zero/optim/adamw_args.hpp"
+#include "zero/backend/adamw_args.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
 
