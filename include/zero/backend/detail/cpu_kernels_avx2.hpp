@@ -3,7 +3,7 @@
 /// The AVX2 kernels of `zero::cpu_backend` (8 fp32 lanes; F16C for fp16), compiled through
 /// `__attribute__((target(...)))` so the rest of the program needs no `-mavx2`, and called only
 /// when `has_avx2()` says the CPU has them. Each function computes exactly what its scalar twin in
-/// cpu_kernels_scalar.hpp computes, bit for bit (see there for the one compiler condition).
+/// cpu_kernels_scalar.hpp computes, bit for bit, whatever the compiler's -ffp-contract (see there).
 
 #include "zero/backend/detail/cpu_features.hpp"
 #include "zero/backend/detail/cpu_kernels_scalar.hpp"
@@ -88,6 +88,14 @@ template <class T> ZERO_TARGET_AVX2 inline int store8_check(T* p, __m256 x) noex
   }
 }
 
+/// a * b rounded to fp32 on its own: the empty asm hides the product from the optimizer, which
+/// would otherwise fuse it with the addition that uses it into an FMA (see cpu_kernels_scalar.hpp).
+ZERO_TARGET_AVX2 inline __m256 product(__m256 a, __m256 b) noexcept {
+  __m256 p = _mm256_mul_ps(a, b);
+  __asm__("" : "+x"(p));
+  return p;
+}
+
 /// One AdamW chunk of n elements (see adamw1); `param` may be null.
 template <bool AdamW, class G, class P>
 ZERO_TARGET_AVX2 inline void adamw_chunk(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
@@ -105,15 +113,14 @@ ZERO_TARGET_AVX2 inline void adamw_chunk(float* master, float* m, float* v, cons
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 p = _mm256_loadu_ps(master + i);
-    __m256 g = _mm256_mul_ps(load8(grad + i), gscale);
+    __m256 g = product(load8(grad + i), gscale);
     if constexpr (!AdamW) {
-      g = _mm256_add_ps(g, _mm256_mul_ps(wd, p));
+      g = _mm256_add_ps(g, product(wd, p));
     }
-    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, g));
-    const __m256 vi =
-        _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i)), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+    const __m256 mi = _mm256_add_ps(product(beta1, _mm256_loadu_ps(m + i)), product(omb1, g));
+    const __m256 vi = _mm256_add_ps(product(beta2, _mm256_loadu_ps(v + i)), product(_mm256_mul_ps(omb2, g), g));
     if constexpr (AdamW) {
-      p = _mm256_mul_ps(p, decay);
+      p = product(p, decay);
     }
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sqrt_bc2), eps);
     p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(step, mi), denom));
@@ -163,8 +170,8 @@ template <class T> ZERO_TARGET_AVX2 inline float squared_norm_chunk(const T* x, 
   for (; i + 16 <= n; i += 16) {
     const __m256 a = load8(x + i);
     const __m256 b = load8(x + i + 8);
-    acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(a, a));
-    acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(b, b));
+    acc0 = _mm256_add_ps(acc0, product(a, a));
+    acc1 = _mm256_add_ps(acc1, product(b, b));
   }
   alignas(32) float acc[norm_lanes];
   _mm256_store_ps(acc, acc0);

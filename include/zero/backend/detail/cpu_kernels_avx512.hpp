@@ -3,7 +3,7 @@
 /// The AVX-512 kernels of `zero::cpu_backend` (16 fp32 lanes; AVX-512F and AVX-512BW), compiled
 /// through `__attribute__((target(...)))` and called only when `has_avx512()` says the CPU has them.
 /// Each function computes exactly what its scalar twin in cpu_kernels_scalar.hpp computes, bit for
-/// bit (see there for the one compiler condition).
+/// bit, whatever the compiler's -ffp-contract (see there).
 
 #include "zero/backend/detail/cpu_features.hpp"
 #include "zero/backend/detail/cpu_kernels_scalar.hpp"
@@ -95,6 +95,14 @@ template <class T> ZERO_TARGET_AVX512 inline unsigned store16_check(T* p, __m512
   }
 }
 
+/// a * b rounded to fp32 on its own: the empty asm hides the product from the optimizer, which
+/// would otherwise fuse it with the addition that uses it into an FMA (see cpu_kernels_scalar.hpp).
+ZERO_TARGET_AVX512 inline __m512 product(__m512 a, __m512 b) noexcept {
+  __m512 p = _mm512_mul_ps(a, b);
+  __asm__("" : "+v"(p));
+  return p;
+}
+
 /// One AdamW chunk of n elements (see adamw1); `param` may be null.
 template <bool AdamW, class G, class P>
 ZERO_TARGET_AVX512 inline void adamw_chunk(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
@@ -112,15 +120,14 @@ ZERO_TARGET_AVX512 inline void adamw_chunk(float* master, float* m, float* v, co
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 p = _mm512_loadu_ps(master + i);
-    __m512 g = _mm512_mul_ps(load16(grad + i), gscale);
+    __m512 g = product(load16(grad + i), gscale);
     if constexpr (!AdamW) {
-      g = _mm512_add_ps(g, _mm512_mul_ps(wd, p));
+      g = _mm512_add_ps(g, product(wd, p));
     }
-    const __m512 mi = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(omb1, g));
-    const __m512 vi =
-        _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    const __m512 mi = _mm512_add_ps(product(beta1, _mm512_loadu_ps(m + i)), product(omb1, g));
+    const __m512 vi = _mm512_add_ps(product(beta2, _mm512_loadu_ps(v + i)), product(_mm512_mul_ps(omb2, g), g));
     if constexpr (AdamW) {
-      p = _mm512_mul_ps(p, decay);
+      p = product(p, decay);
     }
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), sqrt_bc2), eps);
     p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(step, mi), denom));
@@ -167,7 +174,7 @@ template <class T> ZERO_TARGET_AVX512 inline float squared_norm_chunk(const T* x
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 a = load16(x + i);
-    acc16 = _mm512_add_ps(acc16, _mm512_mul_ps(a, a));
+    acc16 = _mm512_add_ps(acc16, product(a, a));
   }
   alignas(64) float acc[norm_lanes];
   _mm512_store_ps(acc, acc16);

@@ -1,15 +1,16 @@
 #pragma once
 /// \file
-/// The portable scalar kernels of `zero::cpu_backend`, one chunk at a time. They are the reference
-/// the SIMD variants (cpu_kernels_avx2.hpp, cpu_kernels_avx512.hpp) reproduce bit for bit: the
-/// vector code performs the same IEEE operations (multiply, add, divide, square root; never a fused
-/// multiply-add) in the same order, and rounds to f16/bf16 exactly as zero/core/dtype.hpp does. The
-/// vector loops also finish their tails with the element functions below.
+/// The portable scalar kernels of `zero::cpu_backend`, one chunk at a time, and the element
+/// functions the SIMD kernels (cpu_kernels_avx2.hpp, cpu_kernels_avx512.hpp) finish their tails with.
 ///
-/// Bit-identity between variants assumes the compiler does not contract `a * b + c` into an FMA:
-/// that is GCC's and Clang's default in ISO mode (`-std=c++20`, which zero's CMake asks for with
-/// `CMAKE_CXX_EXTENSIONS OFF`). Under `-ffp-contract=fast` (GCC's default in GNU mode) the scalar
-/// tails may be fused and differ from the vector lanes by an ulp.
+/// Every variant evaluates the formulas of cpu_backend.hpp's "Numerics" section: fp32 operations,
+/// each rounded on its own, in the order written there, never a fused multiply-add. The compiler
+/// may not keep that by itself: GCC fuses `a * b + c` into an FMA whenever the target has one
+/// (`-mfma`, `-march=haswell` and later, and always inside an AVX-512 function) in every C++ mode,
+/// `-std=c++20` included, across statements and across intrinsics; Clang does within one
+/// expression by default and everywhere under `-ffp-contract=fast`. So every product that feeds an
+/// addition or subtraction goes through `product` (or its vector twin), which the compiler cannot
+/// see through: the bits do not depend on `-ffp-contract`, `-march` or the compiler.
 
 #include "zero/core/dtype.hpp"
 #include "zero/optim/adamw_args.hpp"
@@ -22,9 +23,27 @@
 
 namespace zero::detail::cpu {
 
-/// The per-call factors of one AdamW step, computed once in fp32 from `adamw_step_args` with the
-/// expressions of zero/optim/adamw_args.hpp:
-/// step_size = lr / bias_correction1, sqrt_bc2 = sqrt(bias_correction2), decay = 1 - lr * weight_decay.
+/// Returns `x` unchanged, through an empty `asm` the optimizer cannot look into: a product passed
+/// through it is rounded to fp32 and never fused with the addition that uses it. Costs no instruction.
+inline float no_fuse(float x) noexcept {
+#if defined(__GNUC__) && defined(__x86_64__)
+  __asm__("" : "+x"(x));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  // Elsewhere a volatile round trip: slower, but no compiler fuses through it.
+  volatile float v = x;
+  x = v;
+#endif
+  return x;
+}
+
+/// a * b rounded to fp32 on its own (never fused with the addition that uses it).
+inline float product(float a, float b) noexcept { return no_fuse(a * b); }
+
+/// The per-call factors of one AdamW step, computed once in fp32 from `adamw_step_args`:
+/// step_size = lr / bias_correction1, sqrt_bc2 = sqrt(bias_correction2),
+/// decay = 1 - (lr * weight_decay) (the product rounded first), one_minus_beta = 1 - beta.
 struct adamw_consts {
   float beta1;
   float beta2;
@@ -49,7 +68,7 @@ struct adamw_consts {
     c.grad_scale = a.grad_scale;
     c.step_size = a.lr / a.bias_correction1;
     c.sqrt_bc2 = std::sqrt(a.bias_correction2);
-    c.decay = 1.0f - a.lr * a.weight_decay;
+    c.decay = 1.0f - product(a.lr, a.weight_decay);
     c.adam_w_mode = a.adam_w_mode;
     return c;
   }
@@ -80,22 +99,23 @@ template <class T> inline bool nonfinite1(const T* p) noexcept {
   }
 }
 
-/// One element of the AdamW/Adam step (see zero/optim/adamw_args.hpp); every SIMD lane does exactly this.
+/// One element of the AdamW/Adam step, in the order of cpu_backend.hpp's "Numerics"; every SIMD
+/// lane does exactly this.
 template <bool AdamW> inline void adamw1(float& p, float& m, float& v, float grad, const adamw_consts& c) noexcept {
-  float g = grad * c.grad_scale;
+  float g = product(grad, c.grad_scale);
   if constexpr (!AdamW) {
-    g = g + c.weight_decay * p;
+    g = g + product(c.weight_decay, p);
   }
-  m = c.beta1 * m + c.one_minus_beta1 * g;
-  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  m = product(c.beta1, m) + product(c.one_minus_beta1, g);
+  v = product(c.beta2, v) + product(c.one_minus_beta2 * g, g);
   if constexpr (AdamW) {
-    p = p * c.decay;
+    p = product(p, c.decay);
   }
   const float denom = std::sqrt(v) / c.sqrt_bc2 + c.eps;
   p = p - c.step_size * m / denom;
 }
 
-/// Elements [0, n) of one AdamW chunk; `param` may be null.
+/// Elements [i, n) of one AdamW chunk; `param` may be null.
 template <bool AdamW, class G, class P>
 inline void adamw_tail(float* master, float* m, float* v, const G* grad, P* param, std::size_t i, std::size_t n,
                        const adamw_consts& c) noexcept {
@@ -114,11 +134,11 @@ inline void adamw_tail(float* master, float* m, float* v, const G* grad, P* para
 /// (j += j + 8, then j += j + 4, j += j + 2, j += j + 1). Scalar, AVX2 and AVX-512 all follow it.
 inline constexpr std::size_t norm_lanes = 16;
 
-/// Adds x[i]^2 for i in [i, n) into the interleaved accumulators, lane i % 16.
+/// Adds x[i]^2 (the square rounded first) for i in [i, n) into the interleaved accumulators, lane i % 16.
 template <class T> inline void squared_norm_tail(const T* x, std::size_t i, std::size_t n, float* acc) noexcept {
   for (; i < n; ++i) {
     const float f = load1(x + i);
-    acc[i % norm_lanes] = acc[i % norm_lanes] + f * f;
+    acc[i % norm_lanes] = acc[i % norm_lanes] + product(f, f);
   }
 }
 
