@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// `zero::cpu_backend`: the kernels of a ZeRO step on the host, vectorised (AVX-512, AVX2 or
-/// portable scalar code, chosen at run time) and spread over a small thread pool it owns.
+/// portable scalar code, chosen at run time) and spread over a small thread pool it owns. The vector
+/// kernels are written once (detail/cpu_kernels_simd.hpp) and compiled for each instruction set.
 ///
 /// Work is cut into fixed chunks of `chunk_elements` elements; the pool's threads take chunks as
 /// they come. Element-wise kernels do not care who runs a chunk. `squared_norm` computes one fp32
@@ -382,88 +383,20 @@ public:
   }
 
 private:
-  // One tag type per instruction set with the same static interface, so each kernel is written
-  // once and `dispatch` picks the set.
-  struct isa_scalar {
-    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::cast_chunk(s, d, n);
-    }
-    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
-      return detail::cpu::unscale_and_check_chunk(x, n, f);
-    }
-    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
-      return detail::cpu::squared_norm_chunk(x, n);
-    }
-    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::accumulate_chunk(s, d, n);
-    }
-    template <class T> static void scale(T* x, std::size_t n, float f) noexcept { detail::cpu::scale_chunk(x, n, f); }
-    template <bool W, class G, class P>
-    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                      const detail::cpu::adamw_consts& c) noexcept {
-      detail::cpu::adamw_chunk<W>(p, m, v, g, o, n, c);
-    }
-  };
-#if ZERO_CPU_X86_SIMD
-  struct isa_avx2 {
-    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx2::cast_chunk(s, d, n);
-    }
-    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
-      return detail::cpu::avx2::unscale_and_check_chunk(x, n, f);
-    }
-    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
-      return detail::cpu::avx2::squared_norm_chunk(x, n);
-    }
-    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx2::accumulate_chunk(s, d, n);
-    }
-    template <class T> static void scale(T* x, std::size_t n, float f) noexcept {
-      detail::cpu::avx2::scale_chunk(x, n, f);
-    }
-    template <bool W, class G, class P>
-    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                      const detail::cpu::adamw_consts& c) noexcept {
-      detail::cpu::avx2::adamw_chunk<W>(p, m, v, g, o, n, c);
-    }
-  };
-  struct isa_avx512 {
-    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx512::cast_chunk(s, d, n);
-    }
-    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
-      return detail::cpu::avx512::unscale_and_check_chunk(x, n, f);
-    }
-    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
-      return detail::cpu::avx512::squared_norm_chunk(x, n);
-    }
-    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx512::accumulate_chunk(s, d, n);
-    }
-    template <class T> static void scale(T* x, std::size_t n, float f) noexcept {
-      detail::cpu::avx512::scale_chunk(x, n, f);
-    }
-    template <bool W, class G, class P>
-    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                      const detail::cpu::adamw_consts& c) noexcept {
-      detail::cpu::avx512::adamw_chunk<W>(p, m, v, g, o, n, c);
-    }
-  };
-#endif
-
-  /// Calls `fn(isa_tag{})` with the tag of the SIMD level in use.
+  /// Calls `fn(kernels{})` with the chunk kernels of the SIMD level in use: `detail::cpu::scalar`'s,
+  /// `avx2`'s or `avx512`'s `kernels`, which share one static interface.
   template <class F> void dispatch(F&& fn) const noexcept {
 #if ZERO_CPU_X86_SIMD
     if (simd_ == simd_level::avx512) {
-      fn(isa_avx512{});
+      fn(detail::cpu::avx512::kernels{});
       return;
     }
     if (simd_ == simd_level::avx2) {
-      fn(isa_avx2{});
+      fn(detail::cpu::avx2::kernels{});
       return;
     }
 #endif
-    fn(isa_scalar{});
+    fn(detail::cpu::scalar::kernels{});
   }
 
   template <bool AdamW, class G, class P>

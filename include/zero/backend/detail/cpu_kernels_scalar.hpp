@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The portable scalar kernels of `zero::cpu_backend`, one chunk at a time, and the element
-/// functions the SIMD kernels (cpu_kernels_avx2.hpp, cpu_kernels_avx512.hpp) finish their tails with.
+/// functions the SIMD kernels (cpu_kernels_simd.hpp, instantiated by cpu_kernels_avx2.hpp and
+/// cpu_kernels_avx512.hpp) finish their tails with.
 ///
 /// Every variant evaluates the formulas of cpu_backend.hpp's "Numerics" section: fp32 operations,
 /// each rounded on its own, in the order written there, never a fused multiply-add. The compiler
@@ -152,49 +153,76 @@ inline float reduce_lanes(float* acc) noexcept {
   return acc[0];
 }
 
-/// One AdamW chunk of n elements (see adamw1); `param` may be null.
-template <bool AdamW, class G, class P>
-inline void adamw_chunk(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
-                        const adamw_consts& c) noexcept {
-  adamw_tail<AdamW>(master, m, v, grad, param, 0, n, c);
-}
-
-/// dst[i] = D(src[i]) for one chunk.
-template <class S, class D> inline void cast_chunk(const S* src, D* dst, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
+/// Elements [i, n) of a cast chunk: dst[i] = D(src[i]).
+template <class S, class D> inline void cast_tail(const S* src, D* dst, std::size_t i, std::size_t n) noexcept {
+  for (; i < n; ++i) {
     store1(dst + i, load1(src + i));
   }
 }
 
-/// x[i] = T(x[i] * factor) for one chunk; true when a stored value is inf or NaN.
-template <class T> inline bool unscale_and_check_chunk(T* x, std::size_t n, float factor) noexcept {
+/// Elements [i, n) of an unscale_and_check chunk: x[i] = T(x[i] * factor); true when a stored value
+/// is inf or NaN.
+template <class T> inline bool unscale_and_check_tail(T* x, std::size_t i, std::size_t n, float factor) noexcept {
   bool found = false;
-  for (std::size_t i = 0; i < n; ++i) {
+  for (; i < n; ++i) {
     store1(x + i, load1(x + i) * factor);
     found = found || nonfinite1(x + i);
   }
   return found;
 }
 
-/// The sum of x[i]^2 over one chunk, in the interleaved 16-lane order (see norm_lanes).
-template <class T> inline float squared_norm_chunk(const T* x, std::size_t n) noexcept {
-  float acc[norm_lanes] = {};
-  squared_norm_tail(x, 0, n, acc);
-  return reduce_lanes(acc);
-}
-
-/// dst[i] = D(float(dst[i]) + float(src[i])) for one chunk.
-template <class S, class D> inline void accumulate_chunk(const S* src, D* dst, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
+/// Elements [i, n) of an accumulate chunk: dst[i] = D(float(dst[i]) + float(src[i])).
+template <class S, class D> inline void accumulate_tail(const S* src, D* dst, std::size_t i, std::size_t n) noexcept {
+  for (; i < n; ++i) {
     store1(dst + i, load1(dst + i) + load1(src + i));
   }
 }
 
-/// x[i] = T(float(x[i]) * factor) for one chunk.
-template <class T> inline void scale_chunk(T* x, std::size_t n, float factor) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
+/// Elements [i, n) of a scale chunk: x[i] = T(float(x[i]) * factor).
+template <class T> inline void scale_tail(T* x, std::size_t i, std::size_t n, float factor) noexcept {
+  for (; i < n; ++i) {
     store1(x + i, load1(x + i) * factor);
   }
 }
+
+namespace scalar {
+
+/// The portable chunk kernels, under the names `cpu_backend` dispatches to (the same as
+/// `avx2::kernels` and `avx512::kernels`).
+struct kernels {
+  /// One AdamW chunk of n elements (see adamw1); `param` may be null.
+  template <bool AdamW, class G, class P>
+  static void adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
+                    const adamw_consts& c) noexcept {
+    adamw_tail<AdamW>(master, m, v, grad, param, 0, n, c);
+  }
+
+  /// dst[i] = D(src[i]) for one chunk.
+  template <class S, class D> static void cast(const S* src, D* dst, std::size_t n) noexcept {
+    cast_tail(src, dst, 0, n);
+  }
+
+  /// x[i] = T(x[i] * factor) for one chunk; true when a stored value is inf or NaN.
+  template <class T> static bool unscale_and_check(T* x, std::size_t n, float factor) noexcept {
+    return unscale_and_check_tail(x, 0, n, factor);
+  }
+
+  /// The sum of x[i]^2 over one chunk, in the interleaved 16-lane order (see norm_lanes).
+  template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
+    float acc[norm_lanes] = {};
+    squared_norm_tail(x, 0, n, acc);
+    return reduce_lanes(acc);
+  }
+
+  /// dst[i] = D(float(dst[i]) + float(src[i])) for one chunk.
+  template <class S, class D> static void accumulate(const S* src, D* dst, std::size_t n) noexcept {
+    accumulate_tail(src, dst, 0, n);
+  }
+
+  /// x[i] = T(float(x[i]) * factor) for one chunk.
+  template <class T> static void scale(T* x, std::size_t n, float factor) noexcept { scale_tail(x, 0, n, factor); }
+};
+
+} // namespace scalar
 
 } // namespace zero::detail::cpu
