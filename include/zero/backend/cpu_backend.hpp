@@ -65,6 +65,33 @@
 /// the flag concerns the framework's kernel alone. tests/backend/framework_kernels.cpp is such a
 /// kernel, checked against every SIMD level in tests/backend/test_cpu_numerics.cpp.
 ///
+/// ## Replacing one kernel
+///
+/// A framework that wants its own kernel for one case and the library's for all others derives
+/// from `basic_cpu_backend`, brings the library's overloads of that kernel back with a
+/// using-declaration, and declares its own overload with the exact parameter types of its case:
+///
+///     struct my_backend : zero::cpu_backend {
+///       using zero::cpu_backend::cpu_backend; // the constructors
+///       using zero::cpu_backend::adamw_step;  // the library's adamw_step for every other G and P
+///       void adamw_step(float* master, float* m, float* v, const float* grad, float* param, std::size_t n,
+///                       const zero::adamw_step_args& args, const stream_type& s) {
+///         my_fp32_adamw(master, m, v, grad, param, n, args); // fp32 gradients and parameters
+///       }
+///     };
+///     static_assert(zero::check_backend<my_backend>());
+///
+/// A call with `const float*` gradients and `float*` parameters then picks the framework's
+/// overload (a non-template beats a template that matches as well), every other call the
+/// library's template, and the other kernels stay the library's. Without the using-declaration the
+/// one `adamw_step` would hide all of the library's (a name declared in a derived class hides the
+/// base's; the kernels are member templates, not virtual functions), and `check_backend` stops
+/// the build with "zero::backend: this type has no usable adamw_step". The framework's overload
+/// may hand cases back with a qualified call, `zero::cpu_backend::adamw_step(master, ..., s)`.
+/// Engines must be instantiated with `my_backend`: the choice is made at compile time, so a
+/// `cpu_backend&` bound to a `my_backend` calls the library's kernels. docs/backends.md has more;
+/// tests/backend/test_replace_kernel.cpp is this example, checked.
+///
 /// The CPU has no asynchrony to hide: streams and events are empty tags and every kernel has
 /// finished when it returns. They keep the shape of `zero::backend` so engines are written once.
 
