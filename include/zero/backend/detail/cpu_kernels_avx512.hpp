@@ -26,47 +26,6 @@
 
 namespace zero::detail::cpu::avx512 {
 
-/// Loads 16 bf16 as fp32 (exact).
-ZERO_TARGET_AVX512 inline __m512 load16(const bf16* p) noexcept {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-
-/// Loads 16 f16 as fp32 (exact), as `f16::to_float`.
-ZERO_TARGET_AVX512 inline __m512 load16(const f16* p) noexcept {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m512i f = _mm512_castps_si512(_mm512_cvtph_ps(h));
-  // Keep signalling NaNs signalling, as dtype.hpp does (see the AVX2 twin).
-  const __m512i w = _mm512_cvtepu16_epi32(h);
-  const __mmask16 nan_exp =
-      _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)), _mm512_set1_epi32(0x7c00));
-  const __mmask16 snan = _mm512_mask_test_epi32_mask(nan_exp, w, _mm512_set1_epi32(0x01ff));
-  return _mm512_castsi512_ps(_mm512_mask_and_epi32(f, snan, f, _mm512_set1_epi32(~0x00400000)));
-}
-
-/// Rounds 16 floats to bf16 bits (ties to even, NaN kept quiet), as `bf16::from_float`.
-ZERO_TARGET_AVX512 inline __m256i to_bf16_bits(__m512 x) noexcept {
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __m512i hi = _mm512_srli_epi32(b, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  const __m512i r = _mm512_mask_or_epi32(rounded, is_nan, hi, _mm512_set1_epi32(0x0040));
-  return _mm512_cvtepi32_epi16(r); // every lane <= 0xffff: truncation is exact
-}
-
-/// Rounds 16 floats to f16 bits (ties to even, subnormals, overflow to inf), as `f16::from_float`.
-ZERO_TARGET_AVX512 inline __m256i to_f16_bits(__m512 x) noexcept {
-  // Canonical quiet NaN of the lane's sign, as in the AVX2 twin.
-  const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __m512i b = _mm512_castps_si512(x);
-  const __m512i canon = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
-                                        _mm512_set1_epi32(0x7fc00000));
-  const __m512 y = _mm512_castsi512_ps(_mm512_mask_mov_epi32(b, is_nan, canon));
-  return _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT);
-}
-
 /// 16 fp32 lanes: what cpu_kernels_simd.hpp needs of a vector type.
 struct vec {
   /// The register: 16 floats, with GCC's and Clang's vector operators.
@@ -78,10 +37,49 @@ struct vec {
   ZERO_TARGET_AVX512 static reg zero() noexcept { return _mm512_setzero_ps(); }
   ZERO_TARGET_AVX512 static reg sqrt(reg x) noexcept { return _mm512_sqrt_ps(x); }
 
-  /// Loads 16 elements as fp32.
+  /// Loads 16 floats.
   ZERO_TARGET_AVX512 static reg load(const float* p) noexcept { return _mm512_loadu_ps(p); }
-  ZERO_TARGET_AVX512 static reg load(const bf16* p) noexcept { return load16(p); }
-  ZERO_TARGET_AVX512 static reg load(const f16* p) noexcept { return load16(p); }
+  /// Loads 16 bf16 as fp32 (exact).
+  ZERO_TARGET_AVX512 static reg load(const bf16* p) noexcept {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+
+  /// Loads 16 f16 as fp32 (exact), as `f16::to_float`.
+  ZERO_TARGET_AVX512 static reg load(const f16* p) noexcept {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512i f = _mm512_castps_si512(_mm512_cvtph_ps(h));
+    // Keep signalling NaNs signalling, as dtype.hpp does (see the AVX2 twin).
+    const __m512i w = _mm512_cvtepu16_epi32(h);
+    const __mmask16 nan_exp =
+        _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)), _mm512_set1_epi32(0x7c00));
+    const __mmask16 snan = _mm512_mask_test_epi32_mask(nan_exp, w, _mm512_set1_epi32(0x01ff));
+    return _mm512_castsi512_ps(_mm512_mask_and_epi32(f, snan, f, _mm512_set1_epi32(~0x00400000)));
+  }
+
+  /// Rounds 16 floats to bf16 bits (ties to even, NaN kept quiet), as `bf16::from_float`.
+  ZERO_TARGET_AVX512 static __m256i to_bf16_bits(__m512 x) noexcept {
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    const __m512i hi = _mm512_srli_epi32(b, 16);
+    const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i r = _mm512_mask_or_epi32(rounded, is_nan, hi, _mm512_set1_epi32(0x0040));
+    return _mm512_cvtepi32_epi16(r); // every lane <= 0xffff: truncation is exact
+  }
+
+  /// Rounds 16 floats to f16 bits (ties to even, subnormals, overflow to inf), as `f16::from_float`.
+  ZERO_TARGET_AVX512 static __m256i to_f16_bits(__m512 x) noexcept {
+    // Canonical quiet NaN of the lane's sign, as in the AVX2 twin.
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i b = _mm512_castps_si512(x);
+    const __m512i canon = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(static_cast<int>(0x80000000u))),
+                                          _mm512_set1_epi32(0x7fc00000));
+    const __m512 y = _mm512_castsi512_ps(_mm512_mask_mov_epi32(b, is_nan, canon));
+    return _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT);
+  }
 
   /// Stores 16 floats as `T` (rounding to nearest even for the half types).
   ZERO_TARGET_AVX512 static void store(float* p, reg x) noexcept { _mm512_storeu_ps(p, x); }

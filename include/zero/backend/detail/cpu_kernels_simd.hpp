@@ -19,6 +19,10 @@
 
 #if defined(ZERO_CPU_SIMD_NS) && defined(ZERO_CPU_SIMD_TARGET)
 
+#include "zero/backend/detail/cpu_kernels_scalar.hpp"
+
+#include <cstddef>
+
 namespace zero::detail::cpu::ZERO_CPU_SIMD_NS {
 
 /// a * b rounded to fp32 on its own: the empty asm hides the product from the optimizer, which would
