@@ -10,7 +10,8 @@
 //   copy_bytes/s    the copy's bytes moved per second (best of 5; the faster of a pooled and a
 //                   single-threaded memcpy)
 //   copy_ratio      bytes/s divided by copy_bytes/s: 1.0 means AdamW runs at copy speed
-// simd:0 is the portable scalar loop, simd:3 the widest SIMD level this CPU has.
+// simd:0 is the portable scalar loop, simd:3 the widest SIMD level this CPU has, or the level that
+// ZERO_BENCH_SIMD names (avx2, avx512), to compare the vector kernels on one CPU.
 //
 // N defaults to 2^25 (32 Mi parameters: 896 MiB of AdamW state and gradients, several times the
 // last-level cache of current servers, so the numbers are DRAM numbers); ZERO_BENCH_PARAMS overrides
@@ -38,7 +39,19 @@ std::size_t bench_params() {
   return std::size_t{1} << 25;
 }
 
-zero::simd_level level_arg(std::int64_t a) { return a == 0 ? zero::simd_level::scalar : zero::simd_level::automatic; }
+zero::simd_level level_arg(std::int64_t a) {
+  if (a == 0) {
+    return zero::simd_level::scalar;
+  }
+  if (const char* s = std::getenv("ZERO_BENCH_SIMD")) {
+    for (auto l : {zero::simd_level::avx2, zero::simd_level::avx512}) {
+      if (zero::name_of(l) == s) {
+        return l;
+      }
+    }
+  }
+  return zero::simd_level::automatic;
+}
 
 // Memory from the backend's allocator, touched once so page faults stay out of the timings.
 template <class T> struct host_array {

@@ -1,15 +1,18 @@
-// cpu_backend's kernels against plain scalar references written here, for float, f16 and bf16,
-// sizes 0, 1, 7, 1000 and 1000003 (several chunks and a ragged tail), at misaligned addresses,
-// for every SIMD level this CPU has (forced through cpu_backend::options::simd; ZERO_TEST_SIMD=avx2
-// runs one level only) and several thread counts.
+// cpu_backend's kernels against plain scalar references, for float, f16 and bf16, sizes 0, 1, 7,
+// 1000 and 1000003 (several chunks and a ragged tail), at misaligned addresses, for every SIMD level
+// this CPU has (forced through cpu_backend::options::simd; ZERO_TEST_SIMD=avx2 runs one level only)
+// and several thread counts. The references of the single-operation kernels are written here; those
+// of adamw_step and squared_norm are a framework's loops (framework_kernels.cpp, the one file compiled
+// with -ffp-contract=off, as cpu_backend.hpp's "Numerics" asks of a framework).
 //
 // Tolerance: none. Every kernel must match its reference bit for bit, because the references are
-// the expressions of zero/backend/adamw_args.hpp and zero/core/dtype.hpp evaluated in the same fp32
-// operations in the same order, and the backend promises exactly that for every SIMD level. This
-// file is compiled with -ffp-contract=off (CMakeLists.txt) so the compiler cannot fuse the
-// reference's multiply-adds either. The one relaxation: a NaN produced by arithmetic compares equal
-// to any NaN (x86 picks the payload of the first NaN operand, and operand order is the compiler's).
+// the formulas of cpu_backend.hpp's "Numerics" (zero/backend/adamw_args.hpp, zero/core/dtype.hpp)
+// evaluated in the same fp32 operations in the same order, and the backend promises exactly that for
+// every SIMD level. The one relaxation: a NaN produced by arithmetic compares equal to any NaN (x86
+// picks the payload of the first NaN operand, and operand order is the compiler's).
 #include "alloc_counter.hpp"
+#include "framework_kernels.hpp"
+#include "test_values.hpp"
 #include "zero/backend/cpu_backend.hpp"
 
 #include <algorithm>
@@ -32,6 +35,11 @@
 
 using zero::bf16;
 using zero::f16;
+using zero::testing::bits_of;
+using zero::testing::for_each_type;
+using zero::testing::rng;
+using zero::testing::simd_levels;
+using zero::testing::type_name;
 
 namespace {
 
@@ -44,43 +52,12 @@ constexpr std::size_t large_size = 1000003;
 #endif
 constexpr std::size_t test_sizes[] = {0, 1, 7, 1000, large_size};
 
-// Every level this CPU has, or only the one named by ZERO_TEST_SIMD (scalar, avx2, avx512).
-std::vector<zero::simd_level> simd_levels() {
-  if (const char* env = std::getenv("ZERO_TEST_SIMD")) {
-    const std::string only = env;
-    for (auto s : {zero::simd_level::scalar, zero::simd_level::avx2, zero::simd_level::avx512}) {
-      if (zero::name_of(s) == only) {
-        REQUIRE_MESSAGE(zero::simd_supported(s), "ZERO_TEST_SIMD=" << only << " is not available on this CPU");
-        return {s};
-      }
-    }
-    FAIL("ZERO_TEST_SIMD must be scalar, avx2 or avx512, got " << only);
-  }
-  std::vector<zero::simd_level> l{zero::simd_level::scalar};
-  for (auto s : {zero::simd_level::avx2, zero::simd_level::avx512}) {
-    if (zero::simd_supported(s)) {
-      l.push_back(s);
-    }
-  }
-  return l;
-}
-
 std::string level_names() {
   std::string s;
   for (auto l : simd_levels()) {
     s += std::string(zero::name_of(l)) + " ";
   }
   return s;
-}
-
-template <class T> std::uint32_t bits_of(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return std::bit_cast<std::uint32_t>(x);
-  } else if constexpr (std::is_same_v<T, int>) {
-    return static_cast<std::uint32_t>(x);
-  } else {
-    return x.bits;
-  }
 }
 
 template <class T> bool is_nan(T x) {
@@ -93,16 +70,6 @@ template <class T> bool is_nan(T x) {
 
 // Equal bits, or both NaN (for values made by arithmetic).
 template <class T> bool same_value(T a, T b) { return bits_of(a) == bits_of(b) || (is_nan(a) && is_nan(b)); }
-
-template <class T> std::string type_name() {
-  if constexpr (std::is_same_v<T, float>) {
-    return "float";
-  } else if constexpr (std::is_same_v<T, f16>) {
-    return "f16";
-  } else {
-    return "bf16";
-  }
-}
 
 // First index where two arrays differ (by same_value or exact bits), or n.
 template <class T> std::size_t first_mismatch(const T* a, const T* b, std::size_t n, bool exact_bits) {
@@ -119,26 +86,6 @@ template <class T> std::string show(T x) {
   std::snprintf(buf, sizeof buf, "%.9g (0x%x)", static_cast<double>(zero::to_float(x)), bits_of(x));
   return buf;
 }
-
-struct rng {
-  std::uint64_t s;
-  std::uint64_t next() {
-    s += 0x9e3779b97f4a7c15ull;
-    std::uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  std::uint32_t u32() { return static_cast<std::uint32_t>(next() >> 32); }
-  float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 40) * 0x1p-24f; }
-  // A typical training value: random sign and mantissa, exponent spread over 2^-20 .. 2^8.
-  float typical() {
-    const std::uint64_t z = next();
-    const auto exponent = static_cast<std::uint32_t>(127 - 20 + (z >> 32) % 29);
-    return std::bit_cast<float>((static_cast<std::uint32_t>(z >> 63) << 31) | (exponent << 23) |
-                                (static_cast<std::uint32_t>(z) & 0x7fffffu));
-  }
-};
 
 // Values that stress rounding and the special cases of the f16/bf16 conversions.
 const std::vector<float>& special_floats() {
@@ -216,60 +163,7 @@ template <class S, class D> D ref_cast(S x) {
   }
 }
 
-template <class G, class P>
-void ref_adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
-               const zero::adamw_step_args& a) {
-  // Written from the comment of zero/backend/adamw_args.hpp.
-  for (std::size_t i = 0; i < n; ++i) {
-    float g = zero::to_float(grad[i]) * a.grad_scale;
-    if (!a.adam_w_mode) {
-      g += a.weight_decay * master[i];
-    }
-    m[i] = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-    v[i] = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-    if (a.adam_w_mode) {
-      master[i] *= 1.0f - a.lr * a.weight_decay;
-    }
-    const float denom = std::sqrt(v[i]) / std::sqrt(a.bias_correction2) + a.eps;
-    master[i] -= (a.lr / a.bias_correction1) * m[i] / denom;
-    if (param != nullptr) {
-      param[i] = zero::from_float<P>(master[i]);
-    }
-  }
-}
-
 template <class T> bool stored_nonfinite(T x) { return !std::isfinite(zero::to_float(x)); }
-
-// The summation order cpu_backend documents: chunks of chunk_elements; inside a chunk element i
-// goes to partial i % 16 and the 16 partials are added as a tree (j + 8, j + 4, j + 2, j + 1);
-// then the chunk sums are added as a pairwise tree (i + 1, i + 2, i + 4, ...).
-template <class T> float ref_squared_norm(const T* x, std::size_t n) {
-  constexpr std::size_t chunk = zero::cpu_backend::chunk_elements;
-  if (n == 0) {
-    return 0.0f;
-  }
-  std::vector<float> sums;
-  for (std::size_t b = 0; b < n; b += chunk) {
-    const std::size_t len = std::min(chunk, n - b);
-    float acc[16] = {};
-    for (std::size_t i = 0; i < len; ++i) {
-      const float f = zero::to_float(x[b + i]);
-      acc[i % 16] = acc[i % 16] + f * f;
-    }
-    for (std::size_t w = 8; w >= 1; w /= 2) {
-      for (std::size_t j = 0; j < w; ++j) {
-        acc[j] = acc[j] + acc[j + w];
-      }
-    }
-    sums.push_back(acc[0]);
-  }
-  for (std::size_t w = 1; w < sums.size(); w *= 2) {
-    for (std::size_t i = 0; i + w < sums.size(); i += 2 * w) {
-      sums[i] = sums[i] + sums[i + w];
-    }
-  }
-  return sums[0];
-}
 
 // The type pairs also run at the largest size (which exercises chunking and threads; the SIMD
 // loops and tails are covered by every pair at the smaller sizes): the diagonal and one pair that
@@ -277,13 +171,6 @@ template <class T> float ref_squared_norm(const T* x, std::size_t n) {
 template <class S, class D> constexpr bool large_pair() {
   return std::is_same_v<S, D> || (std::is_same_v<S, float> && std::is_same_v<D, bf16>) ||
          (std::is_same_v<S, f16> && std::is_same_v<D, float>) || (std::is_same_v<S, bf16> && std::is_same_v<D, f16>);
-}
-
-// Calls fn.template operator()<T>() for T in float, f16, bf16.
-template <class F> void for_each_type(F&& fn) {
-  fn.template operator()<float>();
-  fn.template operator()<f16>();
-  fn.template operator()<bf16>();
 }
 
 } // namespace
@@ -500,8 +387,8 @@ void check_adamw(zero::cpu_backend& b, std::size_t n, bool adam_w_mode, bool wri
     }
     b.adamw_step(master.data(), m.data(), v.data(), grad.data(), write_param ? param.data() : static_cast<P*>(nullptr),
                  n, a, s);
-    ref_adamw(rmaster.data(), rm.data(), rv.data(), grad.data(), write_param ? rparam.data() : static_cast<P*>(nullptr),
-              n, a);
+    framework::adamw_step(rmaster.data(), rm.data(), rv.data(), grad.data(),
+                          write_param ? rparam.data() : static_cast<P*>(nullptr), n, a);
     for (auto [got, want, what] :
          {std::tuple{master.data(), rmaster.data(), std::string("master")},
           std::tuple{m.data(), rm.data(), std::string("m")}, std::tuple{v.data(), rv.data(), std::string("v")}}) {
@@ -674,7 +561,7 @@ TEST_CASE("squared_norm: documented order, bit for bit, for every SIMD level and
           std::vector<float> ws(b.squared_norm_workspace_bytes<T>(n) / sizeof(float));
           float out = -1.0f;
           b.squared_norm(x.data(), n, &out, ws.data(), ws.size() * sizeof(float), s);
-          const float want = ref_squared_norm(x.data(), n);
+          const float want = framework::squared_norm(x.data(), n, zero::cpu_backend::chunk_elements);
           CHECK(bits_of(b.read_scalar(&out, s)) == bits_of(want));
           // Any order would be close to the exact sum; this one is within a few ulps of fp32 sums.
           CHECK(static_cast<double>(out) == doctest::Approx(exact).epsilon(1e-5));
@@ -841,7 +728,7 @@ TEST_CASE("one backend used from two threads at once gives each caller its own e
     for (int step = 1; step <= 3; ++step) {
       a.set_step(step);
       b.adamw_step(master.data(), m.data(), v.data(), grad.data(), param.data(), n, a, b.make_stream());
-      ref_adamw(rmaster.data(), rm.data(), rv.data(), grad.data(), rparam.data(), n, a);
+      framework::adamw_step(rmaster.data(), rm.data(), rv.data(), grad.data(), rparam.data(), n, a);
     }
     ok = first_mismatch(master.data(), rmaster.data(), n, true) == n &&
          first_mismatch(param.data(), rparam.data(), n, true) == n;

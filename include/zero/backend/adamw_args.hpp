@@ -16,7 +16,9 @@
 ///     param[i] = round_to_nearest_even(master[i])      // when a low-precision copy is written
 ///
 /// with bias_correction1 = 1 - beta1^step and bias_correction2 = 1 - beta2^step (1 and 1 when
-/// bias correction is off).
+/// bias correction is off). Every operation is one fp32 operation rounded on its own, products and
+/// quotients grouped left to right, never a fused multiply-add: zero/backend/cpu_backend.hpp
+/// ("Numerics") spells out the order every backend follows and how a framework reproduces its bits.
 
 #include <cmath>
 #include <cstdint>

@@ -35,18 +35,22 @@
 ///
 /// ## Kernels (each member function of `B`, `s` being a `const B::stream_type&`)
 ///
+// Each table row stays one line, however long: clang-format would reflow it into the next row.
 // clang-format off
 /// | kernel | effect |
 /// |---|---|
-/// | `adamw_step(master, m, v, grad, param, n, args, s)` | one Adam/AdamW step over n elements, exactly as zero/backend/adamw_args.hpp; `param` may be null |
+/// | `adamw_step(master, m, v, grad, param, n, args, s)` | Adam/AdamW step (backend/adamw_args.hpp); param may be null |
 /// | `cast(src, dst, n, s)` | dst[i] = D(src[i]), round to nearest even |
-/// | `unscale_and_check(x, n, factor, flag, s)` | x[i] = T(x[i] * factor); *flag = 1 if any stored x[i] is inf or NaN, else *flag unchanged |
+/// | `unscale_and_check(x, n, factor, flag, s)` | x[i] = T(x[i] * factor); *flag = 1 if a stored x[i] is inf or NaN |
 /// | `squared_norm_workspace_bytes<T>(n)` | bytes of workspace `squared_norm` needs for n elements |
-/// | `squared_norm(x, n, out, workspace, workspace_bytes, s)` | *out = sum of x[i]^2 in fp32, in an order fixed by n alone |
+/// | `squared_norm(x, n, out, workspace, workspace_bytes, s)` | *out = sum of x[i]^2 in fp32, in an order fixed by n |
 /// | `fill(x, n, value, s)` | x[i] = value |
 /// | `accumulate(src, dst, n, s)` | dst[i] = D(float(dst[i]) + float(src[i])) |
 /// | `scale(x, n, factor, s)` | x[i] = T(float(x[i]) * factor) |
 // clang-format on
+///
+/// `unscale_and_check` leaves *flag as it was when no stored x[i] is inf or NaN. zero/backend/cpu_backend.hpp
+/// ("Numerics") gives the exact fp32 operation order of each kernel, which `cpu_backend` keeps at every SIMD level.
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/core/dtype.hpp"

@@ -1,18 +1,96 @@
 #pragma once
 /// \file
 /// `zero::cpu_backend`: the kernels of a ZeRO step on the host, vectorised (AVX-512, AVX2 or
-/// portable scalar code, chosen at run time) and spread over a small thread pool it owns.
+/// portable scalar code, chosen at run time) and spread over a small thread pool it owns. The vector
+/// kernels are written once (detail/cpu_kernels_simd.hpp) and compiled for each instruction set.
 ///
 /// Work is cut into fixed chunks of `chunk_elements` elements; the pool's threads take chunks as
 /// they come. Element-wise kernels do not care who runs a chunk. `squared_norm` computes one fp32
 /// partial per chunk in a fixed in-chunk order and adds the partials as a fixed pairwise tree, so
 /// its result depends on n only: bit-identical across runs, thread counts and SIMD levels.
 ///
-/// Every SIMD level computes the same bits as the scalar code (same IEEE operations in the same
-/// order, no fused multiply-add, f16/bf16 rounding exactly as zero/core/dtype.hpp; NaN results
-/// are NaN in every level, though the payload of a NaN made by arithmetic on two NaNs may differ).
-/// That holds when the compiler does not contract multiply-adds (GCC and Clang in ISO mode,
-/// `-std=c++20`, the project's setting).
+/// ## Numerics
+///
+/// Every kernel gives the same bits at every SIMD level (scalar, AVX2, AVX-512), for every thread
+/// count, with GCC and with Clang, and whatever the floating-point contraction setting
+/// (`-ffp-contract=off|on|fast`) or `-march` of the program that includes it: each level evaluates
+/// the formulas below in fp32, every operation rounded to nearest even on its own, in the order
+/// written, and never fuses a multiply and an add into an FMA (each product that feeds a sum passes
+/// through an empty `asm` the optimizer cannot see through, so there is nothing left to contract).
+/// The one exception: a NaN made by arithmetic on two NaNs is a NaN in every level, but its payload
+/// may differ. The bits assume IEEE arithmetic: none of `-ffast-math`, `-funsafe-math-optimizations`,
+/// `-freciprocal-math`, `-fassociative-math` on the code that includes zero, and the default MXCSR
+/// (round to nearest, no flush-to-zero: linking with `-ffast-math` sets flush-to-zero for the whole
+/// program).
+///
+/// `adamw_step`, for element i (zero/backend/adamw_args.hpp, with its products and quotients grouped
+/// left to right); the per-call factors are formed once, as written:
+///
+///     step_size = lr / bias_correction1
+///     sqrt_bc2  = sqrt(bias_correction2)
+///     decay     = 1 - lr * weight_decay                     // the product rounded, then the difference
+///     g         = float(grad[i]) * grad_scale
+///     g         = g + weight_decay * master[i]              // Adam (adam_w_mode false) only
+///     m[i]      = beta1 * m[i] + (1 - beta1) * g
+///     v[i]      = beta2 * v[i] + ((1 - beta2) * g) * g
+///     master[i] = master[i] * decay                         // AdamW (adam_w_mode true) only
+///     denom     = sqrt(v[i]) / sqrt_bc2 + eps
+///     master[i] = master[i] - (step_size * m[i]) / denom
+///     param[i]  = P(master[i])                              // when param is not null
+///
+/// where `a * b + c * d` is both products rounded, then their sum rounded (never `fma`), `sqrt` is
+/// IEEE's correctly rounded square root, and `P(x)` rounds to nearest even as zero/core/dtype.hpp
+/// (f16: subnormals kept, overflow to inf; bf16: NaN kept quiet). This is also zero::cuda's
+/// `adamw_step`, which rounds each operation with `__fmul_rn`, `__fadd_rn`, `__fdiv_rn`, `__fsqrt_rn`.
+///
+/// The other kernels: `cast` is `D(float(src[i]))` (widening is exact); `unscale_and_check` stores
+/// `T(float(x[i]) * factor)` and flags a stored value whose exponent bits are all ones; `accumulate`
+/// is `D(float(dst[i]) + float(src[i]))`; `scale` is `T(float(x[i]) * factor)`. `squared_norm` cuts
+/// [0, n) into chunks of `chunk_elements`; in a chunk, 16 fp32 accumulators start at +0 and element j
+/// of the chunk does `acc[j % 16] = acc[j % 16] + x * x` (the square rounded, then the sum), in
+/// increasing j; then `acc[k] = acc[k] + acc[k + w]` for w = 8, 4, 2, 1 and k < w; then the chunks'
+/// acc[0] are added as a pairwise tree: for w = 1, 2, 4, ... `sum[c] = sum[c] + sum[c + w]` for c a
+/// multiple of 2w with c + w < chunks. The result depends on n alone.
+///
+/// ### Reproducing these bits in a framework's own kernel
+///
+/// A plain loop that evaluates the formulas above in fp32, in the same order, gives the same bits,
+/// provided its compiler rounds every operation as written, i.e. does not contract `a * b + c` into
+/// an FMA. Compile such a kernel with `-ffp-contract=off` (GCC and Clang), or for a target without
+/// FMA (x86-64's baseline, `-march=x86-64-v2`). It is needed wherever FMA is enabled (`-mfma`,
+/// `-march=haswell` or later, `-march=x86-64-v3`, `-march=native` on such a CPU): GCC then fuses
+/// across statements by default in every C++ mode, `-std=c++20` included (its ISO-mode
+/// `-ffp-contract=off` applies to C only), and Clang fuses within an expression by default.
+/// zero's kernels need none of this, so `zero::zero` passes no floating-point option to its users:
+/// the flag concerns the framework's kernel alone. tests/backend/framework_kernels.cpp is such a
+/// kernel, checked against every SIMD level in tests/backend/test_cpu_numerics.cpp.
+///
+/// ## Replacing one kernel
+///
+/// A framework that wants its own kernel for one case and the library's for all others derives
+/// from `basic_cpu_backend`, brings the library's overloads of that kernel back with a
+/// using-declaration, and declares its own overload with the exact parameter types of its case:
+///
+///     struct my_backend : zero::cpu_backend {
+///       using zero::cpu_backend::cpu_backend; // the constructors
+///       using zero::cpu_backend::adamw_step;  // the library's adamw_step for every other G and P
+///       void adamw_step(float* master, float* m, float* v, const float* grad, float* param, std::size_t n,
+///                       const zero::adamw_step_args& args, const stream_type& s) {
+///         my_fp32_adamw(master, m, v, grad, param, n, args); // fp32 gradients and parameters
+///       }
+///     };
+///     static_assert(zero::check_backend<my_backend>());
+///
+/// A call with `const float*` gradients and `float*` parameters then picks the framework's
+/// overload (a non-template beats a template that matches as well), every other call the
+/// library's template, and the other kernels stay the library's. Without the using-declaration the
+/// one `adamw_step` would hide all of the library's (a name declared in a derived class hides the
+/// base's; the kernels are member templates, not virtual functions), and `check_backend` stops
+/// the build with "zero::backend: this type has no usable adamw_step". The framework's overload
+/// may hand cases back with a qualified call, `zero::cpu_backend::adamw_step(master, ..., s)`.
+/// Engines must be instantiated with `my_backend`: the choice is made at compile time, so a
+/// `cpu_backend&` bound to a `my_backend` calls the library's kernels. docs/backends.md has more;
+/// tests/backend/test_replace_kernel.cpp is this example, checked.
 ///
 /// The CPU has no asynchrony to hide: streams and events are empty tags and every kernel has
 /// finished when it returns. They keep the shape of `zero::backend` so engines are written once.
@@ -332,88 +410,20 @@ public:
   }
 
 private:
-  // One tag type per instruction set with the same static interface, so each kernel is written
-  // once and `dispatch` picks the set.
-  struct isa_scalar {
-    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::cast_chunk(s, d, n);
-    }
-    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
-      return detail::cpu::unscale_and_check_chunk(x, n, f);
-    }
-    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
-      return detail::cpu::squared_norm_chunk(x, n);
-    }
-    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::accumulate_chunk(s, d, n);
-    }
-    template <class T> static void scale(T* x, std::size_t n, float f) noexcept { detail::cpu::scale_chunk(x, n, f); }
-    template <bool W, class G, class P>
-    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                      const detail::cpu::adamw_consts& c) noexcept {
-      detail::cpu::adamw_chunk<W>(p, m, v, g, o, n, c);
-    }
-  };
-#if ZERO_CPU_X86_SIMD
-  struct isa_avx2 {
-    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx2::cast_chunk(s, d, n);
-    }
-    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
-      return detail::cpu::avx2::unscale_and_check_chunk(x, n, f);
-    }
-    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
-      return detail::cpu::avx2::squared_norm_chunk(x, n);
-    }
-    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx2::accumulate_chunk(s, d, n);
-    }
-    template <class T> static void scale(T* x, std::size_t n, float f) noexcept {
-      detail::cpu::avx2::scale_chunk(x, n, f);
-    }
-    template <bool W, class G, class P>
-    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                      const detail::cpu::adamw_consts& c) noexcept {
-      detail::cpu::avx2::adamw_chunk<W>(p, m, v, g, o, n, c);
-    }
-  };
-  struct isa_avx512 {
-    template <class S, class D> static void cast(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx512::cast_chunk(s, d, n);
-    }
-    template <class T> static bool unscale_and_check(T* x, std::size_t n, float f) noexcept {
-      return detail::cpu::avx512::unscale_and_check_chunk(x, n, f);
-    }
-    template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
-      return detail::cpu::avx512::squared_norm_chunk(x, n);
-    }
-    template <class S, class D> static void accumulate(const S* s, D* d, std::size_t n) noexcept {
-      detail::cpu::avx512::accumulate_chunk(s, d, n);
-    }
-    template <class T> static void scale(T* x, std::size_t n, float f) noexcept {
-      detail::cpu::avx512::scale_chunk(x, n, f);
-    }
-    template <bool W, class G, class P>
-    static void adamw(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                      const detail::cpu::adamw_consts& c) noexcept {
-      detail::cpu::avx512::adamw_chunk<W>(p, m, v, g, o, n, c);
-    }
-  };
-#endif
-
-  /// Calls `fn(isa_tag{})` with the tag of the SIMD level in use.
+  /// Calls `fn(kernels{})` with the chunk kernels of the SIMD level in use: `detail::cpu::scalar`'s,
+  /// `avx2`'s or `avx512`'s `kernels`, which share one static interface.
   template <class F> void dispatch(F&& fn) const noexcept {
 #if ZERO_CPU_X86_SIMD
     if (simd_ == simd_level::avx512) {
-      fn(isa_avx512{});
+      fn(detail::cpu::avx512::kernels{});
       return;
     }
     if (simd_ == simd_level::avx2) {
-      fn(isa_avx2{});
+      fn(detail::cpu::avx2::kernels{});
       return;
     }
 #endif
-    fn(isa_scalar{});
+    fn(detail::cpu::scalar::kernels{});
   }
 
   template <bool AdamW, class G, class P>

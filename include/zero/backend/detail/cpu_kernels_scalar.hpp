@@ -1,15 +1,17 @@
 #pragma once
 /// \file
-/// The portable scalar kernels of `zero::cpu_backend`, one chunk at a time. They are the reference
-/// the SIMD variants (cpu_kernels_avx2.hpp, cpu_kernels_avx512.hpp) reproduce bit for bit: the
-/// vector code performs the same IEEE operations (multiply, add, divide, square root; never a fused
-/// multiply-add) in the same order, and rounds to f16/bf16 exactly as zero/core/dtype.hpp does. The
-/// vector loops also finish their tails with the element functions below.
+/// The portable scalar kernels of `zero::cpu_backend`, one chunk at a time, and the element
+/// functions the SIMD kernels (cpu_kernels_simd.hpp, instantiated by cpu_kernels_avx2.hpp and
+/// cpu_kernels_avx512.hpp) finish their tails with.
 ///
-/// Bit-identity between variants assumes the compiler does not contract `a * b + c` into an FMA:
-/// that is GCC's and Clang's default in ISO mode (`-std=c++20`, which zero's CMake asks for with
-/// `CMAKE_CXX_EXTENSIONS OFF`). Under `-ffp-contract=fast` (GCC's default in GNU mode) the scalar
-/// tails may be fused and differ from the vector lanes by an ulp.
+/// Every variant evaluates the formulas of cpu_backend.hpp's "Numerics" section: fp32 operations,
+/// each rounded on its own, in the order written there, never a fused multiply-add. The compiler
+/// may not keep that by itself: GCC fuses `a * b + c` into an FMA whenever the target has one
+/// (`-mfma`, `-march=haswell` and later, and always inside an AVX-512 function) in every C++ mode,
+/// `-std=c++20` included, across statements and across intrinsics; Clang does within one
+/// expression by default and everywhere under `-ffp-contract=fast`. So every product that feeds an
+/// addition or subtraction goes through `product` (or its vector twin), which the compiler cannot
+/// see through: the bits do not depend on `-ffp-contract`, `-march` or the compiler.
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/core/dtype.hpp"
@@ -22,9 +24,27 @@
 
 namespace zero::detail::cpu {
 
-/// The per-call factors of one AdamW step, computed once in fp32 from `adamw_step_args` with the
-/// expressions of zero/backend/adamw_args.hpp:
-/// step_size = lr / bias_correction1, sqrt_bc2 = sqrt(bias_correction2), decay = 1 - lr * weight_decay.
+/// Returns `x` unchanged, through an empty `asm` the optimizer cannot look into: a product passed
+/// through it is rounded to fp32 and never fused with the addition that uses it. Costs no instruction.
+inline float no_fuse(float x) noexcept {
+#if defined(__GNUC__) && defined(__x86_64__)
+  __asm__("" : "+x"(x));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(x));
+#else
+  // Elsewhere a volatile round trip: slower, but no compiler fuses through it.
+  volatile float v = x;
+  x = v;
+#endif
+  return x;
+}
+
+/// a * b rounded to fp32 on its own (never fused with the addition that uses it).
+inline float product(float a, float b) noexcept { return no_fuse(a * b); }
+
+/// The per-call factors of one AdamW step, computed once in fp32 from `adamw_step_args`:
+/// step_size = lr / bias_correction1, sqrt_bc2 = sqrt(bias_correction2),
+/// decay = 1 - (lr * weight_decay) (the product rounded first), one_minus_beta = 1 - beta.
 struct adamw_consts {
   float beta1;
   float beta2;
@@ -49,7 +69,7 @@ struct adamw_consts {
     c.grad_scale = a.grad_scale;
     c.step_size = a.lr / a.bias_correction1;
     c.sqrt_bc2 = std::sqrt(a.bias_correction2);
-    c.decay = 1.0f - a.lr * a.weight_decay;
+    c.decay = 1.0f - product(a.lr, a.weight_decay);
     c.adam_w_mode = a.adam_w_mode;
     return c;
   }
@@ -80,22 +100,23 @@ template <class T> inline bool nonfinite1(const T* p) noexcept {
   }
 }
 
-/// One element of the AdamW/Adam step (see zero/backend/adamw_args.hpp); every SIMD lane does exactly this.
+/// One element of the AdamW/Adam step, in the order of cpu_backend.hpp's "Numerics"; every SIMD
+/// lane does exactly this.
 template <bool AdamW> inline void adamw1(float& p, float& m, float& v, float grad, const adamw_consts& c) noexcept {
-  float g = grad * c.grad_scale;
+  float g = product(grad, c.grad_scale);
   if constexpr (!AdamW) {
-    g = g + c.weight_decay * p;
+    g = g + product(c.weight_decay, p);
   }
-  m = c.beta1 * m + c.one_minus_beta1 * g;
-  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  m = product(c.beta1, m) + product(c.one_minus_beta1, g);
+  v = product(c.beta2, v) + product(c.one_minus_beta2 * g, g);
   if constexpr (AdamW) {
-    p = p * c.decay;
+    p = product(p, c.decay);
   }
   const float denom = std::sqrt(v) / c.sqrt_bc2 + c.eps;
   p = p - c.step_size * m / denom;
 }
 
-/// Elements [0, n) of one AdamW chunk; `param` may be null.
+/// Elements [i, n) of one AdamW chunk; `param` may be null.
 template <bool AdamW, class G, class P>
 inline void adamw_tail(float* master, float* m, float* v, const G* grad, P* param, std::size_t i, std::size_t n,
                        const adamw_consts& c) noexcept {
@@ -114,11 +135,11 @@ inline void adamw_tail(float* master, float* m, float* v, const G* grad, P* para
 /// (j += j + 8, then j += j + 4, j += j + 2, j += j + 1). Scalar, AVX2 and AVX-512 all follow it.
 inline constexpr std::size_t norm_lanes = 16;
 
-/// Adds x[i]^2 for i in [i, n) into the interleaved accumulators, lane i % 16.
+/// Adds x[i]^2 (the square rounded first) for i in [i, n) into the interleaved accumulators, lane i % 16.
 template <class T> inline void squared_norm_tail(const T* x, std::size_t i, std::size_t n, float* acc) noexcept {
   for (; i < n; ++i) {
     const float f = load1(x + i);
-    acc[i % norm_lanes] = acc[i % norm_lanes] + f * f;
+    acc[i % norm_lanes] = acc[i % norm_lanes] + product(f, f);
   }
 }
 
@@ -132,49 +153,76 @@ inline float reduce_lanes(float* acc) noexcept {
   return acc[0];
 }
 
-/// One AdamW chunk of n elements (see adamw1); `param` may be null.
-template <bool AdamW, class G, class P>
-inline void adamw_chunk(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
-                        const adamw_consts& c) noexcept {
-  adamw_tail<AdamW>(master, m, v, grad, param, 0, n, c);
-}
-
-/// dst[i] = D(src[i]) for one chunk.
-template <class S, class D> inline void cast_chunk(const S* src, D* dst, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
+/// Elements [i, n) of a cast chunk: dst[i] = D(src[i]).
+template <class S, class D> inline void cast_tail(const S* src, D* dst, std::size_t i, std::size_t n) noexcept {
+  for (; i < n; ++i) {
     store1(dst + i, load1(src + i));
   }
 }
 
-/// x[i] = T(x[i] * factor) for one chunk; true when a stored value is inf or NaN.
-template <class T> inline bool unscale_and_check_chunk(T* x, std::size_t n, float factor) noexcept {
+/// Elements [i, n) of an unscale_and_check chunk: x[i] = T(x[i] * factor); true when a stored value
+/// is inf or NaN.
+template <class T> inline bool unscale_and_check_tail(T* x, std::size_t i, std::size_t n, float factor) noexcept {
   bool found = false;
-  for (std::size_t i = 0; i < n; ++i) {
+  for (; i < n; ++i) {
     store1(x + i, load1(x + i) * factor);
     found = found || nonfinite1(x + i);
   }
   return found;
 }
 
-/// The sum of x[i]^2 over one chunk, in the interleaved 16-lane order (see norm_lanes).
-template <class T> inline float squared_norm_chunk(const T* x, std::size_t n) noexcept {
-  float acc[norm_lanes] = {};
-  squared_norm_tail(x, 0, n, acc);
-  return reduce_lanes(acc);
-}
-
-/// dst[i] = D(float(dst[i]) + float(src[i])) for one chunk.
-template <class S, class D> inline void accumulate_chunk(const S* src, D* dst, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
+/// Elements [i, n) of an accumulate chunk: dst[i] = D(float(dst[i]) + float(src[i])).
+template <class S, class D> inline void accumulate_tail(const S* src, D* dst, std::size_t i, std::size_t n) noexcept {
+  for (; i < n; ++i) {
     store1(dst + i, load1(dst + i) + load1(src + i));
   }
 }
 
-/// x[i] = T(float(x[i]) * factor) for one chunk.
-template <class T> inline void scale_chunk(T* x, std::size_t n, float factor) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
+/// Elements [i, n) of a scale chunk: x[i] = T(float(x[i]) * factor).
+template <class T> inline void scale_tail(T* x, std::size_t i, std::size_t n, float factor) noexcept {
+  for (; i < n; ++i) {
     store1(x + i, load1(x + i) * factor);
   }
 }
+
+namespace scalar {
+
+/// The portable chunk kernels, under the names `cpu_backend` dispatches to (the same as
+/// `avx2::kernels` and `avx512::kernels`).
+struct kernels {
+  /// One AdamW chunk of n elements (see adamw1); `param` may be null.
+  template <bool AdamW, class G, class P>
+  static void adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
+                    const adamw_consts& c) noexcept {
+    adamw_tail<AdamW>(master, m, v, grad, param, 0, n, c);
+  }
+
+  /// dst[i] = D(src[i]) for one chunk.
+  template <class S, class D> static void cast(const S* src, D* dst, std::size_t n) noexcept {
+    cast_tail(src, dst, 0, n);
+  }
+
+  /// x[i] = T(x[i] * factor) for one chunk; true when a stored value is inf or NaN.
+  template <class T> static bool unscale_and_check(T* x, std::size_t n, float factor) noexcept {
+    return unscale_and_check_tail(x, 0, n, factor);
+  }
+
+  /// The sum of x[i]^2 over one chunk, in the interleaved 16-lane order (see norm_lanes).
+  template <class T> static float squared_norm(const T* x, std::size_t n) noexcept {
+    float acc[norm_lanes] = {};
+    squared_norm_tail(x, 0, n, acc);
+    return reduce_lanes(acc);
+  }
+
+  /// dst[i] = D(float(dst[i]) + float(src[i])) for one chunk.
+  template <class S, class D> static void accumulate(const S* src, D* dst, std::size_t n) noexcept {
+    accumulate_tail(src, dst, 0, n);
+  }
+
+  /// x[i] = T(float(x[i]) * factor) for one chunk.
+  template <class T> static void scale(T* x, std::size_t n, float factor) noexcept { scale_tail(x, 0, n, factor); }
+};
+
+} // namespace scalar
 
 } // namespace zero::detail::cpu

@@ -1,0 +1,145 @@
+/// \file
+/// The SIMD kernels of `zero::cpu_backend`, written once for every vector width and compiled once per
+/// instruction set. cpu_kernels_avx2.hpp and cpu_kernels_avx512.hpp each define, in their namespace,
+/// `struct vec` (the register type `reg`, its `lanes`, and its loads, stores, `set1`, `zero` and
+/// `sqrt`, all compiled for that set) and the macros `ZERO_CPU_SIMD_NS` (the namespace) and
+/// `ZERO_CPU_SIMD_TARGET` (the set's `target` attribute), then include this file, which defines the
+/// kernels in `zero::detail::cpu::ZERO_CPU_SIMD_NS` with that attribute. Without the macros it
+/// defines nothing.
+///
+/// Why not a template over `vec`: a kernel must itself carry its instruction set's `target`
+/// attribute, or the intrinsics would not inline into it (GCC refuses to, Clang rejects the vector
+/// arguments), and an attribute cannot depend on a template parameter.
+///
+/// Each kernel computes exactly what its scalar twin in cpu_kernels_scalar.hpp computes, lane by
+/// lane (see cpu_backend.hpp, "Numerics"); arithmetic on `vec::reg` uses the vector operators GCC
+/// and Clang define, and every product that meets an addition goes through `product`, never fused.
+
+// No include guard: this file is included once per instruction set.
+
+#if defined(ZERO_CPU_SIMD_NS) && defined(ZERO_CPU_SIMD_TARGET)
+
+#include "zero/backend/detail/cpu_kernels_scalar.hpp"
+
+#include <cstddef>
+
+namespace zero::detail::cpu::ZERO_CPU_SIMD_NS {
+
+/// a * b rounded to fp32 on its own: the empty asm hides the product from the optimizer, which would
+/// otherwise fuse it with the addition that uses it into an FMA (see cpu_kernels_scalar.hpp).
+ZERO_CPU_SIMD_TARGET inline vec::reg product(vec::reg a, vec::reg b) noexcept {
+  vec::reg p = a * b;
+  __asm__("" : "+v"(p)); // "v": any vector register of the instruction set
+  return p;
+}
+
+/// The chunk kernels of this instruction set, under the names `cpu_backend` dispatches to (the same
+/// as `scalar::kernels`).
+struct kernels {
+  /// One AdamW chunk of n elements, `vec::lanes` at a time (see adamw1); `param` may be null.
+  template <bool AdamW, class G, class P>
+  ZERO_CPU_SIMD_TARGET static void adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
+                                         const adamw_consts& c) noexcept {
+    using reg = vec::reg;
+    const reg beta1 = vec::set1(c.beta1);
+    const reg beta2 = vec::set1(c.beta2);
+    const reg omb1 = vec::set1(c.one_minus_beta1);
+    const reg omb2 = vec::set1(c.one_minus_beta2);
+    const reg eps = vec::set1(c.eps);
+    const reg wd = vec::set1(c.weight_decay);
+    const reg gscale = vec::set1(c.grad_scale);
+    const reg step = vec::set1(c.step_size);
+    const reg sqrt_bc2 = vec::set1(c.sqrt_bc2);
+    const reg decay = vec::set1(c.decay);
+    std::size_t i = 0;
+    for (; i + vec::lanes <= n; i += vec::lanes) {
+      reg p = vec::load(master + i);
+      reg g = product(vec::load(grad + i), gscale);
+      if constexpr (!AdamW) {
+        g = g + product(wd, p);
+      }
+      const reg mi = product(beta1, vec::load(m + i)) + product(omb1, g);
+      const reg vi = product(beta2, vec::load(v + i)) + product(omb2 * g, g);
+      if constexpr (AdamW) {
+        p = product(p, decay);
+      }
+      const reg denom = vec::sqrt(vi) / sqrt_bc2 + eps;
+      p = p - step * mi / denom;
+      vec::store(m + i, mi);
+      vec::store(v + i, vi);
+      vec::store(master + i, p);
+      if (param != nullptr) {
+        vec::store(param + i, p);
+      }
+    }
+    adamw_tail<AdamW>(master, m, v, grad, param, i, n, c);
+  }
+
+  /// dst[i] = D(src[i]) for one chunk.
+  template <class S, class D> ZERO_CPU_SIMD_TARGET static void cast(const S* src, D* dst, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + vec::lanes <= n; i += vec::lanes) {
+      vec::store(dst + i, vec::load(src + i));
+    }
+    cast_tail(src, dst, i, n);
+  }
+
+  /// x[i] = T(x[i] * factor) for one chunk; true when a stored value is inf or NaN.
+  template <class T> ZERO_CPU_SIMD_TARGET static bool unscale_and_check(T* x, std::size_t n, float factor) noexcept {
+    const vec::reg f = vec::set1(factor);
+    unsigned found = 0;
+    std::size_t i = 0;
+    for (; i + vec::lanes <= n; i += vec::lanes) {
+      found |= vec::store_check(x + i, vec::load(x + i) * f);
+    }
+    const bool in_tail = unscale_and_check_tail(x, i, n, factor);
+    return found != 0 || in_tail;
+  }
+
+  /// The sum of x[i]^2 over one chunk, in the interleaved 16-lane order (see norm_lanes): register r
+  /// holds accumulators r * lanes ... (r + 1) * lanes - 1.
+  template <class T> ZERO_CPU_SIMD_TARGET static float squared_norm(const T* x, std::size_t n) noexcept {
+    constexpr std::size_t regs = norm_lanes / vec::lanes;
+    vec::reg acc[regs];
+    for (auto& a : acc) {
+      a = vec::zero();
+    }
+    std::size_t i = 0;
+    for (; i + norm_lanes <= n; i += norm_lanes) {
+      for (std::size_t r = 0; r < regs; ++r) {
+        const vec::reg a = vec::load(x + i + r * vec::lanes);
+        acc[r] = acc[r] + product(a, a);
+      }
+    }
+    alignas(64) float sums[norm_lanes];
+    for (std::size_t r = 0; r < regs; ++r) {
+      vec::store(sums + r * vec::lanes, acc[r]);
+    }
+    squared_norm_tail(x, i, n, sums);
+    return reduce_lanes(sums);
+  }
+
+  /// dst[i] = D(float(dst[i]) + float(src[i])) for one chunk.
+  template <class S, class D>
+  ZERO_CPU_SIMD_TARGET static void accumulate(const S* src, D* dst, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + vec::lanes <= n; i += vec::lanes) {
+      vec::store(dst + i, vec::load(dst + i) + vec::load(src + i));
+    }
+    accumulate_tail(src, dst, i, n);
+  }
+
+  /// x[i] = T(float(x[i]) * factor) for one chunk.
+  template <class T> ZERO_CPU_SIMD_TARGET static void scale(T* x, std::size_t n, float factor) noexcept {
+    const vec::reg f = vec::set1(factor);
+    std::size_t i = 0;
+    for (; i + vec::lanes <= n; i += vec::lanes) {
+      vec::store(x + i, vec::load(x + i) * f);
+    }
+    scale_tail(x, i, n, factor);
+  }
+};
+
+} // namespace zero::detail::cpu::ZERO_CPU_SIMD_NS
+
+#endif // ZERO_CPU_SIMD_NS && ZERO_CPU_SIMD_TARGET
