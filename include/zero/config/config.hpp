@@ -19,6 +19,7 @@
 ///
 /// Needs nlohmann-json (`nlohmann_json::nlohmann_json`); the rest of zero does not.
 
+#include "zero/config/detail/json_text.hpp" // max_config_bytes, max_config_depth: the bounds of a config's text
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
@@ -34,14 +35,6 @@
 #include <vector>
 
 namespace zero {
-
-/// The largest config text `config::from_file` and `config::from_string` read (16 MiB). DeepSpeed
-/// configs are a few kilobytes; the bound keeps a wrong path (a log, a device such as /dev/zero)
-/// from being read until memory runs out.
-inline constexpr std::size_t max_config_bytes = std::size_t{16} << 20;
-/// The deepest nesting of arrays and objects a config may have (DeepSpeed's deepest is 4). Deeper
-/// text is refused while it is parsed, before anything recursive (copying, printing) touches it.
-inline constexpr int max_config_depth = 64;
 
 /// Where ZeRO keeps offloaded state. DeepSpeed's `"none"`, `"cpu"`, `"nvme"`.
 enum class offload_device : std::uint8_t { none, cpu, nvme };
