@@ -428,4 +428,4 @@ struct config {
 
 } // namespace zero
 
-#include "zero/config/detail/parse.hpp"
+#include "zero/config/schema.hpp" // the keys of these settings, then (at its end) the reader and writer
