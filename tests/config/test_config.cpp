@@ -538,6 +538,36 @@ TEST_CASE("to_json writes every key under DeepSpeed's names") {
   CHECK(j["data_types"]["grad_accum_dtype"] == "bf16");
 }
 
+TEST_CASE("the check every key table passes to compile: names once, aliases of a key, what the typed read folds") {
+  namespace d = zero::detail;
+  using aio = zero::aio_config;
+  using opt = zero::optimizer_config;
+  static constexpr d::key_row<aio> good[] = {d::key<&aio::thread_count>("thread_count").at_least(1),
+                                             d::alias<aio>("intra_op_parallelism", "thread_count")};
+  static constexpr d::key_row<aio> twice[] = {d::key<&aio::queue_depth>("queue_depth"),
+                                              d::key<&aio::block_size>("queue_depth")};
+  static constexpr d::key_row<aio> dangling[] = {d::key<&aio::queue_depth>("queue_depth"),
+                                                 d::alias<aio>("depth", "queue_dept")};
+  static constexpr d::key_row<aio> alias_of_alias[] = {
+      d::key<&aio::queue_depth>("queue_depth"), d::alias<aio>("depth", "queue_depth"), d::alias<aio>("qd", "depth")};
+  // The typed read folds one alias, and an input is merged under the key's own name only: a key
+  // with more goes by hand.
+  static constexpr d::key_row<aio> two_aliases[] = {d::key<&aio::queue_depth>("queue_depth"),
+                                                    d::alias<aio>("depth", "queue_depth"),
+                                                    d::alias<aio>("qd", "queue_depth")};
+  static constexpr d::key_row<opt> alias_and_input[] = {
+      d::key<&opt::lr>("lr").from_input<&zero::config_inputs::lr>("config_inputs::lr", "the learning rate"),
+      d::alias<opt>("learning_rate", "lr")};
+  static_assert(d::well_formed(good));
+  static_assert(!d::well_formed(twice));
+  static_assert(!d::well_formed(dangling));
+  static_assert(!d::well_formed(alias_of_alias));
+  static_assert(!d::well_formed(two_aliases));
+  static_assert(!d::well_formed(alias_and_input));
+  static_assert(d::key_names<good>[1] == "intra_op_parallelism");
+  CHECK(zero::config_blocks.size() == 13); // every table, and bf16's once more as bfloat16
+}
+
 TEST_CASE("docs/config.md documents every key zero reads and every key it refuses") {
   std::ifstream f(ZERO_CONFIG_DOCS);
   REQUIRE_MESSAGE(f.good(), "cannot open " ZERO_CONFIG_DOCS);
