@@ -6,6 +6,7 @@
 #include "zero/config/schema.hpp"
 #include "zero/config/unimplemented.hpp"
 
+#include <algorithm>
 #include <doctest/doctest.h>
 #include <fstream>
 #include <sstream>
@@ -514,16 +515,57 @@ TEST_CASE("to_json writes every key under DeepSpeed's names") {
         "scheduler", "zero_optimization", "aio"}) {
     CHECK_MESSAGE(j.contains(std::string(key)), key);
   }
-  for (std::string_view key : zero::detail::schema::zero_optimization) {
-    const bool alias = key.find("stage3_") != 0 && (key.find("max_") == 0 || key.find("prefetch") == 0 ||
-                                                    key.find("param_persistence") == 0 || key.find("gather_") == 0);
-    const bool deprecated = key.find("cpu_offload") == 0 || key == "stage3_gather_fp16_weights_on_model_save";
-    if (!alias && !deprecated) {
-      CHECK_MESSAGE(j["zero_optimization"].contains(std::string(key)), key);
+  // Every key with a member, from the key tables.
+  const auto all_written = [](const auto& table, const nlohmann::json& block, std::string_view path) {
+    for (const auto& row : table) {
+      if (row.write != nullptr) {
+        CHECK_MESSAGE(block.contains(std::string(row.name)), path << "." << row.name);
+      }
     }
-  }
+  };
+  zero::detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
+    std::string pointer = "/" + std::string(path);
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    if (path == "scheduler.params") { // only the parameters of the schedule in force
+      for (std::string_view key : zero::detail::schedule_params(c.scheduler->type)) {
+        CHECK_MESSAGE(j["scheduler"]["params"].contains(std::string(key)), key);
+      }
+    } else {
+      all_written(Table, path.empty() ? j : j[nlohmann::json::json_pointer(pointer)], path);
+    }
+  });
   CHECK(j["zero_optimization"]["offload_param"]["device"] == "cpu");
   CHECK(j["data_types"]["grad_accum_dtype"] == "bf16");
+}
+
+TEST_CASE("the check every key table passes to compile: names once, aliases of a key, what the typed read folds") {
+  namespace d = zero::detail;
+  using aio = zero::aio_config;
+  using opt = zero::optimizer_config;
+  static constexpr d::key_row<aio> good[] = {d::key<&aio::thread_count>("thread_count").at_least(1),
+                                             d::alias<aio>("intra_op_parallelism", "thread_count")};
+  static constexpr d::key_row<aio> twice[] = {d::key<&aio::queue_depth>("queue_depth"),
+                                              d::key<&aio::block_size>("queue_depth")};
+  static constexpr d::key_row<aio> dangling[] = {d::key<&aio::queue_depth>("queue_depth"),
+                                                 d::alias<aio>("depth", "queue_dept")};
+  static constexpr d::key_row<aio> alias_of_alias[] = {
+      d::key<&aio::queue_depth>("queue_depth"), d::alias<aio>("depth", "queue_depth"), d::alias<aio>("qd", "depth")};
+  // The typed read folds one alias, and an input is merged under the key's own name only: a key
+  // with more goes by hand.
+  static constexpr d::key_row<aio> two_aliases[] = {d::key<&aio::queue_depth>("queue_depth"),
+                                                    d::alias<aio>("depth", "queue_depth"),
+                                                    d::alias<aio>("qd", "queue_depth")};
+  static constexpr d::key_row<opt> alias_and_input[] = {
+      d::key<&opt::lr>("lr").from_input<&zero::config_inputs::lr>("config_inputs::lr", "the learning rate"),
+      d::alias<opt>("learning_rate", "lr")};
+  static_assert(d::well_formed(good));
+  static_assert(!d::well_formed(twice));
+  static_assert(!d::well_formed(dangling));
+  static_assert(!d::well_formed(alias_of_alias));
+  static_assert(!d::well_formed(two_aliases));
+  static_assert(!d::well_formed(alias_and_input));
+  static_assert(d::key_names<good>[1] == "intra_op_parallelism");
+  CHECK(zero::config_blocks.size() == 13); // every table, and bf16's once more as bfloat16
 }
 
 TEST_CASE("docs/config.md documents every key zero reads and every key it refuses") {
@@ -546,6 +588,28 @@ TEST_CASE("docs/config.md documents every key zero reads and every key it refuse
     path += '`';
     CHECK_MESSAGE(doc.find(path) != std::string::npos, "docs/config.md lacks " << path);
   }
+  // Each alias row's line says what it is an alias of, each deprecated name's line says so.
+  const auto line_of = [&](std::string_view block, std::string_view key) {
+    const std::string start = "| `" + zero::detail::join_path(block, key) + "` |";
+    const auto at = doc.find(start);
+    return at == std::string::npos ? std::string() : doc.substr(at, doc.find('\n', at) - at);
+  };
+  const auto documented = [&](const auto& table, std::string_view block) {
+    for (const auto& row : table) {
+      const std::string line = line_of(block, row.name);
+      CAPTURE(line);
+      if (!row.alias_of.empty()) {
+        // The key it is an alias of, by its path or by its name in the same block.
+        const std::string path = "alias of `" + zero::detail::join_path(block, row.alias_of) + "`";
+        const std::string name = "alias of `" + std::string(row.alias_of) + "`";
+        CHECK((line.find(path) != std::string::npos || line.find(name) != std::string::npos));
+      }
+      if (row.is_deprecated) {
+        CHECK(line.find("deprecated") != std::string::npos);
+      }
+    }
+  };
+  zero::detail::for_each_key_table([&]<const auto & Table>(std::string_view path) { documented(Table, path); });
 }
 
 namespace {

@@ -19,6 +19,7 @@
 ///
 /// Needs nlohmann-json (`nlohmann_json::nlohmann_json`); the rest of zero does not.
 
+#include "zero/config/detail/json_text.hpp" // max_config_bytes, max_config_depth: the bounds of a config's text
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
@@ -34,14 +35,6 @@
 #include <vector>
 
 namespace zero {
-
-/// The largest config text `config::from_file` and `config::from_string` read (16 MiB). DeepSpeed
-/// configs are a few kilobytes; the bound keeps a wrong path (a log, a device such as /dev/zero)
-/// from being read until memory runs out.
-inline constexpr std::size_t max_config_bytes = std::size_t{16} << 20;
-/// The deepest nesting of arrays and objects a config may have (DeepSpeed's deepest is 4). Deeper
-/// text is refused while it is parsed, before anything recursive (copying, printing) touches it.
-inline constexpr int max_config_depth = 64;
 
 /// Where ZeRO keeps offloaded state. DeepSpeed's `"none"`, `"cpu"`, `"nvme"`.
 enum class offload_device : std::uint8_t { none, cpu, nvme };
@@ -280,9 +273,9 @@ struct aio_config {
 /// train = micro x accumulation x world fills in the missing ones. Empty means not given (absent,
 /// or `"auto"` with no input to resolve it).
 struct batch_spec {
-  std::optional<std::int64_t> train_batch_size;               ///< `train_batch_size`
-  std::optional<std::int64_t> train_micro_batch_size_per_gpu; ///< `train_micro_batch_size_per_gpu`
-  std::optional<std::int64_t> gradient_accumulation_steps;    ///< `gradient_accumulation_steps`
+  std::optional<std::int64_t> train_batch_size{};               ///< `train_batch_size`
+  std::optional<std::int64_t> train_micro_batch_size_per_gpu{}; ///< `train_micro_batch_size_per_gpu`
+  std::optional<std::int64_t> gradient_accumulation_steps{};    ///< `gradient_accumulation_steps`
   /// Which of micro batch / accumulation came from `"auto"` left unresolved, for the error message.
   bool micro_was_auto = false;
   bool accumulation_was_auto = false;
@@ -309,34 +302,36 @@ struct batch_sizes {
 /// batch rule. When an input is given and the config has a concrete value for the same key, they
 /// must agree (as Hugging Face's Trainer checks); when the key is absent or `"auto"`, the input is
 /// used. An `"auto"` with no input to resolve it is refused with a message naming the input.
+/// Every member starts empty, so designated initializers may name any subset:
+/// `config::from_file(path, {.world_size = comm.size()})`.
 struct config_inputs {
   /// Data-parallel ranks for the batch rule. When empty, 1 is assumed and a note says so.
-  std::optional<std::int64_t> world_size;
+  std::optional<std::int64_t> world_size{};
   /// The model's hidden size: `"auto"` reduce_bucket_size = h*h, stage3_prefetch_bucket_size =
   /// floor(0.9*h*h), stage3_param_persistence_threshold = 10*h (Hugging Face's formulas).
-  std::optional<std::int64_t> hidden_size;
+  std::optional<std::int64_t> hidden_size{};
   /// `train_micro_batch_size_per_gpu` (Hugging Face: per_device_train_batch_size).
-  std::optional<std::int64_t> micro_batch_size;
+  std::optional<std::int64_t> micro_batch_size{};
   /// `gradient_accumulation_steps`.
-  std::optional<std::int64_t> gradient_accumulation_steps;
+  std::optional<std::int64_t> gradient_accumulation_steps{};
   /// `gradient_clipping` (Hugging Face: max_grad_norm).
-  std::optional<double> max_grad_norm;
+  std::optional<double> max_grad_norm{};
   /// `optimizer.params.lr`, and the scheduler's `warmup_max_lr` (Hugging Face: learning_rate).
-  std::optional<double> lr;
+  std::optional<double> lr{};
   /// `optimizer.params.betas` (Hugging Face: adam_beta1, adam_beta2).
-  std::optional<std::array<double, 2>> betas;
+  std::optional<std::array<double, 2>> betas{};
   /// `optimizer.params.eps` (Hugging Face: adam_epsilon).
-  std::optional<double> eps;
+  std::optional<double> eps{};
   /// `optimizer.params.weight_decay`.
-  std::optional<double> weight_decay;
+  std::optional<double> weight_decay{};
   /// The scheduler's `warmup_num_steps` (Hugging Face: warmup_steps).
-  std::optional<std::int64_t> warmup_steps;
+  std::optional<std::int64_t> warmup_steps{};
   /// The scheduler's `total_num_steps` (Hugging Face: the number of training steps).
-  std::optional<std::int64_t> total_steps;
+  std::optional<std::int64_t> total_steps{};
   /// The training precision: fp16 sets `fp16.enabled`, bf16 sets `bf16.enabled`, fp32 neither.
-  std::optional<dtype> precision;
+  std::optional<dtype> precision{};
   /// `zero_optimization.stage3_gather_16bit_weights_on_model_save` (Accelerate writes "auto" there).
-  std::optional<bool> gather_16bit_weights_on_model_save;
+  std::optional<bool> gather_16bit_weights_on_model_save{};
 };
 
 /// A DeepSpeed config, read, validated and resolved. Build one with `from_file`, `from_string` or
@@ -433,4 +428,4 @@ struct config {
 
 } // namespace zero
 
-#include "zero/config/detail/parse.hpp"
+#include "zero/config/schema.hpp" // the keys of these settings, then (at its end) the reader and writer

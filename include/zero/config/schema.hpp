@@ -1,14 +1,332 @@
 #pragma once
 /// \file
-/// The keys zero reads from a DeepSpeed config, block by block. Together with
-/// `unimplemented_features` this is every key the reader accepts: a key in neither is unknown and
-/// refused, with "did you mean" when it is a near miss and "belongs in" when it is a key of another
-/// block. docs/config.md documents each key listed here; a test checks that it does.
+/// The keys zero reads from a DeepSpeed config: one table per JSON object (block), one row per key
+/// name. A row says which member of the block's settings holds the key's value (its type picks how
+/// the value is read and written), its bounds, the name it is an alias of, whether it is
+/// deprecated, the `config_inputs` value that resolves `"auto"`, the stages it acts at and the values
+/// that have no effect. The reader, `config::to_json`, `config_blocks` and the docs test are derived
+/// from these rows; code in detail/parse.hpp and detail/hand_keys.hpp reads only the keys whose row
+/// says `by_hand`: blocks, `"auto"` resolved by a formula, and values derived from other keys.
+/// docs/config.md ("The key tables") says how to add a key.
+///
+/// Together with `unimplemented_features` this is every key the reader accepts: a key in neither is
+/// unknown and refused, with "did you mean" when it is a near miss and "belongs in" when it is a key
+/// of another block.
+///
+/// config.hpp (the settings), this file (their keys) and detail/parse.hpp (the reader and writer)
+/// each include the next at their end, so that including any of them includes all three in order.
 
+#include "zero/config/config.hpp" // the settings the rows point into; includes this file at its end
+#include "zero/config/detail/key_row.hpp"
+
+#include <array>
+#include <cstddef>
 #include <span>
 #include <string_view>
 
 namespace zero {
+namespace detail {
+
+inline constexpr choice<offload_device> offload_devices[] = {
+    {"none", offload_device::none}, {"cpu", offload_device::cpu}, {"nvme", offload_device::nvme}};
+inline constexpr choice<optimizer_type> optimizer_types[] = {{"Adam", optimizer_type::adam},
+                                                             {"AdamW", optimizer_type::adamw}};
+inline constexpr choice<scheduler_type> scheduler_types[] = {{"WarmupLR", scheduler_type::warmup_lr},
+                                                             {"WarmupDecayLR", scheduler_type::warmup_decay_lr},
+                                                             {"WarmupCosineLR", scheduler_type::warmup_cosine_lr}};
+inline constexpr choice<warmup_curve> warmup_curves[] = {{"log", warmup_curve::log}, {"linear", warmup_curve::linear}};
+// DeepSpeed's DtypeEnum spellings of the three float types.
+inline constexpr choice<dtype> dtype_names[] = {
+    {"fp32", dtype::f32},  {"float32", dtype::f32},   {"float", dtype::f32},          {"torch.float32", dtype::f32},
+    {"fp16", dtype::f16},  {"float16", dtype::f16},   {"half", dtype::f16},           {"torch.float16", dtype::f16},
+    {"bf16", dtype::bf16}, {"bfloat16", dtype::bf16}, {"torch.bfloat16", dtype::bf16}};
+inline constexpr choice<dtype> comm_dtype_names[] = {{"fp32", dtype::f32}, {"fp16", dtype::f16}, {"bf16", dtype::bf16}};
+
+// Keys read by hand in the middle of their block (defined in detail/hand_keys.hpp): "auto" resolved
+// by Hugging Face's formulas, and values whose default or check derives from other keys.
+inline std::optional<json> auto_zero(const parse_context&, std::string_view, const config_inputs&);
+inline std::optional<json> auto_hidden_squared(const parse_context&, std::string_view path, const config_inputs&);
+inline std::optional<json> auto_prefetch_bucket(const parse_context&, std::string_view path, const config_inputs&);
+inline std::optional<json> auto_persistence(const parse_context&, std::string_view path, const config_inputs&);
+inline void read_overlap_comm(const key_read<zero_optimization_config>&);
+inline void read_allgather_bucket_size(const key_read<zero_optimization_config>&);
+inline void read_offload(const key_read<zero_optimization_config>&);
+inline void read_gather_16bit_weights(const key_read<zero_optimization_config>&);
+inline void read_schedule_param(const key_read<scheduler_config>&);
+inline void read_total_num_steps(const key_read<scheduler_config>&);
+
+// ---- the top level -------------------------------------------------------------------------------
+
+inline constexpr key_row<config> top_keys[] = {
+    // The batch rule derives these three from each other (parse_batch).
+    key<&config::train_batch_size>("train_batch_size").by_hand(),
+    key<&config::train_micro_batch_size_per_gpu>("train_micro_batch_size_per_gpu").by_hand(),
+    key<&config::gradient_accumulation_steps>("gradient_accumulation_steps").by_hand(),
+    key<&config::gradient_clipping>("gradient_clipping")
+        .at_least(0.0)
+        .from_input<&config_inputs::max_grad_norm>(
+            "config_inputs::max_grad_norm (--max-grad-norm)",
+            "the gradient-norm clip (config_inputs::max_grad_norm, --max-grad-norm)"),
+    key<&config::steps_per_print>("steps_per_print").at_least(1).or_null(),
+    key<&config::wall_clock_breakdown>("wall_clock_breakdown"),
+    hand<config>("fp16"),
+    hand<config>("bf16"),
+    alias<config>("bfloat16", "bf16"), // DeepSpeed's old name (parse_bf16)
+    hand<config>("data_types"),
+    // Defaults to the parameter dtype (parse_config).
+    key<&config::communication_data_type, comm_dtype_names>("communication_data_type").any_case().or_null().by_hand(),
+    hand<config>("optimizer"),
+    hand<config>("scheduler"),
+    hand<config>("zero_optimization"),
+    hand<config>("aio"),
+    checked<config, bool>("zero_allow_untested_optimizer").noted_if("true", "no effect: zero runs its own Adam/AdamW"),
+    checked<config, bool>("zero_force_ds_cpu_optimizer")
+        .noted_if("false", "no effect: zero's CPU optimizer is its own"),
+    // zero_optimization.allgather_bucket_size of the boolean zero_optimization (parse_zero_optimization).
+    hand<config>("allgather_size").deprecated(),
+    // zero-specific, not a DeepSpeed key: at least a millisecond (the communicators' resolution), at
+    // most a year.
+    key<&config::comm_timeout>("comm_timeout").range(0.001, 365.0 * 24 * 3600).or_null(),
+};
+
+// ---- precision -----------------------------------------------------------------------------------
+
+inline constexpr key_row<fp16_config> fp16_keys[] = {
+    key<&fp16_config::enabled>("enabled").by_hand(), // "auto": config_inputs::precision (parse_fp16)
+    key<&fp16_config::loss_scale>("loss_scale").at_least(0.0),
+    // 2^127 is the largest power of two a float loss scale holds.
+    key<&fp16_config::initial_scale_power>("initial_scale_power").range(0, 127),
+    key<&fp16_config::loss_scale_window>("loss_scale_window").at_least(1),
+    key<&fp16_config::hysteresis>("hysteresis").at_least(1),
+    key<&fp16_config::consecutive_hysteresis>("consecutive_hysteresis"),
+    key<&fp16_config::min_loss_scale>("min_loss_scale").at_least(0.0),
+};
+
+inline constexpr key_row<bf16_config> bf16_keys[] = {
+    key<&bf16_config::enabled>("enabled").by_hand(), // "auto": config_inputs::precision (parse_bf16)
+};
+
+inline constexpr key_row<config> data_types_keys[] = {
+    // fp32 or the parameter dtype; the default derives from both (parse_config).
+    key<&config::grad_accum_dtype, dtype_names>("grad_accum_dtype").or_null().by_hand(),
+};
+
+// ---- optimizer and scheduler ---------------------------------------------------------------------
+
+inline constexpr key_row<optimizer_config> optimizer_keys[] = {
+    key<&optimizer_config::type, optimizer_types>("type").any_case().by_hand(), // required (parse_optimizer)
+    hand<optimizer_config>("params"),
+};
+
+inline constexpr key_row<optimizer_config> optimizer_params_keys[] = {
+    key<&optimizer_config::lr>("lr").at_least(0.0).from_input<&config_inputs::lr>(
+        "config_inputs::lr (--lr)", "the learning rate (config_inputs::lr, --lr)"),
+    key<&optimizer_config::betas>("betas").range(0.0, 1.0).max_exclusive().from_input<&config_inputs::betas>(
+        "config_inputs::betas (--adam-beta1/--adam-beta2)",
+        "Adam's betas (config_inputs::betas, --adam-beta1 and --adam-beta2)"),
+    key<&optimizer_config::eps>("eps").at_least(0.0).from_input<&config_inputs::eps>(
+        "config_inputs::eps (--adam-epsilon)", "Adam's epsilon (config_inputs::eps, --adam-epsilon)"),
+    // The default derives from torch_adam and the type (parse_optimizer).
+    key<&optimizer_config::weight_decay>("weight_decay")
+        .at_least(0.0)
+        .from_input<&config_inputs::weight_decay>("config_inputs::weight_decay (--weight-decay)",
+                                                  "the weight decay (config_inputs::weight_decay, --weight-decay)"),
+    // These three are read first, by parse_optimizer: they decide the type's mode and defaults.
+    key<&optimizer_config::adam_w_mode>("adam_w_mode").by_hand(),
+    key<&optimizer_config::bias_correction>("bias_correction").by_hand(),
+    hand<optimizer_config>("torch_adam"),
+};
+
+inline constexpr key_row<scheduler_config> scheduler_keys[] = {
+    key<&scheduler_config::type, scheduler_types>("type").by_hand(), // required (parse_scheduler)
+    hand<scheduler_config>("params"),
+};
+
+inline constexpr key_row<scheduler_config> scheduler_params_keys[] = {
+    // Hugging Face fills "auto" here with 0, whatever its arguments.
+    key<&scheduler_config::warmup_min_lr>("warmup_min_lr").at_least(0.0).on_auto(auto_zero),
+    // Read only for the schedules that take it; its default derives from the schedule and the
+    // optimizer (parse_scheduler).
+    key<&scheduler_config::warmup_max_lr>("warmup_max_lr")
+        .at_least(0.0)
+        .or_null()
+        .from_input<&config_inputs::lr>("config_inputs::lr (--lr)", "the learning rate (config_inputs::lr, --lr)")
+        .by_hand(read_schedule_param),
+    key<&scheduler_config::warmup_num_steps>("warmup_num_steps")
+        .at_least(1)
+        .from_input<&config_inputs::warmup_steps>(
+            "config_inputs::warmup_steps (--warmup-steps)",
+            "the number of warm-up steps (config_inputs::warmup_steps, --warmup-steps)"),
+    key<&scheduler_config::warmup_type, warmup_curves>("warmup_type"),
+    key<&scheduler_config::last_batch_iteration>("last_batch_iteration").at_least(-1),
+    // Required by the schedules that take it.
+    key<&scheduler_config::total_num_steps>("total_num_steps")
+        .at_least(1)
+        .from_input<&config_inputs::total_steps>(
+            "config_inputs::total_steps (--total-steps)",
+            "the number of training steps (config_inputs::total_steps, --total-steps)")
+        .by_hand(read_total_num_steps),
+    key<&scheduler_config::warmup_min_ratio>("warmup_min_ratio").range(0.0, 1.0),
+    key<&scheduler_config::cos_min_ratio>("cos_min_ratio").range(0.0, 1.0),
+};
+
+// The parameters each schedule's constructor takes in DeepSpeed, in its order; a schedule refuses
+// the others, and `to_json` writes these.
+inline constexpr std::string_view warmup_lr_params[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                                        "warmup_type", "last_batch_iteration"};
+inline constexpr std::string_view warmup_decay_lr_params[] = {
+    "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration", "total_num_steps"};
+inline constexpr std::string_view warmup_cosine_lr_params[] = {
+    "total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"};
+
+/// The parameters schedule `t` takes.
+constexpr std::span<const std::string_view> schedule_params(scheduler_type t) {
+  switch (t) {
+  case scheduler_type::warmup_lr:
+    return warmup_lr_params;
+  case scheduler_type::warmup_decay_lr:
+    return warmup_decay_lr_params;
+  case scheduler_type::warmup_cosine_lr:
+    break;
+  }
+  return warmup_cosine_lr_params;
+}
+
+/// True when schedule `t` takes the parameter `key`.
+constexpr bool schedule_takes(scheduler_type t, std::string_view key) {
+  for (std::string_view k : schedule_params(t)) {
+    if (k == key) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---- zero_optimization ---------------------------------------------------------------------------
+
+inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
+    key<&offload_optimizer_config::device, offload_devices>("device").any_case(),
+    key<&offload_optimizer_config::nvme_path>("nvme_path").or_null().nvme(),
+    key<&offload_optimizer_config::pin_memory>("pin_memory"),
+    key<&offload_optimizer_config::buffer_count>("buffer_count").at_least(0).nvme(),
+    key<&offload_optimizer_config::ratio>("ratio").range(0.0, 1.0),
+};
+
+inline constexpr key_row<offload_param_config> offload_param_keys[] = {
+    key<&offload_param_config::device, offload_devices>("device").any_case(),
+    key<&offload_param_config::nvme_path>("nvme_path").or_null().nvme(),
+    key<&offload_param_config::pin_memory>("pin_memory"),
+    key<&offload_param_config::buffer_count>("buffer_count").at_least(0).nvme(),
+    key<&offload_param_config::buffer_size>("buffer_size").at_least(0).nvme(),
+    key<&offload_param_config::max_in_cpu>("max_in_cpu").at_least(0).nvme(),
+};
+
+// Stage masks: bit s set when the key acts at stage s; a key written for another stage is noted.
+inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
+    key<&zero_optimization_config::stage>("stage").range(0, 3),
+    key<&zero_optimization_config::contiguous_gradients>("contiguous_gradients")
+        .at_stages(0b1110)
+        .noted_if("false", "false has no effect: gradients always live in one flat buffer (the rank's shard at "
+                           "stages 2 and 3), reduced bucket by bucket"),
+    key<&zero_optimization_config::overlap_comm>("overlap_comm").by_hand(read_overlap_comm),
+    key<&zero_optimization_config::reduce_scatter>("reduce_scatter")
+        .at_stages(0b1100)
+        .noted_if("false", "false has no effect: stages 2 and 3 always reduce-scatter gradients into each rank's "
+                           "shard (an all-reduce would hold gradients for the whole model)"),
+    key<&zero_optimization_config::reduce_bucket_size>("reduce_bucket_size").at_least(0).on_auto(auto_hidden_squared),
+    key<&zero_optimization_config::allgather_partitions>("allgather_partitions")
+        .at_stages(0b0110)
+        .noted_if("false", "false has no effect: updated shards are always all-gathered, never broadcast rank by rank"),
+    key<&zero_optimization_config::allgather_bucket_size>("allgather_bucket_size")
+        .at_least(0)
+        .or_null()
+        .at_stages(0b0110)
+        .by_hand(read_allgather_bucket_size),
+    // read_offload reads both offload blocks and their deprecated boolean forms (cpu_offload...).
+    hand<zero_optimization_config>("offload_optimizer").by_hand(read_offload),
+    hand<zero_optimization_config>("offload_param"),
+    key<&zero_optimization_config::sub_group_size>("sub_group_size")
+        .at_least(0)
+        .at_stages(0b1000)
+        .noted_if("", "no effect: the optimizer steps the rank's shard one segment at a time (a reduce bucket, "
+                      "or a module at stage 3) whatever this says"),
+    key<&zero_optimization_config::stage3_max_live_parameters>("stage3_max_live_parameters")
+        .at_least(0)
+        .at_stages(0b1000),
+    key<&zero_optimization_config::stage3_max_reuse_distance>("stage3_max_reuse_distance")
+        .at_least(0)
+        .at_stages(0b1000),
+    key<&zero_optimization_config::stage3_prefetch_bucket_size>("stage3_prefetch_bucket_size")
+        .at_least(0)
+        .on_auto(auto_prefetch_bucket)
+        .at_stages(0b1000),
+    key<&zero_optimization_config::stage3_param_persistence_threshold>("stage3_param_persistence_threshold")
+        .at_least(0)
+        .on_auto(auto_persistence)
+        .at_stages(0b1000),
+    key<&zero_optimization_config::stage3_gather_16bit_weights_on_model_save>(
+        "stage3_gather_16bit_weights_on_model_save")
+        .at_stages(0b1000)
+        .by_hand(read_gather_16bit_weights),
+    key<&zero_optimization_config::round_robin_gradients>("round_robin_gradients")
+        .at_stages(0b0110)
+        .noted_if("true", "true has no effect: it spreads gradient copies to the CPU under optimizer offload, "
+                          "which this version's engine does not run"),
+    key<&zero_optimization_config::ignore_unused_parameters>("ignore_unused_parameters").at_stages(0b0110),
+    key<&zero_optimization_config::elastic_checkpoint>("elastic_checkpoint")
+        .noted_if("false", "false has no effect: zero's checkpoints always load at any stage and any rank count "
+                           "(docs/checkpoints.md)"),
+    // DeepSpeed's field names of the stage3_ keys.
+    alias<zero_optimization_config>("max_live_parameters", "stage3_max_live_parameters"),
+    alias<zero_optimization_config>("max_reuse_distance", "stage3_max_reuse_distance"),
+    alias<zero_optimization_config>("prefetch_bucket_size", "stage3_prefetch_bucket_size"),
+    alias<zero_optimization_config>("param_persistence_threshold", "stage3_param_persistence_threshold"),
+    alias<zero_optimization_config>("gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"),
+    alias<zero_optimization_config>("stage3_gather_fp16_weights_on_model_save",
+                                    "stage3_gather_16bit_weights_on_model_save")
+        .deprecated(),
+    // Deprecated booleans that DeepSpeed turns into offload blocks (read_offload).
+    hand<zero_optimization_config>("cpu_offload").deprecated(),
+    hand<zero_optimization_config>("cpu_offload_param").deprecated(),
+    hand<zero_optimization_config>("cpu_offload_use_pin_memory").deprecated(),
+};
+
+// ---- aio -----------------------------------------------------------------------------------------
+
+inline constexpr key_row<aio_config> aio_keys[] = {
+    key<&aio_config::block_size>("block_size").at_least(1),
+    key<&aio_config::queue_depth>("queue_depth").at_least(1),
+    key<&aio_config::thread_count>("thread_count").at_least(1),
+    key<&aio_config::single_submit>("single_submit"),
+    key<&aio_config::overlap_events>("overlap_events"),
+    alias<aio_config>("intra_op_parallelism", "thread_count"), // newer DeepSpeed's name
+};
+
+/// Calls `f.template operator()<Table>(path)` for every key table, with the JSON path of its block.
+template <class F> constexpr void for_each_key_table(F&& f) {
+  f.template operator()<top_keys>("");
+  f.template operator()<fp16_keys>("fp16");
+  f.template operator()<bf16_keys>("bf16");
+  f.template operator()<data_types_keys>("data_types");
+  f.template operator()<optimizer_keys>("optimizer");
+  f.template operator()<optimizer_params_keys>("optimizer.params");
+  f.template operator()<scheduler_keys>("scheduler");
+  f.template operator()<scheduler_params_keys>("scheduler.params");
+  f.template operator()<zero_optimization_keys>("zero_optimization");
+  f.template operator()<offload_optimizer_keys>("zero_optimization.offload_optimizer");
+  f.template operator()<offload_param_keys>("zero_optimization.offload_param");
+  f.template operator()<aio_keys>("aio");
+}
+
+static_assert(
+    [] {
+      bool ok = true;
+      for_each_key_table([&]<const auto & Table>(std::string_view) { ok = ok && well_formed(Table); });
+      return ok;
+    }(),
+    "a key table names a key twice, or has an alias of no key of its table");
+
+} // namespace detail
 
 /// The keys of one JSON object in the config.
 struct config_block {
@@ -16,87 +334,20 @@ struct config_block {
   std::span<const std::string_view> keys; ///< keys zero reads there, aliases included
 };
 
-namespace detail::schema {
-inline constexpr std::string_view top[] = {"train_batch_size",
-                                           "train_micro_batch_size_per_gpu",
-                                           "gradient_accumulation_steps",
-                                           "gradient_clipping",
-                                           "steps_per_print",
-                                           "wall_clock_breakdown",
-                                           "fp16",
-                                           "bf16",
-                                           "bfloat16",
-                                           "data_types",
-                                           "communication_data_type",
-                                           "optimizer",
-                                           "scheduler",
-                                           "zero_optimization",
-                                           "aio",
-                                           "zero_allow_untested_optimizer",
-                                           "zero_force_ds_cpu_optimizer",
-                                           "allgather_size",
-                                           "comm_timeout"}; // zero-specific, not a DeepSpeed key
-inline constexpr std::string_view fp16[] = {"enabled",           "loss_scale", "initial_scale_power",
-                                            "loss_scale_window", "hysteresis", "consecutive_hysteresis",
-                                            "min_loss_scale"};
-inline constexpr std::string_view bf16[] = {"enabled"};
-inline constexpr std::string_view data_types[] = {"grad_accum_dtype"};
-inline constexpr std::string_view optimizer[] = {"type", "params"};
-inline constexpr std::string_view optimizer_params[] = {"lr",          "betas",           "eps",       "weight_decay",
-                                                        "adam_w_mode", "bias_correction", "torch_adam"};
-inline constexpr std::string_view scheduler[] = {"type", "params"};
-inline constexpr std::string_view scheduler_params[] = {"warmup_min_lr",    "warmup_max_lr",        "warmup_num_steps",
-                                                        "warmup_type",      "last_batch_iteration", "total_num_steps",
-                                                        "warmup_min_ratio", "cos_min_ratio"};
-inline constexpr std::string_view zero_optimization[] = {"stage",
-                                                         "contiguous_gradients",
-                                                         "overlap_comm",
-                                                         "reduce_scatter",
-                                                         "reduce_bucket_size",
-                                                         "allgather_partitions",
-                                                         "allgather_bucket_size",
-                                                         "offload_optimizer",
-                                                         "offload_param",
-                                                         "sub_group_size",
-                                                         "stage3_max_live_parameters",
-                                                         "stage3_max_reuse_distance",
-                                                         "stage3_prefetch_bucket_size",
-                                                         "stage3_param_persistence_threshold",
-                                                         "stage3_gather_16bit_weights_on_model_save",
-                                                         "round_robin_gradients",
-                                                         "ignore_unused_parameters",
-                                                         "elastic_checkpoint",
-                                                         "max_live_parameters",
-                                                         "max_reuse_distance",
-                                                         "prefetch_bucket_size",
-                                                         "param_persistence_threshold",
-                                                         "gather_16bit_weights_on_model_save",
-                                                         "stage3_gather_fp16_weights_on_model_save",
-                                                         "cpu_offload",
-                                                         "cpu_offload_param",
-                                                         "cpu_offload_use_pin_memory"};
-inline constexpr std::string_view offload_optimizer[] = {"device", "nvme_path", "pin_memory", "buffer_count", "ratio"};
-inline constexpr std::string_view offload_param[] = {"device",       "nvme_path",   "pin_memory",
-                                                     "buffer_count", "buffer_size", "max_in_cpu"};
-inline constexpr std::string_view aio[] = {"block_size",    "queue_depth",    "thread_count",
-                                           "single_submit", "overlap_events", "intra_op_parallelism"};
-} // namespace detail::schema
-
-/// Every block zero reads and the keys it reads there. `bfloat16` is DeepSpeed's old name of `bf16`.
-inline constexpr config_block config_blocks[] = {
-    {"", detail::schema::top},
-    {"fp16", detail::schema::fp16},
-    {"bf16", detail::schema::bf16},
-    {"bfloat16", detail::schema::bf16},
-    {"data_types", detail::schema::data_types},
-    {"optimizer", detail::schema::optimizer},
-    {"optimizer.params", detail::schema::optimizer_params},
-    {"scheduler", detail::schema::scheduler},
-    {"scheduler.params", detail::schema::scheduler_params},
-    {"zero_optimization", detail::schema::zero_optimization},
-    {"zero_optimization.offload_optimizer", detail::schema::offload_optimizer},
-    {"zero_optimization.offload_param", detail::schema::offload_param},
-    {"aio", detail::schema::aio},
-};
+/// Every block zero reads and the keys it reads there, from the key tables above. `bfloat16` is
+/// DeepSpeed's old name of `bf16`.
+inline constexpr auto config_blocks = [] {
+  std::array<config_block, 13> out{};
+  std::size_t i = 0;
+  detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
+    out.at(i++) = {path, detail::key_names<Table>};
+    if (path == "bf16") {
+      out.at(i++) = {"bfloat16", detail::key_names<Table>};
+    }
+  });
+  return i == out.size() ? out : throw "config_blocks: one block per key table, and bfloat16";
+}();
 
 } // namespace zero
+
+#include "zero/config/detail/parse.hpp" // the reader and writer these rows drive

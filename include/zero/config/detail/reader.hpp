@@ -1,11 +1,11 @@
 #pragma once
 /// \file
 /// The strict JSON reader behind `zero::config`: JSON paths, typed access, "did you mean", the
-/// wrong-block check and the unimplemented-feature table, all producing `config_error`s that say
-/// where, what was found and what is allowed.
+/// wrong-block check (over the blocks the config reader names in `parse_context::elsewhere`) and the
+/// unimplemented-feature table, all producing `config_error`s that say where, what was found and
+/// what is allowed.
 
 #include "zero/config/detail/edit_distance.hpp"
-#include "zero/config/schema.hpp"
 #include "zero/config/unimplemented.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
@@ -162,6 +162,9 @@ inline std::string in_source(std::string_view source) {
 struct parse_context {
   std::string source;             ///< file name or caller's label; empty for none
   std::vector<std::string> notes; ///< accepted-but-without-effect settings
+  /// The other places a key of this name is read, as JSON paths, for "belongs in" hints about a key
+  /// in the wrong block; null (no hints) outside the config reader, which knows its blocks.
+  std::vector<std::string> (*elsewhere)(std::string_view block, std::string_view key) = nullptr;
 
   /// Throws the config_error for `path`.
   [[noreturn]] void fail(std::string_view path, const std::string& what) const {
@@ -228,24 +231,29 @@ inline std::int64_t as_int(const parse_context& ctx, std::string_view path, cons
   return out;
 }
 
-/// Reads a finite number in [lo, hi] (or (lo, hi] when `lo_open`).
+/// The bounds of a number as messages state them, e.g. " >= 0 and < 1"; empty for none (a bound at
+/// the largest double is none).
+inline std::string number_range(double lo, double hi, bool lo_open, bool hi_open) {
+  const bool has_lo = lo > -std::numeric_limits<double>::max();
+  const bool has_hi = hi < std::numeric_limits<double>::max();
+  if (has_lo && has_hi) {
+    return std::string(lo_open ? " > " : " >= ") + show_number(lo) + " and" + (hi_open ? " < " : " <= ") +
+           show_number(hi);
+  }
+  if (has_lo) {
+    return std::string(lo_open ? " > " : " >= ") + show_number(lo);
+  }
+  if (has_hi) {
+    return std::string(hi_open ? " < " : " <= ") + show_number(hi);
+  }
+  return {};
+}
+
+/// Reads a finite number in [lo, hi] (or (lo, hi] when `lo_open`, [lo, hi) when `hi_open`).
 /// \throws config_error for another type or a value out of range.
 inline double as_number(const parse_context& ctx, std::string_view path, const json& v, double lo, double hi,
                         bool lo_open = false, bool hi_open = false) {
-  auto range = [&] {
-    std::string r = "a number";
-    const bool has_lo = lo > -std::numeric_limits<double>::max();
-    const bool has_hi = hi < std::numeric_limits<double>::max();
-    if (has_lo && has_hi) {
-      r += std::string(lo_open ? " > " : " >= ") + show_number(lo) + " and" + (hi_open ? " < " : " <= ") +
-           show_number(hi);
-    } else if (has_lo) {
-      r += std::string(lo_open ? " > " : " >= ") + show_number(lo);
-    } else if (has_hi) {
-      r += std::string(hi_open ? " < " : " <= ") + show_number(hi);
-    }
-    return r;
-  };
+  auto range = [&] { return "a number" + number_range(lo, hi, lo_open, hi_open); };
   if (!v.is_number()) {
     ctx.fail(path, cat("found ", show(v), " (", std::string(kind_of(v)), "); expected ", range(), auto_hint(v)));
   }
@@ -415,30 +423,20 @@ inline std::string_view misplaced_key_hint(std::string_view key) {
   return {};
 }
 
-/// Every place a key of this name is accepted, other than `block`.
-inline std::vector<std::string> where_key_belongs(std::string_view block, std::string_view key) {
+/// Every place a key of this name is accepted, other than `block`: the config's blocks (through
+/// `ctx.elsewhere`), then the keys of `unimplemented_features`.
+inline std::vector<std::string> where_key_belongs(const parse_context& ctx, std::string_view block,
+                                                  std::string_view key) {
   std::vector<std::string> out;
-  auto add = [&](std::string p) {
-    if (std::find(out.begin(), out.end(), p) == out.end()) {
-      out.push_back(std::move(p));
-    }
-  };
-  for (const config_block& b : config_blocks) {
-    if (b.path == block || b.path == "bfloat16") {
-      continue;
-    }
-    for (std::string_view k : b.keys) {
-      if (k == key) {
-        add(join_path(b.path, k));
-      }
-    }
+  if (ctx.elsewhere != nullptr) {
+    out = ctx.elsewhere(block, key);
   }
   for (const unimplemented_feature& f : unimplemented_features) {
     const auto dot = f.path.rfind('.');
     const std::string_view parent = dot == std::string_view::npos ? std::string_view{} : f.path.substr(0, dot);
     const std::string_view last = dot == std::string_view::npos ? f.path : f.path.substr(dot + 1);
-    if (last == key && parent != table_path(block)) {
-      add(std::string(f.path));
+    if (last == key && parent != table_path(block) && std::find(out.begin(), out.end(), f.path) == out.end()) {
+      out.emplace_back(f.path);
     }
   }
   return out;
@@ -522,7 +520,7 @@ private:
     if (auto hint = misplaced_key_hint(k); !hint.empty()) {
       ctx_.fail(p, cat("not a DeepSpeed key here; use ", std::string(hint)));
     }
-    if (auto elsewhere = where_key_belongs(path_, k); !elsewhere.empty()) {
+    if (auto elsewhere = where_key_belongs(ctx_, path_, k); !elsewhere.empty()) {
       std::string list;
       for (const auto& e : elsewhere) {
         list += (list.empty() ? "" : " or ") + e + (e.find('.') == std::string::npos ? " (at the top level)" : "");

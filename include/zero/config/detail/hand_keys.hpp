@@ -1,0 +1,193 @@
+#pragma once
+/// \file
+/// The keys read by hand in the middle of their block, named by their rows in `zero/config/schema.hpp`:
+/// `"auto"` resolved by Hugging Face's formulas, and values whose default, check or meaning derives
+/// from other keys. Each first reads its value by its row (`read_typed`) where it can.
+
+#include "zero/config/schema.hpp" // the rows that name these functions, and the settings they fill
+
+#include <string>
+#include <string_view>
+
+namespace zero::detail {
+
+// ---- "auto" ----------------------------------------------------------------------------------------
+
+inline std::optional<json> auto_zero(const parse_context&, std::string_view, const config_inputs&) { return json(0.0); }
+
+/// The hidden size an "auto" bucket size needs; `formula` says how it is used.
+inline std::int64_t hidden_size_for(const parse_context& ctx, std::string_view path, const config_inputs& in,
+                                    std::string_view formula) {
+  if (!in.hidden_size) {
+    ctx.fail(path, cat("found \"auto\"; resolving it (", formula,
+                       ") needs the model's hidden size (config_inputs::hidden_size, --hidden-size)"));
+  }
+  return *in.hidden_size;
+}
+
+/// h * h, which must fit in int64: h <= 3037000499.
+inline std::int64_t hidden_squared(const parse_context& ctx, std::string_view path, std::int64_t h) {
+  if (h < 1 || h > 3'037'000'499) {
+    ctx.fail(path, cat("the hidden size given (", std::to_string(h), ") must be from 1 to 3037000499"));
+  }
+  return h * h;
+}
+
+// Hugging Face's formulas for "auto" bucket sizes.
+inline std::optional<json> auto_hidden_squared(const parse_context& ctx, std::string_view path,
+                                               const config_inputs& in) {
+  return json(hidden_squared(ctx, path, hidden_size_for(ctx, path, in, "hidden_size^2")));
+}
+
+inline std::optional<json> auto_prefetch_bucket(const parse_context& ctx, std::string_view path,
+                                                const config_inputs& in) {
+  // floor(0.9 * x) == x - ceil(x / 10) for integer x >= 0, without going through a float.
+  const std::int64_t x = hidden_squared(ctx, path, hidden_size_for(ctx, path, in, "0.9 * hidden_size^2"));
+  return json(x - (x + 9) / 10);
+}
+
+inline std::optional<json> auto_persistence(const parse_context& ctx, std::string_view path, const config_inputs& in) {
+  const std::int64_t h = hidden_size_for(ctx, path, in, "10 * hidden_size");
+  if (h < 1 || h > i64_max / 10) {
+    ctx.fail(path, cat("the hidden size given (", std::to_string(h), ") is out of range"));
+  }
+  return json(10 * h);
+}
+
+// ---- zero_optimization -----------------------------------------------------------------------------
+
+inline void read_overlap_comm(const key_read<zero_optimization_config>& k) {
+  k.out.overlap_comm = k.out.stage == 3; // DeepSpeed's default, set by its validator
+  static_cast<void>(read_typed(k));
+}
+
+inline void read_allgather_bucket_size(const key_read<zero_optimization_config>& k) {
+  const int stage = k.out.stage;
+  // DeepSpeed's stage 1/2 aligns all-gather buffers to 4 bytes of 16-bit elements.
+  if (read_typed(k) && (stage == 1 || stage == 2) && *k.out.allgather_bucket_size % 2 != 0) {
+    k.r.ctx().fail(k.r.path_of(k.row.name), cat("found ", show(*k.r.get(k.row.name)),
+                                                "; expected a multiple of 2 at stage 1 and 2 (DeepSpeed aligns "
+                                                "all-gather buffers to 4 bytes)"));
+  }
+}
+
+/// One offload block, either of them: its keys by their rows, and a note for each NVMe-only key
+/// written with another device.
+template <const auto& Table, class S>
+void read_offload_block(parse_context& ctx, const json& v, std::string_view name, S& out, const config_inputs& in) {
+  const std::string path = join_path("zero_optimization", name);
+  if (v.is_null()) {
+    return;
+  }
+  object_reader r(ctx, expect_object(ctx, path, v), path, key_names<Table>);
+  read_keys(r, Table, out, in);
+  for (const key_row<S>& row : Table) {
+    if (row.nvme_only && out.device != offload_device::nvme && r.has(row.name)) {
+      ctx.note(r.path_of(row.name), cat("no effect: device is ", name_of(out.device), ", not nvme"));
+    }
+  }
+  r.finish();
+}
+
+/// Both offload blocks, then DeepSpeed's deprecated booleans that stand for them.
+inline void read_offload(const key_read<zero_optimization_config>& k) {
+  object_reader& r = k.r;
+  parse_context& ctx = r.ctx();
+  zero_optimization_config& z = k.out;
+  const json* optimizer = r.get("offload_optimizer");
+  const json* param = r.get("offload_param");
+  if (optimizer != nullptr) {
+    read_offload_block<offload_optimizer_keys>(ctx, *optimizer, "offload_optimizer", z.offload_optimizer, k.in);
+  }
+  if (param != nullptr) {
+    read_offload_block<offload_param_keys>(ctx, *param, "offload_param", z.offload_param, k.in);
+  }
+  const json* pin_key = r.get("cpu_offload_use_pin_memory");
+  const bool pin = pin_key != nullptr && as_bool(ctx, r.path_of("cpu_offload_use_pin_memory"), *pin_key);
+  bool pin_used = false;
+  // `key: true` turns on the offload `block` (which must then be absent) with device cpu.
+  const auto legacy = [&](std::string_view key, std::string_view block, const json* given, offload_device& device,
+                          bool& pin_memory) {
+    const json* v = r.get(key);
+    if (v == nullptr) {
+      return;
+    }
+    const bool on = as_bool(ctx, r.path_of(key), *v);
+    if (on && given != nullptr && !given->is_null()) {
+      ctx.fail(r.path_of(key), cat("found true together with zero_optimization.", block, "; ", key,
+                                   " is the deprecated form of it, give only ", block));
+    }
+    if (on) {
+      device = offload_device::cpu;
+      pin_memory = pin;
+      pin_used = true;
+    }
+    ctx.note(r.path_of(key),
+             on ? cat("deprecated; read as ", block, ".device = \"cpu\"") : "deprecated; false has no effect");
+  };
+  legacy("cpu_offload", "offload_optimizer", optimizer, z.offload_optimizer.device, z.offload_optimizer.pin_memory);
+  legacy("cpu_offload_param", "offload_param", param, z.offload_param.device, z.offload_param.pin_memory);
+  if (pin_key != nullptr) {
+    ctx.note(r.path_of("cpu_offload_use_pin_memory"),
+             pin_used ? "deprecated; read as pin_memory of the offload that cpu_offload/cpu_offload_param turned on"
+                      : "deprecated; no effect without cpu_offload or cpu_offload_param set to true");
+  }
+}
+
+/// Three names for one setting: DeepSpeed's alias, its field name, and the deprecated fp16 name; and
+/// "auto", which Accelerate writes, resolved by an input that is a bool.
+inline void read_gather_16bit_weights(const key_read<zero_optimization_config>& k) {
+  object_reader& r = k.r;
+  parse_context& ctx = r.ctx();
+  const std::optional<bool>& input = k.in.gather_16bit_weights_on_model_save;
+  bool& out = k.out.stage3_gather_16bit_weights_on_model_save;
+  const std::string_view old_name = "stage3_gather_fp16_weights_on_model_save";
+  const json* old = r.get(old_name);
+  std::string used;
+  const json* v = aliased(r, k.row.name, "gather_16bit_weights_on_model_save", false, &used);
+  if (old != nullptr) {
+    if (v != nullptr && !same_value(*v, *old)) {
+      ctx.fail(r.path_of(old_name), cat("found ", show(*old), ", but ", used, " is ", show(*v),
+                                        "; the first is the deprecated name of the second, give one"));
+    }
+    ctx.note(r.path_of(old_name), cat("deprecated; read as ", k.row.name));
+    if (v == nullptr) {
+      v = old;
+      used = r.path_of(old_name);
+    }
+  }
+  if (v != nullptr && is_auto(*v)) {
+    if (!input) {
+      ctx.fail(used, "found \"auto\"; resolving it needs whether to save a gathered 16-bit model "
+                     "(config_inputs::gather_16bit_weights_on_model_save, --gather-16bit-weights true|false)");
+    }
+    out = *input;
+  } else if (v != nullptr) {
+    out = as_bool(ctx, used, *v);
+    if (input && *input != out) {
+      ctx.fail(used, cat("found ", show(*v), ", but config_inputs::gather_16bit_weights_on_model_save is ",
+                         (*input ? "true" : "false"), "; make them agree"));
+    }
+  } else if (input) {
+    out = *input;
+  }
+}
+
+// ---- scheduler ---------------------------------------------------------------------------------------
+
+/// A parameter read only for the schedules that take it (its input would fill it in for the others).
+inline void read_schedule_param(const key_read<scheduler_config>& k) {
+  if (schedule_takes(k.out.type, k.row.name)) {
+    static_cast<void>(read_typed(k));
+  }
+}
+
+inline void read_total_num_steps(const key_read<scheduler_config>& k) {
+  if (schedule_takes(k.out.type, k.row.name) && !read_typed(k)) {
+    k.r.ctx().fail(k.r.path_of(k.row.name), cat("missing; ", name_of(k.out.type),
+                                                " needs the number of training steps (write it, or give "
+                                                "config_inputs::total_steps, --total-steps)"));
+  }
+}
+
+} // namespace zero::detail
