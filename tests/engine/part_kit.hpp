@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <doctest/doctest.h>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,7 +81,37 @@ inline std::vector<std::pair<flat_range, std::size_t>> owned_ranges(const flat_l
   return out;
 }
 
-/// The rank that owns flat element `i` of `layout` (the slice it lies in).
-inline int owner_of(const flat_layout& layout, std::size_t i) { return layout.owner(i).first; }
+/// What rank `rank` writes at flat element `i` of its slices (exact in f32, different for every rank
+/// and element), plus `shift` (a later update).
+inline float slice_value(int rank, std::size_t i, float shift = 0) {
+  return static_cast<float>(1000 * (rank + 1) + static_cast<int>(i)) + shift;
+}
+
+/// Writes `slice_value(rank, i, shift)` at every flat element `i` of rank `rank`'s slices (what its
+/// optimizer updates): into `store` at `i` when it is the whole flat buffer, at the slice's shard
+/// offset when it is the rank's shard; `only` limits it to one segment.
+inline void write_own_slices(const flat_layout& layout, int rank, float* store, bool shard, float shift = 0,
+                             std::optional<std::size_t> only = std::nullopt) {
+  const auto& segs = layout.segments();
+  for (std::size_t s = 0; s < segs.size(); ++s) {
+    if (only && *only != s) {
+      continue;
+    }
+    const auto mine = segs[s].slice_of(rank);
+    for (std::size_t i = mine.begin; i < mine.end; ++i) {
+      store[shard ? segs[s].shard_offset + (i - mine.begin) : i] = slice_value(rank, i, shift);
+    }
+  }
+}
+
+/// Checks that segment `s`, whole at `whole`, holds every rank's slice as `write_own_slices` wrote it.
+inline void check_whole(const flat_layout& layout, std::size_t s, const std::byte* whole, float shift = 0) {
+  const auto& seg = layout.segments()[s];
+  const float* p = as<float>(whole);
+  for (std::size_t i = seg.range.begin; i < seg.range.end; ++i) {
+    const int owner = static_cast<int>((i - seg.range.begin) / seg.slice);
+    CHECK(p[i - seg.range.begin] == slice_value(owner, i, shift));
+  }
+}
 
 } // namespace zero::testing

@@ -12,59 +12,35 @@
 #include <string>
 #include <vector>
 
+namespace zero::testing::replicated_spec {
 namespace {
 
-using zero::testing::as;
-using zero::testing::comm_record;
-using zero::testing::rank_kit;
-using zero::testing::recording_communicator;
-
-template <class Comm> using replicated = zero::replicated_params<zero::cpu_backend, Comm, zero::host_allocator>;
+template <class Comm> using replicated_t = replicated_params<cpu_backend, Comm, host_allocator>;
 
 /// Five parameters, one segment each, in three modules: segments of 3, 3, 12, 2 and 2 elements
 /// before padding (a: segments 0 and 1, b: 2, c: 3 and 4).
-zero::flat_layout five_segments(int world) {
-  return zero::testing::make_layout({"a", "b", "c"},
-                                    {{"a.w", 3, 0}, {"a.b", 3, 0}, {"b.w", 12, 1}, {"c.w", 2, 2}, {"c.b", 2, 2}},
-                                    {.world = world, .segment_elements = 1});
+flat_layout five_segments(int world) {
+  return make_layout({"a", "b", "c"}, {{"a.w", 3, 0}, {"a.b", 3, 0}, {"b.w", 12, 1}, {"c.w", 2, 2}, {"c.b", 2, 2}},
+                     {.world = world, .segment_elements = 1});
 }
 const std::vector<std::vector<std::size_t>> module_segments = {{0, 1}, {2}, {3, 4}};
 const std::vector<std::string> module_names = {"a", "b", "c"};
 
-/// What rank `rank` writes at flat element `i` (exact in f32, different for every rank and element).
-float written(int rank, std::size_t i) { return static_cast<float>(1000 * (rank + 1) + static_cast<int>(i)); }
-
 /// The parameters of one rank, over `comm`.
 template <class Comm> struct rank_params {
   rank_kit kit;
-  replicated<Comm> params;
-  rank_params(const zero::flat_layout& layout, Comm& comm, zero::replicated_options opt)
+  replicated_t<Comm> params;
+  rank_params(const flat_layout& layout, Comm& comm, replicated_options opt)
       : params(layout, module_segments, module_names, kit.backend, comm, kit.alloc, kit.alloc, opt, kit.stream) {}
 
-  /// Writes `written(rank, i)` into the rank's slice of every segment (what its optimizer updates).
-  void write_own_slices(const zero::flat_layout& layout, int rank) {
-    float* p = as<float>(params.store());
-    for (const auto& s : layout.segments()) {
-      const auto mine = s.slice_of(rank);
-      for (std::size_t i = mine.begin; i < mine.end; ++i) {
-        p[i] = written(rank, i);
-      }
-    }
+  /// Writes the rank's slices into the whole buffer, as its optimizer would.
+  void write_mine(const flat_layout& layout, int rank) {
+    write_own_slices(layout, rank, as<float>(params.store()), false);
   }
 };
 
-/// Every element of segment `s` (whole at `whole`) holds its owner's value.
-void check_whole(const zero::flat_layout& layout, std::size_t s, const std::byte* whole) {
-  const auto& seg = layout.segments()[s];
-  const float* p = as<float>(whole);
-  for (std::size_t i = seg.range.begin; i < seg.range.end; ++i) {
-    const int owner = static_cast<int>((i - seg.range.begin) / seg.slice);
-    CHECK(p[i - seg.range.begin] == written(owner, i));
-  }
-}
-
 /// Gathers every module and checks each of its segments whole through `full`.
-template <class Params> void check_every_module(const zero::flat_layout& layout, Params& params) {
+template <class Params> void check_every_module(const flat_layout& layout, Params& params) {
   for (int m = 0; m < 3; ++m) {
     params.gather(m);
     for (std::size_t s : module_segments[static_cast<std::size_t>(m)]) {
@@ -81,9 +57,9 @@ TEST_CASE("replicated_params: sharded, after_update of each segment brings every
     CAPTURE(world);
     const auto layout = five_segments(world);
     std::vector<comm_record> records;
-    zero::testing::run_recorded_ranks(world, records, [&](recording_communicator& comm) {
+    run_recorded_ranks(world, records, [&](recording_communicator& comm) {
       rank_params<recording_communicator> rp(layout, comm, {.sharded = true});
-      rp.write_own_slices(layout, comm.rank());
+      rp.write_mine(layout, comm.rank());
       for (std::size_t k = 0; k < 5; ++k) {
         rp.params.after_update(k, rp.kit.stream);
         CHECK(records[static_cast<std::size_t>(comm.rank())].posted.size() == k + 1);
@@ -129,15 +105,15 @@ TEST_CASE("replicated_params: allgather_elements groups consecutive segments up 
     CAPTURE(cap);
     const auto layout = five_segments(r.world);
     std::vector<comm_record> records;
-    zero::testing::run_recorded_ranks(r.world, records, [&](recording_communicator& comm) {
+    run_recorded_ranks(r.world, records, [&](recording_communicator& comm) {
       const auto& rec = records[static_cast<std::size_t>(comm.rank())];
       rank_params<recording_communicator> rp(layout, comm, {.sharded = true, .allgather_elements = r.cap});
       CHECK(rp.params.gather_groups() == r.counts.size());
       CHECK(rp.params.staging_elements() == r.staging);
       // The staging buffer is the only memory besides the parameters.
-      CHECK(rp.kit.alloc.live(zero::memory_tag::buffers) == r.staging * sizeof(float));
-      CHECK(rp.kit.alloc.live(zero::memory_tag::params) == layout.total_size() * sizeof(float));
-      rp.write_own_slices(layout, comm.rank());
+      CHECK(rp.kit.alloc.live(memory_tag::buffers) == r.staging * sizeof(float));
+      CHECK(rp.kit.alloc.live(memory_tag::params) == layout.total_size() * sizeof(float));
+      rp.write_mine(layout, comm.rank());
       for (std::size_t k = 0; k < 5; ++k) {
         rp.params.after_update(k, rp.kit.stream);
         CHECK(rec.posted.size() == r.posts_after_update[k]);
@@ -151,9 +127,9 @@ TEST_CASE("replicated_params: allgather_elements groups consecutive segments up 
 TEST_CASE("replicated_params: refresh posts every group's all-gather and finish waits for them") {
   const auto layout = five_segments(3);
   std::vector<comm_record> records;
-  zero::testing::run_recorded_ranks(3, records, [&](recording_communicator& comm) {
+  run_recorded_ranks(3, records, [&](recording_communicator& comm) {
     rank_params<recording_communicator> rp(layout, comm, {.sharded = true, .allgather_elements = 8});
-    rp.write_own_slices(layout, comm.rank());
+    rp.write_mine(layout, comm.rank());
     rp.params.refresh();
     CHECK(records[static_cast<std::size_t>(comm.rank())].counts("all_gather") == std::vector<std::size_t>{2, 4, 2});
     rp.params.finish();
@@ -165,39 +141,39 @@ TEST_CASE("replicated_params: refresh posts every group's all-gather and finish 
 
 TEST_CASE("replicated_params: release without a gather, and an unknown module, are refused by name") {
   const auto layout = five_segments(1);
-  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
-    rank_params<zero::thread_communicator> rp(layout, comm, {});
+  run_ranks(1, [&](thread_communicator& comm) {
+    rank_params<thread_communicator> rp(layout, comm, {});
     CHECK_THROWS_WITH_AS(rp.params.release(1), doctest::Contains("release(\"b\") without a matching gather"),
-                         zero::usage_error);
+                         usage_error);
     rp.params.gather(0);
     rp.params.gather(0);
     rp.params.release(0);
     rp.params.release(0);
     CHECK_THROWS_WITH_AS(rp.params.release(0), doctest::Contains("release(\"a\") without a matching gather"),
-                         zero::usage_error);
+                         usage_error);
     CHECK_THROWS_WITH_AS(rp.params.gather(3),
                          doctest::Contains("gather: module id 3 was not made by add_module (3 modules are registered)"),
-                         zero::usage_error);
-    CHECK_THROWS_WITH_AS(rp.params.release(-1), doctest::Contains("release: module id -1"), zero::usage_error);
+                         usage_error);
+    CHECK_THROWS_WITH_AS(rp.params.release(-1), doctest::Contains("release: module id -1"), usage_error);
   });
 }
 
 TEST_CASE("replicated_params: release_everything(modifier) gives every rank the modifier's values") {
   const auto layout = five_segments(3);
   std::vector<comm_record> records;
-  zero::testing::run_recorded_ranks(3, records, [&](recording_communicator& comm) {
+  run_recorded_ranks(3, records, [&](recording_communicator& comm) {
     rank_params<recording_communicator> rp(layout, comm, {.sharded = true});
     float* p = as<float>(rp.params.store());
     for (std::size_t i = 0; i < layout.total_size(); ++i) {
-      p[i] = written(comm.rank(), i); // every rank writes everything, differently
+      p[i] = slice_value(comm.rank(), i); // every rank writes everything, differently
     }
     rp.params.gather_everything();
     rp.params.release_everything(-1); // no modifier: each rank keeps its own values
-    CHECK(p[5] == written(comm.rank(), 5));
+    CHECK(p[5] == slice_value(comm.rank(), 5));
     rp.params.gather_everything();
     rp.params.release_everything(1);
     for (std::size_t i = 0; i < layout.total_size(); ++i) {
-      CHECK(p[i] == written(1, i));
+      CHECK(p[i] == slice_value(1, i));
     }
     const auto& rec = records[static_cast<std::size_t>(comm.rank())];
     CHECK(rec.counts("broadcast") == std::vector<std::size_t>{layout.total_size()});
@@ -212,11 +188,11 @@ TEST_CASE("replicated_params: unsharded (stage 0, or one rank) posts nothing and
     CAPTURE(world);
     const auto layout = five_segments(world);
     std::vector<comm_record> records;
-    zero::testing::run_recorded_ranks(world, records, [&](recording_communicator& comm) {
+    run_recorded_ranks(world, records, [&](recording_communicator& comm) {
       rank_params<recording_communicator> rp(layout, comm, {.sharded = sharded, .allgather_elements = 8});
       float* p = as<float>(rp.params.store());
       for (std::size_t i = 0; i < layout.total_size(); ++i) {
-        p[i] = written(comm.rank(), i);
+        p[i] = slice_value(comm.rank(), i);
       }
       for (std::size_t k = 0; k < 5; ++k) {
         rp.params.after_update(k, rp.kit.stream);
@@ -226,11 +202,11 @@ TEST_CASE("replicated_params: unsharded (stage 0, or one rank) posts nothing and
       const float* b = as<float>(rp.params.full(2, "b.w"));
       rp.params.release(1);
       rp.params.finish();
-      CHECK(b[0] == written(comm.rank(), layout.segments()[2].range.begin));
-      CHECK(p[layout.total_size() - 1] == written(comm.rank(), layout.total_size() - 1));
+      CHECK(b[0] == slice_value(comm.rank(), layout.segments()[2].range.begin));
+      CHECK(p[layout.total_size() - 1] == slice_value(comm.rank(), layout.total_size() - 1));
       CHECK(rp.params.gather_groups() == 0);
       CHECK(rp.params.staging_elements() == 0);
-      CHECK(rp.kit.alloc.live(zero::memory_tag::buffers) == 0);
+      CHECK(rp.kit.alloc.live(memory_tag::buffers) == 0);
       CHECK(records[static_cast<std::size_t>(comm.rank())].posted.empty());
     });
   }
@@ -238,9 +214,9 @@ TEST_CASE("replicated_params: unsharded (stage 0, or one rank) posts nothing and
 
 TEST_CASE("replicated_params: the store is the whole flat buffer, and full(s) points into it") {
   const auto layout = five_segments(2);
-  zero::run_ranks(2, [&](zero::thread_communicator& comm) {
-    rank_params<zero::thread_communicator> rp(layout, comm, {.sharded = true});
-    static_assert(!replicated<zero::thread_communicator>::sharded_store);
+  run_ranks(2, [&](thread_communicator& comm) {
+    rank_params<thread_communicator> rp(layout, comm, {.sharded = true});
+    static_assert(!replicated_t<thread_communicator>::sharded_store);
     CHECK(rp.params.store_elements() == 24);
     CHECK(layout.total_size() == 24);
     for (std::size_t s = 0; s < 5; ++s) {
@@ -251,6 +227,8 @@ TEST_CASE("replicated_params: the store is the whole flat buffer, and full(s) po
     for (std::size_t i = 0; i < 24; ++i) {
       CHECK(p[i] == 0.0f);
     }
-    CHECK(rp.kit.alloc.live(zero::memory_tag::params) == 24 * sizeof(float));
+    CHECK(rp.kit.alloc.live(memory_tag::params) == 24 * sizeof(float));
   });
 }
+
+} // namespace zero::testing::replicated_spec
