@@ -211,6 +211,7 @@ TEST_CASE("param_coordinator: prefetch and max-live limits bound what is gathere
   const std::vector<row> rows = {
       {{}, 1, 2, 24},
       {{.prefetch_elements = 9}, 2, 1, 18},  // m1 (10) is too big to fetch ahead; m2 (8) is not
+      {{.prefetch_elements = 10}, 1, 2, 18}, // m1 just fits ahead of m0; m2 ahead of m1
       {{.max_live_elements = 16}, 2, 1, 16}, // m0 + m1 fill the limit; m2 waits for m0's release
       {{.prefetch_elements = 0}, 3, 0, 10},  // overlap_comm off
   };
@@ -229,6 +230,33 @@ TEST_CASE("param_coordinator: prefetch and max-live limits bound what is gathere
       CHECK(s.prefetch_used == r.prefetched);
       CHECK(s.all_gathers == 3);
       CHECK(rc.c.peak_live_elements() == r.peak_live);
+    });
+  }
+}
+
+TEST_CASE("param_coordinator: a released unit the trace uses again within max_reuse_distance stays gathered") {
+  struct row {
+    std::size_t reuse_distance;
+    std::size_t all_gathers, prefetched, reused;
+  };
+  // The order m0, m1, m0: between the two uses of m0 lie m1's 10 elements.
+  const std::vector<row> rows = {
+      {10, 2, 1, 1}, // m0 is kept over m1 and found gathered
+      {9, 3, 2, 0},  // m0 is freed, then fetched again ahead of its second use
+  };
+  const auto layout = four_units(2);
+  for (const auto& r : rows) {
+    CAPTURE(r.reuse_distance);
+    run_ranks(2, [&](thread_communicator& comm) {
+      rank_coordinator<thread_communicator> rc(layout, comm, {.max_reuse_distance = r.reuse_distance});
+      rc.init();
+      rc.step({0, 1, 0});
+      rc.step({0, 1, 0});
+      const auto& s = rc.c.stats_of_last_step();
+      CHECK(s.all_gathers == r.all_gathers);
+      CHECK(s.on_demand == 1);
+      CHECK(s.prefetched == r.prefetched);
+      CHECK(s.reused == r.reused);
     });
   }
 }
