@@ -60,7 +60,6 @@
 #include <memory>
 #include <mpi.h>
 #include <mutex>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -82,7 +81,7 @@ namespace zero::detail {
 
 /// Throws `mpi_error` when `code` is not `MPI_SUCCESS`; what() names the call, where it was made,
 /// the world rank (when MPI is running) and MPI's error string; status() is `code`.
-inline void check_mpi(int code, const char* call, const std::source_location& loc) {
+inline void check_mpi(int code, const char* call, const source_location& loc) {
   if (code == MPI_SUCCESS) {
     return;
   }
@@ -106,7 +105,7 @@ inline void check_mpi(int code, const char* call, const std::source_location& lo
 /// Evaluates an MPI call and throws `zero::mpi_error` (status(): the MPI error code) naming the
 /// call, file:line and MPI's error string when it does not return `MPI_SUCCESS`. The communicator
 /// it runs on must have `MPI_ERRORS_RETURN` (as `mpi_communicator` sets), or MPI aborts first.
-#define ZERO_CHECK_MPI(expr) ::zero::detail::check_mpi((expr), #expr, ::std::source_location::current())
+#define ZERO_CHECK_MPI(expr) ::zero::detail::check_mpi((expr), #expr, ::zero::detail::source_location::current())
 #endif
 
 namespace zero {
