@@ -20,3 +20,18 @@ message(STATUS "${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer ok")
   message(FATAL_ERROR "the consumer built against the installed zero did not run correctly")
 endif()
+
+# A CPU-only configuration of zero's source installs without building anything: the core is headers
+# only, and the tools are installed only when they were built.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/../.. -B ${WORK_DIR}/cpu-build -G ${GENERATOR}
+                        -DZERO_BUILD_TESTS=OFF -DZERO_BUILD_BENCH=OFF -DZERO_BUILD_EXAMPLES=OFF -DZERO_BUILD_TOOLS=ON
+                        -DZERO_WITH_CUDA=OFF
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configuring a CPU-only zero failed:\n${out}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${WORK_DIR}/cpu-build --prefix ${WORK_DIR}/cpu
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "installing a CPU-only zero whose tools were not built failed:\n${out}")
+endif()
