@@ -41,15 +41,13 @@ function(zero_add_fuzzer name)
       list(APPEND includes -I${dir})
     endif()
   endforeach()
-  # Clang 14 with libstdc++ 12 lacks std::source_location; the shim stands in for it.
-  set(shim ${root}/tests/config/fuzz_source_location.hpp)
   # The binary sits in a folder of its own: a custom target may not share its output's path (Ninja).
   set(bin ${CMAKE_CURRENT_BINARY_DIR}/fuzz/${name})
   add_custom_command(
     OUTPUT ${bin}
     COMMAND ${zero_fuzz_cxx} -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-            -include ${shim} ${includes} ${F_SOURCE} -o ${bin}
-    DEPENDS ${F_SOURCE} ${shim} ${F_DEPENDS}
+            ${includes} ${F_SOURCE} -o ${bin}
+    DEPENDS ${F_SOURCE} ${F_DEPENDS}
     COMMENT "Building ${name} with ${zero_fuzz_cxx}")
   add_custom_target(${name} ALL DEPENDS ${bin})
 

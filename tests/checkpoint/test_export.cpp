@@ -51,7 +51,9 @@ TEST_CASE("export_safetensors streams the fp32 masters under the registered name
     const auto fp32 = read_all(dir / "fp32.safetensors");
     const auto bf16 = read_all(dir / "bf16.safetensors");
     REQUIRE(fp32.size() == 6);
-    for (const auto& [name, v] : fp32) {
+    for (const auto& tensor : fp32) {
+      const std::string& name = tensor.first; // not a structured binding: CAPTURE is a lambda (Clang 14)
+      const auto& v = tensor.second;
       CAPTURE(name);
       CHECK(v == saved.tensors.at(name + "/0"));
       std::vector<float> rounded;

@@ -85,7 +85,10 @@ TEST_CASE("a save killed at any durable step leaves the last complete checkpoint
 
   std::size_t kills = 0;
   // A new tag; then replacing the existing one, by exchange and by moving the old one aside.
-  for (const auto& [tag, swap] : {std::pair<std::string, bool>{"b", true}, {"a", true}, {"a", false}}) {
+  // Plain names, not structured bindings: CAPTURE is a lambda, which cannot capture a binding before Clang 16.
+  for (const auto& run : {std::pair<std::string, bool>{"b", true}, {"a", true}, {"a", false}}) {
+    const std::string& tag = run.first;
+    const bool swap = run.second;
     exchange = swap;
     const auto events = events_of(tag);
     CHECK(events.size() >= 20);

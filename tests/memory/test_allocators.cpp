@@ -65,6 +65,15 @@ static_assert(!zero::tagged_allocator<zero::host_allocator>);
 static_assert(zero::allocator<zero::failing_allocator<zero::host_allocator>>);
 static_assert(!zero::allocator<int>);
 
+// GCC names the sanitizers with __SANITIZE_*__, Clang through __has_feature.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define ZERO_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define ZERO_TEST_SANITIZED 1
+#endif
+#endif
+
 TEST_CASE("host_allocator aligns and refuses a bad alignment") {
   zero::host_allocator a;
   for (std::size_t align : {8u, 64u, 256u, 4096u}) {
@@ -73,7 +82,7 @@ TEST_CASE("host_allocator aligns and refuses a bad alignment") {
     a.deallocate(p, 100, align);
   }
   CHECK_THROWS_WITH_AS((void)a.allocate(8, 24), doctest::Contains("power of two, got 24"), zero::usage_error);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !defined(ZERO_TEST_SANITIZED)
   // The sanitizers abort on a request this size instead of letting operator new throw.
   CHECK_THROWS_WITH_AS((void)a.allocate(std::size_t{1} << 62, 64), doctest::Contains("could not allocate"),
                        zero::memory_error);

@@ -6,10 +6,10 @@
 /// have `MPI_ERRORS_RETURN` (as `mpi_communicator` sets), or MPI aborts before the check sees the error.
 
 #include "zero/core/error.hpp"
+#include "zero/core/source_location.hpp"
 
 #include <cstddef>
 #include <mpi.h>
-#include <source_location>
 #include <string>
 
 namespace zero::detail {
@@ -30,7 +30,7 @@ namespace zero::detail {
 /// \param loc  where the call was made.
 /// \throws mpi_error whose what() names the call, where it was made, the world rank (when MPI is
 ///         running) and MPI's error string, and whose status() is `code`.
-inline void check_mpi(int code, const char* call, const std::source_location& loc) {
+inline void check_mpi(int code, const char* call, const detail::source_location& loc) {
   if (code == MPI_SUCCESS) {
     return;
   }
@@ -54,5 +54,5 @@ inline void check_mpi(int code, const char* call, const std::source_location& lo
 /// Evaluates an MPI call and throws `zero::mpi_error` (status(): the MPI error code) naming the
 /// call, file:line and MPI's error string when it does not return `MPI_SUCCESS`. The communicator
 /// it runs on must have `MPI_ERRORS_RETURN` (as `mpi_communicator` sets), or MPI aborts first.
-#define ZERO_CHECK_MPI(expr) ::zero::detail::check_mpi((expr), #expr, ::std::source_location::current())
+#define ZERO_CHECK_MPI(expr) ::zero::detail::check_mpi((expr), #expr, ::zero::detail::source_location::current())
 #endif

@@ -9,9 +9,9 @@
 /// `zero::nccl`).
 
 #include "zero/core/error.hpp"
+#include "zero/core/source_location.hpp"
 
 #include <nccl.h>
-#include <source_location>
 #include <string>
 
 namespace zero::detail {
@@ -36,7 +36,7 @@ namespace zero::detail {
 /// \param loc  where the call was made.
 /// \param comm the communicator of the call, or null (see `nccl_text`).
 /// \throws nccl_error whose `what()` is "<expr> failed at <file:line>: <nccl_text>" and whose `status()` is `r`.
-inline ncclResult_t check_nccl(ncclResult_t r, const char* expr, const std::source_location& loc,
+inline ncclResult_t check_nccl(ncclResult_t r, const char* expr, const detail::source_location& loc,
                                ncclComm_t comm = nullptr) {
   if (r != ncclSuccess && r != ncclInProgress) [[unlikely]] {
     throw nccl_error(std::string(expr) + " failed at " + where(loc) + ": " + nccl_text(r, comm), static_cast<int>(r));
@@ -50,4 +50,4 @@ inline ncclResult_t check_nccl(ncclResult_t r, const char* expr, const std::sour
 /// `zero::nccl_error` whose `what()` is "[zero.nccl_error] <expr> failed at <file:line>: <ncclGetErrorString>
 /// (ncclResult_t <n>): <ncclGetLastError>" and whose `status()` is the `ncclResult_t`. Evaluates to the
 /// (successful or in-progress) `ncclResult_t`.
-#define ZERO_CHECK_NCCL(expr) ::zero::detail::check_nccl((expr), #expr, ::std::source_location::current())
+#define ZERO_CHECK_NCCL(expr) ::zero::detail::check_nccl((expr), #expr, ::zero::detail::source_location::current())

@@ -63,6 +63,7 @@
 #include "zero/core/cuda_check.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
+#include "zero/core/source_location.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -73,7 +74,6 @@
 #include <exception>
 #include <memory>
 #include <nccl.h>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -139,7 +139,7 @@ public:
     s.check_matching = opt.check_matching || (check_env != nullptr && std::string_view(check_env) == "1");
     if (const cudaError_t st = cudaSetDevice(device); st != cudaSuccess) {
       detail::throw_cuda_error(st, ("cudaSetDevice(" + std::to_string(device) + ")").c_str(),
-                               std::source_location::current());
+                               detail::source_location::current());
     }
     ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&s.produced, cudaEventDisableTiming));
@@ -396,7 +396,7 @@ public:
     if (s_->leave_call()) {
       throw timeout_error(s_->reason());
     }
-    detail::check_nccl(r, "ncclCommSplit", std::source_location::current(), s_->comm);
+    detail::check_nccl(r, "ncclCommSplit", detail::source_location::current(), s_->comm);
     s_->settle("split", 0);
     child->blocking = s_->blocking;
     if (child->comm == nullptr) {
@@ -486,7 +486,7 @@ private:
     cudaEvent_t done = s.take_event();
     if (const cudaError_t st = cudaEventRecord(done, s.stream); st != cudaSuccess) {
       s.give_event(done);
-      detail::throw_cuda_error(st, "cudaEventRecord(done, s.stream)", std::source_location::current());
+      detail::throw_cuda_error(st, "cudaEventRecord(done, s.stream)", detail::source_location::current());
     }
     return handle(s_, done, op, bytes);
   }

@@ -18,27 +18,26 @@
 
 #include <cstdio>
 #include <cuda_runtime_api.h>
-#include <source_location>
 #include <string>
 
 namespace zero::detail {
 
 /// The text of a failed CUDA call: "<expr> failed at <file:line>: <description> (<cudaErrorName>)".
 [[nodiscard]] inline std::string cuda_failure_message(cudaError_t status, const char* expr,
-                                                      const std::source_location& loc) {
+                                                      const source_location& loc) {
   return std::string(expr) + " failed at " + where(loc) + ": " + cudaGetErrorString(status) + " (" +
          cudaGetErrorName(status) + ")";
 }
 
 /// Throws `cuda_error` for a failed call; its `status()` is the `cudaError_t`.
-[[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* expr, const std::source_location& loc) {
+[[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* expr, const source_location& loc) {
   (void)cudaGetLastError(); // clear the non-sticky error this call left behind
   throw cuda_error(cuda_failure_message(status, expr, loc), static_cast<int>(status));
 }
 
 /// Returns `status` when it is `cudaSuccess`, otherwise throws `cuda_error` naming `expr` and `loc`.
 /// \throws cuda_error carrying the `cudaError_t`.
-inline cudaError_t check_cuda(cudaError_t status, const char* expr, const std::source_location& loc) {
+inline cudaError_t check_cuda(cudaError_t status, const char* expr, const source_location& loc) {
   if (status != cudaSuccess) [[unlikely]] {
     throw_cuda_error(status, expr, loc);
   }
@@ -47,7 +46,7 @@ inline cudaError_t check_cuda(cudaError_t status, const char* expr, const std::s
 
 /// Reports a failed call on stderr ("[zero.cuda_error] ... (not thrown: noexcept context)") and returns
 /// `status`; never throws. For destructors and `deallocate`, which must not throw.
-inline cudaError_t check_cuda_nothrow(cudaError_t status, const char* expr, const std::source_location& loc) noexcept {
+inline cudaError_t check_cuda_nothrow(cudaError_t status, const char* expr, const source_location& loc) noexcept {
   if (status != cudaSuccess) [[unlikely]] {
     (void)cudaGetLastError();
     // fprintf, not iostreams: usable during static destruction and allocates nothing.
@@ -63,9 +62,9 @@ inline cudaError_t check_cuda_nothrow(cudaError_t status, const char* expr, cons
 /// Evaluates the CUDA runtime call `expr`; when it does not return `cudaSuccess`, throws `zero::cuda_error`
 /// whose `what()` is "[zero.cuda_error] <expr> failed at <file:line>: <cudaGetErrorString> (<cudaErrorName>)"
 /// and whose `status()` is the `cudaError_t`. Evaluates to the (successful) `cudaError_t`.
-#define ZERO_CHECK_CUDA(expr) ::zero::detail::check_cuda((expr), #expr, ::std::source_location::current())
+#define ZERO_CHECK_CUDA(expr) ::zero::detail::check_cuda((expr), #expr, ::zero::detail::source_location::current())
 
 /// The non-throwing twin of `ZERO_CHECK_CUDA` for destructors and other `noexcept` code: on failure it
 /// prints the same message to stderr, clears the non-sticky error, and evaluates to the `cudaError_t`.
 #define ZERO_CHECK_CUDA_NOTHROW(expr)                                                                                  \
-  ::zero::detail::check_cuda_nothrow((expr), #expr, ::std::source_location::current())
+  ::zero::detail::check_cuda_nothrow((expr), #expr, ::zero::detail::source_location::current())

@@ -4,8 +4,9 @@
 /// `what()` starts with an id such as `[zero.config_error]` and then names the key, file, rank or
 /// operation involved, so a log line alone says what was wrong and what was expected.
 
+#include "zero/core/source_location.hpp"
+
 #include <cstddef>
-#include <source_location>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -87,7 +88,7 @@ ZERO_DEFINE_ERROR(comm_error);
 
 namespace detail {
 /// "file:line" of a source location, for messages about where a native call failed.
-inline std::string where(const std::source_location& loc) {
+inline std::string where(const source_location& loc) {
   std::string_view file = loc.file_name();
   if (auto slash = file.find_last_of('/'); slash != std::string_view::npos) {
     file.remove_prefix(slash + 1);
