@@ -2,7 +2,8 @@
 # not need the tools built first), then configures, builds and runs separate consumer projects
 # (consumer/) against them:
 #   core:       find_package(zero) with no components while CUDA, NCCL, MPI, liburing and libxxhash are
-#               hidden from CMake: zero::zero needs none of them, whatever this build was built with;
+#               hidden from CMake: zero::zero needs none of them, whatever this build was built with; also
+#               a framework's own policies (consumer/policies.cpp), with GCC 12 and Clang 14;
 #   components: every component this build has (COMPONENTS=mpi^^checkpoint...), zero::checkpoint hashing;
 #   missing:    the CPU-only installation asked for checkpoint: configuration fails and says why;
 #   optional:   the same as an optional component: zero_checkpoint_FOUND false, zero::zero fine.
@@ -46,6 +47,12 @@ function(consumer name prefix)
     if(NOT rc EQUAL 0 OR NOT out MATCHES "consumer ok")
       message(FATAL_ERROR "consumer ${name}: the program built against the installed zero failed:\n${out}")
     endif()
+    if(EXISTS ${dir}/policies)
+      execute_process(COMMAND ${dir}/policies RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+      if(NOT rc EQUAL 0 OR NOT out MATCHES "policies ok")
+        message(FATAL_ERROR "consumer ${name}: the framework's own policies failed against the installed zero:\n${out}")
+      endif()
+    endif()
   endif()
   message(STATUS "consumer ${name}: ok")
 endfunction()
@@ -56,6 +63,15 @@ foreach(package CUDAToolkit NCCL MPI Uring Xxhash)
   list(APPEND hidden -DCMAKE_DISABLE_FIND_PACKAGE_${package}=ON)
 endforeach()
 consumer(core ${WORK_DIR}/full BUILD ARGS ${hidden})
+# The same consumer with Debian 12's other compiler (GCC 12 or Clang 14), where installed.
+get_filename_component(this_cxx ${CXX} REALPATH)
+foreach(compiler g++-12 clang++-14)
+  find_program(other_cxx_${compiler} ${compiler})
+  get_filename_component(other_real ${other_cxx_${compiler}} REALPATH)
+  if(other_cxx_${compiler} AND NOT other_real STREQUAL this_cxx)
+    consumer(core-${compiler} ${WORK_DIR}/full BUILD ARGS ${hidden} -DCMAKE_CXX_COMPILER=${other_cxx_${compiler}})
+  endif()
+endforeach()
 if(COMPONENTS)
   string(REPLACE ";" "\\;" list "${COMPONENTS}")
   consumer(components ${WORK_DIR}/full BUILD ARGS "-DZERO_COMPONENTS=${list}")
