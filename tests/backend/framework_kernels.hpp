@@ -2,8 +2,8 @@
 // Kernels as a framework writes them to check zero::cpu_backend: plain scalar loops that follow the
 // formulas of cpu_backend.hpp's "Numerics" section, in a translation unit of their own
 // (framework_kernels.cpp), compiled as that section tells a framework to compile them.
-#include "zero/core/dtype.hpp"
 #include "zero/backend/adamw_args.hpp"
+#include "zero/core/dtype.hpp"
 
 #include <cstddef>
 

@@ -11,8 +11,6 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +23,7 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+#include <xxhash.h>
 
 namespace zero {
 

@@ -3,9 +3,9 @@
 /// The parts of a config the engine's step follows: the `scheduler` block as an `lr_scheduler`,
 /// the `fp16` block as a `loss_scaler`, and the settings an engine must refuse.
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
-#include "zero/backend/adamw_args.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
 

@@ -3,8 +3,6 @@
 // model state, and a backend that replaces one kernel of cpu_backend (fp32 AdamW) and keeps the rest.
 // Prints "policies ok" when every check holds; tests/package/run.cmake builds it with GCC and Clang.
 
-#include <zero/zero.hpp>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <zero/zero.hpp>
 
 namespace {
 
@@ -123,9 +122,8 @@ int main() {
     const int m = eng.add_module("layer");
     const auto w = eng.add_param(m, "layer.weight", {64, 3});
     eng.finalize();
-    eng.init_params([](const zero::param_info&, std::size_t, std::span<float> out) {
-      std::fill(out.begin(), out.end(), 1.0f);
-    });
+    eng.init_params(
+        [](const zero::param_info&, std::size_t, std::span<float> out) { std::fill(out.begin(), out.end(), 1.0f); });
     for (int step = 0; step < 3; ++step) {
       auto on = eng.gather(m);
       auto g = eng.grad(w);
