@@ -3,14 +3,14 @@
 // model state, and a backend that replaces one kernel of cpu_backend (fp32 AdamW) and keeps the rest.
 // Prints "policies ok" when every check holds; tests/package/run.cmake builds it with GCC and Clang.
 
+#include "arena.hpp" // examples/arena_allocator: an allocator policy of a framework's own
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <zero/zero.hpp>
@@ -42,41 +42,8 @@ private:
   zero::thread_communicator* c_;
 };
 
-/// Model state from one block, front to back; rewinds when everything came back.
-class arena {
-public:
-  static constexpr bool host_accessible = true;
-  static constexpr bool device_accessible = false;
-  explicit arena(std::size_t bytes) : s_(std::make_shared<state>(bytes)) {}
-  [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment) {
-    const std::lock_guard lock(s_->mutex);
-    void* p = s_->block.get() + s_->used;
-    std::size_t left = s_->bytes - s_->used;
-    if (std::align(alignment, bytes, p, left) == nullptr) {
-      throw zero::memory_error("arena full: " + std::to_string(bytes) + " bytes asked");
-    }
-    s_->used = s_->bytes - left + bytes;
-    ++s_->out;
-    return p;
-  }
-  void deallocate(void*, std::size_t, std::size_t) noexcept {
-    const std::lock_guard lock(s_->mutex);
-    if (--s_->out == 0) {
-      s_->used = 0;
-    }
-  }
-
-private:
-  struct state {
-    explicit state(std::size_t n) : bytes(n), block(new std::byte[n]) {}
-    std::size_t bytes;
-    std::unique_ptr<std::byte[]> block;
-    std::mutex mutex;
-    std::size_t used = 0;
-    std::size_t out = 0;
-  };
-  std::shared_ptr<state> s_;
-};
+/// Model state from one block, front to back: the arena of examples/arena_allocator.
+using arena = example::arena;
 static_assert(zero::allocator<arena>);
 
 /// cpu_backend with the framework's own fp32 AdamW (counted); every other kernel and case is zero's.
