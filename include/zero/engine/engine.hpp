@@ -40,7 +40,6 @@
 #include <filesystem>
 #include <span>
 #include <string>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -279,8 +278,8 @@ private:
     check_final(what);
     const auto& e = reg_.at(h, what);
     if (!e.trainable) {
-      throw usage_error(std::string(what) + "(\"" + reg_.info(e).name + "\"): the parameter is frozen" +
-                        (std::string_view(what) == "grad" ? " and has no gradient" : ""));
+      throw usage_error(std::string(what) + "(\"" + reg_.info(e).name +
+                        "\"): the parameter is frozen and has no gradient");
     }
     return e;
   }
