@@ -16,6 +16,7 @@
 #include "zero/backend/cuda_kernels.hpp"
 #include "zero/core/cuda_check.hpp"
 #include "zero/memory/device_allocator.hpp"
+#include "zero/memory/pinned_allocator.hpp"
 
 #include <concepts>
 #include <cstddef>
@@ -84,6 +85,8 @@ public:
   using event_type = cuda_event;
   /// Device memory through a caching pool.
   using allocator_type = caching_pool<device_allocator>;
+  /// Host memory for state offloaded from the device (ZeRO-Offload): pinned, so copies overlap.
+  using host_allocator_type = pinned_allocator;
 
   /// The backend of `device`, which becomes the calling thread's current device (the streams and
   /// events it makes belong to it).

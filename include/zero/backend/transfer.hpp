@@ -16,18 +16,28 @@
 
 namespace zero {
 
-/// Copies `n` elements from `src` to `dst`, one in host memory and the other in backend memory
-/// (either way), in `s` order, and waits for the copy.
+/// Enqueues a copy of `n` elements from `src` to `dst`, one in host memory and the other in backend
+/// memory (either way), on `s`: asynchronous through the backend's `copy` where it has one (the host
+/// must not touch either side until `s` is synchronised), else done on the host after `s`'s work.
 template <bool HostAccessible, class Backend, class T>
-void copy_and_wait(Backend& b, const typename Backend::stream_type& s, const T* src, T* dst, std::size_t n) {
+void copy_async(Backend& b, const typename Backend::stream_type& s, const T* src, T* dst, std::size_t n) {
   if constexpr (can_copy<Backend>) {
     b.copy(src, dst, n * sizeof(T), s);
-    b.synchronize(s);
   } else {
     static_assert(HostAccessible, "zero: the allocator's memory is not host accessible and the backend has no "
                                   "copy(const void* src, void* dst, size_t bytes, stream) (see zero::can_copy)");
     b.synchronize(s); // kernels still reading or writing either side come first
     std::copy(src, src + n, dst);
+  }
+}
+
+/// Copies `n` elements from `src` to `dst`, one in host memory and the other in backend memory
+/// (either way), in `s` order, and waits for the copy.
+template <bool HostAccessible, class Backend, class T>
+void copy_and_wait(Backend& b, const typename Backend::stream_type& s, const T* src, T* dst, std::size_t n) {
+  copy_async<HostAccessible>(b, s, src, dst, n);
+  if constexpr (can_copy<Backend>) {
+    b.synchronize(s);
   }
 }
 

@@ -262,21 +262,20 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   try {
     const auto& mine = owned[static_cast<std::size_t>(rank)];
     if (!mine.empty()) {
-      const auto st = eng.stores();
+      (void)eng.stores(); // after every kernel and all-gather so far
       auto& optim = eng.optimizer();
-      // Host copies of the rank's state (through the backend's copy when it lives on a device).
+      // Host copies of the rank's state, wherever it lives (the backend, host memory).
       const std::size_t n_state = optim.state_size();
-      const bool fp32_store = optim.master() == nullptr;
-      const auto master = fp32_store ? access::read(eng, reinterpret_cast<const float*>(st.params), st.param_elements)
-                                     : access::read(eng, static_cast<const float*>(optim.master()), n_state);
-      const auto m1 = access::read(eng, static_cast<const float*>(optim.exp_avg()), n_state);
-      const auto m2 = access::read(eng, static_cast<const float*>(optim.exp_avg_sq()), n_state);
+      std::vector<float> master(n_state), m1(n_state), m2(n_state);
+      optim.read_state(state_tensor::master, 0, master);
+      optim.read_state(state_tensor::exp_avg, 0, m1);
+      optim.read_state(state_tensor::exp_avg_sq, 0, m2);
       detail::hashing_writer w(tmp / detail::shard_name(rank));
       event("shard_created");
       std::size_t k = 0;
       for (const auto& o : mine) {
         const std::size_t bytes = o.count * sizeof(float);
-        w.write(master.data() + (fp32_store ? o.store : o.state), bytes);
+        w.write(master.data() + o.state, bytes);
         w.write(m1.data() + o.state, bytes);
         w.write(m2.data() + o.state, bytes);
         event("shard_piece", k++);
@@ -463,7 +462,6 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   const manifest& m = rd->info();
   const auto st = eng.stores();
   auto& optim = eng.optimizer();
-  float* opt_master = optim.master();
   std::byte* store = st.params;
   std::size_t at = 0;
   // Every write goes through the engine (the backend's copy when the state lives on a device).
@@ -471,11 +469,10 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
     P* ps = reinterpret_cast<P*>(store);
     std::vector<P> rounded;
     for (const auto& o : mine) {
-      access::write(eng, m1.data() + at, optim.exp_avg() + o.state, o.count);
-      access::write(eng, m2.data() + at, optim.exp_avg_sq() + o.state, o.count);
-      if (opt_master != nullptr) {
-        access::write(eng, master.data() + at, opt_master + o.state, o.count);
-      }
+      optim.write_state(state_tensor::exp_avg, o.state, {m1.data() + at, o.count});
+      optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + at, o.count});
+      // The master (for fp32 training the optimizer's own copy of the parameters, when offloaded).
+      optim.write_state(state_tensor::master, o.state, {master.data() + at, o.count});
       rounded.resize(o.count);
       for (std::size_t i = 0; i < o.count; ++i) {
         rounded[i] = from_float<P>(master[at + i]);

@@ -144,13 +144,10 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   auto& optim = eng.optimizer();
   // Host copies of this rank's fp32 values (its shard, or everything at stage 0) and of the frozen
   // parameters, through the backend's copy when they live on a device.
-  const bool fp32_store = optim.master() == nullptr;
-  const auto values = fp32_store ? access::read(eng, reinterpret_cast<const float*>(st.params), st.param_elements)
-                                 : access::read(eng, static_cast<const float*>(optim.master()), optim.state_size());
+  std::vector<float> values(optim.state_size());
+  optim.read_state(state_tensor::master, 0, values);
   const auto frozen_host = rank == 0 ? access::read(eng, static_cast<const std::byte*>(st.frozen), st.frozen_bytes)
                                      : std::vector<std::byte>{};
-  // The fp32 value of the element at state index `s` / store index `t` of this rank.
-  auto value = [&](std::size_t s, std::size_t t) { return fp32_store ? values[t] : values[s]; };
 
   std::optional<safetensors::writer> w;
   std::exception_ptr err;
@@ -192,7 +189,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
         if (rank == 0) {
           for (std::size_t i = c0; i < c1; ++i) {
             const std::size_t s = stage == 0 ? p.offset + i : layout.owner(p.offset + i).second;
-            chunk[i - c0] = value(s, stage == 3 ? s : p.offset + i);
+            chunk[i - c0] = values[s];
           }
         }
       } else {
@@ -212,7 +209,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
               std::vector<float> mine(hi - lo);
               for (std::size_t i = lo; i < hi; ++i) {
                 const std::size_t s = piece->shard_offset + (i - piece->param_offset);
-                mine[i - lo] = value(s, stage == 3 ? s : piece->flat_offset + (i - piece->param_offset));
+                mine[i - lo] = values[s];
               }
               if (q == 0) {
                 std::copy(mine.begin(), mine.end(), chunk.begin() + static_cast<std::ptrdiff_t>(lo - c0));

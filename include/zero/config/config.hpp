@@ -173,12 +173,13 @@ struct scheduler_config {
 /// `zero_optimization.offload_optimizer`: where the fp32 master weights, Adam moments and the
 /// gradient shard live, and where the optimizer step runs (CPU for any device but none).
 struct offload_optimizer_config {
-  /// `device`: none (default), cpu. cpu is read but refused by the engine until optimizer offload
-  /// lands (issue 12); nvme is refused here, by the reader.
+  /// `device`: none (default), cpu: the engine keeps the state in host memory and steps it on the host
+  /// (docs/offload.md); nvme is refused here, by the reader.
   offload_device device = offload_device::none;
   /// `nvme_path`: directory for NVMe offload. Default empty.
   std::string nvme_path;
-  /// `pin_memory`: page-locked host memory for faster transfers. Default false.
+  /// `pin_memory`: page-locked host memory for faster transfers. Default false. Read; the engine
+  /// takes the backend's host memory (`host_allocator_type`: pinned for CUDA) either way.
   bool pin_memory = false;
   /// `buffer_count`: buffers for NVMe transfers. Default 4.
   std::int64_t buffer_count = 4;

@@ -79,11 +79,13 @@ public:
       fill(fn, p, 0, p.numel, p.type, frozen_.data() + p.offset * esize);
     }
     // The master copy takes the values the framework gave, rounded as the parameters are (or exact).
-    optimizer_->load_master();
-    if (float* master = optimizer_->master(); master != nullptr && init_master_exact_) {
+    optimizer_.load_master();
+    if (optimizer_.has_master() && init_master_exact_) {
+      std::vector<float> exact;
       for (const auto& pc : owned_by(comm_.rank())) {
-        fill(fn, reg_.layout().param(pc.id), pc.param_offset, pc.count, dtype::f32,
-             reinterpret_cast<std::byte*>(master + pc.state));
+        exact.resize(pc.count);
+        fn(reg_.layout().param(pc.id), pc.param_offset, exact);
+        optimizer_.write_state(state_tensor::master, pc.state, exact);
       }
     }
     residency_([](auto& r) { r.refresh(); });
@@ -269,7 +271,7 @@ private:
     } else {
       residency_([&](auto& r) { r.release_everything(arg); });
       if (arg >= 0) {
-        optimizer_->load_master();
+        optimizer_.load_master();
       }
     }
   }
@@ -302,10 +304,10 @@ private:
     if (overlap_) {
       overlap_->run(
           reg_.layout().segments().size(),
-          [&](std::size_t k, const stream_type& s) { optimizer_->step_range(k, s, args, group_lr, reduced()); },
+          [&](std::size_t k, const stream_type& s) { optimizer_.step_range(k, s, args, group_lr, reduced()); },
           [&](std::size_t k, const stream_type& s) { residency_([&](auto& r) { r.after_update(k, s); }); });
     } else {
-      optimizer_->step(args, group_lr, reduced());
+      optimizer_.step(args, group_lr, reduced());
     }
     scheduler_.step();
     ++counters_.applied_steps;

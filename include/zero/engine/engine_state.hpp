@@ -18,8 +18,8 @@
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/grad_stats.hpp"
 #include "zero/engine/memory_report.hpp"
+#include "zero/engine/optimizer_step.hpp"
 #include "zero/engine/param_registry.hpp"
-#include "zero/engine/partitioned_adamw.hpp"
 #include "zero/engine/residency.hpp"
 #include "zero/engine/schedule_from_config.hpp"
 #include "zero/engine/step_log.hpp"
@@ -27,6 +27,7 @@
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -35,6 +36,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -135,14 +137,20 @@ public:
                      stream_);
     std::byte* store = residency_([](auto& r) { return r.store(); });
     const bool sharded = residency_([](auto& r) { return r.sharded_store; });
-    optimizer_.emplace(layout,
-                       adamw_placement{.rank = comm_.rank(),
-                                       .partitioned = stage >= 1,
-                                       .grad_type = cfg_.grad_accum_dtype,
-                                       .params = store,
-                                       .params_sharded = sharded},
-                       reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
-    stats_.emplace(optimizer_->ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
+    const adamw_placement place{.rank = comm_.rank(),
+                                .partitioned = stage >= 1,
+                                .grad_type = cfg_.grad_accum_dtype,
+                                .params = store,
+                                .params_sharded = sharded};
+    if (z.offload_optimizer.device == offload_device::cpu) {
+      optimizer_.make_on_host(
+          layout, place, reg_.group_of(), reg_.groups(), backend_,
+          typename optimizer_step<Backend, Allocator>::host_allocator_type{}, stream_,
+          offload_options{.threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads()});
+    } else {
+      optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
+    }
+    stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
     if (stage == 3 || (stage >= 1 && comm_.size() > 1)) {
       overlap_.emplace(backend_, comm_, stream_);
@@ -175,8 +183,12 @@ public:
   void set_log(std::function<void(const std::string&)> sink) { log_.set_sink(std::move(sink)); }
   /// Bytes per tag from the counting allocator, beside the ZeRO formula.
   [[nodiscard]] memory_report memory() const {
-    return make_memory_report(cfg_.stage(), comm_.size(), reg_.layout(), cfg_.grad_accum_dtype, state_alloc_,
-                              buffer_alloc_, work_alloc_);
+    auto m = make_memory_report(cfg_.stage(), comm_.size(), reg_.layout(), cfg_.grad_accum_dtype, state_alloc_,
+                                buffer_alloc_, work_alloc_);
+    if (const auto* host = optimizer_.host()) {
+      add_host_memory(m, host->host_memory());
+    }
+    return m;
   }
 
   /// The resolved config in force.
@@ -188,11 +200,17 @@ public:
   [[nodiscard]] std::int64_t global_steps() const noexcept { return counters_.applied_steps; }
   /// Collectives the gradient reducer launched (tests count communication with it).
   [[nodiscard]] std::size_t reduce_launches() const noexcept { return reducer_ ? reducer_->launches() : 0; }
-  /// This rank's optimizer (master weights, m, v over the owned ranges).
-  [[nodiscard]] partitioned_adamw<Backend, Allocator>& optimizer() {
+  /// This rank's optimizer (master weights, m, v over the owned ranges), on the backend or offloaded.
+  [[nodiscard]] optimizer_step<Backend, Allocator>& optimizer() {
     check_final("optimizer");
     finish_gathers(); // the state is read or written on the engine's stream, after the last update
-    return *optimizer_;
+    return optimizer_;
+  }
+  /// Threads of the host AdamW under `offload_optimizer.device: cpu` (0, the default: the host's
+  /// hardware concurrency divided by the ranks of this communicator, at least 1). Before finalize.
+  void set_offload_threads(unsigned threads) {
+    check_open("set_offload_threads");
+    offload_threads_ = threads;
   }
   /// The scaler and scheduler, for checkpoints and logs.
   [[nodiscard]] const loss_scaler& scaler() const noexcept { return scaler_; }
@@ -237,6 +255,11 @@ public:
 protected:
   using counting = counting_allocator<Allocator>;
 
+  /// The host's threads shared among the ranks of this communicator (they may share the host).
+  [[nodiscard]] unsigned default_offload_threads() const {
+    return std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(comm_.size()));
+  }
+
   void check_open(const std::string& what) const {
     if (finalized_) {
       throw usage_error(what + " after finalize(); register every module and parameter first");
@@ -279,7 +302,7 @@ protected:
   buffer<std::byte, counting> frozen_;
   residency<Backend, Comm, Allocator> residency_;
   std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
-  std::optional<partitioned_adamw<Backend, Allocator>> optimizer_;
+  optimizer_step<Backend, Allocator> optimizer_;
   std::optional<grad_stats<Backend, Comm, Allocator>> stats_;
   std::optional<update_overlap<Backend, Comm>> overlap_;
   loss_scaler scaler_;
@@ -288,6 +311,7 @@ protected:
   step_counters counters_;
   /// An error of a scope ended in a destructor, thrown by the next call (see `engine_scope`).
   mutable std::exception_ptr deferred_;
+  unsigned offload_threads_ = 0;
   bool finalized_ = false;
 };
 

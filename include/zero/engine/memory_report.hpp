@@ -13,6 +13,9 @@
 
 namespace zero {
 
+/// K of the formula: fp32 master, m and v per parameter (12), or m and v for fp32 training (8).
+[[nodiscard]] inline double optimizer_state_bytes(dtype param) noexcept { return param == dtype::f32 ? 8.0 : 12.0; }
+
 /// Model-state bytes per rank that ZeRO promises for `psi` parameters over `n` ranks.
 ///
 /// Per parameter: P bytes of parameters (the dtype trained in), G bytes of gradients (the gradient
@@ -28,7 +31,7 @@ namespace zero {
 [[nodiscard]] inline double zero_formula_bytes(int stage, double psi, int n, dtype param, dtype grad) {
   const double p = static_cast<double>(size_of(param));
   const double g = static_cast<double>(size_of(grad));
-  const double k = param == dtype::f32 ? 8.0 : 12.0;
+  const double k = optimizer_state_bytes(param);
   const double nn = static_cast<double>(n);
   switch (stage) {
   case 0:
@@ -42,10 +45,19 @@ namespace zero {
   }
 }
 
+/// Host bytes per rank of ZeRO-Offload's optimizer over `psi` parameters on `n` ranks: the state
+/// (K) and the rank's gradient (G) and parameter (P) shards staged in host memory, (K + P + G) psi / n.
+[[nodiscard]] inline double offloaded_host_formula_bytes(double psi, int n, dtype param, dtype grad) {
+  return (optimizer_state_bytes(param) + static_cast<double>(size_of(param)) + static_cast<double>(size_of(grad))) *
+         psi / static_cast<double>(n);
+}
+
 /// Bytes per tag measured by the engine's counting allocator, next to the formula.
 struct memory_report {
   int stage = 0;
   int world_size = 1;
+  /// The dtypes of parameters and gradients.
+  dtype param_type = dtype::f32, grad_type = dtype::f32;
   /// Trainable parameters (psi), without padding.
   std::size_t parameters = 0;
   /// Padding elements in the flat buffer (alignment and even splitting over ranks).
@@ -58,8 +70,14 @@ struct memory_report {
   std::size_t model_state_peak = 0;
   /// Peak of the gathered working set (stage 3), reported apart from the model state.
   std::size_t working_set_peak = 0;
-  /// The formula's bytes for this stage, world size and dtypes.
+  /// The formula's bytes for this stage, world size and dtypes (with the optimizer offloaded: without
+  /// the optimizer state, which is in host memory).
   double formula = 0;
+  /// Optimizer offload (`offload_optimizer.device: cpu`): host bytes per tag now (the state, and the
+  /// gradient and parameter shards staged there), their peak together, and the formula's host bytes,
+  /// (K + P + G) psi / n. All zero without offload.
+  std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
+  double host_formula = 0;
 
   /// model_state_peak / formula.
   [[nodiscard]] double ratio() const noexcept {
@@ -79,7 +97,14 @@ struct memory_report {
                   "  gathered working set peak %zu B (stage 3, not model state)\n",
                   stage, world_size, parameters, padding, params, params_peak, grads, grads_peak, optimizer,
                   optimizer_peak, buffers, buffers_peak, model_state_peak, formula, ratio(), working_set_peak);
-    return buf;
+    std::string out = buf;
+    if (host_formula > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  offloaded to host: params %zu B, grads %zu B, optimizer %zu B (peak %zu B, formula %.0f B)\n",
+                    host_params, host_grads, host_optimizer, host_peak, host_formula);
+      out += buf;
+    }
+    return out;
   }
 };
 
@@ -92,6 +117,8 @@ template <class Counting>
   memory_report m;
   m.stage = stage;
   m.world_size = world;
+  m.param_type = layout.type();
+  m.grad_type = grad;
   m.parameters = layout.finalized() ? layout.numel() : 0;
   m.padding = layout.finalized() ? layout.padding() : 0;
   m.params = state.live(memory_tag::params);
@@ -106,6 +133,18 @@ template <class Counting>
   m.working_set_peak = work.total().peak;
   m.formula = zero_formula_bytes(m.stage, static_cast<double>(m.parameters), m.world_size, layout.type(), grad);
   return m;
+}
+
+/// Adds the host bytes of an offloaded optimizer (`host`: its counting allocator) to `m`, and moves
+/// the optimizer state from the device formula to the host one.
+template <class Counting> void add_host_memory(memory_report& m, const Counting& host) {
+  m.host_params = host.live(memory_tag::params);
+  m.host_grads = host.live(memory_tag::grads);
+  m.host_optimizer = host.live(memory_tag::optimizer);
+  m.host_peak = host.total().peak;
+  m.host_formula =
+      offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
+  m.formula -= optimizer_state_bytes(m.param_type) * static_cast<double>(m.parameters) / m.world_size;
 }
 
 } // namespace zero

@@ -10,13 +10,17 @@
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
+#include "zero/backend/transfer.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +40,10 @@ struct owned_run {
   std::size_t state_offset = 0;
   std::size_t group = 0;
 };
+
+/// One of the three fp32 tensors of optimizer state a rank keeps per owned element. `master` is the
+/// fp32 parameter: the master copy, or for fp32 training the parameter itself.
+enum class state_tensor : std::uint8_t { master, exp_avg, exp_avg_sq };
 
 /// Where a `partitioned_adamw` works, fixed when the engine is finalized.
 struct adamw_placement {
@@ -112,6 +120,24 @@ public:
   [[nodiscard]] float* exp_avg_sq() noexcept { return v_.data(); }
   /// Group hyper-parameters, changeable between steps.
   [[nodiscard]] std::vector<param_group>& groups() noexcept { return groups_; }
+  /// True when an fp32 master copy is kept apart from the parameters (16-bit training).
+  [[nodiscard]] bool has_master() const noexcept { return param_type_ != dtype::f32; }
+
+  /// Copies `out.size()` elements of `t` from state index `state_offset` on into host memory, after
+  /// the work enqueued so far (the master of fp32 training is read from the parameters).
+  /// \throws usage_error for a range outside the state.
+  void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
+    for_each_piece(t, state_offset, out.size(), [&](float* p, std::size_t done, std::size_t n) {
+      download<A::host_accessible>(backend_, stream_, p, out.data() + done, n);
+    });
+  }
+  /// Writes host values into `t` from state index `state_offset` on (for fp32 training, `master`
+  /// writes the parameters). \throws usage_error for a range outside the state.
+  void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
+    for_each_piece(t, state_offset, in.size(), [&](float* p, std::size_t done, std::size_t n) {
+      upload<A::host_accessible>(backend_, stream_, in.data() + done, p, n);
+    });
+  }
 
   /// Fills the master copy from the owned part of the low-precision parameters.
   void load_master() {
@@ -151,6 +177,35 @@ public:
   }
 
 private:
+  /// Calls `f(pointer, done, count)` for the pieces of `n` elements of `t` from state index
+  /// `state_offset` on: one piece, but for the master of unsharded fp32 parameters (one per owned range).
+  template <class F> void for_each_piece(state_tensor t, std::size_t state_offset, std::size_t n, F&& f) {
+    if (state_offset + n > state_size_ || state_offset + n < n) {
+      throw usage_error("partitioned_adamw: state elements [" + std::to_string(state_offset) + ", " +
+                        std::to_string(state_offset + n) + ") are outside this rank's " + std::to_string(state_size_));
+    }
+    if (n == 0) {
+      return;
+    }
+    if (t != state_tensor::master || has_master() || place_.params_sharded) {
+      float* base = t == state_tensor::exp_avg      ? m_.data()
+                    : t == state_tensor::exp_avg_sq ? v_.data()
+                    : has_master()                  ? master_.data()
+                                                    : reinterpret_cast<float*>(place_.params);
+      f(base + state_offset, 0, n);
+      return;
+    }
+    // fp32 training over the whole flat buffer: the owned ranges' elements, by flat index.
+    float* params = reinterpret_cast<float*>(place_.params);
+    for (const auto& [range, offset] : ranges_) {
+      const std::size_t lo = std::max(state_offset, offset);
+      const std::size_t hi = std::min(state_offset + n, offset + range.size());
+      if (lo < hi) {
+        f(params + range.begin + (lo - offset), lo - state_offset, hi - lo);
+      }
+    }
+  }
+
   /// AdamW over the runs of owned ranges [first, last), on `s`.
   template <class GradOf, class GroupLr>
   void step_runs(std::size_t first, std::size_t last, const typename Backend::stream_type& s,

@@ -12,6 +12,7 @@
 #include "zero/comm/communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/detail/visit_made.hpp"
 #include "zero/engine/param_coordinator.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/replicated_params.hpp"
@@ -84,17 +85,7 @@ public:
 
 private:
   template <class V, class F> static decltype(auto) visit(V& v, F& f) {
-    using held = std::conditional_t<std::is_const_v<V>, const replicated&, replicated&>;
-    using result = decltype(f(std::declval<held>()));
-    return std::visit(
-        [&](auto& r) -> result {
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(r)>, std::monostate>) {
-            throw usage_error("the engine has no parameters before finalize()");
-          } else {
-            return f(r);
-          }
-        },
-        v);
+    return detail::visit_made<replicated>(v, f, "the engine has no parameters before finalize()");
   }
 
   typename detail::residency_of<Backend, Comm, A>::type v_;

@@ -89,13 +89,14 @@ namespace zero {
 }
 
 /// Refuses what a config asks and the engine cannot honour, naming the key.
-/// \throws config_error for offload (not run yet), a missing optimizer, or a communication dtype
-/// that is neither the gradient nor the parameter dtype.
+/// \throws config_error for parameter offload (not run yet), a missing optimizer, or a communication
+/// dtype that is neither the gradient nor the parameter dtype.
 inline void check_engine_config(const config& c) {
-  if (c.zero_optimization.offload_optimizer.device != offload_device::none ||
-      c.zero_optimization.offload_param.device != offload_device::none) {
-    throw config_error("zero_optimization.offload_optimizer / offload_param: offload is read from the config "
-                       "but this engine does not run it yet; set \"device\": \"none\"");
+  if (c.zero_optimization.offload_param.device != offload_device::none) {
+    throw config_error(std::string("zero_optimization.offload_param.device: \"") +
+                       std::string(name_of(c.zero_optimization.offload_param.device)) +
+                       "\" is read from the config but this engine does not offload parameters yet (optimizer "
+                       "offload, offload_optimizer.device \"cpu\", it does); set \"device\": \"none\"");
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
