@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <doctest/doctest.h>
+#include <utility>
 #include <vector>
 
 TEST_SUITE("engine") {
@@ -62,6 +63,30 @@ TEST_SUITE("engine") {
           CHECK(by_rank == gpu.applied_by_rank.front());
         }
         CHECK(zero::testing::max_rel_diff(gpu.params, cpu.params) <= 1.0 / 1024);
+      }
+    }
+  }
+  TEST_CASE("offload_optimizer cpu on GPUs gives the bits of the in-memory GPU engine") {
+    // The host's AdamW (cpu_backend) and the device's (cuda_backend) round every operation as written,
+    // in the same order (docs/backends.md), and read the same reduced gradients: the same bits.
+    for (int world : zero::test::gpu_worlds()) {
+      for (int stage : {1, 2, 3}) {
+        for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
+          for (auto [accumulation, clip] : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+            zero::testing::run_spec s{
+                .stage = stage, .world = world, .type = type, .accumulation = accumulation, .clip = clip};
+            CAPTURE(world);
+            CAPTURE(stage);
+            CAPTURE(zero::name_of(type));
+            CAPTURE(accumulation);
+            const auto in_memory = zero::test::train_on_gpus(s);
+            s.zero_extra = R"("offload_optimizer": {"device": "cpu"})";
+            const auto offloaded = zero::test::train_on_gpus(s);
+            CHECK(offloaded.params == in_memory.params);
+            CHECK(offloaded.norms == in_memory.norms);
+            CHECK(offloaded.applied == in_memory.applied);
+          }
+        }
       }
     }
   }
