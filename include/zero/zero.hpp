@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// The umbrella header of zero: everything that needs no optional dependency. The MPI, NCCL,
-/// CUDA and io_uring parts have headers of their own (`zero/comm/mpi_communicator.hpp`, ...)
-/// and targets of their own (`zero::mpi`, `zero::nccl`, `zero::cuda`, `zero::uring`).
+/// The umbrella header of zero: everything that needs no optional dependency. The MPI, NCCL and
+/// CUDA parts have headers of their own (`zero/comm/mpi_communicator.hpp`, ...) and targets of
+/// their own (`zero::mpi`, `zero::nccl`, `zero::cuda`); `uring_storage` comes along only where the
+/// target links `zero::uring` (which defines ZERO_HAS_URING).
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
@@ -23,3 +24,10 @@
 #include "zero/memory/host_allocator.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
+#include "zero/storage/failing_storage.hpp"
+#include "zero/storage/posix_storage.hpp"
+#include "zero/storage/storage.hpp"
+
+#if defined(ZERO_HAS_URING)
+#include "zero/storage/uring_storage.hpp"
+#endif

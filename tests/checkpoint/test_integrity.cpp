@@ -4,20 +4,20 @@
 // (symbolic links), and duplicate manifest keys; a failed save leaves no temporary folder; an export
 // writes only regular files outside the checkpoint.
 
+#include "../support/file_size_limit.hpp"
 #include "ckpt_harness.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 
 #include <chrono>
-#include <csignal>
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <fstream>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace zt = zero::testing;
 namespace fs = std::filesystem;
+using zero_test::file_size_limit;
 
 namespace {
 
@@ -59,29 +59,6 @@ void flip_bit(int fd, std::uint64_t at, int bit) {
   c = static_cast<unsigned char>(c ^ (1u << bit));
   REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(at)) == 1);
 }
-
-/// Lowers this process's file size limit to `bytes` while it lives (SIGXFSZ ignored), so that a
-/// write past it fails with EFBIG, as a full disk fails a write, even for root.
-class file_size_limit {
-public:
-  explicit file_size_limit(rlim_t bytes) {
-    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_) == 0);
-    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
-    rlimit lower = old_;
-    lower.rlim_cur = bytes;
-    REQUIRE(::setrlimit(RLIMIT_FSIZE, &lower) == 0);
-  }
-  file_size_limit(const file_size_limit&) = delete;
-  file_size_limit& operator=(const file_size_limit&) = delete;
-  ~file_size_limit() {
-    ::setrlimit(RLIMIT_FSIZE, &old_);
-    std::signal(SIGXFSZ, old_handler_);
-  }
-
-private:
-  rlimit old_{};
-  void (*old_handler_)(int) = nullptr;
-};
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

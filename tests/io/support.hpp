@@ -12,13 +12,12 @@
 
 namespace zero_test {
 
-/// A fresh directory under the system temp directory, removed with everything in it.
+/// A fresh directory under `base` (the system temp directory unless given), removed with everything in it.
 class temp_dir {
 public:
-  explicit temp_dir(std::string_view tag) {
+  explicit temp_dir(std::string_view tag, const std::filesystem::path& base = std::filesystem::temp_directory_path()) {
     static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("zero_" + std::string(tag) + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path_ = base / ("zero_" + std::string(tag) + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
