@@ -146,18 +146,19 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   // parameter shard is the staged one, so the host holds the same (2 + 2 + 12) Ψ / N per rank
   CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 1'750'000'000);
   CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 16);
-  // The engine runs the optimizer offloaded to the CPU at stages 1-3 (tests/config/test_estimate_engine.cpp
-  // checks those rows against it); parameter offload and NVMe are planned.
+  // The engine runs the optimizer offloaded to the CPU or NVMe at stages 1-3
+  // (tests/config/test_estimate_engine.cpp checks those rows against it); parameter offload is planned.
   CHECK(find(2, none, none).implemented);
   CHECK(find(3, none, none).implemented);
   CHECK(find(1, cpu, none).implemented);
   CHECK(find(2, cpu, none).implemented);
   CHECK(find(3, cpu, none).implemented);
   CHECK_FALSE(find(3, cpu, cpu).implemented);
-  CHECK_FALSE(find(2, offload_device::nvme, none).implemented);
-  CHECK_FALSE(find(3, offload_device::nvme, none).implemented);
+  CHECK(find(2, offload_device::nvme, none).implemented);
+  CHECK(find(3, offload_device::nvme, none).implemented);
   CHECK_FALSE(find(3, offload_device::nvme, offload_device::nvme).implemented);
-  CHECK(find(3, offload_device::nvme, none).nvme_bytes_per_node == 8 * 875'000'000LL * 12);
+  // Two slots of the state: a step reads one and writes the other.
+  CHECK(find(3, offload_device::nvme, none).nvme_bytes_per_node == 2 * 8 * 875'000'000LL * 12);
 
   SUBCASE("fp32 parameters are their own master copy") {
     o.param_dtype = zero::dtype::f32;

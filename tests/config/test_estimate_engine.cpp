@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdint>
 #include <doctest/doctest.h>
+#include <filesystem>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -20,16 +22,17 @@ constexpr std::int64_t model_params = 2'004'000;
 constexpr std::int64_t largest_layer = 250'500;
 
 /// One step of 8 layers of 500 x 500 + 500 (psi = 2,004,000) on `world` ranks; rank 0's memory report.
-/// `precision` is e.g. `"bf16": {"enabled": true},` (empty: fp32); `offload`: offload_optimizer cpu.
-zero::memory_report measure(int stage, int world, const std::string& precision, bool offload) {
+/// `precision` is e.g. `"bf16": {"enabled": true},` (empty: fp32); `offload`: the offload_optimizer block's
+/// keys (empty: none).
+zero::memory_report measure(int stage, int world, const std::string& precision, const std::string& offload = "") {
   std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
   zero::run_ranks(world, [&](zero::thread_communicator& comm) {
     zero::config_inputs inputs;
     inputs.world_size = world;
     const auto cfg = zero::config::from_string(
-        R"({"train_micro_batch_size_per_gpu": 1, )" + precision +
+        R"({"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 4096, "queue_depth": 1}, )" + precision +
             R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": )" +
-            std::to_string(stage) + (offload ? R"(, "offload_optimizer": {"device": "cpu"})" : "") +
+            std::to_string(stage) + (offload.empty() ? "" : R"(, "offload_optimizer": {)" + offload + "}") +
             R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
         inputs);
     zero::cpu_backend backend({.threads = 1});
@@ -42,7 +45,7 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
       eng.add_param(modules.back(), "layer" + std::to_string(l) + ".bias", {500});
     }
     eng.finalize();
-    CHECK(eng.optimizer().offloaded() == offload);
+    CHECK(eng.optimizer().offloaded() == !offload.empty());
     eng.init_params(
         [](const zero::param_info&, std::size_t, std::span<float> out) { std::fill(out.begin(), out.end(), 0.5f); });
     for (int l = 8; l-- > 0;) {
@@ -64,6 +67,7 @@ zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero
   o.largest_layer_params = largest_layer;
   o.gpus_per_node = world;
   o.param_dtype = param;
+  o.nvme_chunk_elements = 4096 / 4; // the engines' aio block of 4 KiB, one in flight
   for (const auto& r : zero::tools::estimate_memory(o)) {
     if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == zero::offload_device::none) {
       return r;
@@ -86,7 +90,7 @@ TEST_CASE("zero-estimate's model-state bytes are within 2% of what the counting 
     for (int world : {1, 2, 4, 8}) {
       CAPTURE(stage);
       CAPTURE(world);
-      const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", false);
+      const auto m = measure(stage, world, R"("bf16": {"enabled": true},)");
       const auto row = estimate(stage, world, zero::dtype::bf16, zero::offload_device::none);
       CAPTURE(row.gpu_model_state_bytes);
       CAPTURE(m.model_state_peak);
@@ -114,7 +118,7 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows are within 2% of what the 
         CAPTURE(zero::name_of(pr.type));
         CAPTURE(stage);
         CAPTURE(world);
-        const auto m = measure(stage, world, pr.json, true);
+        const auto m = measure(stage, world, pr.json, R"("device": "cpu")");
         const auto row = estimate(stage, world, pr.type, zero::offload_device::cpu);
         CAPTURE(row.gpu_model_state_bytes);
         CAPTURE(m.model_state_peak);
@@ -129,4 +133,28 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows are within 2% of what the 
       }
     }
   }
+}
+
+TEST_CASE("zero-estimate's offload_optimizer=nvme rows are within 2% of the engine's device, host and file bytes") {
+  const auto dir = std::filesystem::temp_directory_path() / ("zero-estimate-nvme-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (int stage : {1, 2, 3}) {
+    for (int world : {1, 2, 4}) {
+      CAPTURE(stage);
+      CAPTURE(world);
+      const auto m = measure(stage, world, R"("bf16": {"enabled": true},)",
+                             R"("device": "nvme", "nvme_path": ")" + dir.string() + R"(")");
+      const auto row = estimate(stage, world, zero::dtype::bf16, zero::offload_device::nvme);
+      CAPTURE(row.host_bytes_per_rank);
+      CAPTURE(m.host_peak);
+      CAPTURE(row.nvme_bytes_per_node);
+      CAPTURE(m.nvme);
+      CHECK(row.implemented);
+      CHECK(m.optimizer_peak == 0);
+      CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+      CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+      CHECK(relative(row.nvme_bytes_per_node / world, m.nvme) <= 0.02);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -71,6 +71,8 @@ struct run_spec {
   std::int64_t persistence_threshold = 40; // stage 3: the biases (37 and 5 elements) stay whole
   /// More keys of zero_optimization, e.g. `"overlap_comm": false` (empty: none).
   std::string zero_extra{};
+  /// More top-level keys, e.g. `"aio": {"block_size": 4096}` (empty: none).
+  std::string top_extra{};
 };
 
 inline std::string config_json(const run_spec& s) {
@@ -80,12 +82,13 @@ inline std::string config_json(const run_spec& s) {
   } else if (s.type == dtype::f16) {
     precision = R"("fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 1},)";
   }
-  return "{" + precision + R"("train_batch_size": )" + std::to_string(s.batch) +
-         R"(, "gradient_accumulation_steps": )" + std::to_string(s.accumulation) + R"(, "gradient_clipping": )" +
-         std::to_string(s.clip) + R"(, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) +
-         R"(, "weight_decay": )" + std::to_string(s.weight_decay) + R"(}}, "zero_optimization": {"stage": )" +
-         std::to_string(s.stage) + R"(, "reduce_bucket_size": )" + std::to_string(s.bucket) +
-         R"(, "allgather_bucket_size": )" + std::to_string(s.allgather_bucket < 0 ? s.bucket * 2 : s.allgather_bucket) +
+  return "{" + (s.top_extra.empty() ? "" : s.top_extra + ", ") + precision + R"("train_batch_size": )" +
+         std::to_string(s.batch) + R"(, "gradient_accumulation_steps": )" + std::to_string(s.accumulation) +
+         R"(, "gradient_clipping": )" + std::to_string(s.clip) +
+         R"(, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) + R"(, "weight_decay": )" +
+         std::to_string(s.weight_decay) + R"(}}, "zero_optimization": {"stage": )" + std::to_string(s.stage) +
+         R"(, "reduce_bucket_size": )" + std::to_string(s.bucket) + R"(, "allgather_bucket_size": )" +
+         std::to_string(s.allgather_bucket < 0 ? s.bucket * 2 : s.allgather_bucket) +
          R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) +
          (s.zero_extra.empty() ? "" : ", " + s.zero_extra) + "}}";
 }

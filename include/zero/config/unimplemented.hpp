@@ -34,8 +34,6 @@ struct unimplemented_feature {
 /// `bf16`) are looked up under `bf16`.
 inline constexpr unimplemented_feature unimplemented_features[] = {
     // ---- offload targets -------------------------------------------------------------------
-    {"zero_optimization.offload_optimizer.device", unimplemented_when::equals, R"("nvme")",
-     "NVMe offload of optimizer state (ZeRO-Infinity)", "planned", R"("cpu" or "none")"},
     {"zero_optimization.offload_param.device", unimplemented_when::equals, R"("nvme")",
      "NVMe offload of parameters (ZeRO-Infinity)", "planned", R"("cpu" or "none")"},
     {"zero_optimization.offload_optimizer.device", unimplemented_when::equals, R"("hpu")",
@@ -45,9 +43,11 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
     {"zero_optimization.offload_optimizer.ratio", unimplemented_when::below, "1",
      "partial optimizer offload (part of the optimizer step on the GPU)", "not planned", ""},
     {"zero_optimization.offload_optimizer.pipeline_read", unimplemented_when::differs_from, "false",
-     "pipelined NVMe reads of optimizer state", "planned with NVMe offload", ""},
+     "the switch for pipelined NVMe reads (zero's NVMe offload always reads ahead while it updates)", "not planned",
+     "false, or leave it out"},
     {"zero_optimization.offload_optimizer.pipeline_write", unimplemented_when::differs_from, "false",
-     "pipelined NVMe writes of optimizer state", "planned with NVMe offload", ""},
+     "the switch for pipelined NVMe writes (zero's NVMe offload always writes while it updates)", "not planned",
+     "false, or leave it out"},
     {"zero_optimization.offload_optimizer.fast_init", unimplemented_when::differs_from, "false",
      "fast optimizer initialisation on NVMe", "planned with NVMe offload", ""},
     {"aio.use_gds", unimplemented_when::differs_from, "false", "GPUDirect Storage", "not planned", ""},

@@ -47,13 +47,14 @@ namespace zero {
 
 /// The ZeRO engine; see the file comment and `engine_state` (its policies and state view).
 /// docs/allocators.md shows an engine over an arena allocator.
-template <class Backend, class Comm, class Allocator = typename Backend::allocator_type>
-class basic_engine : public engine_state<Backend, Comm, Allocator> {
-  using base = engine_state<Backend, Comm, Allocator>;
+template <class Backend, class Comm, class Allocator = typename Backend::allocator_type, class Storage = posix_storage>
+class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
+  using base = engine_state<Backend, Comm, Allocator, Storage>;
+  using base::any_rank, base::begin_micro_step, base::check_final, base::finish_gathers, base::join_update,
+      base::reduced;
   using base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_, base::frozen_,
       base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_,
       base::scheduler_, base::stats_, base::stream_;
-  using base::begin_micro_step, base::check_final, base::finish_gathers, base::join_update, base::reduced;
   using typename base::stream_type;
 
 public:
@@ -209,13 +210,23 @@ public:
         const double accumulation = static_cast<double>(cfg_.gradient_accumulation_steps);
         g = stats_->check(1.0 / (scaler_.scale() * accumulation), reduced());
       }
+      const loss_scaler_state scaler_before = scaler_.state();
       applied = scaler_.update(g.overflow).applied;
       r.overflow = g.overflow;
       r.grad_norm = g.norm;
       r.lr = scheduler_.group_lr(cfg_.optimizer->lr);
       if (applied) {
         auto t = log_.time("step");
-        apply(g.norm);
+        try {
+          apply(g.norm);
+        } catch (const io_error&) {
+          // NVMe: some rank could not write its state; every rank is back at the previous step.
+          scaler_.load_state(scaler_before);
+          residency_([](auto& p) { p.end_step(false); });
+          end_accumulation(false);
+          begin_micro_step();
+          throw;
+        }
         r.applied = true;
         r.step = counters_.applied_steps;
       }
@@ -309,8 +320,35 @@ private:
     } else {
       optimizer_.step(args, group_lr, reduced());
     }
+    if (optimizer_.nvme() != nullptr) {
+      agree_on_writes();
+    }
     scheduler_.step();
     ++counters_.applied_steps;
+  }
+
+  /// NVMe: waits for the step's writes and agrees with the other ranks; the step counts only where
+  /// every rank wrote its state. Otherwise every rank gives the device its previous parameters again,
+  /// makes them whole, and throws io_error (this rank's own, or one that names the cause elsewhere).
+  void agree_on_writes() {
+    const std::exception_ptr mine = optimizer_.finish_step();
+    if (!any_rank(mine != nullptr)) {
+      optimizer_.commit();
+      return;
+    }
+    finish_gathers(); // every all-gather of the failed step has landed and the update stream joined
+    optimizer_.rollback(stream_);
+    residency_([](auto& r) { r.refresh(); });
+    const std::string kept = "; the optimizer step was not applied: parameters, optimizer state and its file are "
+                             "the previous step's on every rank";
+    if (mine) {
+      try {
+        std::rethrow_exception(mine);
+      } catch (const io_error& e) {
+        throw io_error(std::string(e.what()).substr(std::string("[zero.io_error] ").size()) + kept, e.status());
+      }
+    }
+    throw as_echo(io_error("another rank could not write its optimizer state to NVMe" + kept));
   }
 
   /// Ends an accumulation: zeroes the gradients (behind the update, on its stream, when it overlaps).
@@ -328,7 +366,8 @@ private:
   }
 };
 
-/// The engine with the backend's allocator: `zero::engine<zero::cpu_backend, zero::thread_communicator>`.
+/// The engine with the backend's allocator and POSIX storage: `zero::engine<zero::cpu_backend,
+/// zero::thread_communicator>`.
 template <class Backend, class Comm> using engine = basic_engine<Backend, Comm>;
 
 } // namespace zero

@@ -26,10 +26,13 @@
 #include "zero/engine/update_overlap.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/storage/posix_storage.hpp"
+#include "zero/storage/storage.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -46,12 +49,16 @@ namespace zero {
 /// (`zero::backend`), `Comm` is the data-parallel group (`zero::communicator` with all_reduce;
 /// all_gather for stages 1-3 and reduce_scatter for 2-3), `Allocator` (`zero::allocator`, default the
 /// backend's) is where model state lives; its memory must be reachable by the backend's kernels.
-template <class Backend, class Comm, class Allocator = typename Backend::allocator_type> class engine_state {
+/// `Storage` (`zero::storage`, default `posix_storage`) holds optimizer state offloaded to NVMe.
+template <class Backend, class Comm, class Allocator = typename Backend::allocator_type, class Storage = posix_storage>
+class engine_state {
   static_assert(check_backend<Backend>());
   static_assert(communicator<Comm>, "zero::basic_engine: Comm is not a zero::communicator (rank(), size(), name(), "
                                     "timeout(), set_timeout(ms)); see zero/comm/communicator.hpp");
   static_assert(allocator<Allocator>, "zero::basic_engine: Allocator is not a zero::allocator; see "
                                       "zero/memory/allocator.hpp and docs/allocators.md");
+  static_assert(storage<Storage>, "zero::basic_engine: Storage is not a zero::storage; see "
+                                  "zero/storage/storage.hpp and docs/storage.md");
 
 public:
   using backend_type = Backend;
@@ -59,6 +66,7 @@ public:
   using allocator_type = Allocator;
   using counting_allocator_type = counting_allocator<Allocator>;
   using stream_type = typename Backend::stream_type;
+  using storage_type = Storage;
 
   /// \param cfg     a resolved config; the batch rule is applied again for the communicator's size.
   /// \param comm    the data-parallel group (kept by reference).
@@ -142,11 +150,26 @@ public:
                                 .grad_type = cfg_.grad_accum_dtype,
                                 .params = store,
                                 .params_sharded = sharded};
-    if (z.offload_optimizer.device == offload_device::cpu) {
-      optimizer_.make_on_host(
-          layout, place, reg_.group_of(), reg_.groups(), backend_,
-          typename optimizer_step<Backend, Allocator>::host_allocator_type{}, stream_,
-          offload_options{.threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads()});
+    const unsigned threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads();
+    if (z.offload_optimizer.device == offload_device::nvme) {
+      const auto options = storage_options_from(cfg_.aio);
+      if constexpr (std::constructible_from<Storage, storage_options>) {
+        storage_.emplace(options);
+      } else {
+        storage_.emplace();
+      }
+      optimizer_.make_on_nvme(layout, place, reg_.group_of(), reg_.groups(), backend_,
+                              typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type{}, stream_,
+                              *storage_, comm_.rank(),
+                              nvme_options{.dir = z.offload_optimizer.nvme_path,
+                                           .chunk_elements = options.block_size / sizeof(float) * options.queue_depth,
+                                           .buffer_count = static_cast<std::size_t>(z.offload_optimizer.buffer_count),
+                                           .threads = threads});
+      agree_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
+    } else if (z.offload_optimizer.device == offload_device::cpu) {
+      optimizer_.make_on_host(layout, place, reg_.group_of(), reg_.groups(), backend_,
+                              typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type{}, stream_,
+                              offload_options{.threads = threads});
     } else {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
     }
@@ -187,6 +210,8 @@ public:
                                 buffer_alloc_, work_alloc_);
     if (const auto* host = optimizer_.host()) {
       add_host_memory(m, host->host_memory());
+    } else if (const auto* nvme = optimizer_.nvme()) {
+      add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes());
     }
     return m;
   }
@@ -201,10 +226,19 @@ public:
   /// Collectives the gradient reducer launched (tests count communication with it).
   [[nodiscard]] std::size_t reduce_launches() const noexcept { return reducer_ ? reducer_->launches() : 0; }
   /// This rank's optimizer (master weights, m, v over the owned ranges), on the backend or offloaded.
-  [[nodiscard]] optimizer_step<Backend, Allocator>& optimizer() {
+  [[nodiscard]] optimizer_step<Backend, Allocator, Storage>& optimizer() {
     check_final("optimizer");
     finish_gathers(); // the state is read or written on the engine's stream, after the last update
     return optimizer_;
+  }
+  /// The storage of NVMe offload (made at `finalize` when `offload_optimizer.device` is nvme).
+  /// \throws usage_error without NVMe offload.
+  [[nodiscard]] Storage& storage() {
+    if (!storage_) {
+      throw usage_error("storage(): this engine offloads nothing to NVMe (offload_optimizer.device is not \"nvme\", "
+                        "or finalize() was not called)");
+    }
+    return *storage_;
   }
   /// Threads of the host AdamW under `offload_optimizer.device: cpu` (0, the default: the host's
   /// hardware concurrency divided by the ranks of this communicator, at least 1). Before finalize.
@@ -279,6 +313,16 @@ protected:
     return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
   }
 
+  /// True when `mine` is true on any rank (one all-reduce of an int in backend memory).
+  bool any_rank(bool mine) {
+    if (comm_.size() == 1) {
+      return mine;
+    }
+    backend_.fill(agree_.data(), 1, mine ? 1 : 0, stream_);
+    comm_.all_reduce(agree_.data(), agree_.data(), 1, reduce_op::max).wait();
+    return backend_.read_scalar(agree_.data(), stream_) != 0;
+  }
+
   /// Waits for every posted all-gather, and orders the engine's stream after the last update.
   void finish_gathers() {
     residency_([](auto& r) { r.finish(); });
@@ -302,9 +346,12 @@ protected:
   buffer<std::byte, counting> frozen_;
   residency<Backend, Comm, Allocator> residency_;
   std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
-  optimizer_step<Backend, Allocator> optimizer_;
+  optimizer_step<Backend, Allocator, Storage> optimizer_;
   std::optional<grad_stats<Backend, Comm, Allocator>> stats_;
   std::optional<update_overlap<Backend, Comm>> overlap_;
+  std::optional<Storage> storage_;
+  /// One int in backend memory: the ranks agree on whether an NVMe step's I/O failed anywhere.
+  buffer<int, counting> agree_;
   loss_scaler scaler_;
   lr_scheduler scheduler_;
   step_log log_;

@@ -78,6 +78,9 @@ struct memory_report {
   /// (K + P + G) psi / n. All zero without offload.
   std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
   double host_formula = 0;
+  /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
+  /// the step writes one while it reads the other), and host chunk buffers under `host_buffers`.
+  std::size_t nvme = 0, host_buffers = 0;
 
   /// model_state_peak / formula.
   [[nodiscard]] double ratio() const noexcept {
@@ -145,6 +148,18 @@ template <class Counting> void add_host_memory(memory_report& m, const Counting&
   m.host_formula =
       offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
   m.formula -= optimizer_state_bytes(m.param_type) * static_cast<double>(m.parameters) / m.world_size;
+}
+
+/// Adds the host and file bytes of an optimizer with its state on NVMe (`host`: its counting
+/// allocator, `file_bytes`: the state file) to `m`. The host holds the gradient shard and two copies
+/// of the parameter shard, (2 P + G) Ψ / N, and the chunk buffers (under `host_buffers`).
+template <class Counting> void add_nvme_memory(memory_report& m, const Counting& host, std::size_t file_bytes) {
+  add_host_memory(m, host);
+  m.host_buffers = host.live(memory_tag::buffers);
+  const double psi_n = static_cast<double>(m.parameters) / m.world_size;
+  m.host_formula =
+      (2.0 * static_cast<double>(size_of(m.param_type)) + static_cast<double>(size_of(m.grad_type))) * psi_n;
+  m.nvme = file_bytes;
 }
 
 } // namespace zero

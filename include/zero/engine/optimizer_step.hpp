@@ -1,17 +1,21 @@
 #pragma once
 /// \file
 /// `optimizer_step`: where an engine's optimizer state lives and where AdamW runs — on the backend
-/// (`partitioned_adamw`) or, with `zero_optimization.offload_optimizer.device: cpu`, in host memory on
-/// the host (`offloaded_adamw`, ZeRO-Offload). One interface (`ranges`, `runs`, `state_size`,
-/// `groups`, `has_master`, `load_master`, `step`, `step_range`, `read_state`, `write_state`); the
-/// engine and checkpoints use it without asking which one it holds.
+/// (`partitioned_adamw`); with `zero_optimization.offload_optimizer.device: cpu` in host memory on
+/// the host (`offloaded_adamw`, ZeRO-Offload); with `nvme` in a file of the storage policy, streamed
+/// through host buffers (`nvme_adamw`, ZeRO-Infinity). One interface (`ranges`, `runs`, `state_size`,
+/// `groups`, `has_master`, `load_master`, `step`, `step_range`, `read_state`, `write_state`,
+/// `finish_step`, `commit`, `rollback`); the engine and checkpoints use it without asking which one
+/// it holds.
 
 #include "zero/core/error.hpp"
 #include "zero/engine/detail/visit_made.hpp"
+#include "zero/engine/nvme_adamw.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 
 #include <cstddef>
+#include <exception>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -21,10 +25,11 @@
 namespace zero {
 
 /// The engine's optimizer, on the backend or offloaded to the host; see the file comment.
-template <class Backend, class Allocator> class optimizer_step {
+template <class Backend, class Allocator, class Storage> class optimizer_step {
 public:
   using on_device = partitioned_adamw<Backend, Allocator>;
   using on_host = offloaded_adamw<Backend, Allocator>;
+  using on_nvme = nvme_adamw<Backend, Allocator, Storage>;
   using host_allocator_type = offload_allocator_t<Backend>;
 
   /// Makes the optimizer on the backend; arguments as `partitioned_adamw`'s.
@@ -36,8 +41,16 @@ public:
     v_.template emplace<on_host>(std::forward<Args>(args)...);
   }
 
-  /// True when the state lives in host memory and AdamW runs on the host.
-  [[nodiscard]] bool offloaded() const noexcept { return std::holds_alternative<on_host>(v_); }
+  /// Makes the optimizer with its state in a file of the storage; arguments as `nvme_adamw`'s.
+  template <class... Args> void make_on_nvme(Args&&... args) {
+    v_.template emplace<on_nvme>(std::forward<Args>(args)...);
+  }
+
+  /// True when AdamW runs on the host (the state in host memory or in a file).
+  [[nodiscard]] bool offloaded() const noexcept { return !std::holds_alternative<on_device>(v_); }
+  /// The optimizer with its state in a file, or null.
+  [[nodiscard]] on_nvme* nvme() noexcept { return std::get_if<on_nvme>(&v_); }
+  [[nodiscard]] const on_nvme* nvme() const noexcept { return std::get_if<on_nvme>(&v_); }
   /// The optimizer on the backend, or null when offloaded.
   [[nodiscard]] on_device* device() noexcept { return std::get_if<on_device>(&v_); }
   /// The offloaded optimizer, or null.
@@ -77,6 +90,26 @@ public:
     visit([&](auto& o) { o.step_range(k, s, base, group_lr, grad_of); });
   }
 
+  /// After the ranges of a step: waits for its writes (state in a file). \returns the step's I/O
+  /// error, or null (always null for state in memory).
+  [[nodiscard]] std::exception_ptr finish_step() {
+    auto* n = nvme();
+    return n != nullptr ? n->finish_step() : nullptr;
+  }
+  /// Makes the step's writes current (state in a file; nothing to do in memory).
+  void commit() {
+    if (auto* n = nvme()) {
+      n->commit();
+    }
+  }
+  /// Gives the device the previous step's parameters again after a step some rank could not write
+  /// (state in a file), with its uploads on `s`.
+  void rollback(const typename Backend::stream_type& s) {
+    if (auto* n = nvme()) {
+      n->rollback(s);
+    }
+  }
+
 private:
   template <class F> decltype(auto) visit(F&& f) { return dispatch(v_, f); }
   template <class F> decltype(auto) visit(F&& f) const { return dispatch(v_, f); }
@@ -84,7 +117,7 @@ private:
     return detail::visit_made<on_device>(v, f, "the engine has no optimizer before finalize()");
   }
 
-  std::variant<std::monostate, on_device, on_host> v_;
+  std::variant<std::monostate, on_device, on_host, on_nvme> v_;
 };
 
 } // namespace zero

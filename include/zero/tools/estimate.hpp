@@ -191,9 +191,12 @@ struct estimate_options {
   std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
   std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
   std::int64_t offload_optimizer_buffer_count = 4;         ///< offload_optimizer.buffer_count
-  std::int64_t offload_param_buffer_count = 5;             ///< offload_param.buffer_count
-  std::int64_t offload_param_buffer_size = 100'000'000;    ///< offload_param.buffer_size
-  std::int64_t offload_param_max_in_cpu = 1'000'000'000;   ///< offload_param.max_in_cpu
+  /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
+  /// 1 MiB and 8), at most the largest owned range.
+  std::int64_t nvme_chunk_elements = (std::int64_t{1} << 20) / 4 * 8;
+  std::int64_t offload_param_buffer_count = 5;           ///< offload_param.buffer_count
+  std::int64_t offload_param_buffer_size = 100'000'000;  ///< offload_param.buffer_size
+  std::int64_t offload_param_max_in_cpu = 1'000'000'000; ///< offload_param.max_in_cpu
 
   /// Data-parallel ranks: nodes x gpus_per_node.
   [[nodiscard]] std::int64_t ranks() const noexcept { return nodes * gpus_per_node; }
@@ -280,8 +283,8 @@ struct estimate_row {
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    // The engine runs the optimizer offloaded to the CPU; parameter offload and NVMe are planned.
-    r.implemented = opt != offload_device::nvme && par == offload_device::none;
+    // The engine runs the optimizer offloaded to the CPU or NVMe; parameter offload is planned.
+    r.implemented = par == offload_device::none;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     const std::int64_t optimizer_state = shard * (master + moments);
@@ -298,8 +301,13 @@ struct estimate_row {
       if (opt == offload_device::cpu) {
         host += optimizer_state;
       } else {
-        host += o.offload_optimizer_buffer_count * std::min(o.sub_group_size, shard) * 4;
-        nvme += optimizer_state;
+        // NVMe: a second parameter copy (a failed step falls back to the first), the chunk buffers
+        // (at most one owned range: a bucket's or, at stage 3, a layer's slice), and two slots of state.
+        host += shard * p;
+        const std::int64_t segment = std::min(psi, stage == 3 ? o.largest_layer_params : o.reduce_bucket_size);
+        const std::int64_t range = (segment + o.ranks() - 1) / o.ranks();
+        host += o.offload_optimizer_buffer_count * std::min(o.nvme_chunk_elements, range) * (master + moments);
+        nvme += 2 * optimizer_state;
       }
     }
     const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;

@@ -150,6 +150,10 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
              cat("found \"", name_of(z.offload_param.device),
                  "\", but offload_param needs ZeRO stage 3 and zero_optimization.stage is ", std::to_string(stage)));
   }
+  if (z.offload_optimizer.device == offload_device::nvme && z.offload_optimizer.nvme_path.empty()) {
+    ctx.fail("zero_optimization.offload_optimizer.nvme_path",
+             "missing; device \"nvme\" keeps the optimizer state in a file under this folder");
+  }
   // Parameter offload is read and validated so that configs written for it can be checked, but the
   // engine does not run it yet and refuses it when built; the note says so before a run gets that far.
   if (z.offload_param.device == offload_device::cpu) {
@@ -286,13 +290,15 @@ inline batch_spec parse_batch(object_reader& top, const config_inputs& in) {
 
 // ---- aio -------------------------------------------------------------------------------------------------
 
-inline void parse_aio(parse_context& ctx, const json* block, const config_inputs& in, aio_config& a) {
+inline void parse_aio(parse_context& ctx, const json* block, const config_inputs& in, aio_config& a, bool nvme) {
   if (block == nullptr || block->is_null()) {
     return;
   }
   object_reader r = open_block<aio_keys>(ctx, *block, "aio");
   read_keys(r, aio_keys, a, in);
-  ctx.note("aio", "no effect without NVMe offload, which this version does not implement yet");
+  if (!nvme) {
+    ctx.note("aio", "no effect without NVMe offload (offload_optimizer.device \"nvme\")");
+  }
   r.finish();
 }
 
@@ -350,7 +356,7 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
   c.optimizer = parse_optimizer(ctx, top.get("optimizer"), in);
   c.scheduler = parse_scheduler(ctx, top.get("scheduler"), in, c.optimizer);
   read_keys(top, top_keys, c, in);
-  parse_aio(ctx, top.get("aio"), in, c.aio);
+  parse_aio(ctx, top.get("aio"), in, c.aio, c.zero_optimization.offload_optimizer.device == offload_device::nvme);
   note_values(top, top_keys, 0);
 
   // The batch rule comes last: it needs the world size and is the least specific error.

@@ -1,0 +1,219 @@
+// ZeRO-Infinity's optimizer offload (`offload_optimizer.device: nvme`): the state in a file of the
+// storage policy, the same bits as in memory, and a write that fails mid-step leaves every rank at
+// the previous step, from which training goes on.
+
+#include "engine_harness.hpp"
+#include "zero/storage/failing_storage.hpp"
+#include "zero/storage/posix_storage.hpp"
+
+#include <cerrno>
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using zero::dtype;
+using zero::testing::run_spec;
+using zero::testing::train_with_engine;
+
+namespace {
+
+/// A fresh folder for state files, removed with the object.
+struct scratch_dir {
+  fs::path path;
+  explicit scratch_dir(const std::string& name)
+      : path(fs::temp_directory_path() / ("zero-nvme-" + name + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+};
+
+std::string nvme_config(const fs::path& dir, int buffer_count = 2) {
+  return R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.string() + R"(", "buffer_count": )" +
+         std::to_string(buffer_count) + "}";
+}
+
+/// aio blocks of 256 B and one piece in flight: chunks of 64 elements, so every range of the small
+/// model spans several chunks and the read-ahead and write-behind ring turns over.
+constexpr const char* small_chunks = R"("aio": {"block_size": 256, "queue_depth": 1, "thread_count": 2})";
+
+} // namespace
+
+TEST_CASE("offload_optimizer nvme trains to the bits of the in-memory optimizer at stages 1-3") {
+  scratch_dir dir("bits");
+  struct shape {
+    int accumulation;
+    double clip;
+  };
+  for (int stage : {1, 2, 3}) {
+    for (int world : {1, 2, 3}) {
+      for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+        for (shape sh : {shape{1, 0.0}, shape{2, 1.0}}) {
+          CAPTURE(stage);
+          CAPTURE(world);
+          CAPTURE(zero::name_of(type));
+          CAPTURE(sh.accumulation);
+          run_spec s{.stage = stage, .world = world, .type = type, .accumulation = sh.accumulation, .clip = sh.clip};
+          const auto want = train_with_engine(s);
+          s.zero_extra = nvme_config(dir.path, 2 + world % 2);
+          s.top_extra = small_chunks;
+          const auto got = train_with_engine(s);
+          CHECK(got.params == want.params);
+          CHECK(got.norms == want.norms);
+          CHECK(got.applied == want.applied);
+        }
+      }
+    }
+  }
+  // Every engine removed its state file.
+  CHECK(fs::is_empty(dir.path));
+}
+
+TEST_CASE("an fp16 overflow skips the NVMe-offloaded step on every rank, as in memory") {
+  scratch_dir dir("overflow");
+  run_spec s{.stage = 2, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+  const auto want = train_with_engine(s);
+  s.zero_extra = nvme_config(dir.path);
+  s.top_extra = small_chunks;
+  const auto got = train_with_engine(s);
+  CHECK(got.params == want.params);
+  CHECK(got.scales == want.scales);
+  CHECK_FALSE(got.applied[2]);
+}
+
+TEST_CASE("the state file is 0600, two slots of the rank's state; the host keeps shards and chunk buffers") {
+  scratch_dir dir("memory");
+  run_spec s{
+      .stage = 2, .world = 2, .type = dtype::bf16, .zero_extra = nvme_config(dir.path), .top_extra = small_chunks};
+  zero::testing::with_engine_group<zero::cpu_backend>(
+      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
+      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
+      [&](auto& eng, const zero::testing::model_handles&, zero::thread_communicator&) {
+        zero::testing::init_model(eng);
+        auto* nvme = eng.optimizer().nvme();
+        REQUIRE(nvme != nullptr);
+        CHECK(nvme->path().parent_path() == dir.path);
+        CHECK((fs::status(nvme->path()).permissions() & fs::perms::all) ==
+              (fs::perms::owner_read | fs::perms::owner_write));
+        const auto m = eng.memory();
+        CHECK(m.optimizer == 0);
+        CHECK(m.host_optimizer == 0);
+        // Two slots of master, m and v, each range rounded up to the posix storage's alignment (1).
+        CHECK(m.nvme == 2 * 3 * sizeof(float) * eng.optimizer().state_size());
+        CHECK(m.nvme == fs::file_size(nvme->path()));
+        // Host: the gradient shard and two parameter copies (bf16), and 2 chunk buffers of 3 x 64 floats.
+        CHECK(m.host_grads == 2 * eng.optimizer().state_size());
+        CHECK(m.host_params == 2 * 2 * eng.optimizer().state_size());
+        CHECK(m.host_buffers == 2 * 3 * 64 * sizeof(float));
+      });
+}
+
+namespace {
+
+using failing = zero::failing_storage<zero::posix_storage>;
+using failing_engine = zero::basic_engine<zero::cpu_backend, zero::thread_communicator, zero::host_allocator, failing>;
+
+/// What a rank's engine holds: its parameter store and its state, on the host.
+struct held_state {
+  std::vector<std::byte> params;
+  std::vector<float> master, m, v;
+  bool operator==(const held_state&) const = default;
+};
+
+held_state hold(failing_engine& eng) {
+  held_state h;
+  const auto st = eng.stores();
+  const std::size_t bytes = st.param_elements * zero::size_of(eng.layout().type());
+  h.params.assign(st.params, st.params + bytes);
+  auto& opt = eng.optimizer();
+  for (auto [t, out] : {std::pair{zero::state_tensor::master, &h.master}, std::pair{zero::state_tensor::exp_avg, &h.m},
+                        std::pair{zero::state_tensor::exp_avg_sq, &h.v}}) {
+    out->resize(opt.state_size());
+    opt.read_state(t, 0, *out);
+  }
+  return h;
+}
+
+} // namespace
+
+TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and bytes, every rank at the "
+          "previous step, and training goes on") {
+  scratch_dir dir("faults");
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    run_spec s{.stage = stage,
+               .world = 2,
+               .type = dtype::bf16,
+               .steps = 5,
+               .zero_extra = nvme_config(dir.path),
+               .top_extra = small_chunks};
+    run_spec plain = s;
+    plain.zero_extra.clear();
+    plain.top_extra.clear();
+    const auto want = train_with_engine(plain); // steps 0-4 in memory, none failing
+
+    zero::testing::run_result got;
+    got.applied_by_rank.resize(2);
+    std::size_t failures = 0;
+    std::size_t writes_per_step = 0;
+    zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+      zero::config_inputs in;
+      in.world_size = 2;
+      zero::cpu_backend backend({.threads = 1});
+      failing_engine eng(zero::config::from_string(zero::testing::config_json(s), in), comm, backend);
+      const auto mh = zero::testing::register_model(eng);
+      eng.finalize();
+      zero::testing::init_model(eng);
+      zero::testing::train_steps(eng, mh, comm, s, 0, 2, got);
+      const std::size_t before = eng.storage().writes();
+      zero::testing::train_steps(eng, mh, comm, s, 2, 3, got);
+      const std::size_t w = eng.storage().writes() - before; // the same in every step
+      const std::string file = eng.optimizer().nvme()->path().string();
+      // Steps 3 (ENOSPC) and 4 (EIO): write n of rank 0 fails, for every n; then the step succeeds.
+      for (auto [err, t] : {std::pair{ENOSPC, 3}, std::pair{EIO, 4}}) {
+        for (std::size_t n = 0; n < w; ++n) {
+          CAPTURE(n);
+          const held_state before_step = hold(eng);
+          if (comm.rank() == 0) {
+            eng.storage().fail_write(n, err);
+          }
+          zero::testing::run_result r;
+          r.applied_by_rank.resize(2);
+          try {
+            zero::testing::train_steps(eng, mh, comm, s, t, t + 1, r);
+            FAIL("the step did not fail");
+          } catch (const zero::io_error& e) {
+            const std::string what = e.what();
+            if (comm.rank() == 0) {
+              CHECK(what.find(file) != std::string::npos);
+              CHECK(what.find(" bytes at offset ") != std::string::npos);
+              CHECK(what.find(err == ENOSPC ? "(ENOSPC)" : "(EIO)") != std::string::npos);
+              CHECK(e.status() == err);
+              ++failures;
+            } else {
+              CHECK(e.echo());
+              CHECK(what.find("another rank could not write") != std::string::npos);
+            }
+            CHECK(what.find("the optimizer step was not applied") != std::string::npos);
+          }
+          CHECK(hold(eng) == before_step); // every rank is back at the previous step
+        }
+        zero::testing::train_steps(eng, mh, comm, s, t, t + 1, got);
+      }
+      if (comm.rank() == 0) {
+        writes_per_step = w;
+      }
+      zero::testing::collect_params(eng, mh, comm, got);
+    });
+    CHECK(writes_per_step >= 3); // master, m and v of at least one chunk
+    CHECK(failures == 2 * writes_per_step);
+    // The failed attempts changed nothing: the run equals the one that never failed.
+    CHECK(got.params == want.params);
+  }
+}
