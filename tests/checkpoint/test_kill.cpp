@@ -137,3 +137,50 @@ TEST_CASE("a save killed at any durable step leaves the last complete checkpoint
   CHECK(kills >= 60);
   MESSAGE("killed " << kills << " saves at distinct durable steps");
 }
+
+TEST_CASE("a run with its optimizer state on NVMe, killed with SIGKILL mid-training, resumes from its last "
+          "checkpoint and loses nothing") {
+  const auto dir = zt::scratch("kill-nvme");
+  const auto swap = zt::scratch("kill-nvme-swap");
+  zt::run_spec s{.stage = 2, .world = 2, .type = zero::dtype::bf16, .steps = 4, .batch = 64, .param_coupling = 0};
+  const auto want = zt::train_plain(s); // in memory, without a break
+  s.zero_extra = R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.string() + R"("})";
+  s.top_extra = R"("aio": {"block_size": 256, "queue_depth": 1})";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      zt::with_engine(s, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+        zt::init_and_train(eng, mh, comm, s, 2);
+        eng.save(dir, "at-2");
+        // Train on until killed: the parent waits for the checkpoint, then for more steps to start.
+        for (std::int64_t t = 2;; ++t) {
+          zt::train_range(eng, mh, comm, s, 2 + t % 2, 3 + t % 2);
+        }
+      });
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  // Kill it while it trains with its state on NVMe (after the save, during later steps).
+  for (int waited = 0; waited < 6000 && !fs::exists(dir / "latest"); ++waited) {
+    ::usleep(10'000);
+  }
+  ::usleep(50'000);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(WTERMSIG(status) == SIGKILL);
+  // The killed run's state files stay behind (a SIGKILL runs no destructor); a new run makes its own.
+  CHECK_FALSE(fs::is_empty(swap));
+  zt::run_result resumed;
+  resumed.applied_by_rank.resize(2);
+  zt::with_engine(s, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+    eng.load(dir, "at-2");
+    CHECK(eng.global_steps() == 2);
+    zero::testing::train_steps(eng, mh, comm, s, 2, 4, resumed);
+    zero::testing::collect_params(eng, mh, comm, resumed);
+  });
+  CHECK(resumed.params == want.params);
+}

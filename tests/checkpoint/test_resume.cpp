@@ -123,29 +123,35 @@ TEST_CASE("saving the same tag again replaces it; latest follows the last save")
 }
 
 TEST_CASE("an offloaded optimizer saves and loads as an in-memory one, across stage, world size and offload") {
+  const auto swap = zt::scratch("offload-swap");
   const std::string cpu = R"("offload_optimizer": {"device": "cpu"})";
+  const std::string nvme = R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.string() + R"("})";
   struct pair {
     int stage_a, world_a, stage_b, world_b;
-    bool offload_a, offload_b;
+    const std::string* offload_a;
+    const std::string* offload_b;
   };
+  const std::string none;
   for (dtype type : {dtype::f32, dtype::bf16}) {
-    for (pair p : {pair{2, 2, 2, 2, true, true}, pair{2, 2, 3, 4, true, false}, pair{3, 4, 1, 1, false, true},
-                   pair{1, 2, 3, 2, true, true}, pair{3, 2, 0, 1, true, false}}) {
+    for (pair p : {pair{2, 2, 2, 2, &cpu, &cpu}, pair{2, 2, 3, 4, &cpu, &none}, pair{3, 4, 1, 1, &none, &cpu},
+                   pair{1, 2, 3, 2, &cpu, &cpu}, pair{3, 2, 0, 1, &cpu, &none}, pair{2, 2, 2, 2, &nvme, &nvme},
+                   pair{2, 2, 3, 4, &nvme, &cpu}, pair{3, 4, 1, 1, &none, &nvme}, pair{1, 2, 3, 2, &cpu, &nvme}}) {
       CAPTURE(zero::name_of(type));
       CAPTURE(p.stage_a);
       CAPTURE(p.world_a);
       CAPTURE(p.stage_b);
       CAPTURE(p.world_b);
-      CAPTURE(p.offload_a);
-      CAPTURE(p.offload_b);
+      CAPTURE(*p.offload_a);
+      CAPTURE(*p.offload_b);
       zt::run_spec a{
           .stage = p.stage_a, .world = p.world_a, .type = type, .steps = 4, .batch = 64, .param_coupling = 0};
       const auto want = zt::train_plain(a); // in memory, without a break
-      a.zero_extra = p.offload_a ? cpu : "";
+      a.zero_extra = *p.offload_a;
+      a.top_extra = R"("aio": {"block_size": 256, "queue_depth": 1})"; // several chunks per range on NVMe
       zt::run_spec b = a;
       b.stage = p.stage_b;
       b.world = p.world_b;
-      b.zero_extra = p.offload_b ? cpu : "";
+      b.zero_extra = *p.offload_b;
       const auto dir = zt::scratch("offload-reshard");
       CHECK(zt::train_with_break(a, 2, b, dir).params == want.params);
     }
