@@ -7,6 +7,8 @@
 #include "zero/storage/posix_storage.hpp"
 
 #include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <unistd.h>
@@ -119,10 +121,10 @@ namespace {
 using failing = zero::failing_storage<zero::posix_storage>;
 using failing_engine = zero::basic_engine<zero::cpu_backend, zero::thread_communicator, zero::host_allocator, failing>;
 
-/// What a rank's engine holds: its parameter store and its state, on the host.
+/// What a rank's engine holds: its parameter store and its state, on the host, compared bit for bit.
 struct held_state {
   std::vector<std::byte> params;
-  std::vector<float> master, m, v;
+  std::vector<std::uint32_t> master, m, v;
   bool operator==(const held_state&) const = default;
 };
 
@@ -132,10 +134,12 @@ held_state hold(failing_engine& eng) {
   const std::size_t bytes = st.param_elements * zero::size_of(eng.layout().type());
   h.params.assign(st.params, st.params + bytes);
   auto& opt = eng.optimizer();
+  std::vector<float> values(opt.state_size());
   for (auto [t, out] : {std::pair{zero::state_tensor::master, &h.master}, std::pair{zero::state_tensor::exp_avg, &h.m},
                         std::pair{zero::state_tensor::exp_avg_sq, &h.v}}) {
-    out->resize(opt.state_size());
-    opt.read_state(t, 0, *out);
+    opt.read_state(t, 0, values);
+    out->resize(values.size());
+    std::memcpy(out->data(), values.data(), values.size() * sizeof(float));
   }
   return h;
 }
@@ -202,7 +206,8 @@ TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and by
             }
             CHECK(what.find("the optimizer step was not applied") != std::string::npos);
           }
-          CHECK(hold(eng) == before_step); // every rank is back at the previous step
+          CAPTURE(comm.rank());
+          CHECK(hold(eng) == before_step); // every rank is back at the previous step, bit for bit
         }
         zero::testing::train_steps(eng, mh, comm, s, t, t + 1, got);
       }
@@ -216,4 +221,32 @@ TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and by
     // The failed attempts changed nothing: the run equals the one that never failed.
     CHECK(got.params == want.params);
   }
+}
+
+TEST_CASE("an nvme_path that does not exist, one chunk buffer, or no nvme_path: errors that name the key or path") {
+  scratch_dir dir("bad");
+  const auto missing = dir.path / "not-there";
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
+    const auto make = [&](const std::string& offload) {
+      return zero::config::from_string(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {)" +
+                                       offload + "}}}");
+    };
+    {
+      eng_t eng(make(R"("device": "nvme", "nvme_path": ")" + missing.string() + R"(")"), comm, backend);
+      static_cast<void>(eng.add_param(eng.add_module("m"), "w", {64}));
+      CHECK_THROWS_WITH_AS(eng.finalize(), doctest::Contains(missing.string().c_str()), zero::io_error);
+    }
+    {
+      eng_t eng(make(R"("device": "nvme", "buffer_count": 1, "nvme_path": ")" + dir.path.string() + R"(")"), comm,
+                backend);
+      static_cast<void>(eng.add_param(eng.add_module("m"), "w", {64}));
+      CHECK_THROWS_WITH_AS(eng.finalize(), doctest::Contains("offload_optimizer.buffer_count"), zero::config_error);
+    }
+    CHECK_THROWS_WITH_AS(make(R"("device": "nvme")"), doctest::Contains("offload_optimizer.nvme_path: missing"),
+                         zero::config_error);
+  });
+  CHECK(fs::is_empty(dir.path)); // nothing half-made stays behind
 }

@@ -120,9 +120,15 @@ public:
       chunks_.push_back(
           chunk_buffer{storage_buffer(storage_, tensors_ * chunk_ * sizeof(float), counted_, memory_tag::buffers), {}});
     }
+    // Zeroed: padding elements are never written by the device, and the file's slots start at zero.
     grads_ = buffer<std::byte, host_counting>(counted_, n * grad_size_, memory_tag::grads);
+    std::fill_n(grads_.data(), n * grad_size_, std::byte{0});
     for (auto& p : params_) {
       p = buffer<std::byte, host_counting>(counted_, n * param_size_, memory_tag::params);
+      std::fill_n(p.data(), n * param_size_, std::byte{0});
+    }
+    for (auto& c : chunks_) {
+      std::fill_n(c.bytes.data(), c.bytes.size(), std::byte{0});
     }
     for (std::size_t k = 0; k < ranges.size(); ++k) {
       fetched_.push_back(backend_.make_event());
