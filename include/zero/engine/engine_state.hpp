@@ -160,7 +160,7 @@ public:
   }
 
   /// Stage 3's gathering counters (null at stages 0-2).
-  [[nodiscard]] const param_coordinator<Backend, Comm, Allocator>*
+  [[nodiscard]] const engine_coordinator<Backend, Comm, Allocator>*
   coordinator() const noexcept requires can_all_gather<Comm> {
     return residency_.coordinator();
   }
@@ -187,6 +187,11 @@ public:
                                 buffer_alloc_, work_alloc_);
     if (const auto* host = optimizer_.host()) {
       add_host_memory(m, host->host_memory());
+    }
+    if constexpr (can_all_gather<Comm>) {
+      if (const auto* c = residency_.coordinator(); c != nullptr && c->host_memory() != nullptr) {
+        add_host_params(m, *c->host_memory());
+      }
     }
     return m;
   }

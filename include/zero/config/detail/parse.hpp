@@ -150,12 +150,6 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
              cat("found \"", name_of(z.offload_param.device),
                  "\", but offload_param needs ZeRO stage 3 and zero_optimization.stage is ", std::to_string(stage)));
   }
-  // Parameter offload is read and validated so that configs written for it can be checked, but the
-  // engine does not run it yet and refuses it when built; the note says so before a run gets that far.
-  if (z.offload_param.device == offload_device::cpu) {
-    ctx.note(r.path_of("offload_param.device"), "\"cpu\" is read, but this version's engine refuses parameter "
-                                                "offload (planned); set \"none\" to train with it");
-  }
   note_stages(r, zero_optimization_keys, stage);
   note_values(r, zero_optimization_keys, stage);
   r.finish();
