@@ -33,6 +33,17 @@ std::string pad(std::string s, std::size_t n) {
   return s;
 }
 
+/// Why this version's engine cannot run a row, or nothing for a row it runs.
+std::string planned_note(const zero::tools::estimate_row& r) {
+  if (r.implemented) {
+    return "";
+  }
+  if (r.offload_optimizer == zero::offload_device::nvme || r.offload_param == zero::offload_device::nvme) {
+    return "  (planned: NVMe offload is not implemented in this version)";
+  }
+  return "  (planned: the engine refuses parameter offload in this version)";
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -149,13 +160,13 @@ int main(int argc, char** argv) {
     std::cout << "note: largest layer unknown; stage 3 counts only the prefetch bucket as its working set "
                  "(pass --model FILE or --largest-layer-params N)\n";
   }
-  std::cout << "\nzero's accounting (model states + gradient buckets + stage-3 working set):\n";
+  std::cout << "\nzero's accounting (model states + gradient buckets + stage-3 working set; every row without a note "
+               "runs in this version):\n";
   std::cout << " stage | offload_optimizer | offload_param |   per GPU     | host per node | NVMe per node\n";
   for (const auto& r : rows) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
-              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
-              << (r.implemented ? "" : "  (offload planned: the engine refuses it in this version)") << "\n";
+              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node) << planned_note(r) << "\n";
   }
   std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
                "16-bit training):\n"

@@ -5,6 +5,8 @@
 //   torchrun --standalone --nproc_per_node=2 --no-python ./zero-deep-mlp-cuda --env --stage 3
 //                                                      one process per GPU (nccl_communicator::from_env)
 //   zero-deep-mlp-cuda --check --gpus 2                small model, every stage, checked against the CPU
+//   zero-deep-mlp-cuda --gpus 2 --config offload_cpu.json --offload-threads 8
+//                                                      ZeRO-Offload: optimizer state in pinned host memory
 //
 // Block l: y = x + gelu(x W_l^T + b_l), W_l hidden x hidden; loss 0.5 * mean((y_L - target)^2) against
 // a fixed random target. The same model in PyTorch FSDP2 is bench/fsdp2/fsdp2_mlp.py.
@@ -19,12 +21,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime_api.h>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,6 +48,7 @@ struct options {
   std::optional<int> hidden, blocks, rows, steps, warmup;
   std::optional<double> lr;
   std::string config_file;
+  unsigned offload_threads = 0; // host AdamW threads under offload_optimizer cpu; 0: the engine's default
   bool json = false;
   bool check = false;
 };
@@ -63,14 +64,19 @@ struct run_params {
 const char* usage_text = R"(usage: zero-deep-mlp-cuda [flags]
   --gpus N       GPUs, one thread each (default: every visible GPU)
   --env          one process per GPU under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)
-  --stage S      ZeRO stage 0-3 (default 2; --check without --stage checks all four)
+  --stage S      ZeRO stage 0-3 (default: the config's with --config, else 2; --check with neither
+                 checks all four)
   --hidden H     width, a multiple of 8 (default 8192; --check: 256)
   --blocks L     residual blocks (default 24; --check: 4)
   --rows R       rows per GPU and step (default 8192; --check: 64)
   --steps N      timed steps (default 10; --check: 5)
   --warmup N     untimed steps first (default 3; --check: 0)
   --lr X         AdamW learning rate (default 1e-4; --check: 1e-3)
-  --config FILE  DeepSpeed-style JSON config instead of the built-in one (--stage still overrides)
+  --config FILE  DeepSpeed-style JSON config instead of the built-in one (--stage still overrides;
+                 "auto" takes --rows for the micro batch and --hidden for the bucket sizes)
+  --offload-threads N
+                 host threads of the AdamW step under offload_optimizer cpu (default: the host's
+                 threads divided by the ranks)
   --json         print one JSON object per run as the last line(s)
   --check        run a small model and compare the first step with a CPU fp32 reference
 )";
@@ -156,6 +162,8 @@ bool parse(int argc, char** argv, options& o) {
       o.lr = parse_double(flag, value());
     } else if (flag == "--config") {
       o.config_file = value();
+    } else if (flag == "--offload-threads") {
+      o.offload_threads = static_cast<unsigned>(parse_int(flag, value(), 1, 1024));
     } else if (flag == "--json") {
       no_value();
       o.json = true;
@@ -352,7 +360,8 @@ private:
   bool ok_ = true;
 };
 
-outcome train(zero::nccl_communicator& comm, const options& opt, const run_params& p, int stage) {
+/// One run: the built-in config at `stage`, or the --config file at `stage` when given (else at its own).
+outcome train(zero::nccl_communicator& comm, const options& opt, const run_params& p, std::optional<int> stage) {
   ZERO_CHECK_CUDA(cudaSetDevice(comm.device()));
   ZERO_CHECK_CUDA(cudaFree(nullptr)); // the context exists before the baseline is taken
   ZERO_CHECK_CUDA(cudaDeviceSynchronize());
@@ -360,25 +369,24 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
 
   nlohmann::json j;
   if (opt.config_file.empty()) {
-    j = default_config(p, stage);
+    j = default_config(p, stage.value_or(2));
   } else {
-    std::ifstream in(opt.config_file);
-    if (!in) {
-      throw zero::io_error(opt.config_file + ": cannot open the config file");
+    // Through zero's reader: bounded size and depth, comments allowed, duplicate keys refused.
+    j = zero::config::read_json_file(opt.config_file);
+    if (stage) {
+      j["zero_optimization"]["stage"] = *stage;
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    j = nlohmann::json::parse(ss.str(), nullptr, true, true);
-    j["zero_optimization"]["stage"] = stage;
   }
   zero::config_inputs inputs;
   inputs.world_size = comm.size();
   inputs.hidden_size = p.shape.hidden;
+  inputs.micro_batch_size = p.shape.rows; // the rows each GPU runs per step are its micro batch
   const auto cfg = zero::config::from_json(j, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
 
   const int rank = comm.rank();
   zero::cuda_backend backend(comm.device());
   engine_type eng(cfg, comm, backend);
+  eng.set_offload_threads(opt.offload_threads);
   eng.set_log([rank](const std::string& line) {
     if (rank == 0) {
       std::fprintf(stderr, "%s\n", line.c_str());
@@ -390,7 +398,7 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
 
   std::optional<step_checker> checker;
   if (opt.check) {
-    checker.emplace(p, rank, comm.size(), stage);
+    checker.emplace(p, rank, comm.size(), cfg.stage());
   }
 
   const cudaStream_t stream = eng.stream().get();
@@ -413,7 +421,7 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   std::vector<double> wall_ms;
   std::vector<double> forward_ms, backward_ms, optimizer_ms;
   outcome o;
-  o.stage = stage;
+  o.stage = cfg.stage();
   o.gpus = comm.size();
   o.p = p;
   o.params = model.parameters();
@@ -453,7 +461,7 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       }
       if (rank == 0 && !opt.json) {
         const std::lock_guard lock(print_mutex);
-        std::printf("stage %d step %3d%s loss %.6f  grad norm %.4e\n", stage, step + 1,
+        std::printf("stage %d step %3d%s loss %.6f  grad norm %.4e\n", o.stage, step + 1,
                     step < p.warmup ? " (warm-up)" : "          ", loss, r.grad_norm);
         std::fflush(stdout);
       }
@@ -536,6 +544,12 @@ void report(const outcome& o, bool json) {
                      {"optimizer_peak_bytes", m.optimizer_peak},
                      {"buffers_peak_bytes", m.buffers_peak},
                      {"working_set_peak_bytes", m.working_set_peak},
+                     {"offloaded", m.host_formula > 0},
+                     {"host_params_bytes", m.host_params},
+                     {"host_grads_bytes", m.host_grads},
+                     {"host_optimizer_bytes", m.host_optimizer},
+                     {"host_peak_bytes", m.host_peak},
+                     {"host_formula_bytes", m.host_formula},
                      {"framework_bytes", o.framework_bytes},
                      {"activation_bytes", o.activation_bytes},
                      {"default_mempool_reserved_high_bytes", o.default_pool_high},
@@ -550,13 +564,15 @@ void report(const outcome& o, bool json) {
                 "  loss %.6f -> %.6f\n"
                 "  peak allocated %.2f GiB (engine model state %.2f + buffers %.2f + gathered %.2f + framework %.2f, "
                 "activations %.2f of it)\n"
-                "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n%s",
+                "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n"
+                "  host (offloaded optimizer): peak %.2f GiB, formula (K + P + G) psi / N %.2f GiB\n%s",
                 o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
                 o.step_wall_ms, o.tflops_per_gpu, o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first,
                 o.loss_last, static_cast<double>(allocated) / gib, static_cast<double>(m.model_state_peak) / gib,
                 static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
                 static_cast<double>(o.framework_bytes) / gib, static_cast<double>(o.activation_bytes) / gib,
-                static_cast<double>(o.device_peak_delta) / gib, m.table().c_str());
+                static_cast<double>(o.device_peak_delta) / gib, static_cast<double>(m.host_peak) / gib,
+                m.host_formula / gib, m.table().c_str());
   }
   std::fflush(stdout);
 }
@@ -575,9 +591,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const run_params p = resolve(opt);
-  std::vector<int> stages;
+  // An empty entry runs the --config file at its own stage.
+  std::vector<std::optional<int>> stages;
   if (opt.stage) {
     stages.push_back(*opt.stage);
+  } else if (!opt.config_file.empty()) {
+    stages.push_back(std::nullopt);
   } else if (opt.check) {
     stages = {0, 1, 2, 3};
   } else {
@@ -588,7 +607,7 @@ int main(int argc, char** argv) {
     bool ok = true;
     if (opt.env) {
       auto comm = zero::nccl_communicator::from_env();
-      for (int stage : stages) {
+      for (const std::optional<int> stage : stages) {
         const auto o = train(comm, opt, p, stage);
         ok = ok && o.check_ok;
         if (comm.rank() == 0) {
@@ -606,7 +625,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s: skipped: %d GPU(s) asked for, %d visible\n", program, std::max(gpus, 1), visible);
         return exit_skipped;
       }
-      for (int stage : stages) {
+      for (const std::optional<int> stage : stages) {
         outcome result;
         std::atomic<bool> all_ok{true};
         zero::run_gpus(gpus, [&](zero::nccl_communicator& comm) {

@@ -1,6 +1,9 @@
-# cmake -DEXE=... -DRANKS=4 -DMIN_ACCURACY=0.85 [-DMPIEXEC=... -DNP=2] -DARGS="..." -P check_accuracy.cmake
+# cmake -DEXE=... -DRANKS=4 -DMIN_ACCURACY=0.85 [-DMPIEXEC=... -DNP=2] [-DOFFLOADED=ON] -DARGS="..."
+#       -P check_accuracy.cmake
 # Runs zero-fashion-mnist with --json and checks every run's line: test accuracy at least
-# MIN_ACCURACY and model-state bytes per rank within 2% of the ZeRO formula.
+# MIN_ACCURACY and model-state bytes per rank within 2% of the ZeRO formula. With OFFLOADED (a config
+# with offload_optimizer cpu), also that the device holds no optimizer bytes and the host's peak is
+# within 2% of the host formula (docs/offload.md).
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 if(MPIEXEC)
   set(cmd ${MPIEXEC} -np ${NP} --oversubscribe ${EXE} ${args} --json)
@@ -26,5 +29,23 @@ foreach(line IN LISTS lines)
   endif()
   if(ratio GREATER 1.02 OR ratio LESS 1.0)
     message(FATAL_ERROR "stage ${stage}: model state is ${ratio} x the ZeRO formula, expected 1.00-1.02")
+  endif()
+  if(OFFLOADED)
+    string(JSON offloaded GET "${line}" offloaded)
+    string(JSON optimizer GET "${line}" optimizer_bytes)
+    string(JSON host GET "${line}" host_peak_bytes)
+    string(JSON host_formula GET "${line}" host_formula_bytes)
+    message(STATUS "stage ${stage}: device optimizer bytes ${optimizer}, host peak ${host} (formula ${host_formula})")
+    if(NOT offloaded OR NOT optimizer EQUAL 0)
+      message(FATAL_ERROR "stage ${stage}: expected the optimizer offloaded (\"offloaded\": ${offloaded}) and no "
+                          "optimizer bytes on the device, found ${optimizer}")
+    endif()
+    # Integer bounds: CMake's math() has no fractions.
+    string(REGEX REPLACE "\\..*" "" host_formula "${host_formula}")
+    math(EXPR host_limit "${host_formula} * 102 / 100")
+    if(NOT host GREATER 0 OR host LESS host_formula OR host GREATER host_limit)
+      message(FATAL_ERROR "stage ${stage}: host peak ${host} B, expected from ${host_formula} B (the host formula) to "
+                          "${host_limit} B")
+    endif()
   endif()
 endforeach()

@@ -655,7 +655,8 @@ TEST_CASE("keys accepted without effect get a note saying what zero does instead
   CHECK(has(note_of(read(1, "allgather_partitions", "false"), "allgather_partitions"),
             "false has no effect: updated shards are always all-gathered"));
   CHECK(has(note_of(read(2, "round_robin_gradients", "true"), "round_robin_gradients"),
-            "true has no effect: it spreads gradient copies to the CPU under optimizer offload"));
+            "true has no effect: it spreads gradient copies to the CPU under optimizer offload over the ranks; "
+            "zero's offloaded optimizer copies each rank's own shard"));
   CHECK(has(note_of(read(3, "sub_group_size", "1e9"), "sub_group_size"),
             "no effect: the optimizer steps the rank's shard one segment at a time"));
   // DeepSpeed's defaults act as zero does: no note.

@@ -211,17 +211,6 @@ concept can_copy = backend_base<B> &&
   { b.copy(src, dst, n, s) } -> std::same_as<void>;
 };
 
-/// Optional: `launch_host_func(const stream_type& s, void (*fn)(void*), void* arg)` runs `fn(arg)` on
-/// the host after the work enqueued on `s` so far, and holds the work enqueued after it until `fn`
-/// returns (CUDA's `cudaLaunchHostFunc`; `fn` must not call the backend). The offloaded optimizer
-/// steps on the host this way, so the host thread that called `step()` goes on to the next forward.
-/// Without it, the host runs `fn` itself after synchronising `s`.
-template <class B>
-concept can_launch_host_func = backend_base<B> &&
-    requires(const B& b, const typename B::stream_type& s, void (*fn)(void*), void* arg) {
-  { b.launch_host_func(s, fn, arg) } -> std::same_as<void>;
-};
-
 /// A complete backend: the base concept and every kernel ZeRO's stages 0-3 use.
 template <class B>
 concept backend = backend_base<B> && can_adamw_step<B> && can_cast<B> && can_unscale_and_check<B> &&

@@ -153,12 +153,6 @@ public:
     }
   }
 
-  /// Runs `fn(arg)` on a CUDA host thread after the work enqueued on `s`, before the work enqueued
-  /// after it (`cudaLaunchHostFunc`); `fn` must not call CUDA. \throws cuda_error.
-  void launch_host_func(const stream_type& s, void (*fn)(void*), void* arg) const {
-    ZERO_CHECK_CUDA(cudaLaunchHostFunc(s.get(), fn, arg));
-  }
-
   /// See zero::cuda::adamw_step.
   template <backend_float G, backend_float P>
   void adamw_step(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
@@ -217,6 +211,5 @@ private:
 
 static_assert(backend<cuda_backend>);
 static_assert(can_copy<cuda_backend>);
-static_assert(can_launch_host_func<cuda_backend>);
 
 } // namespace zero

@@ -270,8 +270,9 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
         .by_hand(read_gather_16bit_weights),
     key<&zero_optimization_config::round_robin_gradients>("round_robin_gradients")
         .at_stages(0b0110)
-        .noted_if("true", "true has no effect: it spreads gradient copies to the CPU under optimizer offload, "
-                          "which this version's engine does not run"),
+        .noted_if("true", "true has no effect: it spreads gradient copies to the CPU under optimizer offload over "
+                          "the ranks; zero's offloaded optimizer copies each rank's own shard, range by range "
+                          "(docs/offload.md)"),
     key<&zero_optimization_config::ignore_unused_parameters>("ignore_unused_parameters").at_stages(0b0110),
     key<&zero_optimization_config::elastic_checkpoint>("elastic_checkpoint")
         .noted_if("false", "false has no effect: zero's checkpoints always load at any stage and any rank count "

@@ -151,8 +151,8 @@ public:
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
-    // Stages 1-2 on several ranks or offloaded, and stage 3: the optimizer steps beside the next forward.
-    if (stage == 3 || (stage >= 1 && (comm_.size() > 1 || optimizer_.offloaded()))) {
+    // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
+    if (stage == 3 || (stage >= 1 && comm_.size() > 1)) {
       overlap_.emplace(backend_, comm_, stream_);
     }
     finalized_ = true;

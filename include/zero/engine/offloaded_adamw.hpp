@@ -28,7 +28,6 @@
 #include "zero/memory/host_allocator.hpp"
 
 #include <cstddef>
-#include <exception>
 #include <span>
 #include <string>
 #include <utility>
@@ -86,16 +85,13 @@ public:
                                .grad_type = place.grad_type,
                                .params = host_params_.data(),
                                .params_sharded = true},
-               std::move(group_of), std::move(groups), host_, counted_, host_stream_),
-        done_(backend.make_event()) {
+               std::move(group_of), std::move(groups), host_, counted_, host_stream_) {
     if (place.params == nullptr) {
       throw usage_error("offloaded_adamw: no parameters to update (adamw_placement::params is null)");
     }
     fetched_.reserve(inner_.ranges().size());
-    tasks_.reserve(inner_.ranges().size());
     for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
       fetched_.push_back(backend_.make_event());
-      tasks_.push_back(host_task{.self = this, .k = k, .args = {}, .lrs = {}});
     }
     posted_.assign(inner_.ranges().size(), false);
   }
@@ -105,9 +101,6 @@ public:
   /// Waits for copies still in flight into or out of the host shards; never throws.
   ~offloaded_adamw() {
     try {
-      if (in_flight_) {
-        backend_.synchronize(std::as_const(done_));
-      }
       backend_.synchronize(stream_);
     } catch (...) { // NOLINT(bugprone-empty-catch): a destructor reports nothing
     }
@@ -127,7 +120,6 @@ public:
 
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
-    settle();
     for (const auto& [range, state_offset] : inner_.ranges()) {
       copy_and_wait<device_host_accessible>(backend_, stream_, device_params(range, state_offset),
                                             host_params(state_offset), range.size() * param_size_);
@@ -137,13 +129,11 @@ public:
 
   /// Host copies of the state (see `partitioned_adamw::read_state`; host memory, so a plain copy).
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
-    settle();
     inner_.read_state(t, state_offset, out);
   }
   /// Writes host values into the state. The device parameters are the caller's to write (a
   /// checkpoint writes both).
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
-    settle();
     inner_.write_state(t, state_offset, in);
   }
 
@@ -155,9 +145,7 @@ public:
   }
 
   /// The step of owned range `k`, its copies on `s`. Range 0 posts the gradient copies of every range
-  /// (the engine steps ranges in order); any other range posts its own when range 0 did not. Where
-  /// the backend can launch host functions the host AdamW of the range runs as one, in `s` order, and
-  /// this returns at once; otherwise it runs here, after the range's copy landed.
+  /// (the engine steps ranges in order); any other range posts its own when range 0 did not.
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
@@ -167,9 +155,6 @@ public:
                         " does not exist; this rank owns ranges 0 to " + std::to_string(ranges.size()) +
                         " (exclusive), one per segment");
     }
-    if (k == 0 || !posted_[k]) {
-      settle(); // the last step's host work is done: its tasks and staging may be reused
-    }
     if (k == 0) {
       for (std::size_t j = 0; j < ranges.size(); ++j) {
         fetch(j, s, grad_of);
@@ -177,71 +162,16 @@ public:
     } else if (!posted_[k]) {
       fetch(k, s, grad_of);
     }
+    backend_.synchronize(std::as_const(fetched_[k]));
     posted_[k] = false;
-    // What the host task reads: the step's arguments and the lr of every group, fixed now.
-    host_task& task = tasks_[k];
-    task.args = base;
-    task.lrs.clear();
-    for (const auto& g : inner_.groups()) {
-      task.lrs.emplace_back(g.lr, static_cast<double>(group_lr(g.lr)));
-    }
-    if constexpr (can_launch_host_func<Backend>) {
-      backend_.launch_host_func(s, &run_task, &task);
-    } else {
-      backend_.synchronize(std::as_const(fetched_[k]));
-      update(task);
-    }
     const auto& [range, state_offset] = ranges[k];
+    inner_.step_range(k, host_stream_, base, group_lr,
+                      [&](const flat_range&, std::size_t off) { return host_grads_.data() + off * grad_size_; });
     copy_async<device_host_accessible>(backend_, s, host_params(state_offset), device_params(range, state_offset),
                                        range.size() * param_size_);
-    backend_.record(done_, s);
-    in_flight_ = true;
   }
 
 private:
-  /// One range's host AdamW as the host function runs it.
-  struct host_task {
-    offloaded_adamw* self = nullptr;
-    std::size_t k = 0;
-    adamw_step_args args{};
-    /// (a group's own lr, its lr in this step): the schedule applied when the step was posted.
-    std::vector<std::pair<double, double>> lrs;
-  };
-
-  static void run_task(void* p) noexcept {
-    auto* task = static_cast<host_task*>(p);
-    try {
-      task->self->update(*task);
-    } catch (...) {
-      task->self->failed_ = std::current_exception(); // read after `done_` is synchronised
-    }
-  }
-
-  /// AdamW on the host over range `task.k`, from the host copy of its gradients.
-  void update(const host_task& task) {
-    const auto lr_of = [&](double own) {
-      for (const auto& [from, to] : task.lrs) {
-        if (from == own) {
-          return to;
-        }
-      }
-      return own; // unreachable: every group's lr is in the table
-    };
-    inner_.step_range(task.k, host_stream_, task.args, lr_of,
-                      [&](const flat_range&, std::size_t off) { return host_grads_.data() + off * grad_size_; });
-  }
-
-  /// Waits for the host work of the last step and throws what it threw.
-  void settle() {
-    if (in_flight_) {
-      backend_.synchronize(std::as_const(done_));
-      in_flight_ = false;
-    }
-    if (failed_) {
-      std::rethrow_exception(std::exchange(failed_, nullptr));
-    }
-  }
-
   static std::size_t state_elements(const flat_layout& layout, const adamw_placement& place) {
     return place.partitioned ? layout.shard_size() : layout.total_size();
   }
@@ -273,10 +203,6 @@ private:
   partitioned_adamw<host_backend, HostAlloc> inner_;
   std::vector<typename Backend::event_type> fetched_;
   std::vector<bool> posted_;
-  std::vector<host_task> tasks_;
-  typename Backend::event_type done_; // after the last range's host work and upload
-  bool in_flight_ = false;
-  std::exception_ptr failed_;
 };
 
 } // namespace zero

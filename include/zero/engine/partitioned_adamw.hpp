@@ -57,6 +57,10 @@ struct adamw_placement {
   /// with `params_sharded` only the rank's shard, indexed like the optimizer state (stage 3).
   std::byte* params = nullptr;
   bool params_sharded = false;
+  /// The master, m and v live elsewhere (NVMe, streamed through host buffers by the caller, who steps
+  /// them with `step_window`): none are allocated here, and `step`, `read_state`, `write_state` and
+  /// `load_master` are the caller's.
+  bool state_elsewhere = false;
 };
 
 /// AdamW over a rank's part of the flat buffer; see the file comment.
@@ -98,6 +102,9 @@ public:
       split_runs(range, state_offset, group_of);
     }
     range_runs_.push_back(runs_.size());
+    if (place.state_elsewhere) {
+      return;
+    }
     m_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
     v_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
     backend_.fill(m_.data(), state_size_, 0.0f, stream_);
@@ -176,6 +183,57 @@ public:
     step_runs(k, k + 1, s, base, group_lr, grad_of);
   }
 
+  /// The elements [first, first + count) of owned range `range` (state indices), and where their
+  /// state, gradients (in the gradient dtype) and parameters (in the parameter dtype) are, each
+  /// pointer at element `first`; `master` is null for fp32 training (`params` is the master).
+  struct window {
+    std::size_t range = 0;
+    std::size_t first = 0;
+    std::size_t count = 0;
+    float* master = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    const std::byte* grads = nullptr;
+    std::byte* params = nullptr;
+  };
+
+  /// AdamW over the runs of `w` on `s`, with state wherever `w` says (the step of a window of state
+  /// streamed through host buffers; `step` and `step_range` are windows over this optimizer's own
+  /// buffers). \throws usage_error for a window outside its range.
+  template <class GroupLr>
+  void step_window(const window& w, const typename Backend::stream_type& s, const adamw_step_args& base,
+                   GroupLr&& group_lr) {
+    if (w.range >= ranges_.size() || w.first < ranges_[w.range].second ||
+        w.first + w.count > ranges_[w.range].second + ranges_[w.range].first.size()) {
+      throw usage_error("partitioned_adamw::step_window: elements [" + std::to_string(w.first) + ", " +
+                        std::to_string(w.first + w.count) + ") are not in owned range " + std::to_string(w.range));
+    }
+    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
+      visit_float(param_type_, [&]<class P>(type_tag<P>) {
+        for (std::size_t r = range_runs_[w.range]; r < range_runs_[w.range + 1]; ++r) {
+          const auto& run = runs_[r];
+          const std::size_t lo = std::max(run.state_offset, w.first);
+          const std::size_t hi = std::min(run.state_offset + run.flat.size(), w.first + w.count);
+          if (lo >= hi) {
+            continue;
+          }
+          adamw_step_args a = base;
+          a.lr = static_cast<float>(group_lr(groups_[run.group].lr));
+          a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
+          const std::size_t d = lo - w.first;
+          const G* g = reinterpret_cast<const G*>(w.grads) + d;
+          P* p = reinterpret_cast<P*>(w.params) + d;
+          if constexpr (std::is_same_v<P, float>) {
+            // fp32 training: the parameters are the master copy.
+            backend_.adamw_step(p, w.m + d, w.v + d, g, static_cast<float*>(nullptr), hi - lo, a, s);
+          } else {
+            backend_.adamw_step(w.master + d, w.m + d, w.v + d, g, p, hi - lo, a, s);
+          }
+        }
+      });
+    });
+  }
+
 private:
   /// Calls `f(pointer, done, count)` for the pieces of `n` elements of `t` from state index
   /// `state_offset` on: one piece, but for the master of unsharded fp32 parameters (one per owned range).
@@ -186,6 +244,9 @@ private:
     }
     if (n == 0) {
       return;
+    }
+    if (place_.state_elsewhere) {
+      throw usage_error("partitioned_adamw: the state lives elsewhere (adamw_placement::state_elsewhere)");
     }
     if (t != state_tensor::master || has_master() || place_.params_sharded) {
       float* base = t == state_tensor::exp_avg      ? m_.data()
@@ -210,31 +271,19 @@ private:
   template <class GradOf, class GroupLr>
   void step_runs(std::size_t first, std::size_t last, const typename Backend::stream_type& s,
                  const adamw_step_args& base, GroupLr& group_lr, GradOf& grad_of) {
-    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
-      visit_float(param_type_, [&]<class P>(type_tag<P>) {
-        for (std::size_t k = first; k < last; ++k) {
-          const auto& [range, state_offset] = ranges_[k];
-          const G* grads = reinterpret_cast<const G*>(grad_of(range, state_offset));
-          for (std::size_t r = range_runs_[k]; r < range_runs_[k + 1]; ++r) {
-            const auto& run = runs_[r];
-            adamw_step_args a = base;
-            a.lr = static_cast<float>(group_lr(groups_[run.group].lr));
-            a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
-            const std::size_t n = run.flat.size();
-            const G* g = grads + (run.flat.begin - range.begin);
-            P* p = reinterpret_cast<P*>(place_.params) + (place_.params_sharded ? run.state_offset : run.flat.begin);
-            float* m = m_.data() + run.state_offset;
-            float* v = v_.data() + run.state_offset;
-            if constexpr (std::is_same_v<P, float>) {
-              // fp32 training: the parameters are the master copy.
-              backend_.adamw_step(p, m, v, g, static_cast<float*>(nullptr), n, a, s);
-            } else {
-              backend_.adamw_step(master_.data() + run.state_offset, m, v, g, p, n, a, s);
-            }
-          }
-        }
-      });
-    });
+    const std::size_t psize = size_of(param_type_);
+    for (std::size_t k = first; k < last; ++k) {
+      const auto& [range, off] = ranges_[k];
+      step_window({.range = k,
+                   .first = off,
+                   .count = range.size(),
+                   .master = has_master() ? master_.data() + off : nullptr,
+                   .m = m_.data() + off,
+                   .v = v_.data() + off,
+                   .grads = static_cast<const std::byte*>(grad_of(range, off)),
+                   .params = place_.params + (place_.params_sharded ? off : range.begin) * psize},
+                  s, base, group_lr);
+    }
   }
 
   void split_runs(const flat_range& range, std::size_t state_offset, const std::vector<std::size_t>& group_of) {

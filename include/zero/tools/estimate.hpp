@@ -211,7 +211,9 @@ struct estimate_row {
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  bool implemented = true;                ///< false for offload rows: the engine refuses offload until it lands
+  /// true where this version's engine runs the row: no offload, or the optimizer offloaded to the CPU
+  /// at stages 1-3 without parameter offload; false for parameter offload and NVMe (planned)
+  bool implemented = true;
 };
 
 /// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
@@ -224,8 +226,13 @@ struct estimate_row {
 ///     stage 0: Ψ(p + g + m + 8)             stage 1: Ψ(p + g) + S(m + 8)
 ///     stage 2: Ψp + S(g + m + 8)            stage 3: S(p + g + m + 8)
 ///
-/// Optimizer offload moves S(m + 8) and an fp32 gradient shard (4S) to the host, and the sharded
-/// gradients of stages 2-3 leave the GPU; parameter offload moves the stage-3 parameter shard too.
+/// Optimizer offload to the CPU (what the engine runs, docs/offload.md) moves S(m + 8) off the GPU;
+/// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
+/// the copies (`offloaded_host_formula_bytes`). The GPU keeps everything else of its stage: the
+/// gradients are reduced there and copied to the host. NVMe rows keep the state (S(m + 8)) on NVMe
+/// instead. Parameter offload (planned) also takes the stage-3 parameter shard off the GPU; the host
+/// copy is the staged shard already counted (with NVMe: on NVMe, max_in_cpu of it and the buffers in
+/// host memory).
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
 /// - stage 2 reduces bucket by bucket through one staging buffer of min(reduce_bucket_size, Ψ)
@@ -262,7 +269,6 @@ struct estimate_row {
 
   const std::int64_t master = o.param_dtype == dtype::f32 ? 0 : 4;
   const std::int64_t moments = 8;
-  const std::int64_t fp32_grad = 4;
   const std::int64_t working =
       std::min({psi, o.stage3_max_live_parameters, o.largest_layer_params + o.stage3_prefetch_bucket_size}) * p;
 
@@ -274,47 +280,44 @@ struct estimate_row {
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    // The engine refuses CPU and NVMe offload until it lands; those rows are what it will need.
-    r.implemented = opt == offload_device::none && par == offload_device::none;
+    // The engine runs the optimizer offloaded to the CPU; parameter offload and NVMe are planned.
+    r.implemented = opt != offload_device::nvme && par == offload_device::none;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     const std::int64_t optimizer_state = shard * (master + moments);
-    // Optimizer state, and the fp32 gradient shard the CPU step reads.
-    if (opt == offload_device::cpu) {
-      host += optimizer_state + shard * fp32_grad;
-    } else if (opt == offload_device::nvme) {
-      host += o.offload_optimizer_buffer_count * std::min(o.sub_group_size, shard) * 4 + shard * fp32_grad;
-      nvme += optimizer_state;
+    if (opt != offload_device::none) {
+      // The rank's gradient shard and parameter shard, staged in host memory for the copies.
+      host += shard * g;
+      if (par == offload_device::nvme) {
+        host += std::min(o.offload_param_max_in_cpu, shard) * p +
+                o.offload_param_buffer_count * o.offload_param_buffer_size * p;
+        nvme += shard * p;
+      } else {
+        host += shard * p;
+      }
+      if (opt == offload_device::cpu) {
+        host += optimizer_state;
+      } else {
+        host += o.offload_optimizer_buffer_count * std::min(o.sub_group_size, shard) * 4;
+        nvme += optimizer_state;
+      }
     }
+    const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
     switch (stage) {
     case 0:
       r.gpu_model_state_bytes = psi * (p + g + master + moments);
       break;
     case 1:
-      r.gpu_model_state_bytes = psi * (p + g) + (opt == offload_device::none ? optimizer_state : 0);
+      r.gpu_model_state_bytes = psi * (p + g) + on_gpu_state;
       break;
     case 2:
-      r.gpu_model_state_bytes = psi * p + (opt == offload_device::none ? shard * g + optimizer_state : 0);
+      r.gpu_model_state_bytes = psi * p + shard * g + on_gpu_state;
       r.gpu_buffer_bytes = std::min(o.reduce_bucket_size, psi) * g;
       break;
-    default: {
-      std::int64_t on_gpu = 0;
-      if (par == offload_device::none) {
-        on_gpu += shard * p;
-      } else if (par == offload_device::cpu) {
-        host += shard * p;
-      } else {
-        host += std::min(o.offload_param_max_in_cpu, shard) * p +
-                o.offload_param_buffer_count * o.offload_param_buffer_size * p;
-        nvme += shard * p;
-      }
-      if (opt == offload_device::none) {
-        on_gpu += shard * g + optimizer_state;
-      }
-      r.gpu_model_state_bytes = on_gpu;
+    default:
+      r.gpu_model_state_bytes = (par == offload_device::none ? shard * p : 0) + shard * g + on_gpu_state;
       r.gpu_buffer_bytes = o.largest_layer_params * g + working;
       break;
-    }
     }
     if ((stage == 1 || stage == 2) && o.allgather_bucket_size && o.ranks() > 1) {
       r.gpu_buffer_bytes += std::min(*o.allgather_bucket_size, psi) * p;

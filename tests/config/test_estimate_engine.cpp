@@ -1,0 +1,132 @@
+// zero-estimate's rows against real engines on the CPU backend: the device bytes it prints are what the
+// engine's counting allocator holds as model state, and with the optimizer offloaded to the CPU the
+// host bytes are what its host counting allocator holds (docs/offload.md).
+
+#include "zero/backend/cpu_backend.hpp"
+#include "zero/comm/thread_communicator.hpp"
+#include "zero/config/config.hpp"
+#include "zero/engine/engine.hpp"
+#include "zero/tools/estimate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <doctest/doctest.h>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::int64_t model_params = 2'004'000;
+constexpr std::int64_t largest_layer = 250'500;
+
+/// One step of 8 layers of 500 x 500 + 500 (psi = 2,004,000) on `world` ranks; rank 0's memory report.
+/// `precision` is e.g. `"bf16": {"enabled": true},` (empty: fp32); `offload`: offload_optimizer cpu.
+zero::memory_report measure(int stage, int world, const std::string& precision, bool offload) {
+  std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
+  zero::run_ranks(world, [&](zero::thread_communicator& comm) {
+    zero::config_inputs inputs;
+    inputs.world_size = world;
+    const auto cfg = zero::config::from_string(
+        R"({"train_micro_batch_size_per_gpu": 1, )" + precision +
+            R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": )" +
+            std::to_string(stage) + (offload ? R"(, "offload_optimizer": {"device": "cpu"})" : "") +
+            R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
+        inputs);
+    zero::cpu_backend backend({.threads = 1});
+    zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
+    eng.set_offload_threads(1);
+    std::vector<int> modules;
+    for (int l = 0; l < 8; ++l) {
+      modules.push_back(eng.add_module("layer" + std::to_string(l)));
+      eng.add_param(modules.back(), "layer" + std::to_string(l) + ".weight", {500, 500});
+      eng.add_param(modules.back(), "layer" + std::to_string(l) + ".bias", {500});
+    }
+    eng.finalize();
+    CHECK(eng.optimizer().offloaded() == offload);
+    eng.init_params(
+        [](const zero::param_info&, std::size_t, std::span<float> out) { std::fill(out.begin(), out.end(), 0.5f); });
+    for (int l = 8; l-- > 0;) {
+      auto on = eng.gather(modules[static_cast<std::size_t>(l)]);
+      eng.grad_ready(zero::param_handle{static_cast<std::size_t>(2 * l + 1)});
+      eng.grad_ready(zero::param_handle{static_cast<std::size_t>(2 * l)});
+    }
+    CHECK(eng.step().applied);
+    reports[static_cast<std::size_t>(comm.rank())] = eng.memory();
+  });
+  return reports[0];
+}
+
+/// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, no
+/// parameter offload; gradients in the config's default dtype (fp32 for bf16 at stage 0).
+zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt) {
+  zero::tools::estimate_options o;
+  o.params = model_params;
+  o.largest_layer_params = largest_layer;
+  o.gpus_per_node = world;
+  o.param_dtype = param;
+  for (const auto& r : zero::tools::estimate_memory(o)) {
+    if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == zero::offload_device::none) {
+      return r;
+    }
+  }
+  FAIL("no row for stage " << stage);
+  return {};
+}
+
+/// |a - b| / b.
+double relative(std::int64_t a, std::size_t b) {
+  return std::abs(static_cast<double>(a) - static_cast<double>(b)) / static_cast<double>(b);
+}
+
+} // namespace
+
+TEST_CASE("zero-estimate's model-state bytes are within 2% of what the counting allocator measures") {
+  // bf16, every stage, N = 1, 2, 4, 8.
+  for (int stage : {0, 1, 2, 3}) {
+    for (int world : {1, 2, 4, 8}) {
+      CAPTURE(stage);
+      CAPTURE(world);
+      const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", false);
+      const auto row = estimate(stage, world, zero::dtype::bf16, zero::offload_device::none);
+      CAPTURE(row.gpu_model_state_bytes);
+      CAPTURE(m.model_state_peak);
+      CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+      CHECK(row.host_bytes_per_rank == 0);
+      CHECK(m.host_peak == 0);
+    }
+  }
+}
+
+TEST_CASE("zero-estimate's offload_optimizer=cpu rows are within 2% of what the engine holds on device and host") {
+  struct precision {
+    const char* json;
+    zero::dtype type;
+  };
+  // bf16 (K = 12: fp32 master, m, v) on 1, 2 and 4 ranks; fp32 training (K = 8: the parameters are their
+  // own master) on 2.
+  for (const precision pr :
+       {precision{R"("bf16": {"enabled": true},)", zero::dtype::bf16}, precision{"", zero::dtype::f32}}) {
+    for (int stage : {1, 2, 3}) {
+      for (int world : {1, 2, 4}) {
+        if (pr.type == zero::dtype::f32 && world != 2) {
+          continue;
+        }
+        CAPTURE(zero::name_of(pr.type));
+        CAPTURE(stage);
+        CAPTURE(world);
+        const auto m = measure(stage, world, pr.json, true);
+        const auto row = estimate(stage, world, pr.type, zero::offload_device::cpu);
+        CAPTURE(row.gpu_model_state_bytes);
+        CAPTURE(m.model_state_peak);
+        CAPTURE(row.host_bytes_per_rank);
+        CAPTURE(m.host_peak);
+        CHECK(row.implemented);
+        CHECK(m.optimizer_peak == 0);
+        REQUIRE(m.host_peak > 0);
+        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+        CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+        CHECK(row.host_bytes_per_node == world * row.host_bytes_per_rank);
+      }
+    }
+  }
+}
