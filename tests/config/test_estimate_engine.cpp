@@ -1,6 +1,7 @@
 // zero-estimate's rows against real engines on the CPU backend: the device bytes it prints are what the
-// engine's counting allocator holds as model state, and with the optimizer offloaded to the CPU the
-// host bytes are what its host counting allocator holds (docs/offload.md).
+// engine's counting allocator holds as model state, and with the optimizer (and at stage 3 the
+// parameters) offloaded to the CPU the host bytes are what its host counting allocators hold
+// (docs/offload.md).
 
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
@@ -23,8 +24,9 @@ constexpr std::int64_t largest_layer = 250'500;
 
 /// One step of 8 layers of 500 x 500 + 500 (psi = 2,004,000) on `world` ranks; rank 0's memory report.
 /// `precision` is e.g. `"bf16": {"enabled": true},` (empty: fp32); `offload`: the offload_optimizer block's
-/// keys (empty: none).
-zero::memory_report measure(int stage, int world, const std::string& precision, const std::string& offload = "") {
+/// keys (empty: none); `offload_params`: offload_param cpu too (stage 3).
+zero::memory_report measure(int stage, int world, const std::string& precision, const std::string& offload = "",
+                            bool offload_params = false) {
   std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
   zero::run_ranks(world, [&](zero::thread_communicator& comm) {
     zero::config_inputs inputs;
@@ -33,6 +35,7 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
         R"({"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 4096, "queue_depth": 1}, )" + precision +
             R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": )" +
             std::to_string(stage) + (offload.empty() ? "" : R"(, "offload_optimizer": {)" + offload + "}") +
+            (offload_params ? R"(, "offload_param": {"device": "cpu"})" : "") +
             R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
         inputs);
     zero::cpu_backend backend({.threads = 1});
@@ -59,9 +62,10 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
   return reports[0];
 }
 
-/// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, no
-/// parameter offload; gradients in the config's default dtype (fp32 for bf16 at stage 0).
-zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt) {
+/// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, parameter
+/// offload `par`; gradients in the config's default dtype (fp32 for bf16 at stage 0).
+zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
+                                   zero::offload_device par = zero::offload_device::none) {
   zero::tools::estimate_options o;
   o.params = model_params;
   o.largest_layer_params = largest_layer;
@@ -69,7 +73,7 @@ zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero
   o.param_dtype = param;
   o.nvme_chunk_elements = 4096 / 4; // the engines' aio block of 4 KiB, one in flight
   for (const auto& r : zero::tools::estimate_memory(o)) {
-    if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == zero::offload_device::none) {
+    if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == par) {
       return r;
     }
   }
@@ -157,4 +161,22 @@ TEST_CASE("zero-estimate's offload_optimizer=nvme rows are within 2% of the engi
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("zero-estimate's stage 3 offload_param=cpu row is within 2% of what the engine holds on device and host") {
+  // Optimizer and parameters offloaded: the device keeps the gradient shard, the host the state, the
+  // staged gradient and parameter shards and the parameter shard the gathers upload from.
+  for (int world : {1, 2, 4}) {
+    CAPTURE(world);
+    const auto m = measure(3, world, R"("bf16": {"enabled": true},)", R"("device": "cpu")", true);
+    const auto row = estimate(3, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::cpu);
+    CAPTURE(row.gpu_model_state_bytes);
+    CAPTURE(m.model_state_peak);
+    CAPTURE(row.host_bytes_per_rank);
+    CAPTURE(m.host_peak);
+    CHECK(row.implemented);
+    CHECK(m.params_peak == 0);
+    CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+    CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+  }
 }

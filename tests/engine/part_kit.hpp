@@ -67,6 +67,15 @@ struct rank_kit {
   host_counting alloc{};
 };
 
+/// A stream and an event that are only names, for backends that log what a part asks of them.
+struct named_stream {
+  int id = 0;
+  [[nodiscard]] int get() const noexcept { return id; }
+};
+struct named_event {
+  int id = 0;
+};
+
 /// `p` (a part's byte buffer) as elements of `T`.
 template <class T> T* as(std::byte* p) noexcept { return reinterpret_cast<T*>(p); }
 template <class T> const T* as(const std::byte* p) noexcept { return reinterpret_cast<const T*>(p); }

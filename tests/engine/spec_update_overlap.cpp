@@ -15,14 +15,6 @@
 namespace zero::testing::overlap_spec {
 namespace {
 
-/// A stream and an event that are only names; every use is written to a log.
-struct named_stream {
-  int id = 0;
-  [[nodiscard]] int get() const noexcept { return id; }
-};
-struct named_event {
-  int id = 0;
-};
 /// The stream operations update_overlap uses, logged as "record e1 on s0", "s1 waits e1", "sync s1".
 struct logging_backend {
   using stream_type = named_stream;

@@ -20,6 +20,48 @@ void check_same_run(const zero::testing::run_result& got, const zero::testing::r
   CHECK(got.scales == want.scales);
 }
 
+/// What one applied step of a model big enough that padding is a small part of it, 3 modules of one
+/// 100 x 1000 bf16 weight on 2 ranks, leaves per rank: the memory report, whether the optimizer is
+/// offloaded, and the host bytes of stage 3's shard (0 when it is on the device).
+struct wide_step {
+  std::vector<zero::memory_report> reports = std::vector<zero::memory_report>(2);
+  std::vector<bool> offloaded = std::vector<bool>(2);
+  std::vector<std::size_t> shard_host = std::vector<std::size_t>(2);
+};
+
+/// `wide_step` with `zero_keys` in zero_optimization (the stage first).
+wide_step step_a_wide_model(const std::string& zero_keys) {
+  wide_step out;
+  zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+    const auto rank = static_cast<std::size_t>(comm.rank());
+    zero::cpu_backend backend({.threads = 1});
+    auto cfg = zero::config::from_string(R"({"train_batch_size": 2, "bf16": {"enabled": true},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {)" +
+                                         zero_keys + "}}");
+    zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
+    std::vector<zero::param_handle> ps;
+    for (int k = 0; k < 3; ++k) {
+      const int m = eng.add_module("m" + std::to_string(k));
+      ps.push_back(eng.add_param(m, "w" + std::to_string(k), {100, 1000}));
+    }
+    eng.finalize();
+    out.offloaded[rank] = eng.optimizer().offloaded();
+    eng.init_params(
+        [](const zero::param_info&, std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); });
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      auto on = eng.gather(static_cast<int>(k));
+      CHECK(eng.param(ps[k]).as<zero::bf16>()[7] == zero::bf16(0.5f));
+      eng.grad_ready(ps[k]);
+    }
+    CHECK(eng.step().applied);
+    out.reports[rank] = eng.memory();
+    if (const auto* c = eng.coordinator(); c != nullptr && c->host_memory() != nullptr) {
+      out.shard_host[rank] = c->host_memory()->live(zero::memory_tag::params);
+    }
+  });
+  return out;
+}
+
 } // namespace
 
 TEST_CASE("offload_optimizer cpu trains to the bits of the in-memory optimizer at stages 1-3") {
@@ -59,34 +101,11 @@ TEST_CASE("an fp16 overflow skips the offloaded step on every rank, as in memory
 }
 
 TEST_CASE("offloaded state lives in host memory: none on the device, the host at the formula") {
-  // A model big enough that padding is a small part of it: 3 x 100 000 bf16 parameters on 2 ranks.
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
-    std::vector<zero::memory_report> reports(2);
-    zero::run_ranks(2, [&](zero::thread_communicator& comm) {
-      zero::cpu_backend backend({.threads = 1});
-      auto cfg = zero::config::from_string(R"({"train_batch_size": 2, "bf16": {"enabled": true},
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-          "zero_optimization": {"stage": )" +
-                                           std::to_string(stage) + R"(, "offload_optimizer": {"device": "cpu"}}})");
-      zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
-      std::vector<zero::param_handle> ps;
-      for (int k = 0; k < 3; ++k) {
-        const int m = eng.add_module("m" + std::to_string(k));
-        ps.push_back(eng.add_param(m, "w" + std::to_string(k), {100, 1000}));
-      }
-      eng.finalize();
-      CHECK(eng.optimizer().offloaded());
-      eng.init_params(
-          [](const zero::param_info&, std::size_t, std::span<float> out) { std::fill(out.begin(), out.end(), 0.5f); });
-      for (std::size_t k = 0; k < ps.size(); ++k) {
-        auto on = eng.gather(static_cast<int>(k));
-        eng.grad_ready(ps[k]);
-      }
-      CHECK(eng.step().applied);
-      reports[static_cast<std::size_t>(comm.rank())] = eng.memory();
-    });
-    for (const auto& r : reports) {
+    const auto run = step_a_wide_model(R"("stage": )" + std::to_string(stage) + ", " + offload_cpu);
+    CHECK(run.offloaded == std::vector<bool>{true, true});
+    for (const auto& r : run.reports) {
       CHECK(r.optimizer == 0);
       CHECK(r.optimizer_peak == 0);
       // Host: fp32 master, m, v (12 B) and the bf16 gradient and parameter shards (2 + 2 B).
@@ -100,13 +119,194 @@ TEST_CASE("offloaded state lives in host memory: none on the device, the host at
   }
 }
 
-TEST_CASE("parameter offload is refused by the engine, naming the key; optimizer offload is accepted") {
+TEST_CASE("parameter offload to the cpu is accepted at stage 3; the engine refuses it elsewhere, naming the key") {
+  // Before parameter offload ran, the engine refused offload_param.device "cpu" here.
   zero::run_ranks(1, [](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});
     auto cfg = zero::config::from_string(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
         "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})");
     using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
+    CHECK_NOTHROW(eng_t(cfg, comm, backend));
+    // What the reader refuses, in a config built in code: the engine refuses it too.
+    cfg.zero_optimization.offload_param.device = zero::offload_device::nvme;
     CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend), doctest::Contains("zero_optimization.offload_param.device"),
                          zero::config_error);
+    cfg.zero_optimization.offload_param.device = zero::offload_device::cpu;
+    cfg.zero_optimization.stage = 2;
+    CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend), doctest::Contains("\"cpu\" at stage 2"), zero::config_error);
   });
+}
+
+// ---- parameter offload (offload_param.device: cpu, stage 3) ----
+
+namespace {
+
+constexpr const char* offload_params = R"("offload_param": {"device": "cpu"})";
+constexpr const char* offload_both = R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})";
+
+} // namespace
+
+TEST_CASE("offload_param cpu trains to the bits of the in-memory engine, with and without offload_optimizer") {
+  struct shape {
+    int accumulation;
+    double clip;
+    std::int64_t persistence; // 40: the biases stay whole on the device; 0: nothing does
+  };
+  for (int world : {1, 2, 3}) {
+    for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
+      for (shape sh : {shape{1, 0.0, 40}, shape{2, 1.0, 40}, shape{2, 1.0, 0}}) {
+        CAPTURE(world);
+        CAPTURE(zero::name_of(type));
+        CAPTURE(sh.accumulation);
+        CAPTURE(sh.persistence);
+        run_spec s{.stage = 3,
+                   .world = world,
+                   .type = type,
+                   .accumulation = sh.accumulation,
+                   .clip = sh.clip,
+                   .persistence_threshold = sh.persistence};
+        const auto want = train_with_engine(s);
+        for (const char* extra : {offload_params, offload_both}) {
+          CAPTURE(extra);
+          s.zero_extra = extra;
+          check_same_run(train_with_engine(s), want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("with offloaded parameters an fp16 overflow skips the step on every rank, as in memory") {
+  run_spec s{.stage = 3, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+  const auto want = train_with_engine(s);
+  for (const char* extra : {offload_params, offload_both}) {
+    CAPTURE(extra);
+    s.zero_extra = extra;
+    const auto got = train_with_engine(s);
+    check_same_run(got, want);
+    CHECK_FALSE(got.applied[2]);
+  }
+}
+
+TEST_CASE("offloaded parameters: no shard on the device, the host at the formula") {
+  // 3 x 100 000 bf16 parameters on 2 ranks, nothing persistent: the device holds no parameter between
+  // uses; gathered units are the working set, counted apart.
+  for (const bool with_optimizer : {false, true}) {
+    CAPTURE(with_optimizer);
+    const auto run = step_a_wide_model(R"("stage": 3, "stage3_param_persistence_threshold": 0, )" +
+                                       std::string(with_optimizer ? offload_both : offload_params));
+    CHECK(run.offloaded == std::vector<bool>{with_optimizer, with_optimizer});
+    for (std::size_t rank = 0; rank < run.reports.size(); ++rank) {
+      const auto& r = run.reports[rank];
+      const std::size_t shard = (r.parameters + r.padding) / 2;
+      CHECK(r.params == 0);
+      CHECK(r.params_peak == 0);
+      CHECK(r.working_set_peak > 0);
+      // The bf16 shard (2 B) in host memory; with the optimizer too, its state (12 B), its gradient
+      // shard (2 B) and its own staging copy of the parameter shard (2 B).
+      CHECK(run.shard_host[rank] == 2 * shard);
+      CHECK(r.host_params == (with_optimizer ? 4 : 2) * shard);
+      CHECK(r.host_grads == (with_optimizer ? 2 : 0) * shard);
+      CHECK(r.host_optimizer == (with_optimizer ? 12 : 0) * shard);
+      const double psi_n = static_cast<double>(r.parameters) / 2;
+      CHECK(r.host_formula == doctest::Approx((with_optimizer ? 18 : 2) * psi_n));
+      CHECK(r.formula == doctest::Approx((with_optimizer ? 2 : 14) * psi_n));
+      CHECK(static_cast<double>(r.host_peak) == doctest::Approx(r.host_formula).epsilon(0.02));
+      CHECK(static_cast<double>(r.model_state_peak) == doctest::Approx(r.formula).epsilon(0.02));
+      CHECK(r.table().find("offloaded to host") != std::string::npos);
+    }
+  }
+}
+
+namespace {
+
+/// What a run with scopes saw: the whole parameters each evaluation pass read on rank 0, and the
+/// result of training on after a gather_all(last rank) in which the last rank changed one value.
+struct scoped_run {
+  zero::testing::run_result trained;
+  std::vector<std::vector<float>> seen;
+};
+
+scoped_run train_with_scopes(const run_spec& s) {
+  namespace zt = zero::testing;
+  scoped_run out;
+  out.trained.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+  zt::with_engine_group<zero::cpu_backend>(
+      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
+      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
+      [&](auto& eng, const zt::model_handles& mh, auto& comm) {
+        const auto model = zt::small_model();
+        zt::init_model(eng);
+        zt::train_steps(eng, mh, comm, s, 0, 2, out.trained);
+        for (const auto mode : {zero::eval_gather::per_module, zero::eval_gather::whole_model}) {
+          auto ev = eng.evaluation(mode);
+          std::vector<float> seen;
+          for (std::size_t m = 0; m < mh.modules.size(); ++m) {
+            auto on = eng.gather(mh.modules[m]);
+            for (std::size_t k = 0; k < model.size(); ++k) {
+              if (static_cast<std::size_t>(model[k].module) == m) {
+                const auto v = eng.param(mh.params[k]);
+                zero::visit_float(v.type, [&]<class P>(zero::type_tag<P>) {
+                  for (std::size_t i = 0; i < v.numel; ++i) {
+                    seen.push_back(zero::to_float(v.template as<P>()[i]));
+                  }
+                });
+              }
+            }
+          }
+          if (comm.rank() == 0) {
+            out.seen.push_back(std::move(seen));
+          }
+        }
+        {
+          auto all = eng.gather_all(/*modifier_rank=*/s.world - 1);
+          const auto v = eng.param(mh.params[2]); // fc2.weight
+          zero::visit_float(v.type, [&]<class P>(zero::type_tag<P>) {
+            v.template as<P>()[3] = zero::from_float<P>(comm.rank() == s.world - 1 ? 0.75f : -2.0f);
+          });
+        }
+        zt::train_steps(eng, mh, comm, s, 2, s.steps, out.trained);
+        zt::collect_params(eng, mh, comm, out.trained);
+      });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("offloaded parameters: evaluation scopes and gather_all with a modifier rank as in memory") {
+  for (int world : {1, 2, 3}) {
+    for (dtype type : {dtype::f32, dtype::bf16}) {
+      CAPTURE(world);
+      CAPTURE(zero::name_of(type));
+      run_spec s{.stage = 3, .world = world, .type = type, .steps = 4};
+      const auto want = train_with_scopes(s);
+      REQUIRE(want.seen.size() == 2);
+      CHECK(want.seen[0] == want.seen[1]);
+      for (const char* extra : {offload_params, offload_both}) {
+        CAPTURE(extra);
+        s.zero_extra = extra;
+        const auto got = train_with_scopes(s);
+        CHECK(got.seen == want.seen);
+        check_same_run(got.trained, want.trained);
+      }
+    }
+  }
+}
+
+TEST_CASE("offload_param cpu: the reader notes the NVMe-only keys and nothing about a refusal") {
+  const auto cfg = zero::config::from_string(R"({"train_batch_size": 1, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 4, "buffer_size": 1000,
+                        "max_in_cpu": 5000}}})");
+  CHECK(cfg.zero_optimization.offload_param.device == zero::offload_device::cpu);
+  std::string notes;
+  for (const auto& n : cfg.notes) {
+    notes += n + "\n";
+  }
+  CAPTURE(notes);
+  for (const char* key : {"buffer_count", "buffer_size", "max_in_cpu"}) {
+    CHECK(notes.find(std::string("zero_optimization.offload_param.") + key + ": no effect: device is cpu, not nvme") !=
+          std::string::npos);
+  }
+  CHECK(notes.find("refuses") == std::string::npos);
+  CHECK(notes.find("offload_param.device") == std::string::npos);
 }

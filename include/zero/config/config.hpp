@@ -190,12 +190,14 @@ struct offload_optimizer_config {
 
 /// `zero_optimization.offload_param` (stage 3): where parameter shards live between uses.
 struct offload_param_config {
-  /// `device`: none (default), cpu. cpu is read but refused by the engine until parameter offload
-  /// lands (issue 12); nvme is refused here, by the reader.
+  /// `device`: none (default), cpu: the engine keeps the rank's 16-bit parameter shard in host memory
+  /// and uploads a module's slice before its all-gather (docs/offload.md); nvme is refused here, by
+  /// the reader.
   offload_device device = offload_device::none;
   /// `nvme_path`: directory for NVMe offload. Default empty.
   std::string nvme_path;
-  /// `pin_memory`: page-locked host memory. Default false.
+  /// `pin_memory`: page-locked host memory. Default false. Read; the engine takes the backend's host
+  /// memory (`host_allocator_type`: pinned for CUDA) either way.
   bool pin_memory = false;
   /// `buffer_count`: buffers for NVMe transfers. Default 5.
   std::int64_t buffer_count = 5;

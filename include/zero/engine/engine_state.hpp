@@ -183,7 +183,7 @@ public:
   }
 
   /// Stage 3's gathering counters (null at stages 0-2).
-  [[nodiscard]] const param_coordinator<Backend, Comm, Allocator>*
+  [[nodiscard]] const engine_coordinator<Backend, Comm, Allocator>*
   coordinator() const noexcept requires can_all_gather<Comm> {
     return residency_.coordinator();
   }
@@ -212,6 +212,11 @@ public:
       add_host_memory(m, host->host_memory());
     } else if (const auto* nvme = optimizer_.nvme()) {
       add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes());
+    }
+    if constexpr (can_all_gather<Comm>) {
+      if (const auto* c = residency_.coordinator(); c != nullptr && c->host_memory() != nullptr) {
+        add_host_params(m, *c->host_memory());
+      }
     }
     return m;
   }

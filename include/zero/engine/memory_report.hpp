@@ -52,6 +52,12 @@ namespace zero {
          psi / static_cast<double>(n);
 }
 
+/// Host bytes per rank of ZeRO-Offload's parameter offload (stage 3) over `psi` parameters on `n`
+/// ranks: the rank's parameter shard, P psi / n.
+[[nodiscard]] inline double offloaded_params_host_formula_bytes(double psi, int n, dtype param) {
+  return static_cast<double>(size_of(param)) * psi / static_cast<double>(n);
+}
+
 /// Bytes per tag measured by the engine's counting allocator, next to the formula.
 struct memory_report {
   int stage = 0;
@@ -71,11 +77,13 @@ struct memory_report {
   /// Peak of the gathered working set (stage 3), reported apart from the model state.
   std::size_t working_set_peak = 0;
   /// The formula's bytes for this stage, world size and dtypes (with the optimizer offloaded: without
-  /// the optimizer state, which is in host memory).
+  /// the optimizer state, K psi / n; with the parameters offloaded: without their shard, P psi / n;
+  /// each is in host memory).
   double formula = 0;
-  /// Optimizer offload (`offload_optimizer.device: cpu`): host bytes per tag now (the state, and the
-  /// gradient and parameter shards staged there), their peak together, and the formula's host bytes,
-  /// (K + P + G) psi / n. All zero without offload.
+  /// Offload: host bytes per tag now, their peak together, and the formula's host bytes. Optimizer
+  /// offload (`offload_optimizer.device: cpu`) holds the state and the gradient and parameter shards
+  /// staged there, (K + P + G) psi / n; parameter offload (`offload_param.device: cpu`) the rank's
+  /// parameter shard, P psi / n, under `host_params` too. All zero without offload.
   std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
   double host_formula = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
@@ -139,7 +147,8 @@ template <class Counting>
 }
 
 /// Adds the host bytes of an offloaded optimizer (`host`: its counting allocator) to `m`, and moves
-/// the optimizer state from the device formula to the host one.
+/// the optimizer state from the device formula to the host one. Call before `add_host_params`: it
+/// sets the host fields, which that adds to.
 template <class Counting> void add_host_memory(memory_report& m, const Counting& host) {
   m.host_params = host.live(memory_tag::params);
   m.host_grads = host.live(memory_tag::grads);
@@ -160,6 +169,18 @@ template <class Counting> void add_nvme_memory(memory_report& m, const Counting&
   m.host_formula =
       (2.0 * static_cast<double>(size_of(m.param_type)) + static_cast<double>(size_of(m.grad_type))) * psi_n;
   m.nvme = file_bytes;
+}
+
+/// Adds the host bytes of an offloaded parameter shard (`host`: its counting allocator, stage 3's
+/// `offload_param.device: cpu`) to `m`'s `host_params`, `host_peak` and `host_formula`, and moves the
+/// shard, P psi / n, from the device formula to the host one.
+template <class Counting> void add_host_params(memory_report& m, const Counting& host) {
+  m.host_params += host.live(memory_tag::params);
+  m.host_peak += host.total().peak;
+  const double shard =
+      offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
+  m.host_formula += shard;
+  m.formula -= shard;
 }
 
 } // namespace zero

@@ -21,14 +21,21 @@
 /// Every rank must gather the same modules in the same order, as every rank must issue the same
 /// collectives; a module gathered by some ranks and not others ends in the communicator's timeout,
 /// whose error names the module.
+///
+/// With a host allocator (`zero_optimization.offload_param.device: cpu`) the shard lives in host
+/// memory (`detail::param_shard`): a gather uploads the rank's slice into the unit's device memory at
+/// the rank's position on an upload stream, then all-gathers in place, and a prefetch posts both.
+/// Persistent units stay whole in device memory.
 
 #include "zero/backend/backend.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/detail/param_shard.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/memory/host_allocator.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -65,9 +72,11 @@ struct gather_stats {
   std::size_t persistent_refreshes = 0; ///< all-gathers of persistent units after optimizer steps
 };
 
-/// Stage 3's gathering; see the file comment.
-template <backend Backend, communicator Comm, allocator A> class param_coordinator {
+/// Stage 3's gathering; see the file comment. `HostAlloc` is the host memory of an offloaded shard.
+template <backend Backend, communicator Comm, allocator A, allocator HostAlloc = host_allocator>
+class param_coordinator {
   using counting = counting_allocator<A>;
+  using host_counting = counting_allocator<HostAlloc>;
   using handle_type =
       decltype(std::declval<Comm&>().all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
 
@@ -78,19 +87,23 @@ public:
   /// \param module_names  for messages.
   /// \param state         memory of the shard and persistent copies (memory_tag::params).
   /// \param work          memory of gathered units: the working set, counted apart.
+  /// \param host          host memory of the shard (offload_param cpu; counted apart, `host_memory()`),
+  ///                      or none: the shard lives in `state`.
+  /// \throws config_error for a module above stage3_max_live_parameters, or a shard in host memory
+  ///         the backend cannot copy from; memory_error.
   param_coordinator(const flat_layout& layout, std::vector<std::vector<std::size_t>> module_units,
                     std::vector<std::size_t> persistent, std::vector<std::string> module_names, Backend& backend,
                     Comm& comm, counting state, counting work, coordinator_options opt,
-                    typename Backend::stream_type& stream)
+                    typename Backend::stream_type& stream, std::optional<host_counting> host = std::nullopt)
       : layout_(layout), module_units_(std::move(module_units)), module_names_(std::move(module_names)),
         backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
-        esize_(size_of(layout.type())) {
+        esize_(size_of(layout.type())),
+        shard_(backend, stream, state, std::move(host), layout_.shard_size() * size_of(layout.type())) {
     require_all_gather<Comm>();
     if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
       comm_.set_compute_stream(stream_.get());
     }
     units_.resize(layout_.segments().size());
-    shard_ = buffer<std::byte, counting>(state, layout_.shard_size() * esize_, memory_tag::params);
     for (std::size_t u : persistent) {
       units_[u].persistent = true;
       units_[u].data =
@@ -109,8 +122,10 @@ public:
     }
   }
 
-  /// The rank's shard of every unit, indexed like the optimizer state.
+  /// The rank's shard of every unit, indexed like the optimizer state (host memory when offloaded).
   [[nodiscard]] std::byte* shard() noexcept { return shard_.data(); }
+  /// The counting allocator of the shard's host memory (offload_param cpu), or null.
+  [[nodiscard]] const host_counting* host_memory() const noexcept { return shard_.host_memory(); }
   /// The parameters the optimizer updates: the shard (the interface `replicated_params` shares).
   [[nodiscard]] std::byte* store() noexcept { return shard_.data(); }
   /// True: the store is the rank's shard, indexed like the optimizer state.
@@ -286,7 +301,7 @@ public:
           P* p = reinterpret_cast<P*>(whole);
           comm_.broadcast(p, p, s.range.size(), modifier_rank).wait();
           const P* mine = p + static_cast<std::size_t>(comm_.rank()) * s.slice;
-          backend_.cast(mine, reinterpret_cast<P*>(shard_.data()) + s.shard_offset, s.slice, stream_);
+          shard_.put(mine, reinterpret_cast<P*>(shard_.data()) + s.shard_offset, s.slice);
         });
       }
     }
@@ -370,18 +385,33 @@ private:
     return visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
       P* dst = reinterpret_cast<P*>(whole);
       const P* mine = reinterpret_cast<const P*>(shard_.data()) + s.shard_offset;
-      // The shard slice is copied into place first, so the all-gather runs in place.
+      // The shard slice is copied into place first (uploaded, when offloaded), so the all-gather runs
+      // in place, in device memory; the unit's optimizer update comes before the copy.
       P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
-      if (units_[u].update_pending) {
-        backend_.wait(stream_, *units_[u].updated); // the unit's optimizer update comes first
-        units_[u].update_pending = false;
-      }
-      backend_.cast(mine, slot, s.slice, stream_);
+      const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
+      units_[u].update_pending = false;
+      const auto& on = shard_.stage(mine, slot, s.slice, update);
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
-        backend_.synchronize(stream_);
+        backend_.synchronize(on);
+        return comm_.all_gather(slot, dst, s.slice);
+      } else {
+        return all_gather_after(on, slot, dst, s.slice);
       }
-      return comm_.all_gather(slot, dst, s.slice);
     });
+  }
+
+  /// The all-gather of `n` elements per rank from `slot` into `dst`, ordered after stream `on`.
+  template <class P>
+  handle_type all_gather_after(const typename Backend::stream_type& on, P* slot, P* dst, std::size_t n) {
+    if (&on == &stream_) {
+      return comm_.all_gather(slot, dst, n);
+    }
+    struct restore_order { // the communicator follows the engine's stream again, also on a throw
+      param_coordinator* c;
+      ~restore_order() { c->comm_.set_compute_stream(c->stream_.get()); }
+    } restore{this};
+    comm_.set_compute_stream(on.get());
+    return comm_.all_gather(slot, dst, n);
   }
 
   void make_room(std::size_t n) {
@@ -537,8 +567,9 @@ private:
   coordinator_options opt_;
   typename Backend::stream_type& stream_;
   std::size_t esize_;
-  buffer<std::byte, counting> shard_;
   std::vector<unit> units_;
+  // After units_: destroyed first, it waits for uploads into their memory.
+  detail::param_shard<Backend, A, HostAlloc> shard_;
   std::vector<int> module_refs_;
   pass train_, eval_;
   bool in_eval_ = false;

@@ -7,12 +7,15 @@
 /// it through `residency(f)` without asking which it holds.
 ///
 /// The coordinator is a possible alternative only where the communicator can all-gather, so an
-/// engine over an all-reduce-only communicator compiles (and runs stage 0).
+/// engine over an all-reduce-only communicator compiles (and runs stage 0). Its shard lives in host
+/// memory (`offload_allocator_t<Backend>`, the memory of ZeRO-Offload) with
+/// `zero_optimization.offload_param.device: cpu`.
 
 #include "zero/comm/communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/detail/visit_made.hpp"
+#include "zero/engine/offloaded_adamw.hpp"
 #include "zero/engine/param_coordinator.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/replicated_params.hpp"
@@ -28,12 +31,15 @@
 
 namespace zero {
 
+/// Stage 3's coordinator in an engine: its shard offloads to the backend's host memory.
+template <class B, class C, class A> using engine_coordinator = param_coordinator<B, C, A, offload_allocator_t<B>>;
+
 namespace detail {
 template <class B, class C, class A> struct residency_of {
   using type = std::variant<std::monostate, replicated_params<B, C, A>>;
 };
 template <class B, can_all_gather C, class A> struct residency_of<B, C, A> {
-  using type = std::variant<std::monostate, replicated_params<B, C, A>, param_coordinator<B, C, A>>;
+  using type = std::variant<std::monostate, replicated_params<B, C, A>, engine_coordinator<B, C, A>>;
 };
 } // namespace detail
 
@@ -41,11 +47,15 @@ template <class B, can_all_gather C, class A> struct residency_of<B, C, A> {
 template <class Backend, class Comm, class A> class residency {
   using replicated = replicated_params<Backend, Comm, A>;
   using counting = counting_allocator<A>;
+  using host_alloc = offload_allocator_t<Backend>;
 
 public:
   /// Makes the residency `cfg`'s stage asks for over the finalized layouts of `reg`: stage 3's
   /// coordinator (its trace-change lines to `log`), or replicated parameters. Model state comes from
   /// `state`, staging from `buffers`, stage 3's gathered units from `work`; kernels run on `stream`.
+  /// With offload_param cpu the shard comes from host memory, `offload_allocator_t<Backend>`.
+  /// \throws config_error for offload_param cpu where the backend's kernels cannot reach that host
+  /// memory (they initialise the shard and, without offload_optimizer, step it).
   void make(const config& cfg, const param_registry& reg, Backend& backend, Comm& comm, counting state,
             counting buffers, counting work, typename Backend::stream_type& stream,
             std::function<void(const std::string&)> log) {
@@ -55,13 +65,22 @@ public:
         auto [units, persistent] = reg.module_units();
         // overlap_comm false (a debugging aid): nothing is fetched ahead; each gather waits for its own.
         const auto prefetch = z.overlap_comm ? static_cast<std::size_t>(z.stage3_prefetch_bucket_size) : 0;
-        v_.template emplace<param_coordinator<Backend, Comm, A>>(
+        std::optional<counting_allocator<host_alloc>> host;
+        if (z.offload_param.device == offload_device::cpu) {
+          if constexpr (!host_alloc::device_accessible && !Backend::allocator_type::host_accessible) {
+            throw config_error("zero_optimization.offload_param.device: \"cpu\" needs host memory the backend's "
+                               "kernels can reach (Backend::host_allocator_type device_accessible, as CUDA's "
+                               "mapped pinned memory, or a host backend); set \"device\": \"none\"");
+          }
+          host.emplace(host_alloc{});
+        }
+        v_.template emplace<engine_coordinator<Backend, Comm, A>>(
               reg.layout(), std::move(units), std::move(persistent), reg.module_names(), backend, comm,
               std::move(state), std::move(work),
               coordinator_options{.prefetch_elements = prefetch,
                                   .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
                                   .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
-              stream)
+              stream, std::move(host))
             .set_log(std::move(log));
         return;
       }
@@ -79,8 +98,8 @@ public:
   template <class F> decltype(auto) operator()(F&& f) const { return visit(v_, f); }
 
   /// Stage 3's coordinator, or null.
-  [[nodiscard]] const param_coordinator<Backend, Comm, A>* coordinator() const noexcept requires can_all_gather<Comm> {
-    return std::get_if<param_coordinator<Backend, Comm, A>>(&v_);
+  [[nodiscard]] const engine_coordinator<Backend, Comm, A>* coordinator() const noexcept requires can_all_gather<Comm> {
+    return std::get_if<engine_coordinator<Backend, Comm, A>>(&v_);
   }
 
 private:

@@ -89,14 +89,15 @@ namespace zero {
 }
 
 /// Refuses what a config asks and the engine cannot honour, naming the key.
-/// \throws config_error for parameter offload (not run yet), a missing optimizer, or a communication
-/// dtype that is neither the gradient nor the parameter dtype.
+/// \throws config_error for parameter offload other than stage 3's to "cpu" (a config built in code:
+/// the reader refuses the others too), a missing optimizer, or a communication dtype that is neither
+/// the gradient nor the parameter dtype.
 inline void check_engine_config(const config& c) {
-  if (c.zero_optimization.offload_param.device != offload_device::none) {
-    throw config_error(std::string("zero_optimization.offload_param.device: \"") +
-                       std::string(name_of(c.zero_optimization.offload_param.device)) +
-                       "\" is read from the config but this engine does not offload parameters yet (optimizer "
-                       "offload, offload_optimizer.device \"cpu\", it does); set \"device\": \"none\"");
+  const offload_device param = c.zero_optimization.offload_param.device;
+  if (param != offload_device::none && (param != offload_device::cpu || c.stage() != 3)) {
+    throw config_error(std::string("zero_optimization.offload_param.device: \"") + std::string(name_of(param)) +
+                       "\" at stage " + std::to_string(c.stage()) +
+                       "; this engine offloads parameters to \"cpu\" at stage 3 only");
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "

@@ -214,8 +214,8 @@ struct estimate_row {
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  /// true where this version's engine runs the row: no offload, or the optimizer offloaded to the CPU
-  /// at stages 1-3 without parameter offload; false for parameter offload and NVMe (planned)
+  /// true where this version's engine runs the row: no offload, the optimizer offloaded to the CPU at
+  /// stages 1-3, and the parameters too at stage 3; false for NVMe (planned)
   bool implemented = true;
 };
 
@@ -233,9 +233,10 @@ struct estimate_row {
 /// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
 /// the copies (`offloaded_host_formula_bytes`). The GPU keeps everything else of its stage: the
 /// gradients are reduced there and copied to the host. NVMe rows keep the state (S(m + 8)) on NVMe
-/// instead. Parameter offload (planned) also takes the stage-3 parameter shard off the GPU; the host
-/// copy is the staged shard already counted (with NVMe: on NVMe, max_in_cpu of it and the buffers in
-/// host memory).
+/// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
+/// shard, Sp, off the GPU into host memory of its own, beside the optimizer's staged copy of it, so
+/// the host holds S(m + 8 + 2p + g) (`offloaded_params_host_formula_bytes`); with NVMe the shard is on
+/// NVMe, max_in_cpu of it and the buffers in host memory (planned).
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
 /// - stage 2 reduces bucket by bucket through one staging buffer of min(reduce_bucket_size, Ψ)
@@ -283,8 +284,9 @@ struct estimate_row {
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    // The engine runs the optimizer offloaded to the CPU or NVMe; parameter offload is planned.
-    r.implemented = par == offload_device::none;
+    // The engine runs the optimizer offloaded to the CPU or NVMe, and the parameters to the CPU (stage 3);
+    // parameters on NVMe are planned.
+    r.implemented = par != offload_device::nvme;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     const std::int64_t optimizer_state = shard * (master + moments);
@@ -309,6 +311,9 @@ struct estimate_row {
         host += o.offload_optimizer_buffer_count * std::min(o.nvme_chunk_elements, range) * (master + moments);
         nvme += 2 * optimizer_state;
       }
+    }
+    if (par == offload_device::cpu) {
+      host += shard * p; // the coordinator's shard, which the gathers upload from
     }
     const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
     switch (stage) {

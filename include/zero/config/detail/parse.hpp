@@ -154,12 +154,6 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
     ctx.fail("zero_optimization.offload_optimizer.nvme_path",
              "missing; device \"nvme\" keeps the optimizer state in a file under this folder");
   }
-  // Parameter offload is read and validated so that configs written for it can be checked, but the
-  // engine does not run it yet and refuses it when built; the note says so before a run gets that far.
-  if (z.offload_param.device == offload_device::cpu) {
-    ctx.note(r.path_of("offload_param.device"), "\"cpu\" is read, but this version's engine refuses parameter "
-                                                "offload (planned); set \"none\" to train with it");
-  }
   note_stages(r, zero_optimization_keys, stage);
   note_values(r, zero_optimization_keys, stage);
   r.finish();

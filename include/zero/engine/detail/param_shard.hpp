@@ -1,0 +1,123 @@
+#pragma once
+/// \file
+/// `detail::param_shard`: the rank's shard of stage 3's parameters, for `param_coordinator` — in the
+/// engine's model-state memory, or with `zero_optimization.offload_param.device: cpu` in host memory
+/// of its own (ZeRO-Offload's parameter offload, docs/offload.md) — and how a slice of it reaches a
+/// gathered unit's device memory and comes back.
+///
+/// In model-state memory a slice is copied into its unit by the backend's `cast` on the engine's
+/// stream, as before any all-gather. In host memory it is uploaded with the backend's `copy` on an
+/// upload stream of the shard's own: the upload first waits for the work enqueued on the engine's
+/// stream so far (the unit's memory may have been read there before it was freed and handed out
+/// again) and for the slice's optimizer update; the engine's stream does not wait for the upload, so
+/// a prefetched unit's upload runs beside the forward, as its all-gather does. A collective reads
+/// the unit's device memory only, after the upload: NCCL cannot read host memory.
+
+#include "zero/backend/backend.hpp"
+#include "zero/backend/transfer.hpp"
+#include "zero/core/error.hpp"
+#include "zero/memory/buffer.hpp"
+#include "zero/memory/counting_allocator.hpp"
+
+#include <cstddef>
+#include <optional>
+#include <utility>
+
+namespace zero::detail {
+
+/// The shard of a `param_coordinator`; see the file comment. `A` is the engine's model-state
+/// memory, `HostAlloc` the host memory of an offloaded shard.
+template <backend_base Backend, allocator A, allocator HostAlloc> class param_shard {
+  using counting = counting_allocator<A>;
+  using host_counting = counting_allocator<HostAlloc>;
+  using stream_type = typename Backend::stream_type;
+  using event_type = typename Backend::event_type;
+
+public:
+  /// True when a slice can move between host memory and `A`'s: the backend copies, or the host
+  /// can touch `A`'s memory.
+  static constexpr bool can_offload = can_copy<Backend> || A::host_accessible;
+
+  /// `bytes` of shard in `state` (memory_tag::params), or in `host` when given (offloaded); copies
+  /// run on `stream` (the engine's, kept by reference) or, offloaded, on an upload stream.
+  /// \throws config_error when offloaded and `can_offload` is false; memory_error.
+  param_shard(Backend& backend, stream_type& stream, counting state, std::optional<host_counting> host,
+              std::size_t bytes)
+      : backend_(backend), stream_(stream), host_alloc_(std::move(host)) {
+    if (!host_alloc_) {
+      device_ = buffer<std::byte, counting>(std::move(state), bytes, memory_tag::params);
+      data_ = device_.data();
+      return;
+    }
+    if (!can_offload) {
+      throw config_error("zero_optimization.offload_param.device: \"cpu\" needs a backend with copy(const void* "
+                         "src, void* dst, size_t bytes, stream) (see zero::can_copy) or model-state memory the "
+                         "host can touch; set \"device\": \"none\"");
+    }
+    host_ = buffer<std::byte, host_counting>(*host_alloc_, bytes, memory_tag::params);
+    data_ = host_.data();
+    upload_.emplace(backend_.make_stream());
+    called_.emplace(backend_.make_event());
+  }
+  param_shard(const param_shard&) = delete;
+  param_shard& operator=(const param_shard&) = delete;
+  /// Waits for uploads still in flight out of the shard; never throws.
+  ~param_shard() {
+    if (upload_) {
+      try {
+        backend_.synchronize(*upload_);
+      } catch (...) { // NOLINT(bugprone-empty-catch): a destructor reports nothing
+      }
+    }
+  }
+
+  /// The shard's first byte.
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  /// True when the shard lives in host memory.
+  [[nodiscard]] bool offloaded() const noexcept { return host_alloc_.has_value(); }
+  /// The counting allocator of the offloaded shard's host memory, or null.
+  [[nodiscard]] const host_counting* host_memory() const noexcept { return host_alloc_ ? &*host_alloc_ : nullptr; }
+
+  /// Copies `n` elements of the shard at `from` into unit memory `to`, after the work enqueued on the
+  /// engine's stream so far and after `update` (the slice's optimizer update; null: none pending).
+  /// \returns the stream the copy runs on, which whatever reads `to` next must follow.
+  template <class P> const stream_type& stage(const P* from, P* to, std::size_t n, const event_type* update) {
+    if (!upload_) {
+      if (update != nullptr) {
+        backend_.wait(stream_, *update);
+      }
+      backend_.cast(from, to, n, stream_);
+      return stream_;
+    }
+    backend_.record(*called_, stream_);
+    backend_.wait(*upload_, *called_);
+    if (update != nullptr) {
+      backend_.wait(*upload_, *update);
+    }
+    if constexpr (can_offload) {
+      copy_async<A::host_accessible>(backend_, *upload_, from, to, n);
+    }
+    return *upload_;
+  }
+
+  /// Copies `n` elements of unit memory `from` into the shard at `to`, on the engine's stream.
+  template <class P> void put(const P* from, P* to, std::size_t n) {
+    if (!upload_) {
+      backend_.cast(from, to, n, stream_);
+    } else if constexpr (can_offload) {
+      copy_async<A::host_accessible>(backend_, stream_, from, to, n);
+    }
+  }
+
+private:
+  Backend& backend_;
+  stream_type& stream_;
+  std::optional<host_counting> host_alloc_;
+  buffer<std::byte, counting> device_;
+  buffer<std::byte, host_counting> host_;
+  std::byte* data_ = nullptr;
+  std::optional<stream_type> upload_;
+  std::optional<event_type> called_; // the engine's stream at an upload's call
+};
+
+} // namespace zero::detail
