@@ -33,13 +33,15 @@ std::string pad(std::string s, std::size_t n) {
   return s;
 }
 
-/// Why this version's engine cannot run a row, or nothing for a row it runs.
+/// Why this version's engine cannot run a row, or nothing for a row it runs. The optimizer runs
+/// offloaded to the CPU or to NVMe; only parameter offload is planned: to NVMe the reader refuses it,
+/// to the CPU the engine does.
 std::string planned_note(const zero::tools::estimate_row& r) {
   if (r.implemented) {
     return "";
   }
-  if (r.offload_optimizer == zero::offload_device::nvme || r.offload_param == zero::offload_device::nvme) {
-    return "  (planned: NVMe offload is not implemented in this version)";
+  if (r.offload_param == zero::offload_device::nvme) {
+    return "  (planned: NVMe offload of parameters is not implemented in this version)";
   }
   return "  (planned: the engine refuses parameter offload in this version)";
 }
