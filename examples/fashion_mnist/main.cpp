@@ -27,6 +27,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 #include <zero/backend/cpu_backend.hpp>
 #include <zero/comm/thread_communicator.hpp>
@@ -394,8 +395,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (offload.device == zero::offload_device::nvme) {
-      // The engine creates its file in nvme_path, not the folder.
-      std::filesystem::create_directories(offload.nvme_path);
+      // The engine creates its file in nvme_path, not the folder. Under mpirun every process asks at once:
+      // one of them makes it, and the others find it made.
+      std::error_code ec;
+      if (!std::filesystem::create_directories(offload.nvme_path, ec) && ec &&
+          !std::filesystem::is_directory(offload.nvme_path)) {
+        throw std::filesystem::filesystem_error("cannot create nvme_path", offload.nvme_path, ec);
+      }
     }
     auto stages = parse_stages(opt);
     if (stages.empty()) {
