@@ -416,9 +416,9 @@ io_probe probe_io(const std::filesystem::path& dir) {
 
 void report_storage(const std::optional<std::filesystem::path>& path, verdict& v, bool require_o_direct,
                     bool require_uring) {
-  section("storage (for NVMe offload, which this version plans but does not implement)");
+  section("storage (where NVMe offload of the optimizer state keeps its files)");
   if (!path) {
-    line("path", "none given (--path DIR probes O_DIRECT and io_uring there)");
+    line("path", "none given (--path DIR probes O_DIRECT and io_uring there; --config probes its nvme_path)");
     if (require_o_direct || require_uring) {
       v.problems.push_back("O_DIRECT/io_uring were required but no --path was given to probe: pass --path DIR");
     }
@@ -467,11 +467,50 @@ void report_backends() {
   line("communicators", comm);
   line("storage", storage);
   line("ZeRO stages", "0, 1, 2, 3");
-  line("offload", "optimizer state to host memory at stages 1-3 (offload_optimizer.device \"cpu\"), the parameter "
-                  "shard at stage 3 (offload_param.device \"cpu\"); NVMe offload planned (refused in this version)");
+  line("offload", "optimizer state to host memory or NVMe at stages 1-3 (offload_optimizer.device \"cpu\" or "
+                  "\"nvme\"), the parameter shard to host memory at stage 3 (offload_param.device \"cpu\"); "
+                  "parameters on NVMe planned (refused in this version)");
 }
 
 // ---- config ----------------------------------------------------------------------------------------
+
+/// What NVMe offload of the optimizer state will do with `c` (docs/offload.md): where the state file
+/// goes, what the host keeps, and whether nvme_path is a folder here and takes O_DIRECT (which
+/// `zero::uring_storage` needs; the default `posix_storage` does not). A missing folder is a warning
+/// (the config may be meant for another machine); fewer than 2 chunk buffers, which the engine
+/// refuses, is a problem.
+void report_nvme(const zero::config& c, verdict& v) {
+  const auto& o = c.zero_optimization.offload_optimizer;
+  const std::filesystem::path dir(o.nvme_path);
+  const std::int64_t chunk = c.aio.block_size / 4 * c.aio.queue_depth;
+  std::cout << "  offload: the optimizer state will be kept on NVMe and stepped on the host"
+               " (zero_optimization.offload_optimizer.device \"nvme\"; docs/offload.md)\n"
+            << "    state file per rank: " << (dir / "zero-optimizer-<pid>-<n>-rank<r>.swap").string()
+            << ", 2 K psi / N bytes (two slots of fp32 master, m and v; m and v for fp32 training), mode 0600,"
+               " removed when the engine is destroyed\n"
+            << "    host: the gradient shard, two copies of the parameter shard and " << o.buffer_count
+            << " chunk buffers of up to " << chunk
+            << " elements per tensor (offload_optimizer.buffer_count; aio.block_size / 4 x aio.queue_depth)\n";
+  if (o.buffer_count < 2) {
+    v.problems.push_back(cat("the config is valid but zero_optimization.offload_optimizer.buffer_count is ",
+                             std::to_string(o.buffer_count),
+                             ", and the engine refuses NVMe offload with fewer than 2 chunk buffers (one updating, "
+                             "one reading ahead); set 2 or more (DeepSpeed's default is 4)"));
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    std::cout << "    nvme_path " << dir.string() << ": not a folder here\n";
+    v.warnings.push_back(cat("zero_optimization.offload_optimizer.nvme_path ", dir.string(),
+                             " is not a folder on this machine: the engine creates its file there, not the folder; "
+                             "create it on the NVMe drive before training"));
+    return;
+  }
+  const io_probe p = probe_io(dir);
+  std::cout << "    nvme_path " << dir.string() << ": a folder here; O_DIRECT " << p.o_direct_detail
+            << (p.o_direct ? "" : " (zero::posix_storage, the default, works; zero::uring_storage needs O_DIRECT)")
+            << "\n"
+            << "    io_uring there: " << p.uring_detail << "\n";
+}
 
 void report_config(const std::string& file, const zero::config_inputs& in, verdict& v) {
   section(cat("config ", file));
@@ -485,11 +524,14 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     for (const std::string& n : c.notes) {
       std::cout << "  note: " << n << "\n";
     }
-    // Offload to the CPU runs (NVMe is refused by the reader): say where the state will live.
+    // Optimizer offload to the CPU or NVMe and parameter offload to the CPU run (parameters on NVMe are
+    // refused by the reader): say where the state will live.
     const auto& z = c.zero_optimization;
     if (z.offload_optimizer.device == zero::offload_device::cpu) {
       std::cout << "  offload: the optimizer state will be offloaded to host memory and stepped on the host"
                    " (zero_optimization.offload_optimizer.device \"cpu\"; docs/offload.md)\n";
+    } else if (z.offload_optimizer.device == zero::offload_device::nvme) {
+      report_nvme(c, v);
     }
     if (z.offload_param.device == zero::offload_device::cpu) {
       std::cout << "  offload: the parameter shard will live in host memory and be uploaded before each gather"

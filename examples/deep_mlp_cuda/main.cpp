@@ -7,6 +7,9 @@
 //   zero-deep-mlp-cuda --check --gpus 2                small model, every stage, checked against the CPU
 //   zero-deep-mlp-cuda --gpus 2 --config offload_cpu.json --offload-threads 8
 //                                                      ZeRO-Offload: optimizer state in pinned host memory
+//   zero-deep-mlp-cuda --gpus 2 --config offload_nvme.json --nvme-path /mnt/nvme/zero
+//                                                      ZeRO-Infinity: optimizer state in a file per GPU
+//                                                      (io_uring and O_DIRECT in a build with zero::uring)
 //
 // Block l: y = x + gelu(x W_l^T + b_l), W_l hidden x hidden; loss 0.5 * mean((y_L - target)^2) against
 // a fixed random target. The same model in PyTorch FSDP2 is bench/fsdp2/fsdp2_mlp.py.
@@ -21,21 +24,34 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime_api.h>
+#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 #include <zero/backend/cuda_backend.hpp>
 #include <zero/comm/nccl_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#if ZERO_HAS_URING
+#include <zero/storage/uring_storage.hpp>
+#endif
 
 namespace {
 
-using engine_type = zero::basic_engine<zero::cuda_backend, zero::nccl_communicator>;
+// The storage of offload_optimizer nvme: io_uring with O_DIRECT where the build has it (nvme_path must then
+// be on a file system that takes O_DIRECT, such as ext4 or xfs), else pread/pwrite through the page cache.
+#if ZERO_HAS_URING
+using storage_type = zero::uring_storage;
+#else
+using storage_type = zero::posix_storage;
+#endif
+using engine_type =
+    zero::basic_engine<zero::cuda_backend, zero::nccl_communicator, zero::cuda_backend::allocator_type, storage_type>;
 
 constexpr const char* program = "zero-deep-mlp-cuda";
 /// What ctest takes as "skipped" (SKIP_RETURN_CODE): fewer GPUs than asked for.
@@ -48,7 +64,8 @@ struct options {
   std::optional<int> hidden, blocks, rows, steps, warmup;
   std::optional<double> lr;
   std::string config_file;
-  unsigned offload_threads = 0; // host AdamW threads under offload_optimizer cpu; 0: the engine's default
+  unsigned offload_threads = 0; // host AdamW threads under offload_optimizer cpu or nvme; 0: the engine's default
+  std::optional<std::string> nvme_path; // overrides offload_optimizer.nvme_path
   bool json = false;
   bool check = false;
 };
@@ -75,8 +92,11 @@ const char* usage_text = R"(usage: zero-deep-mlp-cuda [flags]
   --config FILE  DeepSpeed-style JSON config instead of the built-in one (--stage still overrides;
                  "auto" takes --rows for the micro batch and --hidden for the bucket sizes)
   --offload-threads N
-                 host threads of the AdamW step under offload_optimizer cpu (default: the host's
-                 threads divided by the ranks)
+                 host threads of the AdamW step under offload_optimizer cpu or nvme (default: the
+                 host's threads divided by the ranks)
+  --nvme-path DIR
+                 folder of the optimizer state files under offload_optimizer nvme, overriding the
+                 config's nvme_path (created if missing; io_uring builds need O_DIRECT there)
   --json         print one JSON object per run as the last line(s)
   --check        run a small model and compare the first step with a CPU fp32 reference
 )";
@@ -164,6 +184,11 @@ bool parse(int argc, char** argv, options& o) {
       o.config_file = value();
     } else if (flag == "--offload-threads") {
       o.offload_threads = static_cast<unsigned>(parse_int(flag, value(), 1, 1024));
+    } else if (flag == "--nvme-path") {
+      o.nvme_path = value();
+      if (o.nvme_path->empty()) {
+        bad_flag("--nvme-path expects a folder, got an empty string");
+      }
     } else if (flag == "--json") {
       no_value();
       o.json = true;
@@ -173,6 +198,10 @@ bool parse(int argc, char** argv, options& o) {
     } else {
       bad_flag("unknown flag \"" + std::string(argv[i]) + "\"");
     }
+  }
+  if (o.nvme_path && o.config_file.empty()) {
+    bad_flag("--nvme-path needs --config with offload_optimizer nvme (such as offload_nvme.json); the built-in "
+             "config offloads nothing");
   }
   if (o.env && o.gpus) {
     bad_flag("--gpus and --env exclude each other (under torchrun, --nproc_per_node sets the GPUs)");
@@ -282,6 +311,7 @@ struct outcome {
   std::size_t activation_bytes = 0;
   std::size_t device_peak_delta = 0;
   std::size_t default_pool_high = 0;
+  std::string storage; // the storage policy's name under offload_optimizer nvme
   bool check_ok = true;
 };
 
@@ -376,12 +406,34 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
     if (stage) {
       j["zero_optimization"]["stage"] = *stage;
     }
+    // Before the config is read, so that a config without nvme_path (which the reader refuses with device
+    // nvme) takes it from the command line.
+    if (opt.nvme_path && j["zero_optimization"].contains("offload_optimizer") &&
+        j["zero_optimization"]["offload_optimizer"].is_object()) {
+      j["zero_optimization"]["offload_optimizer"]["nvme_path"] = *opt.nvme_path;
+    }
   }
   zero::config_inputs inputs;
   inputs.world_size = comm.size();
   inputs.hidden_size = p.shape.hidden;
   inputs.micro_batch_size = p.shape.rows; // the rows each GPU runs per step are its micro batch
   const auto cfg = zero::config::from_json(j, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
+  const auto& offload = cfg.zero_optimization.offload_optimizer;
+  if (opt.nvme_path && offload.device != zero::offload_device::nvme) {
+    throw zero::usage_error("--nvme-path: " + opt.config_file +
+                            " does not offload the optimizer to NVMe (zero_optimization.offload_optimizer.device is "
+                            "\"" +
+                            std::string(zero::name_of(offload.device)) + "\")");
+  }
+  if (offload.device == zero::offload_device::nvme) {
+    // The engine creates its file in nvme_path, not the folder. Every rank asks at once: one of them makes
+    // it, and the others find it made.
+    std::error_code ec;
+    if (!std::filesystem::create_directories(offload.nvme_path, ec) && ec &&
+        !std::filesystem::is_directory(offload.nvme_path)) {
+      throw std::filesystem::filesystem_error("cannot create nvme_path", offload.nvme_path, ec);
+    }
+  }
 
   const int rank = comm.rank();
   zero::cuda_backend backend(comm.device());
@@ -508,6 +560,9 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   o.activation_bytes = model.activation_bytes();
   o.device_peak_delta = device_memory.peak();
   o.default_pool_high = device_memory_probe::default_pool_high();
+  if (offload.device == zero::offload_device::nvme) {
+    o.storage = std::string(eng.storage().name());
+  }
   return o;
 }
 
@@ -550,6 +605,9 @@ void report(const outcome& o, bool json) {
                      {"host_optimizer_bytes", m.host_optimizer},
                      {"host_peak_bytes", m.host_peak},
                      {"host_formula_bytes", m.host_formula},
+                     {"host_buffers_bytes", m.host_buffers},
+                     {"nvme_bytes", m.nvme},
+                     {"storage", o.storage},
                      {"framework_bytes", o.framework_bytes},
                      {"activation_bytes", o.activation_bytes},
                      {"default_mempool_reserved_high_bytes", o.default_pool_high},
@@ -565,14 +623,19 @@ void report(const outcome& o, bool json) {
                 "  peak allocated %.2f GiB (engine model state %.2f + buffers %.2f + gathered %.2f + framework %.2f, "
                 "activations %.2f of it)\n"
                 "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n"
-                "  host (offloaded optimizer): peak %.2f GiB, formula (K + P + G) psi / N %.2f GiB\n%s",
+                "  host (offloaded optimizer): peak %.2f GiB, formula %s psi / N %.2f GiB\n%s",
                 o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
                 o.step_wall_ms, o.tflops_per_gpu, o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first,
                 o.loss_last, static_cast<double>(allocated) / gib, static_cast<double>(m.model_state_peak) / gib,
                 static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
                 static_cast<double>(o.framework_bytes) / gib, static_cast<double>(o.activation_bytes) / gib,
                 static_cast<double>(o.device_peak_delta) / gib, static_cast<double>(m.host_peak) / gib,
-                m.host_formula / gib, m.table().c_str());
+                m.nvme > 0 ? "(2 P + G)" : "(K + P + G)", m.host_formula / gib, m.table().c_str());
+    if (m.nvme > 0) {
+      std::printf("  on NVMe (%s storage): the state file, %.2f GiB per GPU (two slots of K psi / N); host chunk "
+                  "buffers %.2f GiB (in the host peak)\n",
+                  o.storage.c_str(), static_cast<double>(m.nvme) / gib, static_cast<double>(m.host_buffers) / gib);
+    }
   }
   std::fflush(stdout);
 }

@@ -1,10 +1,16 @@
-# cmake -DEXE=... -DRANKS=4 -DMIN_ACCURACY=0.85 [-DMPIEXEC=... -DNP=2] [-DOFFLOADED=ON] -DARGS="..."
-#       -P check_accuracy.cmake
+# cmake -DEXE=... -DRANKS=4 -DMIN_ACCURACY=0.85 [-DMPIEXEC=... -DNP=2] [-DOFFLOADED=ON] [-DNVME_DIR=...]
+#       -DARGS="..." -P check_accuracy.cmake
 # Runs zero-fashion-mnist with --json and checks every run's line: test accuracy at least
 # MIN_ACCURACY and model-state bytes per rank within 2% of the ZeRO formula. With OFFLOADED (a config
-# with offload_optimizer cpu), also that the device holds no optimizer bytes and the host's peak is
-# within 2% of the host formula (docs/offload.md).
+# with offload_optimizer cpu or nvme), also that the device holds no optimizer bytes and the host's peak
+# (less the NVMe chunk buffers) is within 2% of the host formula (docs/offload.md). With NVME_DIR (a
+# config with offload_optimizer nvme), the run gets --nvme-path NVME_DIR (emptied first), the JSON must
+# report state-file and chunk-buffer bytes, and no state file may be left in NVME_DIR after the run.
 separate_arguments(args UNIX_COMMAND "${ARGS}")
+if(NVME_DIR)
+  file(REMOVE_RECURSE "${NVME_DIR}")
+  list(APPEND args --nvme-path "${NVME_DIR}")
+endif()
 if(MPIEXEC)
   set(cmd ${MPIEXEC} -np ${NP} --oversubscribe ${EXE} ${args} --json)
 else()
@@ -40,6 +46,16 @@ foreach(line IN LISTS lines)
       message(FATAL_ERROR "stage ${stage}: expected the optimizer offloaded (\"offloaded\": ${offloaded}) and no "
                           "optimizer bytes on the device, found ${optimizer}")
     endif()
+    if(NVME_DIR)
+      string(JSON nvme GET "${line}" nvme_bytes)
+      string(JSON buffers GET "${line}" host_buffers_bytes)
+      message(STATUS "stage ${stage}: state file ${nvme} B per rank, host chunk buffers ${buffers} B")
+      if(NOT nvme GREATER 0 OR NOT buffers GREATER 0)
+        message(FATAL_ERROR "stage ${stage}: expected the optimizer state on NVMe (nvme_bytes > 0) and chunk buffers "
+                            "on the host, found nvme_bytes ${nvme}, host_buffers_bytes ${buffers}")
+      endif()
+      math(EXPR host "${host} - ${buffers}")
+    endif()
     # Integer bounds: CMake's math() has no fractions.
     string(REGEX REPLACE "\\..*" "" host_formula "${host_formula}")
     math(EXPR host_limit "${host_formula} * 102 / 100")
@@ -49,3 +65,12 @@ foreach(line IN LISTS lines)
     endif()
   endif()
 endforeach()
+if(NVME_DIR)
+  if(NOT IS_DIRECTORY "${NVME_DIR}")
+    message(FATAL_ERROR "--nvme-path ${NVME_DIR} was not created")
+  endif()
+  file(GLOB left "${NVME_DIR}/*")
+  if(left)
+    message(FATAL_ERROR "the engine left files in ${NVME_DIR}: ${left}")
+  endif()
+endif()

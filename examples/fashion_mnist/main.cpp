@@ -7,6 +7,8 @@
 //   zero-fashion-mnist --stage 3 --ranks 2 --steps 900 --load ckpt    resume (any stage, any ranks)
 //   mpirun -np 2 zero-fashion-mnist --timeout 30      report a stopped rank after 30 s (default 300)
 //   zero-fashion-mnist --ranks 2 --config offload_cpu.json    ZeRO-Offload: optimizer state in host memory
+//   zero-fashion-mnist --ranks 2 --config offload_nvme.json --nvme-path /mnt/nvme/zero
+//                                                       ZeRO-Infinity: optimizer state in a file per rank
 //
 // The framework (mlp.hpp) keeps its own forward and backward; zero owns parameters, gradients and
 // optimizer state, reduces gradients bucket by bucket and steps AdamW on each rank's shard.
@@ -18,12 +20,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 #include <zero/backend/cpu_backend.hpp>
 #include <zero/comm/thread_communicator.hpp>
@@ -73,7 +77,8 @@ struct options {
   long save_every = 0;
   std::string load;
   std::optional<double> timeout; // seconds; overrides the config's comm_timeout
-  unsigned offload_threads = 0;  // host AdamW threads under offload_optimizer cpu; 0: the engine's default
+  unsigned offload_threads = 0;  // host AdamW threads under offload_optimizer cpu or nvme; 0: the engine's default
+  std::optional<std::string> nvme_path; // overrides offload_optimizer.nvme_path
 };
 
 struct outcome {
@@ -256,11 +261,18 @@ void report(const outcome& o, bool json) {
                      {"host_grads_bytes", m.host_grads},
                      {"host_optimizer_bytes", m.host_optimizer},
                      {"host_peak_bytes", m.host_peak},
-                     {"host_formula_bytes", m.host_formula}};
+                     {"host_formula_bytes", m.host_formula},
+                     {"host_buffers_bytes", m.host_buffers},
+                     {"nvme_bytes", m.nvme}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("stage %d: test accuracy %.2f%% after %ld steps in %.1f s\n%s", o.stage, 100 * o.test_accuracy, o.steps,
                 o.seconds, m.table().c_str());
+    if (m.nvme > 0) {
+      std::printf("  on NVMe: the state file, %zu B per rank (two slots of the optimizer state); host chunk buffers "
+                  "%zu B (in the host peak)\n",
+                  m.nvme, m.host_buffers);
+    }
   }
   std::fflush(stdout);
 }
@@ -316,9 +328,12 @@ int main(int argc, char** argv) {
   app.add_option("--save-every", opt.save_every, "also save every N steps")->check(at_least_one)->needs(save_opt);
   auto* load_opt = app.add_option("--load", opt.load, "resume from the latest checkpoint in this directory");
   app.add_option("--offload-threads", opt.offload_threads,
-                 "host threads of the AdamW step under offload_optimizer cpu (default: the host's threads divided "
-                 "by the ranks)")
+                 "host threads of the AdamW step under offload_optimizer cpu or nvme (default: the host's threads "
+                 "divided by the ranks)")
       ->check(CLI::Range(1u, 1024u));
+  auto* nvme_opt = app.add_option("--nvme-path", opt.nvme_path,
+                                  "folder of the optimizer state files under offload_optimizer nvme, overriding the "
+                                  "config's nvme_path (created if missing)");
   app.add_option("--timeout", opt.timeout,
                  "seconds a rank waits for the others before it reports them (default: the config's "
                  "comm_timeout, else 300)");
@@ -330,7 +345,7 @@ int main(int argc, char** argv) {
                  *opt.timeout);
     return 2;
   }
-  for (const CLI::Option* o : {save_opt, load_opt}) {
+  for (const CLI::Option* o : {save_opt, load_opt, nvme_opt}) {
     if (o->count() > 0 && o->as<std::string>().empty()) {
       std::fprintf(stderr, "zero-fashion-mnist: %s: expected a directory, found an empty string\n",
                    o->get_name().c_str());
@@ -353,15 +368,41 @@ int main(int argc, char** argv) {
     // Through zero's reader: bounded size and depth, duplicate keys refused. The stage is set per run
     // below, so the JSON is kept; reading it once here refuses a bad config before the data loads.
     const std::string source = opt.config_file.empty() ? "built-in config" : opt.config_file;
-    const nlohmann::json base =
+    nlohmann::json base =
         opt.config_file.empty() ? nlohmann::json::parse(default_config) : zero::config::read_json_file(opt.config_file);
+    if (opt.nvme_path) {
+      // Written into the config before it is read, so that a config without nvme_path (which the reader
+      // refuses with device nvme) takes it from the command line.
+      if (base.is_object() && base.contains("zero_optimization") && base["zero_optimization"].is_object() &&
+          base["zero_optimization"].contains("offload_optimizer") &&
+          base["zero_optimization"]["offload_optimizer"].is_object()) {
+        base["zero_optimization"]["offload_optimizer"]["nvme_path"] = *opt.nvme_path;
+      }
+    }
     // The batch rule needs the rank count: the launcher's under mpirun, else --ranks.
     const char* launcher_size = std::getenv("OMPI_COMM_WORLD_SIZE");
     launcher_size = launcher_size != nullptr ? launcher_size : std::getenv("PMI_SIZE");
-    const int config_stage =
-        zero::config::from_json(base, {.world_size = launcher_size != nullptr ? std::atol(launcher_size) : opt.ranks},
-                                source)
-            .stage();
+    const zero::config first = zero::config::from_json(
+        base, {.world_size = launcher_size != nullptr ? std::atol(launcher_size) : opt.ranks}, source);
+    const int config_stage = first.stage();
+    const auto& offload = first.zero_optimization.offload_optimizer;
+    if (opt.nvme_path && offload.device != zero::offload_device::nvme) {
+      std::fprintf(stderr,
+                   "zero-fashion-mnist: --nvme-path: the config does not offload the optimizer to NVMe "
+                   "(zero_optimization.offload_optimizer.device is \"%s\"); use a config with \"nvme\", such as "
+                   "examples/fashion_mnist/offload_nvme.json\n",
+                   std::string(zero::name_of(offload.device)).c_str());
+      return 2;
+    }
+    if (offload.device == zero::offload_device::nvme) {
+      // The engine creates its file in nvme_path, not the folder. Under mpirun every process asks at once:
+      // one of them makes it, and the others find it made.
+      std::error_code ec;
+      if (!std::filesystem::create_directories(offload.nvme_path, ec) && ec &&
+          !std::filesystem::is_directory(offload.nvme_path)) {
+        throw std::filesystem::filesystem_error("cannot create nvme_path", offload.nvme_path, ec);
+      }
+    }
     auto stages = parse_stages(opt);
     if (stages.empty()) {
       stages.push_back(opt.stage.value_or(config_stage));

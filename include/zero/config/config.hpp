@@ -173,15 +173,16 @@ struct scheduler_config {
 /// `zero_optimization.offload_optimizer`: where the fp32 master weights, Adam moments and the
 /// gradient shard live, and where the optimizer step runs (CPU for any device but none).
 struct offload_optimizer_config {
-  /// `device`: none (default), cpu: the engine keeps the state in host memory and steps it on the host
-  /// (docs/offload.md); nvme is refused here, by the reader.
+  /// `device`: none (default), cpu: the engine keeps the state in host memory and steps it on the host;
+  /// nvme: the state in a file per rank under `nvme_path`, streamed through host buffers and stepped on
+  /// the host (docs/offload.md).
   offload_device device = offload_device::none;
-  /// `nvme_path`: directory for NVMe offload. Default empty.
+  /// `nvme_path`: directory of the state files for NVMe offload; required with device nvme. Default empty.
   std::string nvme_path;
   /// `pin_memory`: page-locked host memory for faster transfers. Default false. Read; the engine
   /// takes the backend's host memory (`host_allocator_type`: pinned for CUDA) either way.
   bool pin_memory = false;
-  /// `buffer_count`: buffers for NVMe transfers. Default 4.
+  /// `buffer_count`: chunk buffers in host memory for NVMe transfers; the engine needs at least 2. Default 4.
   std::int64_t buffer_count = 4;
   /// `ratio`: fraction of optimizer state offloaded. Default 1; below 1 is refused as not implemented.
   double ratio = 1.0;

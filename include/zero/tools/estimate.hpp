@@ -214,8 +214,8 @@ struct estimate_row {
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  /// true where this version's engine runs the row: no offload, the optimizer offloaded to the CPU at
-  /// stages 1-3, and the parameters too at stage 3; false for NVMe (planned)
+  /// true where this version's engine runs the row: no offload, the optimizer offloaded to the CPU or
+  /// NVMe at stages 1-3, and the parameters to the CPU at stage 3; false for parameters on NVMe (planned)
   bool implemented = true;
 };
 
@@ -251,9 +251,10 @@ struct estimate_row {
 /// - stages 1-2 with allgather_bucket_size set (and several ranks) join consecutive buckets' parameter
 ///   all-gathers through one staging buffer of at most min(allgather_bucket_size, Ψ) parameter
 ///   elements (engine.hpp, `plan_gather_groups`); unset, the all-gathers run in place.
-/// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. NVMe rows keep
-/// `sub_group_size` tiles (optimizer) or buffer_count x buffer_size elements (parameters) in host memory and the rest
-/// on NVMe. \throws usage_error when params, ranks or dtypes are out of range.
+/// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. Optimizer NVMe rows
+/// keep offload_optimizer_buffer_count chunks of nvme_chunk_elements (at most one owned range) per state tensor in
+/// host memory; parameter NVMe rows buffer_count x buffer_size elements. \throws usage_error when params, ranks or
+/// dtypes are out of range.
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
