@@ -351,10 +351,11 @@ protected:
   buffer<std::byte, counting> frozen_;
   residency<Backend, Comm, Allocator> residency_;
   std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
+  /// Before the optimizer, which keeps a reference to it: destroyed after the optimizer's last I/O.
+  std::optional<Storage> storage_;
   optimizer_step<Backend, Allocator, Storage> optimizer_;
   std::optional<grad_stats<Backend, Comm, Allocator>> stats_;
   std::optional<update_overlap<Backend, Comm>> overlap_;
-  std::optional<Storage> storage_;
   /// One int in backend memory: the ranks agree on whether an NVMe step's I/O failed anywhere.
   buffer<int, counting> agree_;
   loss_scaler scaler_;
