@@ -24,6 +24,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/detail/host_gradients.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
@@ -82,7 +83,8 @@ public:
                                .params = reinterpret_cast<std::byte*>(&never_read_),
                                .params_sharded = true,
                                .state_elsewhere = true},
-               std::move(group_of), std::move(groups), host_, counted_, host_stream_) {
+               std::move(group_of), std::move(groups), host_, counted_, host_stream_),
+        grads_(backend, inner_.ranges(), counted_, inner_.state_size(), grad_size_) {
     if (place.params == nullptr) {
       throw usage_error("nvme_adamw: no parameters to update (adamw_placement::params is null)");
     }
@@ -120,9 +122,7 @@ public:
       chunks_.push_back(
           chunk_buffer{storage_buffer(storage_, tensors_ * chunk_ * sizeof(float), counted_, memory_tag::buffers), {}});
     }
-    // Zeroed: padding elements are never written by the device, and the file's slots start at zero.
-    grads_ = buffer<std::byte, host_counting>(counted_, n * grad_size_, memory_tag::grads);
-    std::fill_n(grads_.data(), n * grad_size_, std::byte{0});
+    // Zeroed: padding elements are never written by the device.
     for (auto& p : params_) {
       p = buffer<std::byte, host_counting>(counted_, n * param_size_, memory_tag::params);
       std::fill_n(p.data(), n * param_size_, std::byte{0});
@@ -130,10 +130,6 @@ public:
     for (auto& c : chunks_) {
       std::fill_n(c.bytes.data(), c.bytes.size(), std::byte{0});
     }
-    for (std::size_t k = 0; k < ranges.size(); ++k) {
-      fetched_.push_back(backend_.make_event());
-    }
-    posted_.assign(ranges.size(), false);
   }
 
   nvme_adamw(const nvme_adamw&) = delete;
@@ -216,21 +212,8 @@ public:
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
+    grads_.wait(k, s, grad_of, "nvme_adamw");
     const auto& ranges = inner_.ranges();
-    if (k >= ranges.size()) {
-      throw usage_error("nvme_adamw::step_range: range " + std::to_string(k) +
-                        " does not exist; this rank owns ranges 0 to " + std::to_string(ranges.size()) +
-                        " (exclusive), one per segment");
-    }
-    if (k == 0) {
-      for (std::size_t j = 0; j < ranges.size(); ++j) {
-        fetch(j, s, grad_of);
-      }
-    } else if (!posted_[k]) {
-      fetch(k, s, grad_of);
-    }
-    backend_.synchronize(std::as_const(fetched_[k]));
-    posted_[k] = false;
     stepping_ = true;
     if (!failed_) {
       try {
@@ -314,14 +297,6 @@ private:
     }
   }
 
-  template <class GradOf> void fetch(std::size_t k, const stream_type& s, GradOf& grad_of) {
-    const auto& [range, off] = inner_.ranges()[k];
-    const auto* grads = static_cast<const std::byte*>(grad_of(range, off));
-    copy_async<device_host_accessible>(backend_, s, grads, grads_.data() + off * grad_size_, range.size() * grad_size_);
-    backend_.record(fetched_[k], s);
-    posted_[k] = true;
-  }
-
   /// Reads, updates and writes back the chunks of range `k` (see the file comment).
   template <class GroupLr> void update(std::size_t k, const adamw_step_args& base, GroupLr& group_lr) {
     const auto& [range, off] = inner_.ranges()[k];
@@ -362,7 +337,7 @@ private:
                           .master = has_master() ? chunk_tensor(c, 0) : nullptr,
                           .m = chunk_tensor(c, tensors_ - 2),
                           .v = chunk_tensor(c, tensors_ - 1),
-                          .grads = grads_.data() + first * grad_size_,
+                          .grads = grads_.at(first),
                           .params = param_at(next, first)},
                          host_stream_, base, group_lr);
       const std::size_t io = round_up(len, unit_);
@@ -435,10 +410,8 @@ private:
   file_type file_;
   bool created_ = false;
   std::vector<chunk_buffer> chunks_;
-  buffer<std::byte, host_counting> grads_;
   buffer<std::byte, host_counting> params_[2];
-  std::vector<typename Backend::event_type> fetched_;
-  std::vector<bool> posted_;
+  detail::host_gradients<Backend, device_host_accessible, host_counting> grads_;
   std::size_t cur_ = 0;
   bool stepping_ = false;
   std::exception_ptr failed_;

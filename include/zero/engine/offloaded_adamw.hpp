@@ -22,6 +22,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/detail/host_gradients.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -78,22 +79,17 @@ public:
         device_params_(place.params), device_sharded_(place.params_sharded), grad_size_(size_of(place.grad_type)),
         param_size_(size_of(layout.type())),
         host_params_(counted_, state_elements(layout, place) * param_size_, memory_tag::params),
-        host_grads_(counted_, state_elements(layout, place) * grad_size_, memory_tag::grads),
         inner_(layout,
                adamw_placement{.rank = place.rank,
                                .partitioned = place.partitioned,
                                .grad_type = place.grad_type,
                                .params = host_params_.data(),
                                .params_sharded = true},
-               std::move(group_of), std::move(groups), host_, counted_, host_stream_) {
+               std::move(group_of), std::move(groups), host_, counted_, host_stream_),
+        grads_(backend, inner_.ranges(), counted_, inner_.state_size(), grad_size_) {
     if (place.params == nullptr) {
       throw usage_error("offloaded_adamw: no parameters to update (adamw_placement::params is null)");
     }
-    fetched_.reserve(inner_.ranges().size());
-    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
-      fetched_.push_back(backend_.make_event());
-    }
-    posted_.assign(inner_.ranges().size(), false);
   }
 
   offloaded_adamw(const offloaded_adamw&) = delete;
@@ -149,24 +145,10 @@ public:
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
-    const auto& ranges = inner_.ranges();
-    if (k >= ranges.size()) {
-      throw usage_error("offloaded_adamw::step_range: range " + std::to_string(k) +
-                        " does not exist; this rank owns ranges 0 to " + std::to_string(ranges.size()) +
-                        " (exclusive), one per segment");
-    }
-    if (k == 0) {
-      for (std::size_t j = 0; j < ranges.size(); ++j) {
-        fetch(j, s, grad_of);
-      }
-    } else if (!posted_[k]) {
-      fetch(k, s, grad_of);
-    }
-    backend_.synchronize(std::as_const(fetched_[k]));
-    posted_[k] = false;
-    const auto& [range, state_offset] = ranges[k];
+    grads_.wait(k, s, grad_of, "offloaded_adamw");
+    const auto& [range, state_offset] = inner_.ranges()[k];
     inner_.step_range(k, host_stream_, base, group_lr,
-                      [&](const flat_range&, std::size_t off) { return host_grads_.data() + off * grad_size_; });
+                      [&](const flat_range&, std::size_t off) { return grads_.at(off); });
     copy_async<device_host_accessible>(backend_, s, host_params(state_offset), device_params(range, state_offset),
                                        range.size() * param_size_);
   }
@@ -179,15 +161,6 @@ private:
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
     return device_params_ + (device_sharded_ ? state_offset : range.begin) * param_size_;
   }
-  /// Posts the copy of range `k`'s reduced gradients to the host on `s`, and the event it lands at.
-  template <class GradOf> void fetch(std::size_t k, const stream_type& s, GradOf& grad_of) {
-    const auto& [range, state_offset] = inner_.ranges()[k];
-    const auto* grads = static_cast<const std::byte*>(grad_of(range, state_offset));
-    copy_async<device_host_accessible>(backend_, s, grads, host_grads_.data() + state_offset * grad_size_,
-                                       range.size() * grad_size_);
-    backend_.record(fetched_[k], s);
-    posted_[k] = true;
-  }
 
   Backend& backend_;
   stream_type& stream_;
@@ -199,10 +172,8 @@ private:
   std::size_t grad_size_;
   std::size_t param_size_;
   buffer<std::byte, host_counting> host_params_;
-  buffer<std::byte, host_counting> host_grads_;
   partitioned_adamw<host_backend, HostAlloc> inner_;
-  std::vector<typename Backend::event_type> fetched_;
-  std::vector<bool> posted_;
+  detail::host_gradients<Backend, device_host_accessible, host_counting> grads_;
 };
 
 } // namespace zero
