@@ -130,6 +130,8 @@ TEST_CASE("the state file is 0600, two slots of the rank's state; the host keeps
         CHECK(m.host_grads == 2 * eng.optimizer().state_size());
         CHECK(m.host_params == 2 * 2 * eng.optimizer().state_size());
         CHECK(m.host_buffers == 2 * 3 * 64 * sizeof(float));
+        CHECK(m.table().find("on NVMe: the optimizer state file " + std::to_string(m.nvme) + " B") !=
+              std::string::npos);
       });
 }
 

@@ -49,7 +49,7 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "the switch for pipelined NVMe writes (zero's NVMe offload always writes while it updates)", "not planned",
      "false, or leave it out"},
     {"zero_optimization.offload_optimizer.fast_init", unimplemented_when::differs_from, "false",
-     "fast optimizer initialisation on NVMe", "planned with NVMe offload", ""},
+     "fast optimizer initialisation on NVMe", "planned", ""},
     {"aio.use_gds", unimplemented_when::differs_from, "false", "GPUDirect Storage", "not planned", ""},
     // ---- ZeRO variants and stage 3 internals ------------------------------------------------
     {"zero_optimization.load_from_fp32_weights", unimplemented_when::differs_from, "true",

@@ -115,6 +115,12 @@ struct memory_report {
                     host_params, host_grads, host_optimizer, host_peak, host_formula);
       out += buf;
     }
+    if (nvme > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  on NVMe: the optimizer state file %zu B (two slots); host chunk buffers %zu B\n", nvme,
+                    host_buffers);
+      out += buf;
+    }
     return out;
   }
 };
