@@ -136,15 +136,16 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   // bf16 gradient and parameter shards, (12 + 2 + 2) Ψ / N = 14e9, x 8 per node (docs/offload.md)
   CHECK(find(1, cpu, none).gpu_model_state_bytes == 28'000'000'000);
   CHECK(find(1, cpu, none).host_bytes_per_node == 112'000'000'000);
-  // stage 2 + CPU optimizer: the GPU keeps 2 Ψ + 2 Ψ / N (its reduced gradient shard) = 15.75e9
-  CHECK(find(2, cpu, none).gpu_model_state_bytes == 15'750'000'000);
+  // stage 2 + CPU optimizer: the GPU keeps the parameters, 2 Ψ = 14e9; reduced gradients go to the
+  // host during backward
+  CHECK(find(2, cpu, none).gpu_model_state_bytes == 14'000'000'000);
   CHECK(find(2, cpu, none).host_bytes_per_node == 112'000'000'000);
-  // stage 3 + CPU optimizer: (2 + 2) Ψ / N = 3.5e9 on the GPU
-  CHECK(find(3, cpu, none).gpu_model_state_bytes == 3'500'000'000);
+  // stage 3 + CPU optimizer: the parameter shard, 2 Ψ / N = 1.75e9, on the GPU
+  CHECK(find(3, cpu, none).gpu_model_state_bytes == 1'750'000'000);
   CHECK(find(3, cpu, none).host_bytes_per_node == 112'000'000'000);
-  // stage 3 + CPU optimizer and parameters: the GPU keeps the gradient shard 2 Ψ / N; the host holds
-  // the parameter shard the gathers upload from beside the optimizer's staged copy, (2 + 2 + 12 + 2) Ψ / N
-  CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 1'750'000'000);
+  // stage 3 + CPU optimizer and parameters: the GPU keeps no model state; the host holds the parameter
+  // shard the gathers upload from beside the optimizer's staged copy, (2 + 2 + 12 + 2) Ψ / N
+  CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 0);
   CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 18);
   // The engine runs the optimizer offloaded to the CPU or NVMe at stages 1-3, and the parameters to the
   // CPU at stage 3 (tests/config/test_estimate_engine.cpp checks those rows against it); parameters on

@@ -138,11 +138,6 @@ public:
     }
     residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
                     log_.sink_for(comm_.rank()));
-    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
-                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
-                                     .grad_type = cfg_.grad_accum_dtype,
-                                     .overlap = z.overlap_comm},
-                     stream_);
     std::byte* store = residency_([](auto& r) { return r.store(); });
     const bool sharded = residency_([](auto& r) { return r.sharded_store; });
     const adamw_placement place{.rank = comm_.rank(),
@@ -172,6 +167,24 @@ public:
                               offload_options{.threads = threads});
     } else {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
+    }
+    // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard; each bucket's
+    // reduced slice goes to the host during backward (docs/offload.md).
+    auto* streamed = stage >= 2 ? optimizer_.host_grads() : nullptr;
+    if (streamed != nullptr) {
+      streamed->stream();
+      streamed_ = true;
+    }
+    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
+                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
+                                     .grad_type = cfg_.grad_accum_dtype,
+                                     .overlap = z.overlap_comm,
+                                     .streamed = streamed != nullptr},
+                     stream_);
+    if (streamed != nullptr) {
+      reducer_->stream_to([this, streamed](std::size_t segment, const std::byte* slice) -> const auto& {
+        return streamed->take(segment, slice, stream_);
+      });
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
@@ -318,6 +331,31 @@ protected:
     return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
   }
 
+  /// The reduced gradients' check (`grad_stats`): on the device, or on the host's copy when streamed.
+  grad_check check_gradients(double unscale) {
+    if (!streamed_) {
+      return stats_->check(unscale, reduced());
+    }
+    const auto host = optimizer_.host_grads()->check(unscale);
+    return stats_->combine(host.squared_norms, host.nonfinite, unscale != 1.0);
+  }
+  /// Ends the gradients of a micro-step: the streamed host copy adds its last slices.
+  void gradients_landed() {
+    if (streamed_) {
+      optimizer_.host_grads()->finish();
+    }
+  }
+  /// Zeroes the gradients of an ended accumulation: the device's (on `s` when given), or the host's.
+  void zero_gradients(const stream_type* s) {
+    if (streamed_) {
+      optimizer_.host_grads()->reset();
+    } else if (s != nullptr) {
+      reducer_->zero(*s);
+    } else {
+      reducer_->zero();
+    }
+  }
+
   /// True when `mine` is true on any rank (one all-reduce of an int in backend memory).
   bool any_rank(bool mine) {
     if (comm_.size() == 1) {
@@ -365,6 +403,8 @@ protected:
   /// An error of a scope ended in a destructor, thrown by the next call (see `engine_scope`).
   mutable std::exception_ptr deferred_;
   unsigned offload_threads_ = 0;
+  /// The reducer hands reduced gradients to the host optimizer during backward (stages 2-3, offloaded).
+  bool streamed_ = false;
   bool finalized_ = false;
 };
 

@@ -13,6 +13,7 @@
 #include "zero/backend/transfer.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dispatch.hpp"
+#include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -23,6 +24,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -81,6 +84,27 @@ public:
         ++i;
       }
     });
+    return finish(scaled);
+  }
+
+  /// The same result from per-range squared norms and an inf/NaN flag computed elsewhere (the host's
+  /// copy of the gradients when the optimizer steps there: `detail::host_gradients::check`), in
+  /// the order of the ranges. \throws usage_error when the count of norms is not the count of ranges.
+  grad_check combine(std::span<const float> squared_norms, bool nonfinite, bool scaled) {
+    if (squared_norms.size() != ranges_.size()) {
+      throw usage_error("grad_stats::combine: " + std::to_string(squared_norms.size()) + " squared norms for " +
+                        std::to_string(ranges_.size()) + " owned ranges");
+    }
+    if (scaled) {
+      backend_.fill(flag_.data(), 1, nonfinite ? 1 : 0, stream_);
+    }
+    upload<A::host_accessible>(backend_, stream_, squared_norms.data(), norm_.data(), squared_norms.size());
+    return finish(scaled);
+  }
+
+private:
+  /// Sums the flag and the norms over ranks and reads them back.
+  grad_check finish(bool scaled) {
     if (partitioned_ && comm_.size() > 1) {
       using handle_type = decltype(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
       std::optional<handle_type> hf;
@@ -106,7 +130,6 @@ public:
     return r;
   }
 
-private:
   std::vector<std::pair<flat_range, std::size_t>> ranges_;
   dtype grad_type_;
   bool partitioned_;

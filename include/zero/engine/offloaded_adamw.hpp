@@ -76,8 +76,7 @@ public:
                   std::vector<param_group> groups, Backend& backend, HostAlloc host, stream_type& stream,
                   offload_options opt = {})
       : backend_(backend), stream_(stream), counted_(host), host_(cpu_backend_options{.threads = opt.threads}, host),
-        device_params_(place.params), device_sharded_(place.params_sharded), grad_size_(size_of(place.grad_type)),
-        param_size_(size_of(layout.type())),
+        device_params_(place.params), device_sharded_(place.params_sharded), param_size_(size_of(layout.type())),
         host_params_(counted_, state_elements(layout, place) * param_size_, memory_tag::params),
         inner_(layout,
                adamw_placement{.rank = place.rank,
@@ -86,7 +85,7 @@ public:
                                .params = host_params_.data(),
                                .params_sharded = true},
                std::move(group_of), std::move(groups), host_, counted_, host_stream_),
-        grads_(backend, inner_.ranges(), counted_, inner_.state_size(), grad_size_) {
+        grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
     if (place.params == nullptr) {
       throw usage_error("offloaded_adamw: no parameters to update (adamw_placement::params is null)");
     }
@@ -113,6 +112,8 @@ public:
   [[nodiscard]] const host_counting& host_memory() const noexcept { return counted_; }
   /// Threads of the host AdamW.
   [[nodiscard]] unsigned threads() const noexcept { return host_.threads(); }
+  /// The host gradient shard (streamed by the engine at stages 2-3).
+  [[nodiscard]] auto& grads() noexcept { return grads_; }
 
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
@@ -169,11 +170,10 @@ private:
   typename host_backend::stream_type host_stream_;
   std::byte* device_params_;
   bool device_sharded_;
-  std::size_t grad_size_;
   std::size_t param_size_;
   buffer<std::byte, host_counting> host_params_;
   partitioned_adamw<host_backend, HostAlloc> inner_;
-  detail::host_gradients<Backend, device_host_accessible, host_counting> grads_;
+  detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
 };
 
 } // namespace zero

@@ -231,8 +231,10 @@ struct estimate_row {
 ///
 /// Optimizer offload to the CPU (what the engine runs, docs/offload.md) moves S(m + 8) off the GPU;
 /// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
-/// the copies (`offloaded_host_formula_bytes`). The GPU keeps everything else of its stage: the
-/// gradients are reduced there and copied to the host. NVMe rows keep the state (S(m + 8)) on NVMe
+/// the copies (`offloaded_host_formula_bytes`). At stage 1 the GPU keeps everything else of its stage
+/// (the gradients accumulate there and are copied to the host at the step); at stages 2-3 each
+/// bucket's reduced slice goes to the host during backward, so the GPU also holds no gradient shard
+/// (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
 /// shard, Sp, off the GPU into host memory of its own, beside the optimizer's staged copy of it, so
 /// the host holds S(m + 8 + 2p + g) (`offloaded_params_host_formula_bytes`); with NVMe the shard is on
@@ -317,6 +319,8 @@ struct estimate_row {
       host += shard * p; // the coordinator's shard, which the gathers upload from
     }
     const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
+    // Stages 2-3 with the optimizer offloaded: reduced gradients go to the host during backward.
+    const std::int64_t on_gpu_grads = opt == offload_device::none ? shard * g : 0;
     switch (stage) {
     case 0:
       r.gpu_model_state_bytes = psi * (p + g + master + moments);
@@ -325,11 +329,11 @@ struct estimate_row {
       r.gpu_model_state_bytes = psi * (p + g) + on_gpu_state;
       break;
     case 2:
-      r.gpu_model_state_bytes = psi * p + shard * g + on_gpu_state;
+      r.gpu_model_state_bytes = psi * p + on_gpu_grads + on_gpu_state;
       r.gpu_buffer_bytes = std::min(o.reduce_bucket_size, psi) * g;
       break;
     default:
-      r.gpu_model_state_bytes = (par == offload_device::none ? shard * p : 0) + shard * g + on_gpu_state;
+      r.gpu_model_state_bytes = (par == offload_device::none ? shard * p : 0) + on_gpu_grads + on_gpu_state;
       r.gpu_buffer_bytes = o.largest_layer_params * g + working;
       break;
     }
