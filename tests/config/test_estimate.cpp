@@ -144,9 +144,9 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   CHECK(find(3, cpu, none).gpu_model_state_bytes == 1'750'000'000);
   CHECK(find(3, cpu, none).host_bytes_per_node == 112'000'000'000);
   // stage 3 + CPU optimizer and parameters: the GPU keeps no model state; the host holds the parameter
-  // shard the gathers upload from beside the optimizer's staged copy, (2 + 2 + 12 + 2) Ψ / N
+  // shard the gathers upload from and the host AdamW updates in place, (2 + 2 + 12) Ψ / N
   CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 0);
-  CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 18);
+  CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 16);
   // The engine runs the optimizer offloaded to the CPU or NVMe at stages 1-3, and the parameters to the
   // CPU at stage 3 (tests/config/test_estimate_engine.cpp checks those rows against it); parameters on
   // NVMe are planned.

@@ -69,9 +69,9 @@ template <backend Backend, communicator Comm, allocator A> class bucket_reducer 
 
 public:
   /// Where a streamed reducer's reduced slices go: `(segment, slice)` with the rank's reduced slice
-  /// of the segment in backend memory, final in the reducer stream's order; returns the event after
-  /// which that memory may be written again.
-  using sink = std::function<const event_type&(std::size_t segment, const std::byte* slice)>;
+  /// of the segment in backend memory (the sink may rewrite it), final in the reducer stream's order;
+  /// returns the event after which that memory may be written again.
+  using sink = std::function<const event_type&(std::size_t segment, std::byte* slice)>;
 
   /// \param layout  the finalized layout (kept by reference; must outlive the reducer).
   /// \param backend kernels; \param comm the data-parallel group (size must match the layout).
@@ -98,8 +98,7 @@ public:
       throw usage_error("bucket_reducer: streamed reduced slices need reduce_mode::reduce_scatter (stages 2-3)");
     }
     if (!opt_.streamed) {
-      const std::size_t elements =
-          opt_.mode == reduce_mode::all_reduce ? layout_.total_size() : layout_.shard_size();
+      const std::size_t elements = opt_.mode == reduce_mode::all_reduce ? layout_.total_size() : layout_.shard_size();
       grads_ = buffer<std::byte, counting>(std::move(state), elements * esize_, memory_tag::grads);
       fill_zero(grads_.data(), elements);
     }
@@ -327,8 +326,8 @@ private:
         if (!sink_) {
           throw usage_error("bucket_reducer: a streamed reducer reduced a bucket before stream_to gave it a sink");
         }
-        reuse_after_[slot] = &sink_(f.segment, pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice *
-                                                                        esize_);
+        reuse_after_[slot] =
+            &sink_(f.segment, pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_);
       } else {
         visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
           const T* mine =

@@ -144,7 +144,8 @@ public:
                                 .partitioned = stage >= 1,
                                 .grad_type = cfg_.grad_accum_dtype,
                                 .params = store,
-                                .params_sharded = sharded};
+                                .params_sharded = sharded,
+                                .params_on_host = stage == 3 && z.offload_param.device == offload_device::cpu};
     const unsigned threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads();
     if (z.offload_optimizer.device == offload_device::nvme) {
       const auto options = storage_options_from(cfg_.aio);
@@ -182,9 +183,14 @@ public:
                                      .streamed = streamed != nullptr},
                      stream_);
     if (streamed != nullptr) {
-      reducer_->stream_to([this, streamed](std::size_t segment, const std::byte* slice) -> const auto& {
+      reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
+        if (stats_in_take_ && reducer_boundary_) {
+          // The slice is final on the device (no accumulation follows): check it there, as in memory.
+          stats_->check_range(segment, slice, 1.0 / scaler_.scale());
+        }
         return streamed->take(segment, slice, stream_);
       });
+      stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
@@ -228,7 +234,7 @@ public:
     }
     if constexpr (can_all_gather<Comm>) {
       if (const auto* c = residency_.coordinator(); c != nullptr && c->host_memory() != nullptr) {
-        add_host_params(m, *c->host_memory());
+        add_host_params(m, *c->host_memory(), optimizer_.host() != nullptr);
       }
     }
     return m;
@@ -326,7 +332,13 @@ protected:
     }
   }
 
-  void begin_micro_step() { reducer_->begin_micro_step(is_boundary()); }
+  void begin_micro_step() {
+    reducer_boundary_ = is_boundary();
+    reducer_->begin_micro_step(reducer_boundary_);
+    if (stats_in_take_ && reducer_boundary_) {
+      stats_->begin_ranges(scaler_.scale() != 1.0);
+    }
+  }
   auto reduced() {
     return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
   }
@@ -335,6 +347,9 @@ protected:
   grad_check check_gradients(double unscale) {
     if (!streamed_) {
       return stats_->check(unscale, reduced());
+    }
+    if (stats_in_take_) {
+      return stats_->finish_ranges(unscale != 1.0);
     }
     const auto host = optimizer_.host_grads()->check(unscale);
     return stats_->combine(host.squared_norms, host.nonfinite, unscale != 1.0);
@@ -405,6 +420,9 @@ protected:
   unsigned offload_threads_ = 0;
   /// The reducer hands reduced gradients to the host optimizer during backward (stages 2-3, offloaded).
   bool streamed_ = false;
+  /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
+  bool stats_in_take_ = false;
+  bool reducer_boundary_ = true;
   bool finalized_ = false;
 };
 

@@ -77,13 +77,14 @@ struct memory_report {
   /// Peak of the gathered working set (stage 3), reported apart from the model state.
   std::size_t working_set_peak = 0;
   /// The formula's bytes for this stage, world size and dtypes (with the optimizer offloaded: without
-  /// the optimizer state, K psi / n, and at stages 2-3 without the gradient shard, G psi / n; with the parameters offloaded: without their shard, P psi / n;
-  /// each is in host memory).
+  /// the optimizer state, K psi / n, and at stages 2-3 without the gradient shard, G psi / n; with the parameters
+  /// offloaded: without their shard, P psi / n; each is in host memory).
   double formula = 0;
   /// Offload: host bytes per tag now, their peak together, and the formula's host bytes. Optimizer
   /// offload (`offload_optimizer.device: cpu`) holds the state and the gradient and parameter shards
   /// staged there, (K + P + G) psi / n; parameter offload (`offload_param.device: cpu`) the rank's
-  /// parameter shard, P psi / n, under `host_params` too. All zero without offload.
+  /// parameter shard, P psi / n, under `host_params` too (with both, the optimizer updates that shard
+  /// in place: (K + P + G) psi / n in all). All zero without offload.
   std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
   double host_formula = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
@@ -186,13 +187,17 @@ template <class Counting> void add_nvme_memory(memory_report& m, const Counting&
 
 /// Adds the host bytes of an offloaded parameter shard (`host`: its counting allocator, stage 3's
 /// `offload_param.device: cpu`) to `m`'s `host_params`, `host_peak` and `host_formula`, and moves the
-/// shard, P psi / n, from the device formula to the host one.
-template <class Counting> void add_host_params(memory_report& m, const Counting& host) {
+/// shard, P psi / n, from the device formula to the host one. With the optimizer offloaded too
+/// (`with_optimizer`), the host AdamW updates that shard in place: the optimizer's host formula
+/// already counts it, once.
+template <class Counting> void add_host_params(memory_report& m, const Counting& host, bool with_optimizer = false) {
   m.host_params += host.live(memory_tag::params);
   m.host_peak += host.total().peak;
   const double shard =
       offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
-  m.host_formula += shard;
+  if (!with_optimizer) {
+    m.host_formula += shard;
+  }
   m.formula -= shard;
 }
 

@@ -74,8 +74,7 @@ public:
              int rank, const nvme_options& opt)
       : backend_(backend), stream_(stream), storage_(storage), counted_(host),
         host_(cpu_backend_options{.threads = opt.threads}, host), device_params_(place.params),
-        device_sharded_(place.params_sharded),
-        param_size_(size_of(layout.type())), param_type_(layout.type()),
+        device_sharded_(place.params_sharded), param_size_(size_of(layout.type())), param_type_(layout.type()),
         inner_(layout,
                adamw_placement{.rank = place.rank,
                                .partitioned = place.partitioned,

@@ -57,6 +57,9 @@ struct adamw_placement {
   /// with `params_sharded` only the rank's shard, indexed like the optimizer state (stage 3).
   std::byte* params = nullptr;
   bool params_sharded = false;
+  /// The parameters live in host memory (stage 3's shard with `offload_param.device: cpu`): an
+  /// optimizer stepping on the host writes them in place rather than through a staging copy.
+  bool params_on_host = false;
   /// The master, m and v live elsewhere (NVMe, streamed through host buffers by the caller, who steps
   /// them with `step_window`): none are allocated here, and `step`, `read_state`, `write_state` and
   /// `load_master` are the caller's.

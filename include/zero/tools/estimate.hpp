@@ -236,8 +236,8 @@ struct estimate_row {
 /// bucket's reduced slice goes to the host during backward, so the GPU also holds no gradient shard
 /// (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
-/// shard, Sp, off the GPU into host memory of its own, beside the optimizer's staged copy of it, so
-/// the host holds S(m + 8 + 2p + g) (`offloaded_params_host_formula_bytes`); with NVMe the shard is on
+/// shard, Sp, off the GPU into host memory, where the host AdamW updates it in place (no staged copy),
+/// so the host holds S(m + 8 + p + g); with NVMe the shard is on
 /// NVMe, max_in_cpu of it and the buffers in host memory (planned).
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
@@ -315,8 +315,10 @@ struct estimate_row {
         nvme += 2 * optimizer_state;
       }
     }
-    if (par == offload_device::cpu) {
-      host += shard * p; // the coordinator's shard, which the gathers upload from
+    if (par == offload_device::cpu && opt != offload_device::cpu) {
+      // The coordinator's shard, which the gathers upload from; with the optimizer on the CPU it is the
+      // shard the host AdamW updates in place, counted above.
+      host += shard * p;
     }
     const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
     // Stages 2-3 with the optimizer offloaded: reduced gradients go to the host during backward.
