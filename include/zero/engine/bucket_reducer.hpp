@@ -18,8 +18,9 @@
 ///   micro-step communicates, as in DeepSpeed's stage 2: waiting for the last micro-step would need
 ///   gradient memory for the whole model, which is what stage 2 exists to avoid. With `streamed`
 ///   (an optimizer stepping on the host), the reducer keeps no shard: each bucket's reduced slice
-///   goes to the sink given to `stream_to` (which copies it to the host), and the staging buffer is
-///   reused once the sink's event says the slice was read.
+///   goes to the sink given to `stream_to` (which copies it to the host) as the next bucket launches,
+///   and the staging buffer is reused once the sink's event says the slice was read; two staging
+///   buffers, so that backward fills one while the other's slice is copied.
 ///
 /// Buckets are launched in one order on every rank — from the last segment to the first, the order
 /// backward produces them — so a bucket that completes early waits for those behind it, and a
@@ -253,7 +254,8 @@ private:
                         "launched in this micro-step");
     }
     if (seg_staging_[seg] < 0) {
-      if (free_.empty() && !in_flight_.empty()) {
+      // Streamed, two buffers: a bucket's slice travels to the host while backward fills the other.
+      if (free_.empty() && !in_flight_.empty() && (!opt_.streamed || pool_.size() >= 2)) {
         complete_oldest();
       }
       if (free_.empty()) {
@@ -312,6 +314,12 @@ private:
     });
     if (!opt_.overlap) {
       complete_oldest();
+    } else if (opt_.streamed) {
+      // Hand the bucket before over now (its reduction has had a bucket's backward to finish): its copy
+      // to the host then runs while backward fills this bucket's staging buffer's twin.
+      while (in_flight_.size() > 1) {
+        complete_oldest();
+      }
     }
   }
 
