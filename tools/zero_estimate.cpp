@@ -111,9 +111,9 @@ int run_plan(const plan_args& a, const zero::tools::memory_budget& budget, const
   }
   const std::string nvme_path = a.nvme_path.value_or(rates.nvme_path);
   const auto plan = zero::tools::make_plan(o, rates, budget);
-  std::cout << "\nbudgets: " << zero::tools::detail::plan_gib(budget.device_bytes) << " per GPU, "
-            << zero::tools::detail::plan_gib(budget.host_bytes) << " of host memory per node, "
-            << zero::tools::detail::plan_gib(budget.nvme_bytes) << " of NVMe per node" << (a.nvme ? "" : " (no --nvme)")
+  std::cout << "\nbudgets: " << zero::tools::show_bytes(budget.device_bytes) << " per GPU, "
+            << zero::tools::show_bytes(budget.host_bytes) << " of host memory per node, "
+            << zero::tools::show_bytes(budget.nvme_bytes) << " of NVMe per node" << (a.nvme ? "" : " (no --nvme)")
             << "\nrates (" << source << "):\n"
             << zero::tools::rates_text(rates, "  ") << "\n"
             << zero::tools::plan_table(plan);

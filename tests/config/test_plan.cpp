@@ -83,6 +83,16 @@ TEST_CASE("parse_bytes takes whole bytes, decimal and binary units, and names th
   }
 }
 
+TEST_CASE("show_bytes writes the largest binary unit a count fills") {
+  CHECK(zt::show_bytes(0) == "0 B");
+  CHECK(zt::show_bytes(1023) == "1023 B");
+  CHECK(zt::show_bytes(1536) == "1.50 KiB");
+  CHECK(zt::show_bytes(1'500'000) == "1.43 MiB");
+  CHECK(zt::show_bytes(20 * gib) == "20.00 GiB");
+  CHECK(zt::show_bytes(1024 * gib) == "1.00 TiB");
+  CHECK(zt::show_bytes(-5 * gib) == "-5.00 GiB");
+}
+
 TEST_CASE("the rates file reads back what rates_json writes, and names a missing, unknown or bad key") {
   const auto r = gpu_rates();
   const auto back = zt::rates_from_json(zt::rates_json(r));
@@ -191,7 +201,7 @@ TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits,
     CHECK(plan.ranked[2].row.offload_optimizer == offload_device::none);
     const std::string t = text_of(plan);
     // Stage 2: 7e9 x 2 + 875e6 x (2 + 12) + one bucket of 5e8 x 2 = 27.25e9 bytes.
-    CHECK(has(t, "stage 2, offload_optimizer none, offload_param none: 17.500 ms; 25.38 GiB, 0.00 GiB, 0.00 GiB; does "
+    CHECK(has(t, "stage 2, offload_optimizer none, offload_param none: 17.500 ms; 25.38 GiB, 0 B, 0 B; does "
                  "not fit: GPU needs 25.38 GiB, 5.38 GiB over its 20.00 GiB"));
     CHECK(has(t, "  * stage 3, offload_optimizer none, offload_param none: 17.500 ms;"));
     CHECK(has(t, "plan: stage 3, offload_optimizer none, offload_param none"));

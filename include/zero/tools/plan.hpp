@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -369,12 +370,27 @@ struct plan_result {
   return o;
 }
 
-namespace detail {
-inline std::string plan_gib(std::int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+namespace detail {} // namespace detail
+
+/// `bytes` in the largest binary unit it fills, to two decimals: "13.62 GiB", "1.51 MiB", "0 B".
+[[nodiscard]] inline std::string show_bytes(std::int64_t bytes) {
+  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  std::size_t u = 0;
+  while (u + 1 < std::size(units) && std::abs(v) >= 1024.0) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  }
   return buf;
 }
+
+namespace detail {
 inline std::string plan_ms(double seconds) {
   if (!std::isfinite(seconds)) {
     return "unmeasured";
@@ -400,15 +416,15 @@ inline std::string plan_ms(double seconds) {
     const plan_candidate& c = plan.ranked[i];
     std::string verdict = c.fits() ? "fits" : "does not fit:";
     for (const shortfall& s : c.over) {
-      verdict += cat(" ", s.memory, " needs ", detail::plan_gib(s.need), ", ", detail::plan_gib(s.need - s.have),
-                     " over its ", detail::plan_gib(s.have), ";");
+      verdict += cat(" ", s.memory, " needs ", show_bytes(s.need), ", ", show_bytes(s.need - s.have), " over its ",
+                     show_bytes(s.have), ";");
     }
     if (!c.over.empty()) {
       verdict.pop_back();
     }
     out += cat(plan.chosen == i ? "  * " : "    ", setting_name(c.row), ": ", detail::plan_ms(c.cost.total), "; ",
-               detail::plan_gib(c.row.gpu_bytes_per_rank), ", ", detail::plan_gib(c.row.host_bytes_per_node), ", ",
-               detail::plan_gib(c.row.nvme_bytes_per_node), "; ", verdict, "\n");
+               show_bytes(c.row.gpu_bytes_per_rank), ", ", show_bytes(c.row.host_bytes_per_node), ", ",
+               show_bytes(c.row.nvme_bytes_per_node), "; ", verdict, "\n");
   }
   out += plan.chosen ? cat("plan: ", setting_name(plan.ranked[*plan.chosen].row), "\n")
                      : std::string("plan: nothing fits the budgets\n");
