@@ -320,9 +320,6 @@ void plan_run(const options& opt, int world, nlohmann::json& base) {
   budget.nvme_bytes = opt.nvme_budget ? zt::parse_bytes(*opt.nvme_budget)
                       : opt.nvme_path ? zt::free_storage_bytes(*opt.nvme_path)
                                       : 0;
-  if (budget.nvme_bytes > 0 && !opt.nvme_path) {
-    throw zero::usage_error("--nvme: the plan needs --nvme-path DIR, the folder its state files would go to");
-  }
   zero::cpu_backend device({.threads = 0});
   const auto rates =
       zt::measure_rates(device, "cpu", {.bytes = std::size_t{16} << 20, .repeats = 2},
@@ -446,6 +443,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "zero-fashion-mnist: %s\n", e.what());
       return 2;
     }
+  }
+  if (opt.nvme_budget && !opt.nvme_path) {
+    std::fprintf(stderr, "zero-fashion-mnist: --nvme needs --nvme-path DIR, the folder the state files would go to "
+                         "(and where the plan measures the storage)\n");
+    return 2;
   }
   if (planned && (opt.stage || !opt.stages.empty())) {
     std::fprintf(stderr, "zero-fashion-mnist: --config auto-plan chooses the stage; leave out --stage and --stages\n");
