@@ -297,19 +297,14 @@ void report(const outcome& o, bool json) {
 void plan_run(const options& opt, int world, nlohmann::json& base) {
   namespace zt = zero::tools;
   const zero::config cfg = zero::config::from_json(base, {.world_size = world}, "built-in config");
+  // The model mlp.hpp registers: a module per Linear layer, its weight and its bias.
   const std::vector<std::int64_t> dims = {fmnist_pixels, opt.hidden, opt.hidden / 2, 10};
-  std::int64_t params = 0, largest_layer = 0, largest_param = 0, persistent = 0;
+  std::vector<std::vector<std::int64_t>> modules;
   for (std::size_t l = 0; l + 1 < dims.size(); ++l) {
-    const std::int64_t weight = dims[l] * dims[l + 1];
-    const std::int64_t bias = dims[l + 1];
-    params += weight + bias;
-    largest_layer = std::max(largest_layer, weight + bias);
-    largest_param = std::max(largest_param, weight);
-    for (const std::int64_t n : {weight, bias}) {
-      persistent += n < cfg.zero_optimization.stage3_param_persistence_threshold ? n : 0;
-    }
+    modules.push_back({dims[l] * dims[l + 1], dims[l + 1]});
   }
-  const auto o = zt::estimate_options_from(cfg, params, largest_layer, largest_param, persistent, world);
+  const auto model = zt::summarize_modules(modules);
+  const auto o = zt::estimate_options_from(cfg, model, world);
   if (opt.nvme_path) {
     // Created if missing, as for a config with offload_optimizer nvme: the storage is measured there.
     std::filesystem::create_directories(*opt.nvme_path);
@@ -328,7 +323,7 @@ void plan_run(const options& opt, int world, nlohmann::json& base) {
   std::FILE* out = opt.json ? stderr : stdout;
   std::fprintf(out,
                "auto-plan for %lld parameters on %d rank(s); budgets: %s per rank, %s of host memory, %s of NVMe\n%s",
-               static_cast<long long>(params), world, zt::show_bytes(budget.device_bytes).c_str(),
+               static_cast<long long>(model.params), world, zt::show_bytes(budget.device_bytes).c_str(),
                zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
                zt::plan_table(plan).c_str());
   if (!plan.chosen) {

@@ -273,11 +273,19 @@ TEST_CASE("estimate_options_from takes the sizes of a config") {
                             "stage3_prefetch_bucket_size": 700, "stage3_max_live_parameters": 9000,
                             "offload_optimizer": {"device": "cpu", "buffer_count": 6}}})",
                                            {.world_size = 2});
-  const auto o = zt::estimate_options_from(c, 100'000, 20'000, 15'000, 300, 2, 3);
+  // Two modules: 15000 + 300 + 200 and 4000 + 80500 elements; below the default threshold (1e5) all of them.
+  const auto m = zt::summarize_modules({{15'000, 300, 200}, {4'000, 80'500}});
+  CHECK(m.params == 100'000);
+  CHECK(m.largest_layer_params == 84'500);
+  CHECK(m.largest_param == 80'500);
+  CHECK(m.modules == 2);
+  CHECK(m.params_below(1000) == 500);
+  CHECK_THROWS_AS(static_cast<void>(zt::summarize_modules({{10, 0}})), zero::usage_error);
+  const auto o = zt::estimate_options_from(c, m, 2, 3);
   CHECK(o.params == 100'000);
-  CHECK(o.largest_layer_params == 20'000);
-  CHECK(o.largest_param_params == 15'000);
-  CHECK(o.persistent_params == 300);
+  CHECK(o.largest_layer_params == 84'500);
+  CHECK(o.largest_param_params == 80'500);
+  CHECK(o.persistent_params == 100'000);
   CHECK(o.ranks() == 6);
   CHECK(o.param_dtype == zero::dtype::f16);
   CHECK(o.grad_dtype == zero::dtype::f32); // set by the config, unlike fp16's default
@@ -290,5 +298,5 @@ TEST_CASE("estimate_options_from takes the sizes of a config") {
   // Without data_types the stage's default applies at each stage (fp32 for bf16 at stage 0 only).
   const auto d = zero::config::from_string(
       R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
-  CHECK_FALSE(zt::estimate_options_from(d, 100, 10, 10, 0, 1).grad_dtype);
+  CHECK_FALSE(zt::estimate_options_from(d, zt::summarize_modules({{100}}), 1).grad_dtype);
 }

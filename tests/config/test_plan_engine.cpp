@@ -30,10 +30,6 @@ namespace zt = zero::tools;
 // examples/fashion_mnist: Linear 784 -> 256 -> 128 -> 10, a module per layer, biases below the
 // persistence threshold (1000) of its config.
 constexpr int dims[] = {784, 256, 128, 10};
-constexpr std::int64_t model_params = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10;
-constexpr std::int64_t largest_layer = 784 * 256 + 256;
-constexpr std::int64_t largest_param = 784 * 256;
-constexpr std::int64_t persistent = 256 + 128 + 10;
 
 /// The example's built-in config (examples/fashion_mnist/main.cpp), with or without its
 /// allgather_bucket_size, at `r`'s setting.
@@ -137,7 +133,9 @@ void check_plans(int world, bool allgather_bucket, double above, double below) {
   const auto dir = scratch("zero-plan-engine-");
   const auto cfg = zero::config::from_string(fmnist_config(zt::estimate_row{}, allgather_bucket, dir.string()),
                                              {.world_size = world});
-  const auto o = zt::estimate_options_from(cfg, model_params, largest_layer, largest_param, persistent, world);
+  const auto model = zt::summarize_modules({{256 * 784, 256}, {128 * 256, 128}, {10 * 128, 10}});
+  const auto o = zt::estimate_options_from(cfg, model, world);
+  CHECK(o.persistent_params == 256 + 128 + 10);
   const auto rates = test_rates(dir.string());
   // Every candidate's real peak, in the plan's order.
   const auto ranked = zt::make_plan(o, rates, {}).ranked;

@@ -340,19 +340,38 @@ struct plan_result {
   return block;
 }
 
-/// The estimate options of a resolved config `c` for a model of `params` parameters whose largest
-/// module has `largest_layer` of them, largest single parameter `largest_param`, and `persistent`
-/// parameters below the config's `stage3_param_persistence_threshold`; `ranks_per_node` x `nodes`
-/// ranks. The gradient dtype is left to the stage's default unless `c` sets another.
-[[nodiscard]] inline estimate_options estimate_options_from(const config& c, std::int64_t params,
-                                                            std::int64_t largest_layer, std::int64_t largest_param,
-                                                            std::int64_t persistent, std::int64_t ranks_per_node,
-                                                            std::int64_t nodes = 1) {
+/// The model counts a plan needs, from the parameter sizes (elements) of each module, in order: the
+/// parameters, the largest module and parameter, and each parameter's size (for `params_below`).
+/// \throws usage_error for a size below 1 or a count that overflows.
+[[nodiscard]] inline model_summary summarize_modules(const std::vector<std::vector<std::int64_t>>& modules) {
+  model_summary m;
+  for (const auto& module : modules) {
+    std::int64_t in_module = 0;
+    for (const std::int64_t n : module) {
+      if (n < 1 || __builtin_add_overflow(in_module, n, &in_module) || __builtin_add_overflow(m.params, n, &m.params)) {
+        throw usage_error("summarize_modules: parameter sizes are elements >= 1 whose sum fits in 64 bits");
+      }
+      m.largest_param = std::max(m.largest_param, n);
+      m.param_counts.emplace_back(n, 1);
+    }
+    m.largest_layer_params = std::max(m.largest_layer_params, in_module);
+    ++m.modules;
+  }
+  return m;
+}
+
+/// The estimate options of a resolved config `c` for model `m` (`read_model_description`,
+/// `summarize_modules`) on `ranks_per_node` x `nodes` ranks: the sizes the config sets, the parameters
+/// below its `stage3_param_persistence_threshold` as persistent. The gradient dtype is left to each
+/// stage's default unless `c`'s differs from its stage's default (a config that sets the default
+/// explicitly is estimated with the defaults, fp32 for bf16 at stage 0: on the safe side).
+[[nodiscard]] inline estimate_options estimate_options_from(const config& c, const model_summary& m,
+                                                            std::int64_t ranks_per_node, std::int64_t nodes = 1) {
   estimate_options o;
-  o.params = params;
-  o.largest_layer_params = largest_layer;
-  o.largest_param_params = largest_param;
-  o.persistent_params = persistent;
+  o.params = m.params;
+  o.largest_layer_params = m.largest_layer_params;
+  o.largest_param_params = m.largest_param;
+  o.persistent_params = m.params_below(c.zero_optimization.stage3_param_persistence_threshold);
   o.gpus_per_node = ranks_per_node;
   o.nodes = nodes;
   o.param_dtype = c.param_dtype();
