@@ -241,3 +241,38 @@ TEST_CASE("parameter counts as people write them") {
   CHECK_THROWS_AS(static_cast<void>(zt::parse_count("2.5")), zero::usage_error);
   CHECK_THROWS_AS(static_cast<void>(zt::parse_count("")), zero::usage_error);
 }
+
+TEST_CASE("a parameter larger than a bucket, and persistent parameters, size the gradient staging buffers") {
+  zt::estimate_options o;
+  o.params = 1'000'000'000;
+  o.largest_layer_params = 100'000'000;
+  o.gpus_per_node = 4;
+  o.reduce_bucket_size = 50'000'000;
+  auto find = [](const zt::estimate_options& opts, int stage, offload_device opt) {
+    for (const auto& r : zt::estimate_memory(opts)) {
+      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == offload_device::none) {
+        return r;
+      }
+    }
+    FAIL("no row");
+    return zt::estimate_row{};
+  };
+  // Unknown: stage 2 stages one bucket of bf16 gradients, stage 3 one module's and its working set
+  // (min(1e9, 1e9 max live, 1e8 + 5e7 prefetch) x 2 bytes).
+  CHECK(find(o, 2, offload_device::none).gpu_buffer_bytes == 100'000'000);
+  CHECK(find(o, 3, offload_device::none).gpu_buffer_bytes == 200'000'000 + 300'000'000);
+  // An 80e6-element parameter is a segment of its own at stage 2: the staging buffer holds it, and so
+  // do NVMe's chunk buffers (its slice, 20e6 elements, is larger than a chunk of 2^21).
+  const std::int64_t chunk_buffers = 4 * (std::int64_t{1} << 21) * 12;
+  const std::int64_t nvme_host_before = find(o, 2, offload_device::nvme).host_bytes_per_rank;
+  o.largest_param_params = 80'000'000;
+  CHECK(find(o, 2, offload_device::none).gpu_buffer_bytes == 160'000'000);
+  CHECK(find(o, 2, offload_device::nvme).host_bytes_per_rank == nvme_host_before);
+  o.nvme_chunk_elements = 1'000'000'000;
+  CHECK(find(o, 2, offload_device::nvme).host_bytes_per_rank == nvme_host_before - chunk_buffers + 4 * 20'000'000 * 12);
+  // Persistent parameters stage in a second buffer of a module's size at stage 3.
+  o.persistent_params = 1000;
+  CHECK(find(o, 3, offload_device::none).gpu_buffer_bytes == 2 * 200'000'000 + 300'000'000);
+  o.persistent_params = o.params + 1;
+  CHECK_THROWS_AS(static_cast<void>(zt::estimate_memory(o)), zero::usage_error);
+}
