@@ -126,6 +126,8 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   // stage 2: 2 Ψ + (2 + 12) Ψ / N = 14e9 + 12.25e9; plus one bf16 bucket of 2e8 elements = 4e8 bytes
   CHECK(find(2, none, none).gpu_model_state_bytes == 26'250'000'000);
   CHECK(find(2, none, none).gpu_buffer_bytes == 400'000'000);
+  // With the optimizer offloaded, two staging buffers: one fills while the other's slice goes to the host.
+  CHECK(find(2, cpu, none).gpu_buffer_bytes == 2 * 400'000'000);
   CHECK(find(2, none, none).gpu_bytes_per_rank == 26'650'000'000);
   // stage 3: 16 Ψ / N = 14e9; buffers: it reduces one module at a time, so the staging buffer is the
   // largest module's bf16 gradient, L * 2 = 262144000 (not the reduce bucket), plus the working set
