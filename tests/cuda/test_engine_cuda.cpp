@@ -67,9 +67,11 @@ TEST_SUITE("engine") {
       }
     }
   }
-  TEST_CASE("offload_optimizer cpu on GPUs gives the bits of the in-memory GPU engine") {
+  TEST_CASE("offload_optimizer cpu on GPUs, whole or partial (ratio 0.4), gives the bits of the in-memory GPU "
+            "engine") {
     // The host's AdamW (cpu_backend) and the device's (cuda_backend) round every operation as written,
-    // in the same order (docs/backends.md), and read the same reduced gradients: the same bits.
+    // in the same order (docs/backends.md), and read the same reduced gradients: the same bits. A partial
+    // offload steps part of the state on each at once (its host copies on a stream of their own).
     for (int world : zero::test::gpu_worlds()) {
       for (int stage : {1, 2, 3}) {
         for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
@@ -81,11 +83,15 @@ TEST_SUITE("engine") {
             CAPTURE(zero::name_of(type));
             CAPTURE(accumulation);
             const auto in_memory = zero::test::train_on_gpus(s);
-            s.zero_extra = R"("offload_optimizer": {"device": "cpu"})";
-            const auto offloaded = zero::test::train_on_gpus(s);
-            CHECK(offloaded.params == in_memory.params);
-            CHECK(offloaded.norms == in_memory.norms);
-            CHECK(offloaded.applied == in_memory.applied);
+            for (const char* extra : {R"("offload_optimizer": {"device": "cpu"})",
+                                      R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})"}) {
+              CAPTURE(extra);
+              s.zero_extra = extra;
+              const auto offloaded = zero::test::train_on_gpus(s);
+              CHECK(offloaded.params == in_memory.params);
+              CHECK(offloaded.norms == in_memory.norms);
+              CHECK(offloaded.applied == in_memory.applied);
+            }
           }
         }
       }

@@ -86,6 +86,10 @@ struct memory_report {
   /// parameter shard, P psi / n, under `host_params` too. All zero without offload.
   std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
   double host_formula = 0;
+  /// The share of the optimizer state offloaded (`offload_optimizer.ratio` as the engine split it): 1
+  /// with the whole optimizer offloaded, 0 without; below 1 the device keeps the rest of K psi / n and the
+  /// host holds that share of (K + P + G) psi / n.
+  double offload_ratio = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
   /// the step writes one while it reads the other), and host chunk buffers under `host_buffers`.
   std::size_t nvme = 0, host_buffers = 0;
@@ -113,6 +117,12 @@ struct memory_report {
       std::snprintf(buf, sizeof buf,
                     "  offloaded to host: params %zu B, grads %zu B, optimizer %zu B (peak %zu B, formula %.0f B)\n",
                     host_params, host_grads, host_optimizer, host_peak, host_formula);
+      out += buf;
+    }
+    if (offload_ratio > 0 && offload_ratio < 1) {
+      std::snprintf(buf, sizeof buf,
+                    "  partial offload: %.4f of the optimizer state on the host, the rest on the device (%zu B)\n",
+                    offload_ratio, optimizer);
       out += buf;
     }
     if (nvme > 0) {
@@ -153,16 +163,17 @@ template <class Counting>
 }
 
 /// Adds the host bytes of an offloaded optimizer (`host`: its counting allocator) to `m`, and moves
-/// the optimizer state from the device formula to the host one. Call before `add_host_params`: it
-/// sets the host fields, which that adds to.
-template <class Counting> void add_host_memory(memory_report& m, const Counting& host) {
+/// the optimizer state, or the share `share` of it (partial offload), from the device formula to the
+/// host one. Call before `add_host_params`: it sets the host fields, which that adds to.
+template <class Counting> void add_host_memory(memory_report& m, const Counting& host, double share = 1.0) {
   m.host_params = host.live(memory_tag::params);
   m.host_grads = host.live(memory_tag::grads);
   m.host_optimizer = host.live(memory_tag::optimizer);
   m.host_peak = host.total().peak;
+  m.offload_ratio = share;
   m.host_formula =
-      offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
-  m.formula -= optimizer_state_bytes(m.param_type) * static_cast<double>(m.parameters) / m.world_size;
+      share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
+  m.formula -= share * optimizer_state_bytes(m.param_type) * static_cast<double>(m.parameters) / m.world_size;
 }
 
 /// Adds the host and file bytes of an optimizer with its state on NVMe (`host`: its counting
