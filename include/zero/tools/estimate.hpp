@@ -191,6 +191,9 @@ struct estimate_options {
   std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
   std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
   std::int64_t offload_optimizer_buffer_count = 4;         ///< offload_optimizer.buffer_count
+  /// offload_optimizer.ratio of the cpu rows: the share of the state (and of the shards staged for it)
+  /// in host memory; the device keeps the rest of the state (partial offload)
+  double offload_ratio = 1.0;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
   /// 1 MiB and 8), at most the largest owned range.
   std::int64_t nvme_chunk_elements = (std::int64_t{1} << 20) / 4 * 8;
@@ -231,8 +234,9 @@ struct estimate_row {
 ///
 /// Optimizer offload to the CPU (what the engine runs, docs/offload.md) moves S(m + 8) off the GPU;
 /// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
-/// the copies (`offloaded_host_formula_bytes`). The GPU keeps everything else of its stage: the
-/// gradients are reduced there and copied to the host. NVMe rows keep the state (S(m + 8)) on NVMe
+/// the copies (`offloaded_host_formula_bytes`). With offload_ratio r < 1 only H = rS of the shard is
+/// offloaded: the host holds H(m + 8 + p + g) and the GPU keeps (S - H)(m + 8) of state. The GPU keeps everything else
+/// of its stage: the gradients are reduced there and copied to the host. NVMe rows keep the state (S(m + 8)) on NVMe
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
 /// shard, Sp, off the GPU into host memory of its own, beside the optimizer's staged copy of it, so
 /// the host holds S(m + 8 + 2p + g) (`offloaded_params_host_formula_bytes`); with NVMe the shard is on
@@ -258,9 +262,10 @@ struct estimate_row {
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
-      o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params) {
-    throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20 and "
-                      "0 <= largest_layer_params <= params");
+      o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params ||
+      !(o.offload_ratio >= 0 && o.offload_ratio <= 1)) {
+    throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20, "
+                      "0 <= largest_layer_params <= params and 0 <= offload_ratio <= 1");
   }
   for (dtype t : {o.param_dtype, o.grad_dtype.value_or(o.param_dtype)}) {
     if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
@@ -290,16 +295,19 @@ struct estimate_row {
     r.implemented = par != offload_device::nvme;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
-    const std::int64_t optimizer_state = shard * (master + moments);
+    // With the optimizer on the CPU, the elements of the shard it offloads (all but for a ratio < 1).
+    const std::int64_t offloaded =
+        opt == offload_device::cpu ? std::llround(o.offload_ratio * static_cast<double>(shard)) : shard;
+    const std::int64_t optimizer_state = offloaded * (master + moments);
     if (opt != offload_device::none) {
-      // The rank's gradient shard and parameter shard, staged in host memory for the copies.
-      host += shard * g;
+      // The rank's gradient shard and parameter shard (their offloaded part), staged in host memory for the copies.
+      host += offloaded * g;
       if (par == offload_device::nvme) {
         host += std::min(o.offload_param_max_in_cpu, shard) * p +
                 o.offload_param_buffer_count * o.offload_param_buffer_size * p;
         nvme += shard * p;
       } else {
-        host += shard * p;
+        host += offloaded * p;
       }
       if (opt == offload_device::cpu) {
         host += optimizer_state;
@@ -316,7 +324,7 @@ struct estimate_row {
     if (par == offload_device::cpu) {
       host += shard * p; // the coordinator's shard, which the gathers upload from
     }
-    const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
+    const std::int64_t on_gpu_state = (opt == offload_device::none ? shard : shard - offloaded) * (master + moments);
     switch (stage) {
     case 0:
       r.gpu_model_state_bytes = psi * (p + g + master + moments);
@@ -360,7 +368,7 @@ struct estimate_row {
 }
 
 /// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
-/// "nodes", "param_dtype", "grad_dtype", "rows": [{"stage", "offload_optimizer", "offload_param",
+/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "rows": [{"stage", "offload_optimizer", "offload_param",
 /// "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
 [[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
   nlohmann::json j = {{"params", o.params},
@@ -370,6 +378,7 @@ struct estimate_row {
                       {"nodes", o.nodes},
                       {"param_dtype", name_of(o.param_dtype)},
                       {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
+                      {"offload_ratio", o.offload_ratio},
                       {"rows", nlohmann::json::array()}};
   for (const estimate_row& r : rows) {
     j["rows"].push_back({{"stage", r.stage},
