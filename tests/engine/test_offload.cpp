@@ -294,7 +294,7 @@ TEST_CASE("offloaded parameters: evaluation scopes and gather_all with a modifie
       const auto want = train_with_scopes(s);
       REQUIRE(want.seen.size() == 2);
       CHECK(want.seen[0] == want.seen[1]);
-      for (const char* extra : {offload_params, offload_both}) {
+      for (const char* extra : {offload_params, offload_both, offload_both_partial}) {
         CAPTURE(extra);
         s.zero_extra = extra;
         const auto got = train_with_scopes(s);
