@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
   std::string reduce_bucket = "5e8", prefetch_bucket = "5e7", max_live = "1e9", sub_group = "1e9";
   std::optional<std::string> allgather_bucket;
   double buffer_factor = 1.5;
+  double offload_ratio = 1.0;
   bool json_out = false;
 
   auto* params_opt = app.add_option("--params", params_text, "parameter count, e.g. 7e9, 6.7B, 125M");
@@ -174,6 +175,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-live-parameters", max_live, "zero_optimization.stage3_max_live_parameters")
       ->capture_default_str();
   app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size (NVMe rows)")->capture_default_str();
+  app.add_option("--offload-ratio", offload_ratio,
+                 "zero_optimization.offload_optimizer.ratio of the offload_optimizer=cpu rows: the share of the "
+                 "optimizer state in host memory, the rest on the GPU")
+      ->capture_default_str()
+      ->check(zero::tools::number_in(0.0, 1.0));
   app.add_option("--additional-buffer-factor", buffer_factor, "DeepSpeed's additional_buffer_factor (its tables only)")
       ->capture_default_str()
       ->check(zero::tools::number_in(0.0, 100.0));
@@ -255,6 +261,7 @@ int main(int argc, char** argv) {
     o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
     o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
     o.sub_group_size = zero::tools::parse_count(sub_group);
+    o.offload_ratio = offload_ratio;
     if (plan.plan) {
       std::tie(budget, probe) = plan_inputs(plan);
     }
@@ -289,6 +296,10 @@ int main(int argc, char** argv) {
   }
   std::cout << "\nzero's accounting (model states + gradient buckets + stage-3 working set; every row without a note "
                "runs in this version):\n";
+  if (o.offload_ratio < 1) {
+    std::cout << "offload_optimizer=cpu rows: offload_optimizer.ratio " << o.offload_ratio
+              << ", that share of the optimizer state in host memory and the rest on the GPU\n";
+  }
   std::cout << " stage | offload_optimizer | offload_param |   per GPU     | host per node | NVMe per node\n";
   for (const auto& r : rows) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "

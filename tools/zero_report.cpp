@@ -476,7 +476,8 @@ void report_backends() {
   line("storage", storage);
   line("ZeRO stages", "0, 1, 2, 3");
   line("offload", "optimizer state to host memory or NVMe at stages 1-3 (offload_optimizer.device \"cpu\" or "
-                  "\"nvme\"), the parameter shard to host memory at stage 3 (offload_param.device \"cpu\"); "
+                  "\"nvme\"), or a share of it to host memory (offload_optimizer.ratio, or \"auto\" from measured "
+                  "rates), the parameter shard to host memory at stage 3 (offload_param.device \"cpu\"); "
                   "parameters on NVMe planned (refused in this version)");
 }
 
@@ -535,7 +536,19 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     // Optimizer offload to the CPU or NVMe and parameter offload to the CPU run (parameters on NVMe are
     // refused by the reader): say where the state will live.
     const auto& z = c.zero_optimization;
-    if (z.offload_optimizer.device == zero::offload_device::cpu) {
+    const auto& opt = z.offload_optimizer;
+    if (opt.device == zero::offload_device::cpu && opt.ratio_auto) {
+      std::cout << "  offload: partial; the engine measures host and device AdamW and copy rates at finalize and "
+                   "offloads the share of the optimizer state that makes both parts of a step take equally long "
+                   "(zero_optimization.offload_optimizer.ratio \"auto\"; docs/offload.md)\n";
+    } else if (opt.device == zero::offload_device::cpu && opt.ratio == 0) {
+      std::cout << "  offload: none; ratio 0 keeps the whole optimizer state on the device, as without offload"
+                   " (zero_optimization.offload_optimizer.ratio; docs/offload.md)\n";
+    } else if (opt.device == zero::offload_device::cpu && opt.ratio < 1) {
+      std::cout << "  offload: partial; " << opt.ratio
+                << " of each rank's optimizer state will be in host memory and stepped on the host, the rest on the "
+                   "device (zero_optimization.offload_optimizer.ratio; docs/offload.md)\n";
+    } else if (opt.device == zero::offload_device::cpu) {
       std::cout << "  offload: the optimizer state will be offloaded to host memory and stepped on the host"
                    " (zero_optimization.offload_optimizer.device \"cpu\"; docs/offload.md)\n";
     } else if (z.offload_optimizer.device == zero::offload_device::nvme) {

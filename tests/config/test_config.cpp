@@ -668,3 +668,36 @@ TEST_CASE("keys accepted without effect get a note saying what zero does instead
   CHECK(
       has(note_of(read(0, "reduce_scatter", "false"), "reduce_scatter"), "no effect at stage 0 (used at stage 2, 3)"));
 }
+
+TEST_CASE("offload_optimizer.ratio: a share in [0, 1] or \"auto\", written back as read; noted where it differs") {
+  const auto read = [](int stage, const std::string& device, const std::string& ratio) {
+    return config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": )" + std::to_string(stage) +
+                               R"(, "offload_optimizer": {"device": ")" + device + R"(", "ratio": )" + ratio + "}}}");
+  };
+  const config partial = read(3, "cpu", "0.3");
+  CHECK(partial.zero_optimization.offload_optimizer.ratio == 0.3);
+  CHECK_FALSE(partial.zero_optimization.offload_optimizer.ratio_auto);
+  CHECK(partial.to_json()["zero_optimization"]["offload_optimizer"]["ratio"] == 0.3);
+  CHECK(read(3, "cpu", "0").zero_optimization.offload_optimizer.ratio == 0.0);
+  const config chosen = read(3, "cpu", R"("auto")");
+  CHECK(chosen.zero_optimization.offload_optimizer.ratio_auto);
+  const auto j = chosen.to_json();
+  CHECK(j["zero_optimization"]["offload_optimizer"]["ratio"] == "auto");
+  // to_json reads back to the same settings.
+  CHECK(config::from_string(j.dump()).zero_optimization.offload_optimizer ==
+        chosen.zero_optimization.offload_optimizer);
+  CHECK(note_of(chosen, "offload_optimizer.ratio").empty()); // stage 3: as DeepSpeed
+  // DeepSpeed reads ratio at stage 3 only; zero splits at stages 1 and 2 as well, and says so.
+  CHECK(has(note_of(read(2, "cpu", "0.5"), "offload_optimizer.ratio"),
+            "DeepSpeed applies ratio at stage 3 only (at stage 2 it offloads all the optimizer state); zero splits "
+            "the state at stages 1 and 2 too"));
+  CHECK(note_of(read(2, "cpu", "1"), "offload_optimizer.ratio").empty());
+  CHECK(has(note_of(read(2, "none", "0.5"), "offload_optimizer.ratio"), "no effect: device is none"));
+  CHECK_THROWS_WITH_AS(read(3, "cpu", R"("half")"),
+                       doctest::Contains("zero_optimization.offload_optimizer.ratio: found \"half\""),
+                       zero::config_error);
+  CHECK_THROWS_WITH_AS(read(3, "cpu", "-0.1"),
+                       doctest::Contains("zero_optimization.offload_optimizer.ratio: found -0.1; expected a number >= "
+                                         "0 and <= 1"),
+                       zero::config_error);
+}

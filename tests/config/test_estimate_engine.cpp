@@ -65,8 +65,9 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
 /// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, parameter
 /// offload `par`; gradients in the config's default dtype (fp32 for bf16 at stage 0).
 zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
-                                   zero::offload_device par = zero::offload_device::none) {
+                                   zero::offload_device par = zero::offload_device::none, double ratio = 1.0) {
   zero::tools::estimate_options o;
+  o.offload_ratio = ratio;
   o.params = model_params;
   o.largest_layer_params = largest_layer;
   o.gpus_per_node = world;
@@ -179,6 +180,37 @@ TEST_CASE("zero-estimate's stage 3 offload_param=cpu row is within 2% of what th
     CAPTURE(m.host_peak);
     CHECK(row.implemented);
     CHECK(m.params_peak == 0);
+    CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+    CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+  }
+}
+
+TEST_CASE("zero-estimate's offload_optimizer=cpu rows with a ratio below 1 are within 2% of the engine's split") {
+  // Partial offload: the device keeps (1 - ratio) of the optimizer state, the host ratio of it and of the
+  // staged gradient and parameter shards; with parameter offload the host also holds the whole shard.
+  for (double ratio : {0.25, 0.6}) {
+    for (int stage : {1, 2, 3}) {
+      for (int world : {1, 2, 4}) {
+        CAPTURE(ratio);
+        CAPTURE(stage);
+        CAPTURE(world);
+        const std::string keys = R"("device": "cpu", "ratio": )" + std::to_string(ratio);
+        const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", keys);
+        const auto row =
+            estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::none, ratio);
+        CAPTURE(row.gpu_model_state_bytes);
+        CAPTURE(m.model_state_peak);
+        CAPTURE(row.host_bytes_per_rank);
+        CAPTURE(m.host_peak);
+        CHECK(m.optimizer_peak > 0);
+        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+        CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+      }
+    }
+    CAPTURE(ratio);
+    const auto m =
+        measure(3, 2, R"("bf16": {"enabled": true},)", R"("device": "cpu", "ratio": )" + std::to_string(ratio), true);
+    const auto row = estimate(3, 2, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::cpu, ratio);
     CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
     CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
   }

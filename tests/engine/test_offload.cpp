@@ -12,6 +12,9 @@ using zero::testing::train_with_engine;
 namespace {
 
 constexpr const char* offload_cpu = R"("offload_optimizer": {"device": "cpu"})";
+// Partial offload: that share of each rank's optimizer state on the host, the rest on the device.
+constexpr const char* offload_03 = R"("offload_optimizer": {"device": "cpu", "ratio": 0.3})";
+constexpr const char* offload_07 = R"("offload_optimizer": {"device": "cpu", "ratio": 0.7})";
 
 void check_same_run(const zero::testing::run_result& got, const zero::testing::run_result& want) {
   CHECK(got.params == want.params);
@@ -64,7 +67,8 @@ wide_step step_a_wide_model(const std::string& zero_keys) {
 
 } // namespace
 
-TEST_CASE("offload_optimizer cpu trains to the bits of the in-memory optimizer at stages 1-3") {
+TEST_CASE("offload_optimizer cpu, whole or partial (ratio 0.3, 0.7), trains to the bits of the in-memory optimizer "
+          "at stages 1-3") {
   struct shape {
     int accumulation;
     double clip;
@@ -80,8 +84,11 @@ TEST_CASE("offload_optimizer cpu trains to the bits of the in-memory optimizer a
           CAPTURE(sh.clip);
           run_spec s{.stage = stage, .world = world, .type = type, .accumulation = sh.accumulation, .clip = sh.clip};
           const auto want = train_with_engine(s);
-          s.zero_extra = offload_cpu;
-          check_same_run(train_with_engine(s), want);
+          for (const char* extra : {offload_cpu, offload_03, offload_07}) {
+            CAPTURE(extra);
+            s.zero_extra = extra;
+            check_same_run(train_with_engine(s), want);
+          }
         }
       }
     }
@@ -90,13 +97,16 @@ TEST_CASE("offload_optimizer cpu trains to the bits of the in-memory optimizer a
 
 TEST_CASE("an fp16 overflow skips the offloaded step on every rank, as in memory") {
   for (int stage : {1, 2, 3}) {
-    CAPTURE(stage);
-    run_spec s{.stage = stage, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
-    const auto want = train_with_engine(s);
-    s.zero_extra = offload_cpu;
-    const auto got = train_with_engine(s);
-    check_same_run(got, want);
-    CHECK_FALSE(got.applied[2]);
+    for (const char* extra : {offload_cpu, offload_03}) {
+      CAPTURE(stage);
+      CAPTURE(extra);
+      run_spec s{.stage = stage, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+      const auto want = train_with_engine(s);
+      s.zero_extra = extra;
+      const auto got = train_with_engine(s);
+      check_same_run(got, want);
+      CHECK_FALSE(got.applied[2]);
+    }
   }
 }
 
@@ -147,6 +157,8 @@ namespace {
 
 constexpr const char* offload_params = R"("offload_param": {"device": "cpu"})";
 constexpr const char* offload_both = R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})";
+constexpr const char* offload_both_partial =
+    R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu", "ratio": 0.5})";
 
 } // namespace
 
@@ -170,7 +182,7 @@ TEST_CASE("offload_param cpu trains to the bits of the in-memory engine, with an
                    .clip = sh.clip,
                    .persistence_threshold = sh.persistence};
         const auto want = train_with_engine(s);
-        for (const char* extra : {offload_params, offload_both}) {
+        for (const char* extra : {offload_params, offload_both, offload_both_partial}) {
           CAPTURE(extra);
           s.zero_extra = extra;
           check_same_run(train_with_engine(s), want);
@@ -288,7 +300,7 @@ TEST_CASE("offloaded parameters: evaluation scopes and gather_all with a modifie
       const auto want = train_with_scopes(s);
       REQUIRE(want.seen.size() == 2);
       CHECK(want.seen[0] == want.seen[1]);
-      for (const char* extra : {offload_params, offload_both}) {
+      for (const char* extra : {offload_params, offload_both, offload_both_partial}) {
         CAPTURE(extra);
         s.zero_extra = extra;
         const auto got = train_with_scopes(s);

@@ -184,8 +184,15 @@ struct offload_optimizer_config {
   bool pin_memory = false;
   /// `buffer_count`: chunk buffers in host memory for NVMe transfers; the engine needs at least 2. Default 4.
   std::int64_t buffer_count = 4;
-  /// `ratio`: fraction of optimizer state offloaded. Default 1; below 1 is refused as not implemented.
+  /// `ratio`: with device cpu, the share of the rank's optimizer state elements kept in host memory and
+  /// stepped on the host; the rest stays on the device and is stepped there (DeepSpeed's partial
+  /// offload, docs/offload.md). Default 1 (everything offloaded); 0 keeps everything on the device, as
+  /// without offload. Below 1 is refused with device nvme.
   double ratio = 1.0;
+  /// `ratio: "auto"`: the engine picks the ratio at `finalize` so that the host's and the device's parts
+  /// of a step take equally long, from update rates it measures then (or that the program gave it,
+  /// `set_offload_rates`); `ratio` is then not used. Default false.
+  bool ratio_auto = false;
   friend bool operator==(const offload_optimizer_config&, const offload_optimizer_config&) = default;
 };
 

@@ -51,6 +51,8 @@ inline std::optional<json> auto_persistence(const parse_context&, std::string_vi
 inline void read_overlap_comm(const key_read<zero_optimization_config>&);
 inline void read_allgather_bucket_size(const key_read<zero_optimization_config>&);
 inline void read_offload(const key_read<zero_optimization_config>&);
+inline void read_offload_ratio(const key_read<offload_optimizer_config>&);
+inline json write_offload_ratio(const offload_optimizer_config&);
 inline void read_gather_16bit_weights(const key_read<zero_optimization_config>&);
 inline void read_schedule_param(const key_read<scheduler_config>&);
 inline void read_total_num_steps(const key_read<scheduler_config>&);
@@ -209,7 +211,11 @@ inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
     key<&offload_optimizer_config::nvme_path>("nvme_path").or_null().nvme(),
     key<&offload_optimizer_config::pin_memory>("pin_memory"),
     key<&offload_optimizer_config::buffer_count>("buffer_count").at_least(0).nvme(),
-    key<&offload_optimizer_config::ratio>("ratio").range(0.0, 1.0),
+    // A number, or "auto" (the engine measures and picks it): read and written by hand.
+    key<&offload_optimizer_config::ratio>("ratio")
+        .range(0.0, 1.0)
+        .by_hand(read_offload_ratio)
+        .written_by(write_offload_ratio),
 };
 
 inline constexpr key_row<offload_param_config> offload_param_keys[] = {

@@ -40,8 +40,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "offload to Intel Gaudi (HPU) memory", "not planned", R"("cpu" or "none")"},
     {"zero_optimization.offload_param.device", unimplemented_when::equals, R"("hpu")",
      "offload to Intel Gaudi (HPU) memory", "not planned", R"("cpu" or "none")"},
-    {"zero_optimization.offload_optimizer.ratio", unimplemented_when::below, "1",
-     "partial optimizer offload (part of the optimizer step on the GPU)", "not planned", ""},
     {"zero_optimization.offload_optimizer.pipeline_read", unimplemented_when::differs_from, "false",
      "the switch for pipelined NVMe reads (zero's NVMe offload always reads ahead while it updates)", "not planned",
      "false, or leave it out"},

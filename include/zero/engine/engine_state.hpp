@@ -24,6 +24,7 @@
 #include "zero/engine/schedule_from_config.hpp"
 #include "zero/engine/step_log.hpp"
 #include "zero/engine/update_overlap.hpp"
+#include "zero/engine/update_rates.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/storage/posix_storage.hpp"
@@ -163,9 +164,7 @@ public:
                                            .threads = threads});
       agree_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
     } else if (z.offload_optimizer.device == offload_device::cpu) {
-      optimizer_.make_on_host(layout, place, reg_.group_of(), reg_.groups(), backend_,
-                              typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type{}, stream_,
-                              offload_options{.threads = threads});
+      make_cpu_offload(layout, place, threads);
     } else {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
     }
@@ -191,6 +190,11 @@ public:
         return streamed->take(segment, slice, stream_);
       });
       stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
+    }
+    split_.state_elements = optimizer_.state_size();
+    if (z.offload_optimizer.device == offload_device::nvme) {
+      split_.ratio = 1.0;
+      split_.host_elements = split_.state_elements;
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
@@ -228,13 +232,16 @@ public:
     auto m = make_memory_report(cfg_.stage(), comm_.size(), reg_.layout(), cfg_.grad_accum_dtype, state_alloc_,
                                 buffer_alloc_, work_alloc_);
     if (const auto* host = optimizer_.host()) {
-      add_host_memory(m, host->host_memory());
+      add_host_memory(m, host->host_memory(), 1.0, streamed_);
+    } else if (const auto* both = optimizer_.partial()) {
+      add_host_memory(m, both->host().host_memory(),
+                      static_cast<double>(split_.host_elements) / static_cast<double>(split_.state_elements));
     } else if (const auto* nvme = optimizer_.nvme()) {
-      add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes());
+      add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes(), streamed_);
     }
     if constexpr (can_all_gather<Comm>) {
       if (const auto* c = residency_.coordinator(); c != nullptr && c->host_memory() != nullptr) {
-        add_host_params(m, *c->host_memory(), optimizer_.host() != nullptr);
+        add_host_params(m, *c->host_memory(), optimizer_.host() != nullptr ? 1.0 : optimizer_.partial() != nullptr ? m.offload_ratio : 0.0);
       }
     }
     return m;
@@ -269,6 +276,20 @@ public:
   void set_offload_threads(unsigned threads) {
     check_open("set_offload_threads");
     offload_threads_ = threads;
+  }
+  /// The update rates `offload_optimizer.ratio: "auto"` picks its ratio from at `finalize` instead of
+  /// measuring them then (`measure_update_rates`); unused with any other ratio. Before finalize.
+  /// \throws usage_error naming a rate that is not a finite number > 0 (device, host) or >= 0 (copies).
+  void set_offload_rates(const update_rates& rates) {
+    check_open("set_offload_rates");
+    static_cast<void>(balanced_offload_ratio(rates, cfg_.param_dtype(), cfg_.grad_accum_dtype));
+    offload_rates_ = rates;
+  }
+  /// How the optimizer state is split between the device and host memory (the ratio in force, the
+  /// elements on each side and, for "auto", the rates it chose from). After finalize.
+  [[nodiscard]] const offload_split& optimizer_split() const {
+    check_final("optimizer_split");
+    return split_;
   }
   /// The scaler and scheduler, for checkpoints and logs.
   [[nodiscard]] const loss_scaler& scaler() const noexcept { return scaler_; }
@@ -312,6 +333,36 @@ public:
 
 protected:
   using counting = counting_allocator<Allocator>;
+
+  /// Makes the optimizer of `offload_optimizer.device: cpu`: in host memory, split with the device by
+  /// the config's ratio (or auto's, from the given or measured rates), or on the device for ratio 0.
+  void make_cpu_offload(const flat_layout& layout, const adamw_placement& place, unsigned threads) {
+    const auto& o = cfg_.zero_optimization.offload_optimizer;
+    using host_alloc = typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type;
+    const std::size_t state = owned_ranges(layout, place).second;
+    split_.ratio = o.ratio;
+    if (o.ratio_auto) {
+      split_.measured = !offload_rates_;
+      split_.rates = offload_rates_
+                         ? *offload_rates_
+                         : measure_update_rates(backend_, state_alloc_.inner(),
+                                                {.param = cfg_.param_dtype(),
+                                                 .grad = cfg_.grad_accum_dtype,
+                                                 .elements = std::clamp<std::size_t>(state, 1 << 16, 1 << 22),
+                                                 .host_threads = threads});
+      split_.ratio = balanced_offload_ratio(*split_.rates, cfg_.param_dtype(), cfg_.grad_accum_dtype);
+    }
+    split_.host_elements = offloaded_state_elements(split_.ratio, state);
+    const auto opt = offload_options{.threads = threads};
+    if (split_.host_elements == state) {
+      optimizer_.make_on_host(layout, place, reg_.group_of(), reg_.groups(), backend_, host_alloc{}, stream_, opt);
+    } else if (split_.host_elements == 0) {
+      optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
+    } else {
+      optimizer_.make_partial(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, host_alloc{},
+                              stream_, split_.host_elements, opt);
+    }
+  }
 
   /// The host's threads shared among the ranks of this communicator (they may share the host).
   [[nodiscard]] unsigned default_offload_threads() const {
@@ -423,6 +474,9 @@ protected:
   /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
   bool stats_in_take_ = false;
   bool reducer_boundary_ = true;
+  /// The rates of `set_offload_rates`, and the split made at finalize.
+  std::optional<update_rates> offload_rates_;
+  offload_split split_;
   bool finalized_ = false;
 };
 

@@ -87,6 +87,10 @@ struct memory_report {
   /// in place: (K + P + G) psi / n in all). All zero without offload.
   std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
   double host_formula = 0;
+  /// The share of the optimizer state offloaded (`offload_optimizer.ratio` as the engine split it): 1
+  /// with the whole optimizer offloaded, 0 without; below 1 the device keeps the rest of K psi / n and the
+  /// host holds that share of (K + P + G) psi / n.
+  double offload_ratio = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
   /// the step writes one while it reads the other). `host_buffers`: host chunk buffers (NVMe) and
   /// host staging of accumulated gradients (stages 2-3, offloaded).
@@ -115,6 +119,12 @@ struct memory_report {
       std::snprintf(buf, sizeof buf,
                     "  offloaded to host: params %zu B, grads %zu B, optimizer %zu B (peak %zu B, formula %.0f B)\n",
                     host_params, host_grads, host_optimizer, host_peak, host_formula);
+      out += buf;
+    }
+    if (offload_ratio > 0 && offload_ratio < 1) {
+      std::snprintf(buf, sizeof buf,
+                    "  partial offload: %.4f of the optimizer state on the host, the rest on the device (%zu B)\n",
+                    offload_ratio, optimizer);
       out += buf;
     }
     if (nvme > 0) {
@@ -155,30 +165,34 @@ template <class Counting>
 }
 
 /// Adds the host bytes of an offloaded optimizer (`host`: its counting allocator) to `m`, and moves
-/// the optimizer state from the device formula to the host one, and at stages 2-3 the gradient shard
-/// too (the reduced gradients go to the host during backward; stage 1 accumulates them on the
-/// device). Host staging of accumulated gradients is under `host_buffers`. Call before
-/// `add_host_params`: it sets the host fields, which that adds to.
-template <class Counting> void add_host_memory(memory_report& m, const Counting& host) {
+/// the optimizer state, or the share `share` of it (partial offload), from the device formula to the
+/// host one; with `grads_on_host` (stages 2-3 with the whole state offloaded: the reduced gradients go
+/// to the host during backward) the gradient shard too. Host staging of accumulated gradients is under
+/// `host_buffers`. Call before `add_host_params`: it sets the host fields, which that adds to.
+template <class Counting>
+void add_host_memory(memory_report& m, const Counting& host, double share = 1.0, bool grads_on_host = false) {
   m.host_params = host.live(memory_tag::params);
   m.host_grads = host.live(memory_tag::grads);
   m.host_optimizer = host.live(memory_tag::optimizer);
   m.host_peak = host.total().peak;
+  m.offload_ratio = share;
   m.host_formula =
-      offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
+      share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
   m.host_buffers = host.live(memory_tag::buffers);
   const double psi_n = static_cast<double>(m.parameters) / m.world_size;
-  m.formula -= optimizer_state_bytes(m.param_type) * psi_n;
-  if (m.stage >= 2) {
+  m.formula -= share * optimizer_state_bytes(m.param_type) * psi_n;
+  if (grads_on_host) {
     m.formula -= static_cast<double>(size_of(m.grad_type)) * psi_n;
   }
 }
 
 /// Adds the host and file bytes of an optimizer with its state on NVMe (`host`: its counting
 /// allocator, `file_bytes`: the state file) to `m`. The host holds the gradient shard and two copies
-/// of the parameter shard, (2 P + G) Ψ / N, and the chunk buffers (under `host_buffers`).
-template <class Counting> void add_nvme_memory(memory_report& m, const Counting& host, std::size_t file_bytes) {
-  add_host_memory(m, host);
+/// of the parameter shard, (2 P + G) Ψ / N, and the chunk buffers (under `host_buffers`);
+/// `grads_on_host` as `add_host_memory`'s.
+template <class Counting>
+void add_nvme_memory(memory_report& m, const Counting& host, std::size_t file_bytes, bool grads_on_host = false) {
+  add_host_memory(m, host, 1.0, grads_on_host);
   const double psi_n = static_cast<double>(m.parameters) / m.world_size;
   m.host_formula =
       (2.0 * static_cast<double>(size_of(m.param_type)) + static_cast<double>(size_of(m.grad_type))) * psi_n;
@@ -187,17 +201,16 @@ template <class Counting> void add_nvme_memory(memory_report& m, const Counting&
 
 /// Adds the host bytes of an offloaded parameter shard (`host`: its counting allocator, stage 3's
 /// `offload_param.device: cpu`) to `m`'s `host_params`, `host_peak` and `host_formula`, and moves the
-/// shard, P psi / n, from the device formula to the host one. With the optimizer offloaded too
-/// (`with_optimizer`), the host AdamW updates that shard in place: the optimizer's host formula
-/// already counts it, once.
-template <class Counting> void add_host_params(memory_report& m, const Counting& host, bool with_optimizer = false) {
+/// shard, P psi / n, from the device formula to the host one. With the optimizer on the host too, its
+/// host AdamW updates its share of that shard in place, which the optimizer's host formula already
+/// counts: `counted`, the fraction already counted (1 with the whole state offloaded, the ratio with
+/// partial offload, 0 without).
+template <class Counting> void add_host_params(memory_report& m, const Counting& host, double counted = 0.0) {
   m.host_params += host.live(memory_tag::params);
   m.host_peak += host.total().peak;
   const double shard =
       offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
-  if (!with_optimizer) {
-    m.host_formula += shard;
-  }
+  m.host_formula += (1.0 - counted) * shard;
   m.formula -= shard;
 }
 

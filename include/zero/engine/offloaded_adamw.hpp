@@ -89,7 +89,9 @@ public:
                                .partitioned = place.partitioned,
                                .grad_type = place.grad_type,
                                .params = params_on_host_ ? place.params : host_params_.data(),
-                               .params_sharded = params_on_host_ ? place.params_sharded : true},
+                               .params_sharded = params_on_host_ ? place.params_sharded : true,
+                               .state_begin = place.state_begin,
+                               .state_end = place.state_end},
                std::move(group_of), std::move(groups), host_, counted_, host_stream_),
         grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
     if (place.params == nullptr) {
@@ -170,7 +172,7 @@ public:
 
 private:
   static std::size_t state_elements(const flat_layout& layout, const adamw_placement& place) {
-    return place.partitioned ? layout.shard_size() : layout.total_size();
+    return owned_ranges(layout, place).second;
   }
   std::byte* host_params(std::size_t state_offset) { return host_params_.data() + state_offset * param_size_; }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {

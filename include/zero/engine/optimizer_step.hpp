@@ -2,7 +2,8 @@
 /// \file
 /// `optimizer_step`: where an engine's optimizer state lives and where AdamW runs — on the backend
 /// (`partitioned_adamw`); with `zero_optimization.offload_optimizer.device: cpu` in host memory on
-/// the host (`offloaded_adamw`, ZeRO-Offload); with `nvme` in a file of the storage policy, streamed
+/// the host (`offloaded_adamw`, ZeRO-Offload), or with a `ratio` below 1 that share on the host and
+/// the rest on the backend (`partial_adamw`); with `nvme` in a file of the storage policy, streamed
 /// through host buffers (`nvme_adamw`, ZeRO-Infinity). One interface (`ranges`, `runs`, `state_size`,
 /// `groups`, `has_master`, `load_master`, `step`, `step_range`, `read_state`, `write_state`,
 /// `finish_step`, `commit`, `rollback`); the engine and checkpoints use it without asking which one
@@ -12,6 +13,7 @@
 #include "zero/engine/detail/visit_made.hpp"
 #include "zero/engine/nvme_adamw.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
+#include "zero/engine/partial_adamw.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 
 #include <cstddef>
@@ -30,6 +32,7 @@ public:
   using on_device = partitioned_adamw<Backend, Allocator>;
   using on_host = offloaded_adamw<Backend, Allocator>;
   using on_nvme = nvme_adamw<Backend, Allocator, Storage>;
+  using on_both = partial_adamw<Backend, Allocator>;
   using host_allocator_type = offload_allocator_t<Backend>;
 
   /// Makes the optimizer on the backend; arguments as `partitioned_adamw`'s.
@@ -41,12 +44,17 @@ public:
     v_.template emplace<on_host>(std::forward<Args>(args)...);
   }
 
+  /// Makes the optimizer with part of its state in host memory; arguments as `partial_adamw`'s.
+  template <class... Args> void make_partial(Args&&... args) {
+    v_.template emplace<on_both>(std::forward<Args>(args)...);
+  }
+
   /// Makes the optimizer with its state in a file of the storage; arguments as `nvme_adamw`'s.
   template <class... Args> void make_on_nvme(Args&&... args) {
     v_.template emplace<on_nvme>(std::forward<Args>(args)...);
   }
 
-  /// True when AdamW runs on the host (the state in host memory or in a file).
+  /// True when AdamW runs on the host (the state in host memory or in a file), or part of it does.
   [[nodiscard]] bool offloaded() const noexcept { return !std::holds_alternative<on_device>(v_); }
   /// The optimizer with its state in a file, or null.
   [[nodiscard]] on_nvme* nvme() noexcept { return std::get_if<on_nvme>(&v_); }
@@ -56,6 +64,9 @@ public:
   /// The offloaded optimizer, or null.
   [[nodiscard]] on_host* host() noexcept { return std::get_if<on_host>(&v_); }
   [[nodiscard]] const on_host* host() const noexcept { return std::get_if<on_host>(&v_); }
+  /// The optimizer split between the backend and the host (`offload_optimizer.ratio` below 1), or null.
+  [[nodiscard]] on_both* partial() noexcept { return std::get_if<on_both>(&v_); }
+  [[nodiscard]] const on_both* partial() const noexcept { return std::get_if<on_both>(&v_); }
 
   /// The host gradient shard of an optimizer stepping on the host (`detail::host_gradients`), or
   /// null on the device.
@@ -129,7 +140,7 @@ private:
     return detail::visit_made<on_device>(v, f, "the engine has no optimizer before finalize()");
   }
 
-  std::variant<std::monostate, on_device, on_host, on_nvme> v_;
+  std::variant<std::monostate, on_device, on_host, on_nvme, on_both> v_;
 };
 
 } // namespace zero

@@ -20,8 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -64,7 +66,39 @@ struct adamw_placement {
   /// them with `step_window`): none are allocated here, and `step`, `read_state`, `write_state` and
   /// `load_master` are the caller's.
   bool state_elsewhere = false;
+  /// Keep only the rank's state elements [state_begin, state_end) (partial offload splits them between
+  /// a device and a host optimizer, `partial_adamw`): the owned ranges are clipped to them, still one per
+  /// segment (a range outside is empty), and numbered from 0, so this optimizer's state index i is the
+  /// rank's state_begin + i. With `params_sharded`, `params` points at the rank's state index
+  /// `state_begin`. The default keeps everything.
+  std::size_t state_begin = 0;
+  std::size_t state_end = std::numeric_limits<std::size_t>::max();
 };
+
+/// The owned ranges of `place` over `layout` (finalized): (flat range, state offset), one per segment
+/// (stages 1-3: the rank's slice) or one for everything (stage 0), clipped to the placement's state
+/// elements and numbered from its `state_begin`; and the state elements they hold.
+[[nodiscard]] inline std::pair<std::vector<std::pair<flat_range, std::size_t>>, std::size_t>
+owned_ranges(const flat_layout& layout, const adamw_placement& place) {
+  std::vector<std::pair<flat_range, std::size_t>> out;
+  if (place.partitioned) {
+    for (const auto& s : layout.segments()) {
+      out.push_back({s.slice_of(place.rank), s.shard_offset});
+    }
+  } else {
+    out.push_back({{0, layout.total_size()}, 0});
+  }
+  const std::size_t all = place.partitioned ? layout.shard_size() : layout.total_size();
+  const std::size_t end = std::min(place.state_end, all);
+  const std::size_t begin = std::min(place.state_begin, end);
+  for (auto& [range, offset] : out) {
+    const std::size_t lo = std::clamp(offset, begin, end);
+    const std::size_t hi = std::clamp(offset + range.size(), begin, end);
+    range = {range.begin + (lo - offset), range.begin + (hi - offset)};
+    offset = lo - begin;
+  }
+  return {std::move(out), end - begin};
+}
 
 /// AdamW over a rank's part of the flat buffer; see the file comment.
 template <backend Backend, allocator A> class partitioned_adamw {
@@ -85,21 +119,11 @@ public:
     if (place.params == nullptr) {
       throw usage_error("partitioned_adamw: no parameters to update (adamw_placement::params is null)");
     }
-    const int rank = place.rank;
-    const bool partitioned = place.partitioned;
     if (group_of.size() != layout.param_count()) {
       throw usage_error("partitioned_adamw: " + std::to_string(group_of.size()) + " group indices for " +
                         std::to_string(layout.param_count()) + " parameters");
     }
-    if (partitioned) {
-      for (const auto& s : layout.segments()) {
-        ranges_.push_back({s.slice_of(rank), s.shard_offset});
-      }
-      state_size_ = layout.shard_size();
-    } else {
-      ranges_.push_back({{0, layout.total_size()}, 0});
-      state_size_ = layout.total_size();
-    }
+    std::tie(ranges_, state_size_) = owned_ranges(layout, place);
     for (const auto& [range, state_offset] : ranges_) {
       range_runs_.push_back(runs_.size());
       split_runs(range, state_offset, group_of);

@@ -90,7 +90,8 @@ namespace zero {
 
 /// Refuses what a config asks and the engine cannot honour, naming the key.
 /// \throws config_error for parameter offload other than stage 3's to "cpu" (a config built in code:
-/// the reader refuses the others too), a missing optimizer, or a communication dtype that is neither
+/// the reader refuses the others too), an offload ratio outside [0, 1] or below 1 with NVMe, a missing
+/// optimizer, or a communication dtype that is neither
 /// the gradient nor the parameter dtype.
 inline void check_engine_config(const config& c) {
   const offload_device param = c.zero_optimization.offload_param.device;
@@ -98,6 +99,17 @@ inline void check_engine_config(const config& c) {
     throw config_error(std::string("zero_optimization.offload_param.device: \"") + std::string(name_of(param)) +
                        "\" at stage " + std::to_string(c.stage()) +
                        "; this engine offloads parameters to \"cpu\" at stage 3 only");
+  }
+  const auto& o = c.zero_optimization.offload_optimizer;
+  if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
+    throw config_error("zero_optimization.offload_optimizer.ratio: " + std::to_string(o.ratio) +
+                       "; expected a number >= 0 and <= 1 (the share of the optimizer state offloaded), or \"auto\"");
+  }
+  if (o.device == offload_device::nvme && (o.ratio_auto || o.ratio < 1)) {
+    throw config_error("zero_optimization.offload_optimizer.ratio: " +
+                       (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
+                       " with device \"nvme\"; a ratio below 1 needs device \"cpu\" (with nvme the whole state is "
+                       "in the file)");
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "

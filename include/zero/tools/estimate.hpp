@@ -200,6 +200,9 @@ struct estimate_options {
   std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
   std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
   std::int64_t offload_optimizer_buffer_count = 4;         ///< offload_optimizer.buffer_count
+  /// offload_optimizer.ratio of the cpu rows: the share of the state (and of the shards staged for it)
+  /// in host memory; the device keeps the rest of the state (partial offload)
+  double offload_ratio = 1.0;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
   /// 1 MiB and 8), at most the largest owned range.
   std::int64_t nvme_chunk_elements = (std::int64_t{1} << 20) / 4 * 8;
@@ -240,10 +243,12 @@ struct estimate_row {
 ///
 /// Optimizer offload to the CPU (what the engine runs, docs/offload.md) moves S(m + 8) off the GPU;
 /// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
-/// the copies (`offloaded_host_formula_bytes`). At stage 1 the GPU keeps everything else of its stage
-/// (the gradients accumulate there and are copied to the host at the step); at stages 2-3 each
-/// bucket's reduced slice goes to the host during backward, so the GPU also holds no gradient shard
-/// (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
+/// the copies (`offloaded_host_formula_bytes`). With offload_ratio r < 1 only H = rS of the shard is
+/// offloaded: the host holds H(m + 8 + p + g) and the GPU keeps (S - H)(m + 8) of state, and everything
+/// else of its stage (the gradients are reduced there, and the host part's copied at the step). With
+/// the whole state offloaded, stage 1 keeps its gradients on the GPU (they accumulate there), while at
+/// stages 2-3 each bucket's reduced slice goes to the host during backward through two staging
+/// buffers, so the GPU holds no gradient shard (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
 /// shard, Sp, off the GPU into host memory, where the host AdamW updates it in place (no staged copy),
 /// so the host holds S(m + 8 + p + g); with NVMe the shard is on
@@ -271,9 +276,10 @@ struct estimate_row {
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
       o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params ||
       o.largest_param_params < 0 || o.largest_param_params > o.params || o.persistent_params < 0 ||
-      o.persistent_params > o.params) {
-    throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20 and "
-                      "0 <= largest_layer_params, largest_param_params, persistent_params <= params");
+      o.persistent_params > o.params || !(o.offload_ratio >= 0 && o.offload_ratio <= 1)) {
+    throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20, "
+                      "0 <= largest_layer_params, largest_param_params, persistent_params <= params and "
+                      "0 <= offload_ratio <= 1");
   }
   for (dtype t : {o.param_dtype, o.grad_dtype.value_or(o.param_dtype)}) {
     if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
@@ -306,16 +312,19 @@ struct estimate_row {
     r.implemented = par != offload_device::nvme;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
-    const std::int64_t optimizer_state = shard * (master + moments);
+    // With the optimizer on the CPU, the elements of the shard it offloads (all but for a ratio < 1).
+    const std::int64_t offloaded =
+        opt == offload_device::cpu ? std::llround(o.offload_ratio * static_cast<double>(shard)) : shard;
+    const std::int64_t optimizer_state = offloaded * (master + moments);
     if (opt != offload_device::none) {
-      // The rank's gradient shard and parameter shard, staged in host memory for the copies.
-      host += shard * g;
+      // The rank's gradient shard and parameter shard (their offloaded part), staged in host memory for the copies.
+      host += offloaded * g;
       if (par == offload_device::nvme) {
         host += std::min(o.offload_param_max_in_cpu, shard) * p +
                 o.offload_param_buffer_count * o.offload_param_buffer_size * p;
         nvme += shard * p;
-      } else {
-        host += shard * p;
+      } else if (!(opt == offload_device::cpu && par == offload_device::cpu)) {
+        host += offloaded * p; // staged for the copies (with the parameters on the CPU: updated in place)
       }
       if (opt == offload_device::cpu) {
         host += optimizer_state;
@@ -329,18 +338,17 @@ struct estimate_row {
         nvme += 2 * optimizer_state;
       }
     }
-    if (par == offload_device::cpu && opt != offload_device::cpu) {
-      // The coordinator's shard, which the gathers upload from; with the optimizer on the CPU it is the
-      // shard the host AdamW updates in place, counted above.
+    if (par == offload_device::cpu) {
+      // The coordinator's shard, which the gathers upload from (and, with the optimizer on the CPU, the
+      // one the host AdamW updates in place).
       host += shard * p;
     }
-    const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
-    // Stages 2-3 with the optimizer offloaded: reduced gradients go to the host during backward, through
-    // two staging buffers at least (one fills while the other's slice is copied).
-    const std::int64_t on_gpu_grads = opt == offload_device::none ? shard * g : 0;
-    auto streamed_staging = [&](std::int64_t buffers) {
-      return opt == offload_device::none ? buffers : std::max<std::int64_t>(buffers, 2);
-    };
+    const std::int64_t on_gpu_state = (opt == offload_device::none ? shard : shard - offloaded) * (master + moments);
+    // The whole state offloaded (not a ratio < 1) at stages 2-3: reduced gradients go to the host during
+    // backward, through two staging buffers at least (one fills while the other's slice is copied).
+    const bool streamed = opt == offload_device::nvme || (opt == offload_device::cpu && o.offload_ratio >= 1.0);
+    const std::int64_t on_gpu_grads = streamed ? 0 : shard * g;
+    auto streamed_staging = [&](std::int64_t buffers) { return streamed ? std::max<std::int64_t>(buffers, 2) : buffers; };
     switch (stage) {
     case 0:
       r.gpu_model_state_bytes = psi * (p + g + master + moments);
@@ -384,7 +392,7 @@ struct estimate_row {
 }
 
 /// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
-/// "nodes", "param_dtype", "grad_dtype", "rows": [{"stage", "offload_optimizer", "offload_param",
+/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "rows": [{"stage", "offload_optimizer", "offload_param",
 /// "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
 [[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
   nlohmann::json j = {{"params", o.params},
@@ -394,6 +402,7 @@ struct estimate_row {
                       {"nodes", o.nodes},
                       {"param_dtype", name_of(o.param_dtype)},
                       {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
+                      {"offload_ratio", o.offload_ratio},
                       {"rows", nlohmann::json::array()}};
   for (const estimate_row& r : rows) {
     j["rows"].push_back({{"stage", r.stage},

@@ -71,6 +71,35 @@ inline void read_allgather_bucket_size(const key_read<zero_optimization_config>&
   }
 }
 
+/// `offload_optimizer.ratio`: a number in [0, 1] (its row), or "auto"; refused below 1 with device
+/// nvme (DeepSpeed fails there too), noted without offload.
+inline void read_offload_ratio(const key_read<offload_optimizer_config>& k) {
+  const json* v = k.r.get(k.row.name);
+  if (v == nullptr) {
+    return;
+  }
+  offload_optimizer_config& o = k.out;
+  o.ratio_auto = is_auto(*v);
+  if (!o.ratio_auto) {
+    static_cast<void>(read_typed(k));
+  }
+  const std::string path = k.r.path_of(k.row.name);
+  if (o.device == offload_device::nvme && (o.ratio_auto || o.ratio < 1)) {
+    k.r.ctx().fail(path, cat("found ", show(*v),
+                             " with device \"nvme\"; a ratio below 1 keeps part of the optimizer state on the "
+                             "device and the rest in host memory, which needs device \"cpu\" (with nvme the whole "
+                             "state is in the file): write 1 or leave it out"));
+  }
+  if (o.device == offload_device::none) {
+    k.r.ctx().note(path, "no effect: device is none; ratio splits the optimizer state between the device and host "
+                         "memory with device \"cpu\"");
+  }
+}
+
+inline json write_offload_ratio(const offload_optimizer_config& o) {
+  return o.ratio_auto ? json("auto") : json(o.ratio);
+}
+
 /// One offload block, either of them: its keys by their rows, and a note for each NVMe-only key
 /// written with another device.
 template <const auto& Table, class S>

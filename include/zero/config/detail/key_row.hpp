@@ -149,6 +149,8 @@ template <class S> struct key_row {
     k.hand_read = f;
     return k;
   }
+  /// Written to `to_json` by `f` instead of the member's own value (a key with a value besides its type's).
+  constexpr key_row written_by(write_fn f) const { return with(&key_row::write, f); }
   /// `"auto"` (when no input resolves it) means what `f` returns; nullopt leaves the default.
   constexpr key_row on_auto(auto_fn f) const { return with(&key_row::resolve_auto, f); }
   /// zero_optimization keys: acts only at the stages whose bits are set; noted at the others.

@@ -154,6 +154,12 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
     ctx.fail("zero_optimization.offload_optimizer.nvme_path",
              "missing; device \"nvme\" keeps the optimizer state in a file under this folder");
   }
+  const auto& opt = z.offload_optimizer;
+  if (opt.device == offload_device::cpu && stage < 3 && (opt.ratio_auto || opt.ratio < 1)) {
+    ctx.note("zero_optimization.offload_optimizer.ratio",
+             cat("DeepSpeed applies ratio at stage 3 only (at stage ", std::to_string(stage),
+                 " it offloads all the optimizer state); zero splits the state at stages 1 and 2 too"));
+  }
   note_stages(r, zero_optimization_keys, stage);
   note_values(r, zero_optimization_keys, stage);
   r.finish();
