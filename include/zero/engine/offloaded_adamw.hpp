@@ -29,6 +29,7 @@
 #include "zero/memory/host_allocator.hpp"
 
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -76,8 +77,8 @@ public:
                   std::vector<param_group> groups, Backend& backend, HostAlloc host, stream_type& stream,
                   offload_options opt = {})
       : backend_(backend), stream_(stream), counted_(host), host_(cpu_backend_options{.threads = opt.threads}, host),
-        device_params_(place.params), device_sharded_(place.params_sharded), grad_size_(size_of(place.grad_type)),
-        param_size_(size_of(layout.type())),
+        device_params_(place.params), device_sharded_(place.params_sharded), in_file_(place.params_in_file),
+        grad_size_(size_of(place.grad_type)), param_size_(size_of(layout.type())),
         host_params_(counted_, state_elements(layout, place) * param_size_, memory_tag::params),
         inner_(layout,
                adamw_placement{.rank = place.rank,
@@ -87,7 +88,7 @@ public:
                                .params_sharded = true},
                std::move(group_of), std::move(groups), host_, counted_, host_stream_),
         grads_(backend, inner_.ranges(), counted_, inner_.state_size(), grad_size_) {
-    if (place.params == nullptr) {
+    if (place.params == nullptr && !in_file_) {
       throw usage_error("offloaded_adamw: no parameters to update (adamw_placement::params is null)");
     }
   }
@@ -149,7 +150,8 @@ public:
     const auto& [range, state_offset] = inner_.ranges()[k];
     inner_.step_range(k, host_stream_, base, group_lr,
                       [&](const flat_range&, std::size_t off) { return grads_.at(off); });
-    copy_async<device_host_accessible>(backend_, s, host_params(state_offset), device_params(range, state_offset),
+    copy_async<device_host_accessible>(backend_, s, host_params(state_offset),
+                                       in_file_ ? in_file_(param_use::update, k) : device_params(range, state_offset),
                                        range.size() * param_size_);
   }
 
@@ -159,7 +161,8 @@ private:
   }
   std::byte* host_params(std::size_t state_offset) { return host_params_.data() + state_offset * param_size_; }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
-    return device_params_ + (device_sharded_ ? state_offset : range.begin) * param_size_;
+    const auto base = in_file_ ? in_file_(param_use::whole, 0) : device_params_;
+    return base + (device_sharded_ ? state_offset : range.begin) * param_size_;
   }
 
   Backend& backend_;
@@ -169,6 +172,7 @@ private:
   typename host_backend::stream_type host_stream_;
   std::byte* device_params_;
   bool device_sharded_;
+  std::function<std::byte*(param_use, std::size_t)> in_file_; // parameters in a file (offload_param nvme)
   std::size_t grad_size_;
   std::size_t param_size_;
   buffer<std::byte, host_counting> host_params_;
