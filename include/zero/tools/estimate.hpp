@@ -214,8 +214,8 @@ struct estimate_row {
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  /// true where this version's engine runs the row: no offload, the optimizer offloaded to the CPU or
-  /// NVMe at stages 1-3, and the parameters to the CPU at stage 3; false for parameters on NVMe (planned)
+  /// true where this version's engine runs the row: every row does (no offload, the optimizer
+  /// offloaded to the CPU or NVMe at stages 1-3, the parameters to the CPU or NVMe at stage 3)
   bool implemented = true;
 };
 
@@ -236,7 +236,8 @@ struct estimate_row {
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
 /// shard, Sp, off the GPU into host memory of its own, beside the optimizer's staged copy of it, so
 /// the host holds S(m + 8 + 2p + g) (`offloaded_params_host_formula_bytes`); with NVMe the shard is on
-/// NVMe, max_in_cpu of it and the buffers in host memory (planned).
+/// NVMe in two slots, 2p(S - R), where R = min(max_in_cpu, S) elements stay in host memory, beside
+/// buffer_count bounce buffers of a layer's slice (at most buffer_size elements) when R < S.
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
 /// - stage 2 reduces bucket by bucket through one staging buffer of min(reduce_bucket_size, Ψ)
@@ -253,8 +254,8 @@ struct estimate_row {
 ///   elements (engine.hpp, `plan_gather_groups`); unset, the all-gathers run in place.
 /// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. Optimizer NVMe rows
 /// keep offload_optimizer_buffer_count chunks of nvme_chunk_elements (at most one owned range) per state tensor in
-/// host memory; parameter NVMe rows buffer_count x buffer_size elements. \throws usage_error when params, ranks or
-/// dtypes are out of range.
+/// host memory; parameter NVMe rows buffer_count x min(buffer_size, a layer's slice) elements. \throws usage_error when
+/// params, ranks or dtypes are out of range.
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
@@ -285,22 +286,14 @@ struct estimate_row {
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    // The engine runs the optimizer offloaded to the CPU or NVMe, and the parameters to the CPU (stage 3);
-    // parameters on NVMe are planned.
-    r.implemented = par != offload_device::nvme;
+    // The engine runs every row.
+    r.implemented = true;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     const std::int64_t optimizer_state = shard * (master + moments);
     if (opt != offload_device::none) {
       // The rank's gradient shard and parameter shard, staged in host memory for the copies.
-      host += shard * g;
-      if (par == offload_device::nvme) {
-        host += std::min(o.offload_param_max_in_cpu, shard) * p +
-                o.offload_param_buffer_count * o.offload_param_buffer_size * p;
-        nvme += shard * p;
-      } else {
-        host += shard * p;
-      }
+      host += shard * g + shard * p;
       if (opt == offload_device::cpu) {
         host += optimizer_state;
       } else {
@@ -311,6 +304,17 @@ struct estimate_row {
         const std::int64_t range = (segment + o.ranks() - 1) / o.ranks();
         host += o.offload_optimizer_buffer_count * std::min(o.nvme_chunk_elements, range) * (master + moments);
         nvme += 2 * optimizer_state;
+      }
+    }
+    if (par == offload_device::nvme) {
+      // The first max_in_cpu elements of the shard in host memory; the rest, if any, in two slots on
+      // NVMe, through buffer_count bounce buffers of a layer's slice (at most buffer_size elements).
+      const std::int64_t resident = std::min(o.offload_param_max_in_cpu, shard);
+      const std::int64_t slice = o.largest_layer_params > 0 ? (o.largest_layer_params + n - 1) / n : shard;
+      host += resident * p;
+      if (resident < shard) {
+        host += o.offload_param_buffer_count * std::min(o.offload_param_buffer_size, slice) * p;
+        nvme += 2 * (shard - resident) * p;
       }
     }
     if (par == offload_device::cpu) {
