@@ -9,7 +9,6 @@
 #include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
-#include <tuple>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -201,15 +200,19 @@ TEST_CASE("ENOSPC or EIO at any parameter write with the optimizer in memory: th
   scratch_dir dir("param-nvme-faults-applied");
   // A parameter one step behind must change the gradients it couples into: fp32, or fp16 with a strong
   // coupling (bf16 would round it away).
-  for (const auto& [optimizer, type, coupling] :
-       {std::tuple{"none", dtype::f16, 0.5f}, std::tuple{"cpu", dtype::f32, 1.0f / 64}}) {
-    CAPTURE(optimizer);
+  struct variant {
+    const char* optimizer;
+    dtype type;
+    float coupling;
+  };
+  for (const variant v : {variant{"none", dtype::f16, 0.5f}, variant{"cpu", dtype::f32, 1.0f / 64}}) {
+    CAPTURE(v.optimizer);
     run_spec s{.stage = 3,
                .world = 2,
-               .type = type,
+               .type = v.type,
                .steps = 8,
-               .param_coupling = coupling,
-               .zero_extra = param_nvme(dir.path, optimizer)};
+               .param_coupling = v.coupling,
+               .zero_extra = param_nvme(dir.path, v.optimizer)};
     run_spec plain = s;
     plain.zero_extra.clear();
     const auto want = train_with_engine(plain);

@@ -83,13 +83,15 @@ public:
           host.emplace(host_alloc{});
           if (dev == offload_device::nvme) {
             const auto& p = z.offload_param;
-            file.emplace(storage,
-                         detail::param_file_options{.dir = p.nvme_path,
-                                                    .buffer_count = static_cast<std::size_t>(p.buffer_count),
-                                                    .buffer_size = static_cast<std::size_t>(p.buffer_size),
-                                                    .max_in_cpu = static_cast<std::size_t>(p.max_in_cpu),
-                                                    .rank = comm.rank()},
-                         detail::shard_ranges(reg.layout()), size_of(reg.layout().type()));
+            file = typename coordinator_type::shard_type::on_file{
+                .storage = storage,
+                .options = {.dir = p.nvme_path,
+                            .buffer_count = static_cast<std::size_t>(p.buffer_count),
+                            .buffer_size = static_cast<std::size_t>(p.buffer_size),
+                            .max_in_cpu = static_cast<std::size_t>(p.max_in_cpu),
+                            .rank = comm.rank()},
+                .ranges = detail::shard_ranges(reg.layout()),
+                .esize = size_of(reg.layout().type())};
           }
         }
         v_.template emplace<coordinator_type>(
