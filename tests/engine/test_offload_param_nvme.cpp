@@ -9,6 +9,9 @@
 #include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -312,6 +315,82 @@ TEST_CASE("a read that fails during a gather: every rank drops the accumulation 
           zero::testing::collect_params(eng, mh, comm, got);
         });
     CHECK(failures == reads_per_step);
+    CHECK(got.params == want.params);
+  }
+  CHECK(fs::is_empty(dir.path));
+}
+
+namespace {
+
+/// The posix storage asking for O_DIRECT's 4096-byte alignment, and checking every request for it
+/// as `uring_storage` does (a usage_error), so that a build without io_uring tests the alignment too.
+class aligned_storage {
+public:
+  using file_type = zero::posix_storage::file_type;
+  static constexpr std::size_t align = 4096;
+  explicit aligned_storage(zero::storage_options o = {}) : inner_(o) {}
+  [[nodiscard]] std::string_view name() const { return "aligned posix"; }
+  [[nodiscard]] std::size_t alignment() const { return align; }
+  [[nodiscard]] file_type create(const fs::path& path, std::uint64_t bytes) {
+    CHECK(bytes % align == 0);
+    return inner_.create(path, bytes);
+  }
+  [[nodiscard]] file_type open(const fs::path& path) { return inner_.open(path); }
+  [[nodiscard]] zero::storage_ticket submit_read(const file_type& f, std::uint64_t offset, std::span<std::byte> dst) {
+    check(offset, dst.data(), dst.size());
+    return inner_.submit_read(f, offset, dst);
+  }
+  [[nodiscard]] zero::storage_ticket submit_write(const file_type& f, std::uint64_t offset,
+                                                  std::span<const std::byte> src) {
+    check(offset, src.data(), src.size());
+    return inner_.submit_write(f, offset, src);
+  }
+  void wait(zero::storage_ticket t) { inner_.wait(t); }
+  void wait_all() { inner_.wait_all(); }
+  [[nodiscard]] std::size_t requests() const noexcept { return requests_; }
+
+private:
+  void check(std::uint64_t offset, const std::byte* data, std::size_t bytes) {
+    ++requests_;
+    if (offset % align != 0 || reinterpret_cast<std::uintptr_t>(data) % align != 0 || bytes % align != 0) {
+      throw zero::usage_error("aligned_storage: a request of " + std::to_string(bytes) + " bytes at offset " +
+                              std::to_string(offset) + " is not aligned to 4096");
+    }
+  }
+  zero::posix_storage inner_;
+  std::size_t requests_ = 0;
+};
+static_assert(zero::storage<aligned_storage>);
+
+} // namespace
+
+TEST_CASE("with a storage that asks for O_DIRECT's 4096-byte alignment every request is aligned and the bits are "
+          "those of in memory") {
+  scratch_dir dir("param-nvme-aligned");
+  for (const char* optimizer : {"none", "nvme"}) {
+    CAPTURE(optimizer);
+    run_spec s{.stage = 3, .world = 2, .type = dtype::bf16, .accumulation = 2, .clip = 1.0};
+    const auto want = train_with_engine(s);
+    s.zero_extra = param_nvme(dir.path, optimizer, 2, 400); // the first module in host memory, the rest in the file
+    zero::testing::run_result got;
+    got.applied_by_rank.resize(2);
+    std::vector<std::size_t> requests(2);
+    zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+      zero::config_inputs in;
+      in.world_size = 2;
+      zero::cpu_backend backend({.threads = 1});
+      zero::basic_engine<zero::cpu_backend, zero::thread_communicator, zero::host_allocator, aligned_storage> eng(
+          zero::config::from_string(zero::testing::config_json(s), in), comm, backend);
+      const auto mh = zero::testing::register_model(eng);
+      eng.finalize();
+      zero::testing::init_model(eng);
+      zero::testing::train_steps(eng, mh, comm, s, 0, s.steps, got);
+      zero::testing::collect_params(eng, mh, comm, got);
+      requests[static_cast<std::size_t>(comm.rank())] = eng.storage().requests();
+      // Every slice in the file starts at an aligned offset: each takes a whole number of 4096-byte blocks.
+      CHECK(eng.coordinator()->file()->file_bytes() % 4096 == 0);
+    });
+    CHECK(requests[0] > 0);
     CHECK(got.params == want.params);
   }
   CHECK(fs::is_empty(dir.path));
