@@ -357,7 +357,9 @@ private:
       return;
     }
     if (optimizer_.nvme() == nullptr) {
-      file->commit();
+      if (file != nullptr) { // always: with the optimizer in memory only the parameter file writes
+        file->commit();
+      }
       try {
         throw_agreed(mine, "could not write its parameters to NVMe",
                      "; the optimizer step was applied (its state is in memory and has moved on): the parameters "
