@@ -5,11 +5,24 @@
 //   zero-estimate --params 7e9 --gpus-per-node 8 --nodes 2
 //   zero-estimate --model gpt2.json --dtype fp16 --json
 //
-// Exit status: 0 on success, 1 for an unreadable model description, 2 for a command-line error.
+// With --plan it prints the fastest setting that fits the memory given, and its DeepSpeed config block
+// (zero/tools/plan.hpp): the candidates are the rows below that this version runs, their memory the
+// estimate's, their speed the time the optimizer state's placement costs per step by this machine's
+// rates, measured now by zero-report's probes (zero/tools/probes.hpp) or read from zero-report
+// --save-rates' file.
+//
+//   zero-estimate --plan --gpu-memory 80GiB --host-memory 1TiB --params 7e9 --gpus-per-node 8
+//   zero-estimate --plan --gpu-memory 24GiB --host-memory 256GiB --nvme 3TB --nvme-path /mnt/nvme/zero
+//                 --rates rates.json --model gpt2.json
+//
+// Exit status: 0 on success, 1 for an unreadable model description or rates file and when no setting
+// fits the budgets (--plan), 2 for a command-line error.
 
 #include "config_options.hpp"
+#include "probe_rates.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/tools/estimate.hpp"
+#include "zero/tools/plan.hpp"
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -17,6 +30,8 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 namespace {
 
@@ -31,6 +46,83 @@ std::string gib(std::int64_t bytes) {
 std::string pad(std::string s, std::size_t n) {
   s.resize(std::max(n, s.size()), ' ');
   return s;
+}
+
+/// The values of --plan's options, as given.
+struct plan_args {
+  bool plan = false;
+  std::optional<std::string> gpu_memory, host_memory, nvme, rates_file, nvme_path;
+  std::string probe_size = "256MiB";
+};
+
+/// --plan's budgets and probe size from its options, checked before anything is printed or measured.
+/// \throws usage_error naming the option and what it expects.
+std::pair<zero::tools::memory_budget, zero::tools::probe_options> plan_inputs(const plan_args& a) {
+  if (!a.gpu_memory || !a.host_memory) {
+    throw zero::usage_error("--plan needs --gpu-memory BYTES and --host-memory BYTES: the memory zero may use on "
+                            "each GPU and on each node's host");
+  }
+  if (a.nvme && !a.rates_file && !a.nvme_path) {
+    throw zero::usage_error("--nvme needs the storage's rates: give --nvme-path DIR to measure them there, or "
+                            "--rates FILE from zero-report --save-rates FILE --path DIR");
+  }
+  zero::tools::memory_budget budget;
+  budget.device_bytes = zero::tools::parse_bytes(*a.gpu_memory);
+  budget.host_bytes = zero::tools::parse_bytes(*a.host_memory);
+  budget.nvme_bytes = a.nvme ? zero::tools::parse_bytes(*a.nvme) : 0;
+  zero::tools::probe_options probe;
+  probe.bytes = static_cast<std::size_t>(zero::tools::parse_bytes(a.probe_size));
+  if (probe.bytes < 4096) {
+    throw zero::usage_error(cat("--probe-size: ", a.probe_size, " is too small to time; expected 4KiB or more"));
+  }
+  return {budget, probe};
+}
+
+/// --plan: the rates (read or measured), the ranked candidates and the config block. Returns the exit
+/// status.
+int run_plan(const plan_args& a, const zero::tools::memory_budget& budget, const zero::tools::probe_options& probe,
+             const zero::tools::estimate_options& o, bool json_out) {
+  zero::tools::machine_rates rates;
+  std::string source;
+  try {
+    if (a.rates_file) {
+      rates = zero::tools::read_rates_file(*a.rates_file);
+      source = cat("read from ", *a.rates_file);
+    } else {
+      rates = zero::tools::measure_this_machine(probe, a.nvme_path);
+      source = "measured now by zero-report's probes";
+    }
+  } catch (const zero::error& e) {
+    std::cerr << "zero-estimate: " << e.what() << "\n";
+    return 1;
+  }
+  if (budget.nvme_bytes > 0 && rates.nvme_path.empty()) {
+    std::cerr << "zero-estimate: --nvme needs the storage's rates, and " << *a.rates_file
+              << " has none: write it with zero-report --save-rates FILE --path DIR\n";
+    return 1;
+  }
+  const std::string nvme_path = a.nvme_path.value_or(rates.nvme_path);
+  const auto plan = zero::tools::make_plan(o, rates, budget);
+  std::cout << "\nbudgets: " << zero::tools::show_bytes(budget.device_bytes) << " per GPU, "
+            << zero::tools::show_bytes(budget.host_bytes) << " of host memory per node, "
+            << zero::tools::show_bytes(budget.nvme_bytes) << " of NVMe per node" << (a.nvme ? "" : " (no --nvme)")
+            << "\nrates (" << source << "):\n"
+            << zero::tools::rates_text(rates, "  ") << "\n"
+            << zero::tools::plan_table(plan);
+  nlohmann::json block;
+  if (plan.chosen) {
+    block = zero::tools::plan_config_block(plan.ranked[*plan.chosen].row, o, nvme_path);
+    std::cout << "\nDeepSpeed config block (merge into ds_config.json):\n" << block.dump(2) << "\n";
+  } else {
+    std::cout << "no setting this version runs fits: give more memory, more GPUs (--gpus-per-node, --nodes)"
+              << (a.nvme ? "" : ", or NVMe (--nvme BYTES --nvme-path DIR)") << "\n";
+  }
+  if (json_out) {
+    auto j = zero::tools::estimate_json(o, zero::tools::estimate_memory(o));
+    j["plan"] = {{"config", block}, {"rates", zero::tools::rates_json(rates)}};
+    std::cout << j.dump() << "\n";
+  }
+  return plan.chosen ? 0 : 1;
 }
 
 } // namespace
@@ -77,7 +169,35 @@ int main(int argc, char** argv) {
   app.add_option("--additional-buffer-factor", buffer_factor, "DeepSpeed's additional_buffer_factor (its tables only)")
       ->capture_default_str()
       ->check(zero::tools::number_in(0.0, 100.0));
-  app.add_flag("--json", json_out, "end with one line of JSON: {\"params\", \"gpus\", \"rows\": [...]}");
+  app.add_flag("--json", json_out,
+               "end with one line of JSON: {\"params\", \"gpus\", \"rows\": [...]} (with --plan also \"plan\": "
+               "{\"config\", \"rates\"})");
+  std::string persistence = "1e5";
+  app.add_option("--persistence-threshold", persistence,
+                 "zero_optimization.stage3_param_persistence_threshold: with --model, parameters below it stay whole "
+                 "at stage 3")
+      ->capture_default_str()
+      ->needs(model_opt);
+  plan_args plan;
+  auto* plan_opt = app.add_flag("--plan", plan.plan,
+                                "print the fastest stage and offload setting that fits --gpu-memory, --host-memory and "
+                                "--nvme, by this machine's measured rates, as a DeepSpeed config block");
+  auto* plans = app.add_option_group("Plan", "with --plan");
+  plans->add_option("--gpu-memory", plan.gpu_memory, "bytes zero may use on each GPU, e.g. 80GiB")->needs(plan_opt);
+  plans->add_option("--host-memory", plan.host_memory, "bytes zero may use on each node's host, e.g. 1TiB")
+      ->needs(plan_opt);
+  plans->add_option("--nvme", plan.nvme, "bytes zero may use on each node's NVMe, e.g. 3TB (default: none)")
+      ->needs(plan_opt);
+  plans->add_option("--rates", plan.rates_file, "rates from zero-report --save-rates (default: measure them now)")
+      ->needs(plan_opt);
+  plans
+      ->add_option("--nvme-path", plan.nvme_path,
+                   "folder on the NVMe drive: its rates are measured there, and the config block names it")
+      ->needs(plan_opt)
+      ->check(CLI::ExistingDirectory);
+  plans->add_option("--probe-size", plan.probe_size, "bytes each rate probe moves when measuring now")
+      ->capture_default_str()
+      ->needs(plan_opt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -86,6 +206,8 @@ int main(int argc, char** argv) {
   }
 
   zero::tools::estimate_options o;
+  zero::tools::memory_budget budget;
+  zero::tools::probe_options probe;
   std::string model_name;
   std::string largest_name;
   try {
@@ -95,6 +217,8 @@ int main(int argc, char** argv) {
       o.largest_layer_params = m.largest_layer_params;
       model_name = m.name;
       largest_name = m.largest_layer;
+      o.largest_param_params = m.largest_param;
+      o.persistent_params = m.params_below(zero::tools::parse_count(persistence));
     } else if (!params_text.empty()) {
       o.params = zero::tools::parse_count(params_text);
       o.largest_layer_params = largest_text.empty() ? 0 : zero::tools::parse_count(largest_text);
@@ -123,6 +247,9 @@ int main(int argc, char** argv) {
     o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
     o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
     o.sub_group_size = zero::tools::parse_count(sub_group);
+    if (plan.plan) {
+      std::tie(budget, probe) = plan_inputs(plan);
+    }
   } catch (const zero::config_error& e) {
     std::cerr << "zero-estimate: " << e.what() << "\n";
     return 1;
@@ -148,6 +275,9 @@ int main(int argc, char** argv) {
   if (!model_file && largest_text.empty()) {
     std::cout << "note: largest layer unknown; stage 3 counts only the prefetch bucket as its working set "
                  "(pass --model FILE or --largest-layer-params N)\n";
+  }
+  if (plan.plan) {
+    return run_plan(plan, budget, probe, o, json_out);
   }
   std::cout << "\nzero's accounting (model states + gradient buckets + stage-3 working set; every row without a note "
                "runs in this version):\n";

@@ -2,10 +2,18 @@
 // a verdict with a concrete fix when something needed is missing. With --config it validates a
 // DeepSpeed config and prints it resolved (every default filled in), or the config_error.
 //
-// Exit status: 0 when everything needed is there and the config (if any) is valid, 1 otherwise,
-// 2 for a command-line error.
+// With --save-rates FILE it measures the rates zero-estimate --plan ranks settings by (the AdamW step
+// on the device and on the host, the copies between them, and with --path the storage's read and
+// write bandwidth there) and writes them to FILE as JSON (zero/tools/plan.hpp, `rates_json`).
+//
+//   zero-report --save-rates rates.json --path /mnt/nvme/zero
+//   zero-estimate --plan --rates rates.json --gpu-memory 80GiB --host-memory 1TiB --nvme 3TB --params 7e9
+//
+// Exit status: 0 when everything needed is there and the config (if any) is valid, 1 otherwise
+// (a probe or the rates file that failed included), 2 for a command-line error.
 
 #include "config_options.hpp"
+#include "probe_rates.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
 
@@ -580,6 +588,27 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
   }
 }
 
+// ---- rates -----------------------------------------------------------------------------------------
+
+void report_rates(const std::string& file, const std::optional<std::filesystem::path>& path,
+                  const zero::tools::probe_options& p, verdict& v) {
+  section(cat("measured rates (for zero-estimate --plan; ", std::to_string(p.bytes >> 20), " MiB per probe)"));
+  try {
+    const auto rates = zero::tools::measure_this_machine(p, path);
+    std::cout << zero::tools::rates_text(rates, "  ");
+    std::ofstream out(file, std::ios::trunc);
+    out << zero::tools::rates_json(rates).dump(2) << "\n";
+    out.close();
+    if (!out) {
+      v.problems.push_back(cat("cannot write the rates to ", file, ": ", std::strerror(errno)));
+      return;
+    }
+    std::cout << "  written to " << file << "\n";
+  } catch (const zero::error& e) {
+    v.problems.push_back(cat("measuring the rates failed: ", e.what()));
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -596,6 +625,12 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"cuda", "gpu", "nccl", "mpi", "o_direct", "io_uring"}));
   app.add_flag("--config-only", config_only, "with --config, print only the config section and its verdict");
+  std::optional<std::string> rates_file;
+  std::string probe_size = "256MiB";
+  app.add_option("--save-rates", rates_file,
+                 "measure the rates zero-estimate --plan ranks by (with --path: the storage's there too) and write "
+                 "them to this JSON file");
+  app.add_option("--probe-size", probe_size, "bytes each rate probe moves, e.g. 256MiB")->capture_default_str();
   options.add_to(app);
   try {
     app.parse(argc, argv);
@@ -604,6 +639,17 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  zero::tools::probe_options probe;
+  try {
+    probe.bytes = static_cast<std::size_t>(zero::tools::parse_bytes(probe_size));
+  } catch (const zero::usage_error& e) {
+    std::cerr << "zero-report: --probe-size: " << e.what() << "\n";
+    return 2;
+  }
+  if (probe.bytes < 4096) {
+    std::cerr << "zero-report: --probe-size: " << probe.bytes << " bytes is too small to time; expected 4KiB or more\n";
+    return 2;
+  }
   auto required = [&](std::string_view f) { return std::find(require.begin(), require.end(), f) != require.end(); };
   verdict v;
   zero::config_inputs inputs;
@@ -635,6 +681,9 @@ int main(int argc, char** argv) {
                            "with -DZERO_WITH_MPI=ON");
     }
 #endif
+  }
+  if (rates_file) {
+    report_rates(*rates_file, path ? std::optional<std::filesystem::path>(*path) : std::nullopt, probe, v);
   }
   std::cout << "\n";
   if (config_file) {

@@ -10,6 +10,8 @@
 //   zero-deep-mlp-cuda --gpus 2 --config offload_nvme.json --nvme-path /mnt/nvme/zero
 //                                                      ZeRO-Infinity: optimizer state in a file per GPU
 //                                                      (io_uring and O_DIRECT in a build with zero::uring)
+//   zero-deep-mlp-cuda --gpus 2 --config auto-plan --hidden 16384
+//                                                      the fastest setting that fits these GPUs and host
 //
 // Block l: y = x + gelu(x W_l^T + b_l), W_l hidden x hidden; loss 0.5 * mean((y_L - target)^2) against
 // a fixed random target. The same model in PyTorch FSDP2 is bench/fsdp2/fsdp2_mlp.py.
@@ -21,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime_api.h>
@@ -37,6 +40,8 @@
 #include <zero/comm/nccl_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/plan.hpp>
+#include <zero/tools/probes.hpp>
 #if ZERO_HAS_URING
 #include <zero/storage/uring_storage.hpp>
 #endif
@@ -68,7 +73,13 @@ struct options {
   std::optional<std::string> nvme_path; // overrides offload_optimizer.nvme_path
   bool json = false;
   bool check = false;
+  // --config auto-plan's budgets (empty: what the machine has), and the config block it chose
+  std::optional<std::int64_t> gpu_memory, host_memory, nvme_budget;
+  std::optional<nlohmann::json> plan_block;
 };
+
+/// The value of --config that plans the run instead of reading a file.
+constexpr const char* auto_plan = "auto-plan";
 
 /// The sizes and hyper-parameters in force after the defaults of the mode are applied.
 struct run_params {
@@ -91,6 +102,13 @@ const char* usage_text = R"(usage: zero-deep-mlp-cuda [flags]
   --lr X         AdamW learning rate (default 1e-4; --check: 1e-3)
   --config FILE  DeepSpeed-style JSON config instead of the built-in one (--stage still overrides;
                  "auto" takes --rows for the micro batch and --hidden for the bucket sizes)
+  --config auto-plan
+                 the built-in config at the fastest stage and offload setting that fits, by rates
+                 measured now on GPU 0 and the host (zero-estimate --plan; docs/offload.md)
+  --gpu-memory BYTES, --host-memory BYTES, --nvme BYTES
+                 auto-plan's budgets per GPU, of host memory and on NVMe under --nvme-path, e.g.
+                 24GiB (default: GPU 0's free memory less this model's activations and workspaces,
+                 the host's available memory, the free space of --nvme-path or none)
   --offload-threads N
                  host threads of the AdamW step under offload_optimizer cpu or nvme (default: the
                  host's threads divided by the ranks)
@@ -189,6 +207,14 @@ bool parse(int argc, char** argv, options& o) {
       if (o.nvme_path->empty()) {
         bad_flag("--nvme-path expects a folder, got an empty string");
       }
+    } else if (flag == "--gpu-memory" || flag == "--host-memory" || flag == "--nvme") {
+      std::int64_t bytes = 0;
+      try {
+        bytes = zero::tools::parse_bytes(value());
+      } catch (const zero::usage_error& e) {
+        bad_flag(flag + ": " + e.what());
+      }
+      (flag == "--gpu-memory" ? o.gpu_memory : flag == "--host-memory" ? o.host_memory : o.nvme_budget) = bytes;
     } else if (flag == "--json") {
       no_value();
       o.json = true;
@@ -202,6 +228,18 @@ bool parse(int argc, char** argv, options& o) {
   if (o.nvme_path && o.config_file.empty()) {
     bad_flag("--nvme-path needs --config with offload_optimizer nvme (such as offload_nvme.json); the built-in "
              "config offloads nothing");
+  }
+  const bool planned = o.config_file == auto_plan;
+  if (!planned && (o.gpu_memory || o.host_memory || o.nvme_budget)) {
+    bad_flag("--gpu-memory, --host-memory and --nvme are budgets of --config auto-plan");
+  }
+  if (planned && (o.env || o.stage)) {
+    bad_flag(o.env ? "--config auto-plan runs one process (--gpus): under torchrun each process would measure, and "
+                     "processes that chose differently would hang"
+                   : "--config auto-plan chooses the stage; leave out --stage");
+  }
+  if (o.nvme_budget && !o.nvme_path) {
+    bad_flag("--nvme needs --nvme-path DIR, the folder the state files would go to");
   }
   if (o.env && o.gpus) {
     bad_flag("--gpus and --env exclude each other (under torchrun, --nproc_per_node sets the GPUs)");
@@ -246,6 +284,53 @@ nlohmann::json default_config(const run_params& p, int stage) {
         {"stage3_max_live_parameters", 4 * block},
         {"stage3_max_reuse_distance", block},
         {"stage3_param_persistence_threshold", h}}}};
+}
+
+/// --config auto-plan: the fastest stage and offload setting for this model on `gpus` GPUs that fits
+/// the budgets, by the rates measured now on GPU 0, the host and --nvme-path (zero/tools/probes.hpp).
+/// Prints the plan (to stderr with --json) and keeps its config block in `opt.plan_block`.
+/// \throws usage_error when nothing fits; what the probes throw.
+void plan_run(options& opt, const run_params& p, int gpus) {
+  namespace zt = zero::tools;
+  const auto cfg = zero::config::from_json(
+      default_config(p, 2), {.world_size = gpus, .hidden_size = p.shape.hidden, .micro_batch_size = p.shape.rows},
+      "built-in config");
+  const auto h = static_cast<std::int64_t>(p.shape.hidden);
+  const auto model = zt::summarize_modules(
+      std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(p.shape.blocks), {h * h, h}));
+  const auto o = zt::estimate_options_from(cfg, model, gpus);
+  if (opt.nvme_path) {
+    // Created if missing, as for a config with offload_optimizer nvme: the storage is measured there.
+    std::filesystem::create_directories(*opt.nvme_path);
+  }
+  zero::cuda_backend device(0);
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  ZERO_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const std::size_t framework = deep_mlp::model<engine_type>::framework_bytes_of(p.shape);
+  zt::memory_budget budget;
+  budget.device_bytes =
+      opt.gpu_memory.value_or(static_cast<std::int64_t>(free_bytes > framework ? free_bytes - framework : 0));
+  budget.host_bytes = opt.host_memory.value_or(zt::available_host_memory());
+  budget.nvme_bytes = opt.nvme_budget.value_or(opt.nvme_path ? zt::free_storage_bytes(*opt.nvme_path) : 0);
+  cudaDeviceProp prop{};
+  ZERO_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const auto rates = zt::measure_rates(
+      device, prop.name, {}, opt.nvme_path ? std::optional<std::filesystem::path>(*opt.nvme_path) : std::nullopt);
+  const auto plan = zt::make_plan(o, rates, budget);
+  std::FILE* out = opt.json ? stderr : stdout;
+  std::fprintf(out,
+               "auto-plan for %lld parameters on %d GPU(s); budgets: %s per GPU%s, %s of host memory, %s of NVMe\n%s",
+               static_cast<long long>(model.params), gpus, zt::show_bytes(budget.device_bytes).c_str(),
+               opt.gpu_memory ? "" : " (free memory less the model's activations and workspaces)",
+               zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
+               zt::plan_table(plan).c_str());
+  if (!plan.chosen) {
+    throw zero::usage_error("--config auto-plan: no setting fits the budgets (--gpu-memory, --host-memory, --nvme)");
+  }
+  opt.plan_block = zt::plan_config_block(plan.ranked[*plan.chosen].row, o, opt.nvme_path.value_or(""));
+  std::fprintf(out, "config block:\n%s\n", opt.plan_block->dump(2).c_str());
+  std::fflush(out);
 }
 
 /// Device memory in use on the current device, from cudaMemGetInfo, relative to a baseline taken
@@ -398,7 +483,10 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   device_memory_probe device_memory;
 
   nlohmann::json j;
-  if (opt.config_file.empty()) {
+  if (opt.plan_block) {
+    j = default_config(p, 2);
+    j.merge_patch(*opt.plan_block);
+  } else if (opt.config_file.empty()) {
     j = default_config(p, stage.value_or(2));
   } else {
     // Through zero's reader: bounded size and depth, comments allowed, duplicate keys refused.
@@ -419,7 +507,7 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   inputs.micro_batch_size = p.shape.rows; // the rows each GPU runs per step are its micro batch
   const auto cfg = zero::config::from_json(j, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
   const auto& offload = cfg.zero_optimization.offload_optimizer;
-  if (opt.nvme_path && offload.device != zero::offload_device::nvme) {
+  if (opt.nvme_path && offload.device != zero::offload_device::nvme && !opt.plan_block) {
     throw zero::usage_error("--nvme-path: " + opt.config_file +
                             " does not offload the optimizer to NVMe (zero_optimization.offload_optimizer.device is "
                             "\"" +
@@ -643,7 +731,7 @@ void report(const outcome& o, bool json) {
 } // namespace
 
 int main(int argc, char** argv) {
-  options opt;
+  options opt; // auto-plan writes its block into it
   try {
     if (!parse(argc, argv, opt)) {
       std::printf("%s", usage_text);
@@ -687,6 +775,9 @@ int main(int argc, char** argv) {
       if (visible == 0 || gpus > visible) {
         std::fprintf(stderr, "%s: skipped: %d GPU(s) asked for, %d visible\n", program, std::max(gpus, 1), visible);
         return exit_skipped;
+      }
+      if (opt.config_file == auto_plan) {
+        plan_run(opt, p, gpus);
       }
       for (const std::optional<int> stage : stages) {
         outcome result;

@@ -147,9 +147,7 @@ public:
     void* pinned = nullptr;
     ZERO_CHECK_CUDA(cudaMallocHost(&pinned, sizeof(float)));
     host_loss_ = static_cast<float*>(pinned);
-    framework_bytes_ = ((2 * L + 1) * n + 3 * n) * sizeof(bf16) +
-                       (mse_loss_workspace_floats() + bias_grad_workspace_floats(rows(), hid()) + 1) * sizeof(float) +
-                       cublas_workspace_bytes;
+    framework_bytes_ = framework_bytes_of(s_);
 
     DEEP_MLP_CHECK_CUBLAS(cublasCreate(&cublas_));
     DEEP_MLP_CHECK_CUBLAS(cublasSetStream(cublas_, stream_));
@@ -224,6 +222,18 @@ public:
 
   /// Device bytes the framework itself holds: saved activations, target, gradient buffers, workspaces.
   [[nodiscard]] std::size_t framework_bytes() const noexcept { return framework_bytes_; }
+  /// The bytes `framework_bytes()` will report for shape `s`, known before a model is built (what
+  /// --config auto-plan leaves out of the device budget).
+  [[nodiscard]] static std::size_t framework_bytes_of(const shape& s) {
+    const auto rows = static_cast<std::size_t>(s.rows);
+    const auto hidden = static_cast<std::size_t>(s.hidden);
+    const auto blocks = static_cast<std::size_t>(s.blocks);
+    const std::size_t n = rows * hidden;
+    // The blocks' inputs, pre-activations and output; target, dy and dh.
+    return ((2 * blocks + 1) * n + 3 * n) * sizeof(bf16) +
+           (mse_loss_workspace_floats() + bias_grad_workspace_floats(rows, hidden) + 1) * sizeof(float) +
+           cublas_workspace_bytes;
+  }
   /// Of those, the activations autograd would keep: every block's input and pre-activation, the output.
   [[nodiscard]] std::size_t activation_bytes() const noexcept {
     return (2 * static_cast<std::size_t>(s_.blocks) + 1) * elements() * sizeof(bf16);

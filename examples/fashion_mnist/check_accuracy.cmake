@@ -5,7 +5,8 @@
 # with offload_optimizer cpu or nvme), also that the device holds no optimizer bytes and the host's peak
 # (less the NVMe chunk buffers) is within 2% of the host formula (docs/offload.md). With NVME_DIR (a
 # config with offload_optimizer nvme), the run gets --nvme-path NVME_DIR (emptied first), the JSON must
-# report state-file and chunk-buffer bytes, and no state file may be left in NVME_DIR after the run.
+# report state-file and chunk-buffer bytes, and no state file may be left in NVME_DIR after the run. With
+# EXPECT, the output (stdout and stderr) must match that regular expression too.
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 if(NVME_DIR)
   file(REMOVE_RECURSE "${NVME_DIR}")
@@ -19,6 +20,9 @@ endif()
 execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "zero-fashion-mnist exited with ${rc}:\n${out}\n${err}")
+endif()
+if(EXPECT AND NOT "${out}${err}" MATCHES "${EXPECT}")
+  message(FATAL_ERROR "the output lacks ${EXPECT}:\n${out}\n${err}")
 endif()
 string(REGEX MATCHALL "{[^\n]*}" lines "${out}")
 list(LENGTH lines n)

@@ -9,6 +9,9 @@
 //   zero-fashion-mnist --ranks 2 --config offload_cpu.json    ZeRO-Offload: optimizer state in host memory
 //   zero-fashion-mnist --ranks 2 --config offload_nvme.json --nvme-path /mnt/nvme/zero
 //                                                       ZeRO-Infinity: optimizer state in a file per rank
+//   zero-fashion-mnist --ranks 2 --config auto-plan     the fastest setting that fits this machine
+//   zero-fashion-mnist --ranks 2 --config auto-plan --gpu-memory 1.5MB --host-memory 64MiB
+//                                                       ... that fits these budgets (zero-estimate --plan)
 //
 // The framework (mlp.hpp) keeps its own forward and backward; zero owns parameters, gradients and
 // optimizer state, reduces gradients bucket by bucket and steps AdamW on each rank's shard.
@@ -33,6 +36,8 @@
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/plan.hpp>
+#include <zero/tools/probes.hpp>
 #if ZERO_HAS_MPI
 #include <zero/comm/mpi_communicator.hpp>
 #endif
@@ -79,7 +84,14 @@ struct options {
   std::optional<double> timeout; // seconds; overrides the config's comm_timeout
   unsigned offload_threads = 0;  // host AdamW threads under offload_optimizer cpu or nvme; 0: the engine's default
   std::optional<std::string> nvme_path; // overrides offload_optimizer.nvme_path
+  // --config auto-plan's budgets; empty: what this machine has
+  std::optional<std::string> gpu_memory, host_memory, nvme_budget;
 };
+
+/// The value of --config that plans the run instead of reading a file.
+constexpr const char* auto_plan = "auto-plan";
+/// Fashion-MNIST's images are 28 x 28: the model's input width, which the plan needs before the data loads.
+constexpr int fmnist_pixels = 28 * 28;
 
 struct outcome {
   int stage = 0;
@@ -277,6 +289,52 @@ void report(const outcome& o, bool json) {
   std::fflush(stdout);
 }
 
+/// --config auto-plan: the fastest stage and offload setting for this model on `world` ranks that fits
+/// the budgets (--gpu-memory, --host-memory, --nvme; by default the host's available memory for both,
+/// the CPU backend's device memory being the host's, and the free space of --nvme-path), by the rates
+/// measured now (zero/tools/probes.hpp). Prints the plan (to stderr with --json) and merges its config
+/// block into `base`. \throws usage_error when nothing fits, or for a bad byte count.
+void plan_run(const options& opt, int world, nlohmann::json& base) {
+  namespace zt = zero::tools;
+  const zero::config cfg = zero::config::from_json(base, {.world_size = world}, "built-in config");
+  // The model mlp.hpp registers: a module per Linear layer, its weight and its bias.
+  const std::vector<std::int64_t> dims = {fmnist_pixels, opt.hidden, opt.hidden / 2, 10};
+  std::vector<std::vector<std::int64_t>> modules;
+  for (std::size_t l = 0; l + 1 < dims.size(); ++l) {
+    modules.push_back({dims[l] * dims[l + 1], dims[l + 1]});
+  }
+  const auto model = zt::summarize_modules(modules);
+  const auto o = zt::estimate_options_from(cfg, model, world);
+  if (opt.nvme_path) {
+    // Created if missing, as for a config with offload_optimizer nvme: the storage is measured there.
+    std::filesystem::create_directories(*opt.nvme_path);
+  }
+  zt::memory_budget budget;
+  budget.device_bytes = opt.gpu_memory ? zt::parse_bytes(*opt.gpu_memory) : zt::available_host_memory();
+  budget.host_bytes = opt.host_memory ? zt::parse_bytes(*opt.host_memory) : zt::available_host_memory();
+  budget.nvme_bytes = opt.nvme_budget ? zt::parse_bytes(*opt.nvme_budget)
+                      : opt.nvme_path ? zt::free_storage_bytes(*opt.nvme_path)
+                                      : 0;
+  zero::cpu_backend device({.threads = 0});
+  const auto rates =
+      zt::measure_rates(device, "cpu", {.bytes = std::size_t{16} << 20, .repeats = 2},
+                        opt.nvme_path ? std::optional<std::filesystem::path>(*opt.nvme_path) : std::nullopt);
+  const auto plan = zt::make_plan(o, rates, budget);
+  std::FILE* out = opt.json ? stderr : stdout;
+  std::fprintf(out,
+               "auto-plan for %lld parameters on %d rank(s); budgets: %s per rank, %s of host memory, %s of NVMe\n%s",
+               static_cast<long long>(model.params), world, zt::show_bytes(budget.device_bytes).c_str(),
+               zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
+               zt::plan_table(plan).c_str());
+  if (!plan.chosen) {
+    throw zero::usage_error("--config auto-plan: no setting fits the budgets (--gpu-memory, --host-memory, --nvme)");
+  }
+  const auto block = zt::plan_config_block(plan.ranked[*plan.chosen].row, o, opt.nvme_path.value_or(""));
+  std::fprintf(out, "config block:\n%s\n", block.dump(2).c_str());
+  std::fflush(out);
+  base.merge_patch(block);
+}
+
 /// A whole number >= 1 (CLI::PositiveNumber prints its range as doubles: "0.000000 to 1.797693e+308").
 const CLI::Validator at_least_one(
     [](std::string& s) -> std::string {
@@ -320,7 +378,18 @@ int main(int argc, char** argv) {
   app.add_option("--stages", opt.stages, "run several stages and print a table: \"all\" or e.g. 0,2");
   app.add_option("--steps", opt.steps, "optimizer steps (default: --epochs worth)")->check(at_least_one);
   app.add_option("--epochs", opt.epochs, "epochs over the training set")->check(CLI::Range(1, 100));
-  app.add_option("--config", opt.config_file, "DeepSpeed-style JSON config"); // zero::config names what is wrong
+  // zero::config names what is wrong with a file.
+  app.add_option("--config", opt.config_file,
+                 "DeepSpeed-style JSON config, or auto-plan: the fastest setting that fits this machine");
+  auto* gpu_opt = app.add_option("--gpu-memory", opt.gpu_memory,
+                                 "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
+                                 "memory, which is the CPU backend's device memory)");
+  auto* host_opt =
+      app.add_option("--host-memory", opt.host_memory,
+                     "with --config auto-plan: bytes of host memory (default: the host's available memory)");
+  auto* nvme_budget_opt = app.add_option("--nvme", opt.nvme_budget,
+                                         "with --config auto-plan: bytes on NVMe under --nvme-path (default: its free "
+                                         "space; none without --nvme-path)");
   app.add_option("--data", opt.data, "folder with the Fashion-MNIST IDX files");
   app.add_option("--hidden", opt.hidden, "width of the first hidden layer")->check(CLI::Range(8, 4096));
   app.add_flag("--json", opt.json, "print one JSON object per run as the last line(s)");
@@ -352,6 +421,33 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const bool planned = opt.config_file == auto_plan;
+  for (const CLI::Option* o : {gpu_opt, host_opt, nvme_budget_opt}) {
+    if (o->count() > 0 && !planned) {
+      std::fprintf(stderr, "zero-fashion-mnist: %s is a budget of --config auto-plan; this run has %s\n",
+                   o->get_name().c_str(), opt.config_file.empty() ? "no --config" : "a config file");
+      return 2;
+    }
+  }
+  for (const auto& bytes : {opt.gpu_memory, opt.host_memory, opt.nvme_budget}) {
+    try {
+      if (bytes) {
+        static_cast<void>(zero::tools::parse_bytes(*bytes));
+      }
+    } catch (const zero::usage_error& e) {
+      std::fprintf(stderr, "zero-fashion-mnist: %s\n", e.what());
+      return 2;
+    }
+  }
+  if (opt.nvme_budget && !opt.nvme_path) {
+    std::fprintf(stderr, "zero-fashion-mnist: --nvme needs --nvme-path DIR, the folder the state files would go to "
+                         "(and where the plan measures the storage)\n");
+    return 2;
+  }
+  if (planned && (opt.stage || !opt.stages.empty())) {
+    std::fprintf(stderr, "zero-fashion-mnist: --config auto-plan chooses the stage; leave out --stage and --stages\n");
+    return 2;
+  }
 #if !ZERO_HAS_CHECKPOINT
   if (!opt.save.empty() || !opt.load.empty()) {
     std::fprintf(stderr, "zero-fashion-mnist: --save and --load need zero::checkpoint (libxxhash-dev); this build "
@@ -368,8 +464,8 @@ int main(int argc, char** argv) {
     // Through zero's reader: bounded size and depth, duplicate keys refused. The stage is set per run
     // below, so the JSON is kept; reading it once here refuses a bad config before the data loads.
     const std::string source = opt.config_file.empty() ? "built-in config" : opt.config_file;
-    nlohmann::json base =
-        opt.config_file.empty() ? nlohmann::json::parse(default_config) : zero::config::read_json_file(opt.config_file);
+    nlohmann::json base = opt.config_file.empty() || planned ? nlohmann::json::parse(default_config)
+                                                             : zero::config::read_json_file(opt.config_file);
     if (opt.nvme_path) {
       // Written into the config before it is read, so that a config without nvme_path (which the reader
       // refuses with device nvme) takes it from the command line.
@@ -382,11 +478,20 @@ int main(int argc, char** argv) {
     // The batch rule needs the rank count: the launcher's under mpirun, else --ranks.
     const char* launcher_size = std::getenv("OMPI_COMM_WORLD_SIZE");
     launcher_size = launcher_size != nullptr ? launcher_size : std::getenv("PMI_SIZE");
+    if (planned) {
+      if (launcher_size != nullptr) {
+        // Each process would measure its own rates, and processes that chose differently would hang.
+        std::fprintf(stderr, "zero-fashion-mnist: --config auto-plan runs in-process ranks (--ranks), not under "
+                             "mpirun\n");
+        return 2;
+      }
+      plan_run(opt, opt.ranks, base);
+    }
     const zero::config first = zero::config::from_json(
         base, {.world_size = launcher_size != nullptr ? std::atol(launcher_size) : opt.ranks}, source);
     const int config_stage = first.stage();
     const auto& offload = first.zero_optimization.offload_optimizer;
-    if (opt.nvme_path && offload.device != zero::offload_device::nvme) {
+    if (opt.nvme_path && offload.device != zero::offload_device::nvme && !planned) {
       std::fprintf(stderr,
                    "zero-fashion-mnist: --nvme-path: the config does not offload the optimizer to NVMe "
                    "(zero_optimization.offload_optimizer.device is \"%s\"); use a config with \"nvme\", such as "

@@ -126,6 +126,8 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   // stage 2: 2 Ψ + (2 + 12) Ψ / N = 14e9 + 12.25e9; plus one bf16 bucket of 2e8 elements = 4e8 bytes
   CHECK(find(2, none, none).gpu_model_state_bytes == 26'250'000'000);
   CHECK(find(2, none, none).gpu_buffer_bytes == 400'000'000);
+  // With the optimizer offloaded, two staging buffers: one fills while the other's slice goes to the host.
+  CHECK(find(2, cpu, none).gpu_buffer_bytes == 2 * 400'000'000);
   CHECK(find(2, none, none).gpu_bytes_per_rank == 26'650'000'000);
   // stage 3: 16 Ψ / N = 14e9; buffers: it reduces one module at a time, so the staging buffer is the
   // largest module's bf16 gradient, L * 2 = 262144000 (not the reduce bucket), plus the working set
@@ -136,16 +138,17 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   // bf16 gradient and parameter shards, (12 + 2 + 2) Ψ / N = 14e9, x 8 per node (docs/offload.md)
   CHECK(find(1, cpu, none).gpu_model_state_bytes == 28'000'000'000);
   CHECK(find(1, cpu, none).host_bytes_per_node == 112'000'000'000);
-  // stage 2 + CPU optimizer: the GPU keeps 2 Ψ + 2 Ψ / N (its reduced gradient shard) = 15.75e9
-  CHECK(find(2, cpu, none).gpu_model_state_bytes == 15'750'000'000);
+  // stage 2 + CPU optimizer: the GPU keeps the parameters, 2 Ψ = 14e9; reduced gradients go to the
+  // host during backward
+  CHECK(find(2, cpu, none).gpu_model_state_bytes == 14'000'000'000);
   CHECK(find(2, cpu, none).host_bytes_per_node == 112'000'000'000);
-  // stage 3 + CPU optimizer: (2 + 2) Ψ / N = 3.5e9 on the GPU
-  CHECK(find(3, cpu, none).gpu_model_state_bytes == 3'500'000'000);
+  // stage 3 + CPU optimizer: the parameter shard, 2 Ψ / N = 1.75e9, on the GPU
+  CHECK(find(3, cpu, none).gpu_model_state_bytes == 1'750'000'000);
   CHECK(find(3, cpu, none).host_bytes_per_node == 112'000'000'000);
-  // stage 3 + CPU optimizer and parameters: the GPU keeps the gradient shard 2 Ψ / N; the host holds
-  // the parameter shard the gathers upload from beside the optimizer's staged copy, (2 + 2 + 12 + 2) Ψ / N
-  CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 1'750'000'000);
-  CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 18);
+  // stage 3 + CPU optimizer and parameters: the GPU keeps no model state; the host holds the parameter
+  // shard the gathers upload from and the host AdamW updates in place, (2 + 2 + 12) Ψ / N
+  CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 0);
+  CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 16);
   // The engine runs the optimizer offloaded to the CPU or NVMe at stages 1-3, and the parameters to the
   // CPU or NVMe at stage 3 (tests/config/test_estimate_engine.cpp checks those rows against it).
   CHECK(find(2, none, none).implemented);
@@ -173,7 +176,7 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
       if (r.stage == 3 && r.offload_optimizer == cpu && r.offload_param == offload_device::nvme) {
         CHECK(r.nvme_bytes_per_node == 8 * 2 * 2 * 875'000'000LL);
         CHECK(r.host_bytes_per_node == 8 * (16 * 875'000'000LL + 5 * 16'384'000LL * 2));
-        CHECK(r.gpu_model_state_bytes == 2 * 875'000'000LL); // the gradient shard
+        CHECK(r.gpu_model_state_bytes == 0); // the gradients stream to the host, the shard is on NVMe
       }
     }
   }
@@ -256,4 +259,39 @@ TEST_CASE("parameter counts as people write them") {
   CHECK_THROWS_AS(static_cast<void>(zt::parse_count("0")), zero::usage_error);
   CHECK_THROWS_AS(static_cast<void>(zt::parse_count("2.5")), zero::usage_error);
   CHECK_THROWS_AS(static_cast<void>(zt::parse_count("")), zero::usage_error);
+}
+
+TEST_CASE("a parameter larger than a bucket, and persistent parameters, size the gradient staging buffers") {
+  zt::estimate_options o;
+  o.params = 1'000'000'000;
+  o.largest_layer_params = 100'000'000;
+  o.gpus_per_node = 4;
+  o.reduce_bucket_size = 50'000'000;
+  auto find = [](const zt::estimate_options& opts, int stage, offload_device opt) {
+    for (const auto& r : zt::estimate_memory(opts)) {
+      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == offload_device::none) {
+        return r;
+      }
+    }
+    FAIL("no row");
+    return zt::estimate_row{};
+  };
+  // Unknown: stage 2 stages one bucket of bf16 gradients, stage 3 one module's and its working set
+  // (min(1e9, 1e9 max live, 1e8 + 5e7 prefetch) x 2 bytes).
+  CHECK(find(o, 2, offload_device::none).gpu_buffer_bytes == 100'000'000);
+  CHECK(find(o, 3, offload_device::none).gpu_buffer_bytes == 200'000'000 + 300'000'000);
+  // An 80e6-element parameter is a segment of its own at stage 2: the staging buffer holds it, and so
+  // do NVMe's chunk buffers (its slice, 20e6 elements, is larger than a chunk of 2^21).
+  const std::int64_t chunk_buffers = 4 * (std::int64_t{1} << 21) * 12;
+  const std::int64_t nvme_host_before = find(o, 2, offload_device::nvme).host_bytes_per_rank;
+  o.largest_param_params = 80'000'000;
+  CHECK(find(o, 2, offload_device::none).gpu_buffer_bytes == 160'000'000);
+  CHECK(find(o, 2, offload_device::nvme).host_bytes_per_rank == nvme_host_before);
+  o.nvme_chunk_elements = 1'000'000'000;
+  CHECK(find(o, 2, offload_device::nvme).host_bytes_per_rank == nvme_host_before - chunk_buffers + 4 * 20'000'000 * 12);
+  // Persistent parameters stage in a second buffer of a module's size at stage 3.
+  o.persistent_params = 1000;
+  CHECK(find(o, 3, offload_device::none).gpu_buffer_bytes == 2 * 200'000'000 + 300'000'000);
+  o.persistent_params = o.params + 1;
+  CHECK_THROWS_AS(static_cast<void>(zt::estimate_memory(o)), zero::usage_error);
 }

@@ -85,8 +85,11 @@ zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero
   return {};
 }
 
-/// |a - b| / b.
+/// |a - b| / b; 0 when both are 0 (the device holds no model state with everything offloaded).
 double relative(std::int64_t a, std::size_t b) {
+  if (a == 0 && b == 0) {
+    return 0;
+  }
   return std::abs(static_cast<double>(a) - static_cast<double>(b)) / static_cast<double>(b);
 }
 

@@ -72,7 +72,8 @@ TEST_SUITE("engine") {
   }
   TEST_CASE("offload_optimizer cpu on GPUs gives the bits of the in-memory GPU engine") {
     // The host's AdamW (cpu_backend) and the device's (cuda_backend) round every operation as written,
-    // in the same order (docs/backends.md), and read the same reduced gradients: the same bits.
+    // in the same order (docs/backends.md), and read the same reduced gradients: the same bits, but
+    // for the norm of gradients accumulated on the host (below).
     for (int world : zero::test::gpu_worlds()) {
       for (int stage : {1, 2, 3}) {
         for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
@@ -86,9 +87,20 @@ TEST_SUITE("engine") {
             const auto in_memory = zero::test::train_on_gpus(s);
             s.zero_extra = R"("offload_optimizer": {"device": "cpu"})";
             const auto offloaded = zero::test::train_on_gpus(s);
-            CHECK(offloaded.params == in_memory.params);
-            CHECK(offloaded.norms == in_memory.norms);
             CHECK(offloaded.applied == in_memory.applied);
+            if (stage >= 2 && accumulation > 1) {
+              // Stages 2-3 accumulate micro-steps on the host (the device keeps no gradient shard) and
+              // take the norm there, in cpu_backend's order: the norm, and so the clip coefficient,
+              // may differ from the device's in the last bits (docs/offload.md, Numerics).
+              REQUIRE(offloaded.norms.size() == in_memory.norms.size());
+              for (std::size_t t = 0; t < in_memory.norms.size(); ++t) {
+                CHECK(offloaded.norms[t] == doctest::Approx(in_memory.norms[t]).epsilon(1e-6));
+              }
+              CHECK(zero::testing::max_rel_diff(offloaded.params, in_memory.params) <= 1.0 / 128);
+            } else {
+              CHECK(offloaded.params == in_memory.params);
+              CHECK(offloaded.norms == in_memory.norms);
+            }
           }
         }
       }

@@ -266,3 +266,62 @@ TEST_CASE("bucket_reducer: staging_buffers counts the reduce-scatter pool, which
 }
 
 } // namespace zero::testing::reducer_spec
+
+namespace zero::testing::reducer_spec {
+
+TEST_CASE("bucket_reducer: streamed, each reduced slice goes to the sink once, last segment first, with no "
+          "gradient shard and two staging buffers") {
+  const auto layout = three_buckets(2);
+  for (const bool overlap : {true, false}) {
+    CAPTURE(overlap);
+    run_ranks(2, [&](thread_communicator& comm) {
+      rank_reducer<thread_communicator> rr(layout, comm,
+                                           {.mode = reduce_mode::reduce_scatter, .overlap = overlap, .streamed = true});
+      CHECK(rr.kit.alloc.live(memory_tag::grads) == 0);
+      const auto owned = owned_ranges(layout, rr.rank);
+      std::vector<std::size_t> order;
+      std::vector<std::vector<float>> got(owned.size());
+      cpu_event landed;
+      rr.r.stream_to([&](std::size_t segment, std::byte* slice) -> const cpu_event& {
+        order.push_back(segment);
+        const float* g = as<float>(slice);
+        got[segment].assign(g, g + owned[segment].first.size());
+        return landed;
+      });
+      for (int t : {0, 1}) {
+        order.clear();
+        rr.r.begin_micro_step(t == 1);
+        rr.backward({2, 1, 0}, t);
+        rr.r.finish(false);
+        CHECK(order == std::vector<std::size_t>{2, 1, 0});
+        // Each micro-step's slice alone: the sink accumulates, the reducer does not.
+        for (std::size_t k = 0; k < owned.size(); ++k) {
+          const auto& mine = owned[k].first;
+          for (std::size_t i = mine.begin; i < mine.end; ++i) {
+            CHECK(got[k][i - mine.begin] == expected_at(layout, i, 2, {t}));
+          }
+        }
+      }
+      CHECK(rr.r.reduced(owned[0].first, owned[0].second) == nullptr);
+      CHECK(rr.r.staging_buffers() == (overlap ? 2 : 1));
+      CHECK(rr.kit.alloc.live(memory_tag::grads) == 0);
+    });
+  }
+}
+
+TEST_CASE("bucket_reducer: a streamed reducer needs reduce_scatter and a sink") {
+  const auto layout = three_buckets(2);
+  run_ranks(2, [&](thread_communicator& comm) {
+    rank_kit kit;
+    CHECK_THROWS_WITH_AS(reducer_t<thread_communicator>(layout, kit.backend, comm, kit.alloc, kit.alloc,
+                                                        {.mode = reduce_mode::all_reduce, .streamed = true},
+                                                        kit.stream),
+                         doctest::Contains("need reduce_mode::reduce_scatter"), usage_error);
+    rank_reducer<thread_communicator> rr(layout, comm,
+                                         {.mode = reduce_mode::reduce_scatter, .overlap = false, .streamed = true});
+    rr.write(2, 0);
+    CHECK_THROWS_WITH_AS(rr.r.ready(2), doctest::Contains("before stream_to gave it a sink"), usage_error);
+  });
+}
+
+} // namespace zero::testing::reducer_spec

@@ -16,7 +16,11 @@
 ///   framework writes into a staging buffer the size of one bucket, drawn from a small pool; a full
 ///   bucket is reduce-scattered in place and the rank's slice is added into its shard. Every
 ///   micro-step communicates, as in DeepSpeed's stage 2: waiting for the last micro-step would need
-///   gradient memory for the whole model, which is what stage 2 exists to avoid.
+///   gradient memory for the whole model, which is what stage 2 exists to avoid. With `streamed`
+///   (an optimizer stepping on the host), the reducer keeps no shard: each bucket's reduced slice
+///   goes to the sink given to `stream_to` (which copies it to the host) as the next bucket launches,
+///   and the staging buffer is reused once the sink's event says the slice was read; two staging
+///   buffers, so that backward fills one while the other's slice is copied.
 ///
 /// Buckets are launched in one order on every rank — from the last segment to the first, the order
 /// backward produces them — so a bucket that completes early waits for those behind it, and a
@@ -33,6 +37,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +55,8 @@ struct reducer_options {
   /// Reduce a bucket while backward goes on (DeepSpeed's overlap_comm); false waits for each bucket
   /// before returning from `ready`.
   bool overlap = true;
+  /// `reduce_mode::reduce_scatter` only: no gradient shard; reduced slices go to `stream_to`'s sink.
+  bool streamed = false;
 };
 
 /// Reduces gradients bucket by bucket; see the file comment. `Backend` runs the accumulate and fill
@@ -59,8 +66,14 @@ template <backend Backend, communicator Comm, allocator A> class bucket_reducer 
   using counting = counting_allocator<A>;
   using handle_type = decltype(std::declval<Comm&>().all_reduce(static_cast<const float*>(nullptr),
                                                                 static_cast<float*>(nullptr), 0, reduce_op::sum));
+  using event_type = typename Backend::event_type;
 
 public:
+  /// Where a streamed reducer's reduced slices go: `(segment, slice)` with the rank's reduced slice
+  /// of the segment in backend memory (the sink may rewrite it), final in the reducer stream's order;
+  /// returns the event after which that memory may be written again.
+  using sink = std::function<const event_type&(std::size_t segment, std::byte* slice)>;
+
   /// \param layout  the finalized layout (kept by reference; must outlive the reducer).
   /// \param backend kernels; \param comm the data-parallel group (size must match the layout).
   /// \param state   allocator for the persistent gradients; \param buffers allocator for staging.
@@ -82,9 +95,14 @@ public:
       throw usage_error("bucket_reducer: the communicator has " + std::to_string(comm_.size()) +
                         " ranks but the layout was finalized for " + std::to_string(layout_.world_size()));
     }
-    const std::size_t elements = opt_.mode == reduce_mode::all_reduce ? layout_.total_size() : layout_.shard_size();
-    grads_ = buffer<std::byte, counting>(std::move(state), elements * esize_, memory_tag::grads);
-    fill_zero(grads_.data(), elements);
+    if (opt_.streamed && opt_.mode != reduce_mode::reduce_scatter) {
+      throw usage_error("bucket_reducer: streamed reduced slices need reduce_mode::reduce_scatter (stages 2-3)");
+    }
+    if (!opt_.streamed) {
+      const std::size_t elements = opt_.mode == reduce_mode::all_reduce ? layout_.total_size() : layout_.shard_size();
+      grads_ = buffer<std::byte, counting>(std::move(state), elements * esize_, memory_tag::grads);
+      fill_zero(grads_.data(), elements);
+    }
     const auto& segs = layout_.segments();
     seg_ready_.assign(segs.size(), 0);
     seg_launched_.assign(segs.size(), false);
@@ -99,6 +117,9 @@ public:
 
   bucket_reducer(const bucket_reducer&) = delete;
   bucket_reducer& operator=(const bucket_reducer&) = delete;
+
+  /// The sink of a streamed reducer (`reducer_options::streamed`); before the first reduction.
+  void stream_to(sink s) { sink_ = std::move(s); }
 
   /// Starts a micro-step; `boundary` is true for the last micro-step of an accumulation (the one
   /// after which the optimizer steps).
@@ -184,16 +205,23 @@ public:
   }
 
   /// The reduced gradient of flat range `r` (a rank's slice of one segment, or the whole buffer
-  /// with `reduce_mode::all_reduce`), whose optimizer state starts at `state_offset`.
+  /// with `reduce_mode::all_reduce`), whose optimizer state starts at `state_offset`; null when
+  /// streamed (the sink has them).
   [[nodiscard]] std::byte* reduced(const flat_range& r, std::size_t state_offset) noexcept {
+    if (opt_.streamed) {
+      return nullptr;
+    }
     return opt_.mode == reduce_mode::all_reduce ? grads_.data() + r.begin * esize_
                                                 : grads_.data() + state_offset * esize_;
   }
 
   /// Zeroes the kept gradients (after an optimizer step, applied or skipped), on the reducer's stream
-  /// or on `s`.
+  /// or on `s`; nothing when streamed (the sink keeps them).
   void zero() { zero(stream_); }
   void zero(const typename Backend::stream_type& s) {
+    if (grads_.size() == 0) {
+      return;
+    }
     visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
       backend_.fill(reinterpret_cast<T*>(grads_.data()), grads_.size() / esize_, T{}, s);
     });
@@ -226,15 +254,21 @@ private:
                         "launched in this micro-step");
     }
     if (seg_staging_[seg] < 0) {
-      if (free_.empty() && !in_flight_.empty()) {
+      // Streamed, two buffers: a bucket's slice travels to the host while backward fills the other.
+      if (free_.empty() && !in_flight_.empty() && (!opt_.streamed || pool_.size() >= 2)) {
         complete_oldest();
       }
       if (free_.empty()) {
         pool_.emplace_back(buffers_alloc_, max_segment_ * esize_, memory_tag::buffers);
+        reuse_after_.push_back(nullptr);
         free_.push_back(static_cast<int>(pool_.size()) - 1);
       }
       seg_staging_[seg] = free_.back();
       free_.pop_back();
+      if (const auto* read = reuse_after_[static_cast<std::size_t>(seg_staging_[seg])]) {
+        backend_.wait(stream_, *read); // the sink's copy of the slice this buffer held last
+        reuse_after_[static_cast<std::size_t>(seg_staging_[seg])] = nullptr;
+      }
       fill_zero(pool_[static_cast<std::size_t>(seg_staging_[seg])].data(), layout_.segments()[seg].range.size());
     }
     return pool_[static_cast<std::size_t>(seg_staging_[seg])].data();
@@ -280,6 +314,12 @@ private:
     });
     if (!opt_.overlap) {
       complete_oldest();
+    } else if (opt_.streamed) {
+      // Hand the bucket before over now (its reduction has had a bucket's backward to finish): its copy
+      // to the host then runs while backward fills this bucket's staging buffer's twin.
+      while (in_flight_.size() > 1) {
+        complete_oldest();
+      }
     }
   }
 
@@ -290,11 +330,19 @@ private:
     if (opt_.mode == reduce_mode::reduce_scatter) {
       const auto& s = layout_.segments()[f.segment];
       const auto slot = static_cast<std::size_t>(seg_staging_[f.segment]);
-      visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
-        const T* mine =
-            reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
-        backend_.accumulate(mine, reinterpret_cast<T*>(grads_.data()) + s.shard_offset, s.slice, stream_);
-      });
+      if (opt_.streamed) {
+        if (!sink_) {
+          throw usage_error("bucket_reducer: a streamed reducer reduced a bucket before stream_to gave it a sink");
+        }
+        reuse_after_[slot] =
+            &sink_(f.segment, pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_);
+      } else {
+        visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+          const T* mine =
+              reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
+          backend_.accumulate(mine, reinterpret_cast<T*>(grads_.data()) + s.shard_offset, s.slice, stream_);
+        });
+      }
       free_.push_back(seg_staging_[f.segment]);
       seg_staging_[f.segment] = -1;
     }
@@ -314,6 +362,8 @@ private:
   std::size_t esize_;
   buffer<std::byte, counting> grads_;
   std::vector<buffer<std::byte, counting>> pool_;
+  std::vector<const event_type*> reuse_after_; // per staging buffer: the sink's copy that reads it
+  sink sink_;
   std::vector<int> free_;
   std::deque<flight> in_flight_;
   std::vector<std::size_t> seg_ready_;

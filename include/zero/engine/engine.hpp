@@ -51,11 +51,11 @@ namespace zero {
 template <class Backend, class Comm, class Allocator = typename Backend::allocator_type, class Storage = posix_storage>
 class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base = engine_state<Backend, Comm, Allocator, Storage>;
-  using base::any_rank, base::begin_micro_step, base::check_final, base::finish_gathers, base::join_update,
-      base::reduced;
+  using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::finish_gathers,
+      base::gradients_landed, base::join_update, base::reduced, base::zero_gradients;
   using base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_, base::frozen_,
       base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_,
-      base::scheduler_, base::stats_, base::stream_;
+      base::scheduler_, base::stream_;
   using base::param_file;
   using typename base::stream_type;
 
@@ -202,6 +202,7 @@ public:
     {
       auto t = log_.time("reduce");
       reducer_->finish(cfg_.zero_optimization.ignore_unused_parameters);
+      gradients_landed();
     }
     check_reads();
     ++counters_.micro_step;
@@ -211,7 +212,7 @@ public:
       {
         auto t = log_.time("step");
         const double accumulation = static_cast<double>(cfg_.gradient_accumulation_steps);
-        g = stats_->check(1.0 / (scaler_.scale() * accumulation), reduced());
+        g = check_gradients(1.0 / (scaler_.scale() * accumulation));
       }
       const loss_scaler_state scaler_before = scaler_.state();
       applied = scaler_.update(g.overflow).applied;
@@ -400,7 +401,7 @@ private:
       p.end_step(false);
       p.refresh(); // the persistent parameters are read again (a failed read may have been theirs)
     });
-    reducer_->zero();
+    this->zero_gradients(nullptr); // the device's, or the host's copy when they stream there
     begin_micro_step();
     throw_agreed(mine, "could not read its parameters from NVMe",
                  "; the micro-batches of this accumulation were dropped (their gradients are zeroed): run them "
@@ -423,10 +424,10 @@ private:
   /// Ends an accumulation: zeroes the gradients (behind the update, on its stream, when it overlaps).
   void end_accumulation(bool applied) {
     if (applied && overlap_) {
-      reducer_->zero(overlap_->stream());
+      zero_gradients(&overlap_->stream());
       overlap_->close();
     } else {
-      reducer_->zero();
+      zero_gradients(nullptr);
     }
     ++counters_.boundaries;
     if (cfg_.wall_clock_breakdown && cfg_.steps_per_print) {

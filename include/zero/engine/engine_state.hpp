@@ -148,15 +148,11 @@ public:
     }
     residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
                     log_.sink_for(comm_.rank()), storage_ ? &*storage_ : nullptr);
-    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
-                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
-                                     .grad_type = cfg_.grad_accum_dtype,
-                                     .overlap = z.overlap_comm},
-                     stream_);
     adamw_placement place{.rank = comm_.rank(),
                           .partitioned = stage >= 1,
                           .grad_type = cfg_.grad_accum_dtype,
-                          .params_sharded = residency_([](auto& r) { return r.sharded_store; })};
+                          .params_sharded = residency_([](auto& r) { return r.sharded_store; }),
+                          .params_on_host = stage == 3 && z.offload_param.device == offload_device::cpu};
     if (auto* f = param_file()) {
       place.params_in_file = [f](param_use use, std::size_t k) { return f->params_for(use, k); };
     } else {
@@ -177,6 +173,29 @@ public:
                               offload_options{.threads = threads});
     } else {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
+    }
+    // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard; each bucket's
+    // reduced slice goes to the host during backward (docs/offload.md).
+    auto* streamed = stage >= 2 ? optimizer_.host_grads() : nullptr;
+    if (streamed != nullptr) {
+      streamed->stream();
+      streamed_ = true;
+    }
+    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
+                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
+                                     .grad_type = cfg_.grad_accum_dtype,
+                                     .overlap = z.overlap_comm,
+                                     .streamed = streamed != nullptr},
+                     stream_);
+    if (streamed != nullptr) {
+      reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
+        if (stats_in_take_ && reducer_boundary_) {
+          // The slice is final on the device (no accumulation follows): check it there, as in memory.
+          stats_->check_range(segment, slice, 1.0 / scaler_.scale());
+        }
+        return streamed->take(segment, slice, stream_);
+      });
+      stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
@@ -222,7 +241,7 @@ public:
       if (const auto* c = residency_.coordinator(); c != nullptr && c->file() != nullptr) {
         add_nvme_params(m, c->file()->host_memory(), c->file()->file_bytes(), c->file()->resident_elements());
       } else if (c != nullptr && c->host_memory() != nullptr) {
-        add_host_params(m, *c->host_memory());
+        add_host_params(m, *c->host_memory(), optimizer_.host() != nullptr);
       }
     }
     return m;
@@ -331,9 +350,43 @@ protected:
     }
   }
 
-  void begin_micro_step() { reducer_->begin_micro_step(is_boundary()); }
+  void begin_micro_step() {
+    reducer_boundary_ = is_boundary();
+    reducer_->begin_micro_step(reducer_boundary_);
+    if (stats_in_take_ && reducer_boundary_) {
+      stats_->begin_ranges(scaler_.scale() != 1.0);
+    }
+  }
   auto reduced() {
     return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
+  }
+
+  /// The reduced gradients' check (`grad_stats`): on the device, or on the host's copy when streamed.
+  grad_check check_gradients(double unscale) {
+    if (!streamed_) {
+      return stats_->check(unscale, reduced());
+    }
+    if (stats_in_take_) {
+      return stats_->finish_ranges(unscale != 1.0);
+    }
+    const auto host = optimizer_.host_grads()->check(unscale);
+    return stats_->combine(host.squared_norms, host.nonfinite, unscale != 1.0);
+  }
+  /// Ends the gradients of a micro-step: the streamed host copy adds its last slices.
+  void gradients_landed() {
+    if (streamed_) {
+      optimizer_.host_grads()->finish();
+    }
+  }
+  /// Zeroes the gradients of an ended accumulation: the device's (on `s` when given), or the host's.
+  void zero_gradients(const stream_type* s) {
+    if (streamed_) {
+      optimizer_.host_grads()->reset();
+    } else if (s != nullptr) {
+      reducer_->zero(*s);
+    } else {
+      reducer_->zero();
+    }
   }
 
   /// True when `mine` is true on any rank (one all-reduce of an int in backend memory).
@@ -383,6 +436,11 @@ protected:
   /// An error of a scope ended in a destructor, thrown by the next call (see `engine_scope`).
   mutable std::exception_ptr deferred_;
   unsigned offload_threads_ = 0;
+  /// The reducer hands reduced gradients to the host optimizer during backward (stages 2-3, offloaded).
+  bool streamed_ = false;
+  /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
+  bool stats_in_take_ = false;
+  bool reducer_boundary_ = true;
   bool finalized_ = false;
 };
 

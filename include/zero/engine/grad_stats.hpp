@@ -13,6 +13,7 @@
 #include "zero/backend/transfer.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dispatch.hpp"
+#include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -23,6 +24,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,20 +70,53 @@ public:
   /// partitioned on several ranks.
   template <class Reduced> grad_check check(double unscale, Reduced&& reduced) {
     const bool scaled = unscale != 1.0;
+    begin_ranges(scaled);
+    for (std::size_t k = 0; k < ranges_.size(); ++k) {
+      check_range(k, reduced(ranges_[k].first, ranges_[k].second), unscale);
+    }
+    return finish(scaled);
+  }
+
+  /// `check` range by range, as each range's reduced gradients become final (the reducer streaming
+  /// them to the host): `begin_ranges`, then `check_range` for every owned range in any order, then
+  /// `finish_ranges`. Same kernels, same per-range results, same sum.
+  void begin_ranges(bool scaled) {
     if (scaled) {
       backend_.fill(flag_.data(), 1, 0, stream_);
     }
+  }
+  /// Unscales (when `unscale != 1`) and takes the squared norm of owned range `k`'s gradients at `g`.
+  void check_range(std::size_t k, void* g, double unscale) {
+    const std::size_t n = ranges_[k].first.size();
     visit_float(grad_type_, [&]<class G>(type_tag<G>) {
-      std::size_t i = 0;
-      for (const auto& [range, off] : ranges_) {
-        G* g = reinterpret_cast<G*>(reduced(range, off));
-        if (scaled) {
-          backend_.unscale_and_check(g, range.size(), static_cast<float>(unscale), flag_.data(), stream_);
-        }
-        backend_.squared_norm(g, range.size(), norm_.data() + i, workspace_.data(), workspace_bytes_, stream_);
-        ++i;
+      G* x = static_cast<G*>(g);
+      if (unscale != 1.0) {
+        backend_.unscale_and_check(x, n, static_cast<float>(unscale), flag_.data(), stream_);
       }
+      backend_.squared_norm(x, n, norm_.data() + k, workspace_.data(), workspace_bytes_, stream_);
     });
+  }
+  /// The result of the ranges checked since `begin_ranges`; collective as `check`.
+  grad_check finish_ranges(bool scaled) { return finish(scaled); }
+
+  /// The same result from per-range squared norms and an inf/NaN flag computed elsewhere (the host's
+  /// copy of the gradients when the optimizer steps there: `detail::host_gradients::check`), in
+  /// the order of the ranges. \throws usage_error when the count of norms is not the count of ranges.
+  grad_check combine(std::span<const float> squared_norms, bool nonfinite, bool scaled) {
+    if (squared_norms.size() != ranges_.size()) {
+      throw usage_error("grad_stats::combine: " + std::to_string(squared_norms.size()) + " squared norms for " +
+                        std::to_string(ranges_.size()) + " owned ranges");
+    }
+    if (scaled) {
+      backend_.fill(flag_.data(), 1, nonfinite ? 1 : 0, stream_);
+    }
+    upload<A::host_accessible>(backend_, stream_, squared_norms.data(), norm_.data(), squared_norms.size());
+    return finish(scaled);
+  }
+
+private:
+  /// Sums the flag and the norms over ranks and reads them back.
+  grad_check finish(bool scaled) {
     if (partitioned_ && comm_.size() > 1) {
       using handle_type = decltype(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
       std::optional<handle_type> hf;
@@ -106,7 +142,6 @@ public:
     return r;
   }
 
-private:
   std::vector<std::pair<flat_range, std::size_t>> ranges_;
   dtype grad_type_;
   bool partitioned_;

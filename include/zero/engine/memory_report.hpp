@@ -77,19 +77,21 @@ struct memory_report {
   /// Peak of the gathered working set (stage 3), reported apart from the model state.
   std::size_t working_set_peak = 0;
   /// The formula's bytes for this stage, world size and dtypes (with the optimizer offloaded: without
-  /// the optimizer state, K psi / n; with the parameters offloaded: without their shard, P psi / n;
-  /// each is in host memory).
+  /// the optimizer state, K psi / n, and at stages 2-3 without the gradient shard, G psi / n; with the parameters
+  /// offloaded: without their shard, P psi / n; each is in host memory).
   double formula = 0;
   /// Offload: host bytes per tag now, their peak together, and the formula's host bytes. Optimizer
   /// offload (`offload_optimizer.device: cpu`) holds the state and the gradient and parameter shards
   /// staged there, (K + P + G) psi / n; parameter offload (`offload_param.device: cpu`) the rank's
-  /// parameter shard, P psi / n, under `host_params` too. All zero without offload.
+  /// parameter shard, P psi / n, under `host_params` too (with both, the optimizer updates that shard
+  /// in place: (K + P + G) psi / n in all). All zero without offload.
   std::size_t host_params = 0, host_grads = 0, host_optimizer = 0, host_peak = 0;
   double host_formula = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
-  /// the step writes one while it reads the other), and host chunk buffers under `host_buffers`.
-  /// With the parameters on NVMe (`offload_param.device: nvme`) `nvme` adds their file, `nvme_params`
-  /// (two slots of the part of P Ψ / N beyond `max_in_cpu`), and `host_buffers` their bounce buffers.
+  /// the step writes one while it reads the other). `host_buffers`: host chunk buffers (NVMe) and
+  /// host staging of accumulated gradients (stages 2-3, offloaded). With the parameters on NVMe
+  /// (`offload_param.device: nvme`) `nvme` adds their file, `nvme_params` (two slots of the part of
+  /// P Ψ / N beyond `max_in_cpu`), and `host_buffers` their bounce buffers.
   std::size_t nvme = 0, host_buffers = 0, nvme_params = 0;
 
   /// model_state_peak / formula.
@@ -160,8 +162,10 @@ template <class Counting>
 }
 
 /// Adds the host bytes of an offloaded optimizer (`host`: its counting allocator) to `m`, and moves
-/// the optimizer state from the device formula to the host one. Call before `add_host_params`: it
-/// sets the host fields, which that adds to.
+/// the optimizer state from the device formula to the host one, and at stages 2-3 the gradient shard
+/// too (the reduced gradients go to the host during backward; stage 1 accumulates them on the
+/// device). Host staging of accumulated gradients is under `host_buffers`. Call before
+/// `add_host_params`: it sets the host fields, which that adds to.
 template <class Counting> void add_host_memory(memory_report& m, const Counting& host) {
   m.host_params = host.live(memory_tag::params);
   m.host_grads = host.live(memory_tag::grads);
@@ -169,7 +173,12 @@ template <class Counting> void add_host_memory(memory_report& m, const Counting&
   m.host_peak = host.total().peak;
   m.host_formula =
       offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
-  m.formula -= optimizer_state_bytes(m.param_type) * static_cast<double>(m.parameters) / m.world_size;
+  m.host_buffers = host.live(memory_tag::buffers);
+  const double psi_n = static_cast<double>(m.parameters) / m.world_size;
+  m.formula -= optimizer_state_bytes(m.param_type) * psi_n;
+  if (m.stage >= 2) {
+    m.formula -= static_cast<double>(size_of(m.grad_type)) * psi_n;
+  }
 }
 
 /// Adds the host and file bytes of an optimizer with its state on NVMe (`host`: its counting
@@ -177,7 +186,6 @@ template <class Counting> void add_host_memory(memory_report& m, const Counting&
 /// of the parameter shard, (2 P + G) Ψ / N, and the chunk buffers (under `host_buffers`).
 template <class Counting> void add_nvme_memory(memory_report& m, const Counting& host, std::size_t file_bytes) {
   add_host_memory(m, host);
-  m.host_buffers = host.live(memory_tag::buffers);
   const double psi_n = static_cast<double>(m.parameters) / m.world_size;
   m.host_formula =
       (2.0 * static_cast<double>(size_of(m.param_type)) + static_cast<double>(size_of(m.grad_type))) * psi_n;
@@ -186,13 +194,17 @@ template <class Counting> void add_nvme_memory(memory_report& m, const Counting&
 
 /// Adds the host bytes of an offloaded parameter shard (`host`: its counting allocator, stage 3's
 /// `offload_param.device: cpu`) to `m`'s `host_params`, `host_peak` and `host_formula`, and moves the
-/// shard, P psi / n, from the device formula to the host one.
-template <class Counting> void add_host_params(memory_report& m, const Counting& host) {
+/// shard, P psi / n, from the device formula to the host one. With the optimizer offloaded too
+/// (`with_optimizer`), the host AdamW updates that shard in place: the optimizer's host formula
+/// already counts it, once.
+template <class Counting> void add_host_params(memory_report& m, const Counting& host, bool with_optimizer = false) {
   m.host_params += host.live(memory_tag::params);
   m.host_peak += host.total().peak;
   const double shard =
       offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
-  m.host_formula += shard;
+  if (!with_optimizer) {
+    m.host_formula += shard;
+  }
   m.formula -= shard;
 }
 

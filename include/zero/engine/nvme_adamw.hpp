@@ -75,17 +75,16 @@ public:
              int rank, const nvme_options& opt)
       : backend_(backend), stream_(stream), storage_(storage), counted_(host),
         host_(cpu_backend_options{.threads = opt.threads}, host), device_params_(place.params),
-        device_sharded_(place.params_sharded), in_file_(place.params_in_file), grad_size_(size_of(place.grad_type)),
-        param_size_(size_of(layout.type())), param_type_(layout.type()),
-        inner_(layout,
-               adamw_placement{.rank = place.rank,
-                               .partitioned = place.partitioned,
-                               .grad_type = place.grad_type,
-                               .params = reinterpret_cast<std::byte*>(&never_read_),
-                               .params_sharded = true,
-                               .state_elsewhere = true},
-               std::move(group_of), std::move(groups), host_, counted_, host_stream_),
-        grads_(backend, inner_.ranges(), counted_, inner_.state_size(), grad_size_) {
+        device_sharded_(place.params_sharded), in_file_(place.params_in_file), param_size_(size_of(layout.type())),
+        param_type_(layout.type()), inner_(layout,
+                                           adamw_placement{.rank = place.rank,
+                                                           .partitioned = place.partitioned,
+                                                           .grad_type = place.grad_type,
+                                                           .params = reinterpret_cast<std::byte*>(&never_read_),
+                                                           .params_sharded = true,
+                                                           .state_elsewhere = true},
+                                           std::move(group_of), std::move(groups), host_, counted_, host_stream_),
+        grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
     if (place.params == nullptr && !in_file_) {
       throw usage_error("nvme_adamw: no parameters to update (adamw_placement::params is null)");
     }
@@ -160,6 +159,8 @@ public:
   [[nodiscard]] bool has_master() const noexcept { return inner_.has_master(); }
   /// Host bytes by tag (gradient and parameter shards, chunk buffers).
   [[nodiscard]] const host_counting& host_memory() const noexcept { return counted_; }
+  /// The host gradient shard (streamed by the engine at stages 2-3).
+  [[nodiscard]] auto& grads() noexcept { return grads_; }
   /// Bytes of the state file.
   [[nodiscard]] std::size_t nvme_bytes() const noexcept { return 2 * tensors_ * slot_elements_ * sizeof(float); }
   /// The state file.
@@ -403,7 +404,6 @@ private:
   std::byte* device_params_;
   bool device_sharded_;
   std::function<std::byte*(param_use, std::size_t)> in_file_; // parameters in a file (offload_param nvme)
-  std::size_t grad_size_;
   std::size_t param_size_;
   dtype param_type_;
   float never_read_ = 0;
@@ -418,7 +418,7 @@ private:
   bool created_ = false;
   std::vector<chunk_buffer> chunks_;
   buffer<std::byte, host_counting> params_[2];
-  detail::host_gradients<Backend, device_host_accessible, host_counting> grads_;
+  detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
   std::size_t cur_ = 0;
   bool stepping_ = false;
   std::exception_ptr failed_;

@@ -9,6 +9,9 @@
 ///     host             AdamW over the range            (after that range's copy landed)
 ///     host -> device   the range's new parameters      (posted; the residency's all-gather follows it)
 ///
+/// With the parameters offloaded too (stage 3's shard in host memory: `adamw_placement::params_on_host`)
+/// the host AdamW writes the shard in place and nothing is copied back.
+///
 /// so the gradients of later ranges travel while earlier ranges update, and each range's upload and
 /// all-gather run while the host updates the next. The kernels, their arguments and their element
 /// order are those of `partitioned_adamw` on the `cpu_backend`: on a CPU-only build an offloaded run
@@ -77,19 +80,24 @@ public:
                   std::vector<param_group> groups, Backend& backend, HostAlloc host, stream_type& stream,
                   offload_options opt = {})
       : backend_(backend), stream_(stream), counted_(host), host_(cpu_backend_options{.threads = opt.threads}, host),
-        device_params_(place.params), device_sharded_(place.params_sharded), in_file_(place.params_in_file),
-        grad_size_(size_of(place.grad_type)), param_size_(size_of(layout.type())),
-        host_params_(counted_, state_elements(layout, place) * param_size_, memory_tag::params),
+        device_params_(place.params), device_sharded_(place.params_sharded), params_on_host_(place.params_on_host),
+        in_file_(place.params_in_file), param_size_(size_of(layout.type())),
+        host_params_(params_on_host_ ? buffer<std::byte, host_counting>()
+                                     : buffer<std::byte, host_counting>(
+                                           counted_, state_elements(layout, place) * param_size_, memory_tag::params)),
         inner_(layout,
                adamw_placement{.rank = place.rank,
                                .partitioned = place.partitioned,
                                .grad_type = place.grad_type,
-                               .params = host_params_.data(),
-                               .params_sharded = true},
+                               .params = params_on_host_ ? place.params : host_params_.data(),
+                               .params_sharded = params_on_host_ ? place.params_sharded : true},
                std::move(group_of), std::move(groups), host_, counted_, host_stream_),
-        grads_(backend, inner_.ranges(), counted_, inner_.state_size(), grad_size_) {
+        grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
     if (place.params == nullptr && !in_file_) {
       throw usage_error("offloaded_adamw: no parameters to update (adamw_placement::params is null)");
+    }
+    if (params_on_host_ && !place.params_sharded) {
+      throw usage_error("offloaded_adamw: parameters in host memory must be the rank's shard (params_sharded)");
     }
   }
 
@@ -114,10 +122,15 @@ public:
   [[nodiscard]] const host_counting& host_memory() const noexcept { return counted_; }
   /// Threads of the host AdamW.
   [[nodiscard]] unsigned threads() const noexcept { return host_.threads(); }
+  /// The host gradient shard (streamed by the engine at stages 2-3).
+  [[nodiscard]] auto& grads() noexcept { return grads_; }
 
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
     for (const auto& [range, state_offset] : inner_.ranges()) {
+      if (params_on_host_) {
+        break; // the host AdamW reads the shard itself
+      }
       copy_and_wait<device_host_accessible>(backend_, stream_, device_params(range, state_offset),
                                             host_params(state_offset), range.size() * param_size_);
     }
@@ -150,9 +163,11 @@ public:
     const auto& [range, state_offset] = inner_.ranges()[k];
     inner_.step_range(k, host_stream_, base, group_lr,
                       [&](const flat_range&, std::size_t off) { return grads_.at(off); });
-    copy_async<device_host_accessible>(backend_, s, host_params(state_offset),
-                                       in_file_ ? in_file_(param_use::update, k) : device_params(range, state_offset),
-                                       range.size() * param_size_);
+    if (!params_on_host_) {
+      copy_async<device_host_accessible>(backend_, s, host_params(state_offset),
+                                         in_file_ ? in_file_(param_use::update, k) : device_params(range, state_offset),
+                                         range.size() * param_size_);
+    }
   }
 
 private:
@@ -172,12 +187,12 @@ private:
   typename host_backend::stream_type host_stream_;
   std::byte* device_params_;
   bool device_sharded_;
+  bool params_on_host_; // the parameters are the host shard itself: updated in place, nothing copied
   std::function<std::byte*(param_use, std::size_t)> in_file_; // parameters in a file (offload_param nvme)
-  std::size_t grad_size_;
   std::size_t param_size_;
   buffer<std::byte, host_counting> host_params_;
   partitioned_adamw<host_backend, HostAlloc> inner_;
-  detail::host_gradients<Backend, device_host_accessible, host_counting> grads_;
+  detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
 };
 
 } // namespace zero

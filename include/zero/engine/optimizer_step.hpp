@@ -57,6 +57,18 @@ public:
   [[nodiscard]] on_host* host() noexcept { return std::get_if<on_host>(&v_); }
   [[nodiscard]] const on_host* host() const noexcept { return std::get_if<on_host>(&v_); }
 
+  /// The host gradient shard of an optimizer stepping on the host (`detail::host_gradients`), or
+  /// null on the device.
+  [[nodiscard]] auto* host_grads() noexcept {
+    using grads_type = std::remove_reference_t<decltype(std::declval<on_host&>().grads())>;
+    static_assert(std::is_same_v<grads_type, std::remove_reference_t<decltype(std::declval<on_nvme&>().grads())>>);
+    if (auto* h = host()) {
+      return &h->grads();
+    }
+    auto* n = nvme();
+    return n != nullptr ? &n->grads() : static_cast<grads_type*>(nullptr);
+  }
+
   [[nodiscard]] const std::vector<std::pair<flat_range, std::size_t>>& ranges() const {
     return visit([](auto& o) -> const auto& { return o.ranges(); });
   }

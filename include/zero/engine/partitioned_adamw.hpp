@@ -65,6 +65,9 @@ struct adamw_placement {
   /// with `params_sharded` only the rank's shard, indexed like the optimizer state (stage 3).
   std::byte* params = nullptr;
   bool params_sharded = false;
+  /// The parameters live in host memory (stage 3's shard with `offload_param.device: cpu`): an
+  /// optimizer stepping on the host writes them in place rather than through a staging copy.
+  bool params_on_host = false;
   /// Set when the parameters live in a file (stage 3, offload_param nvme; `params` is null and
   /// `params_sharded` true): the memory each use of them goes through (see `param_use`). A step
   /// writes range k into `params_in_file(update, k)` and the residency writes it behind.

@@ -16,6 +16,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
+#include "zero/tools/model_description.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -178,6 +179,14 @@ struct estimate_options {
   /// parameters of the largest module stage 3 gathers (its working set and its reduce buffer);
   /// parameters below stage3_param_persistence_threshold stay whole and are not part of it
   std::int64_t largest_layer_params = 0;
+  /// elements of the largest single parameter; at stages 1-2 a parameter larger than
+  /// reduce_bucket_size is a segment of its own, so stage 2's gradient staging buffer and NVMe's largest
+  /// owned range grow to it. 0: unknown, taken as no larger than a bucket.
+  std::int64_t largest_param_params = 0;
+  /// elements of the parameters below stage3_param_persistence_threshold (stage 3 keeps them whole).
+  /// Their gradients stage in a buffer of their own, held until the last of them is ready, beside the
+  /// one the modules' gradients cycle through. 0: none, or unknown.
+  std::int64_t persistent_params = 0;
   std::int64_t gpus_per_node = 1;  ///< ranks per node
   std::int64_t nodes = 1;          ///< nodes
   dtype param_dtype = dtype::bf16; ///< dtype of parameters (fp32, fp16, bf16)
@@ -231,23 +240,25 @@ struct estimate_row {
 ///
 /// Optimizer offload to the CPU (what the engine runs, docs/offload.md) moves S(m + 8) off the GPU;
 /// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
-/// the copies (`offloaded_host_formula_bytes`). The GPU keeps everything else of its stage: the
-/// gradients are reduced there and copied to the host. NVMe rows keep the state (S(m + 8)) on NVMe
+/// the copies (`offloaded_host_formula_bytes`). At stage 1 the GPU keeps everything else of its stage
+/// (the gradients accumulate there and are copied to the host at the step); at stages 2-3 each
+/// bucket's reduced slice goes to the host during backward, so the GPU also holds no gradient shard
+/// (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
-/// shard, Sp, off the GPU into host memory of its own, beside the optimizer's staged copy of it, so
-/// the host holds S(m + 8 + 2p + g) (`offloaded_params_host_formula_bytes`); with NVMe the shard is on
-/// NVMe in two slots, 2p(S - R), where R = min(max_in_cpu, S) elements stay in host memory, beside
-/// buffer_count bounce buffers of a layer's slice (at most buffer_size elements) when R < S.
+/// shard, Sp, off the GPU into host memory, where the host AdamW updates it in place (no staged copy),
+/// so the host holds S(m + 8 + p + g); with NVMe the shard is on NVMe in two slots, 2p(S - R), where
+/// R = min(max_in_cpu, S) elements stay in host memory, beside buffer_count bounce buffers of a
+/// layer's slice (at most buffer_size elements) when R < S, and the optimizer keeps its staged copy.
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
-/// - stage 2 reduces bucket by bucket through one staging buffer of min(reduce_bucket_size, Ψ)
-///   gradient elements: the next bucket reuses it after the previous reduce-scatter, so
-///   overlap_comm does not add a second one (bucket_reducer.hpp). A parameter larger than a bucket
-///   gets a segment of its own, which this term does not see.
+/// - stage 2 reduces bucket by bucket through one staging buffer of the largest segment's gradient,
+///   max(min(reduce_bucket_size, Ψ), largest_param_params) elements: the next bucket reuses it after
+///   the previous reduce-scatter, so overlap_comm does not add a second one (bucket_reducer.hpp).
 /// - stage 3 reduces one module at a time (its segments are modules, param_coordinator.hpp), so its
 ///   staging buffer is the largest module's gradient, largest_layer_params elements (0 when
-///   unknown), not reduce_bucket_size; and it holds the gathered working set, min(Ψ, max_live,
-///   largest layer + prefetch bucket) parameters.
+///   unknown), not reduce_bucket_size, and a second one when there are persistent parameters
+///   (persistent_params > 0), whose segment stays staged until the last of them is ready; and it
+///   holds the gathered working set, min(Ψ, max_live, largest layer + prefetch bucket) parameters.
 /// - stages 0-1 reduce in place in the flat gradient buffer: no staging.
 /// - stages 1-2 with allgather_bucket_size set (and several ranks) join consecutive buckets' parameter
 ///   all-gathers through one staging buffer of at most min(allgather_bucket_size, Ψ) parameter
@@ -259,9 +270,11 @@ struct estimate_row {
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
-      o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params) {
+      o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params ||
+      o.largest_param_params < 0 || o.largest_param_params > o.params || o.persistent_params < 0 ||
+      o.persistent_params > o.params) {
     throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20 and "
-                      "0 <= largest_layer_params <= params");
+                      "0 <= largest_layer_params, largest_param_params, persistent_params <= params");
   }
   for (dtype t : {o.param_dtype, o.grad_dtype.value_or(o.param_dtype)}) {
     if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
@@ -277,6 +290,9 @@ struct estimate_row {
   const std::int64_t moments = 8;
   const std::int64_t working =
       std::min({psi, o.stage3_max_live_parameters, o.largest_layer_params + o.stage3_prefetch_bucket_size}) * p;
+  // The largest segment of stages 1-2: a bucket, or a parameter larger than one.
+  const std::int64_t largest_bucket = std::max(std::min(psi, o.reduce_bucket_size), o.largest_param_params);
+  const std::int64_t stage3_staging_buffers = o.persistent_params > 0 ? 2 : 1;
 
   std::vector<estimate_row> rows;
   auto add = [&](int stage, offload_device opt, offload_device par) {
@@ -300,7 +316,7 @@ struct estimate_row {
         // NVMe: a second parameter copy (a failed step falls back to the first), the chunk buffers
         // (at most one owned range: a bucket's or, at stage 3, a layer's slice), and two slots of state.
         host += shard * p;
-        const std::int64_t segment = std::min(psi, stage == 3 ? o.largest_layer_params : o.reduce_bucket_size);
+        const std::int64_t segment = stage == 3 ? o.largest_layer_params : largest_bucket;
         const std::int64_t range = (segment + o.ranks() - 1) / o.ranks();
         host += o.offload_optimizer_buffer_count * std::min(o.nvme_chunk_elements, range) * (master + moments);
         nvme += 2 * optimizer_state;
@@ -317,10 +333,18 @@ struct estimate_row {
         nvme += 2 * (shard - resident) * p;
       }
     }
-    if (par == offload_device::cpu) {
-      host += shard * p; // the coordinator's shard, which the gathers upload from
+    if (par == offload_device::cpu && opt != offload_device::cpu) {
+      // The coordinator's shard, which the gathers upload from; with the optimizer on the CPU it is the
+      // shard the host AdamW updates in place, counted above.
+      host += shard * p;
     }
     const std::int64_t on_gpu_state = opt == offload_device::none ? optimizer_state : 0;
+    // Stages 2-3 with the optimizer offloaded: reduced gradients go to the host during backward, through
+    // two staging buffers at least (one fills while the other's slice is copied).
+    const std::int64_t on_gpu_grads = opt == offload_device::none ? shard * g : 0;
+    auto streamed_staging = [&](std::int64_t buffers) {
+      return opt == offload_device::none ? buffers : std::max<std::int64_t>(buffers, 2);
+    };
     switch (stage) {
     case 0:
       r.gpu_model_state_bytes = psi * (p + g + master + moments);
@@ -329,12 +353,12 @@ struct estimate_row {
       r.gpu_model_state_bytes = psi * (p + g) + on_gpu_state;
       break;
     case 2:
-      r.gpu_model_state_bytes = psi * p + shard * g + on_gpu_state;
-      r.gpu_buffer_bytes = std::min(o.reduce_bucket_size, psi) * g;
+      r.gpu_model_state_bytes = psi * p + on_gpu_grads + on_gpu_state;
+      r.gpu_buffer_bytes = streamed_staging(1) * largest_bucket * g;
       break;
     default:
-      r.gpu_model_state_bytes = (par == offload_device::none ? shard * p : 0) + shard * g + on_gpu_state;
-      r.gpu_buffer_bytes = o.largest_layer_params * g + working;
+      r.gpu_model_state_bytes = (par == offload_device::none ? shard * p : 0) + on_gpu_grads + on_gpu_state;
+      r.gpu_buffer_bytes = streamed_staging(stage3_staging_buffers) * o.largest_layer_params * g + working;
       break;
     }
     if ((stage == 1 || stage == 2) && o.allgather_bucket_size && o.ranks() > 1) {
@@ -388,198 +412,6 @@ struct estimate_row {
                          {"implemented", r.implemented}});
   }
   return j;
-}
-
-// ---- model descriptions --------------------------------------------------------------------------
-
-/// Parameter counts read from a model description.
-struct model_summary {
-  std::string name;                      ///< "name" of the description, if any
-  std::int64_t params = 0;               ///< parameters over all modules
-  std::int64_t largest_layer_params = 0; ///< parameters of the largest module
-  std::string largest_layer;             ///< its name
-  std::int64_t modules = 0;              ///< modules, repeats counted
-};
-
-/// Reads a model description:
-///
-///     {"name": "gpt-small",
-///      "modules": [{"name": "embed", "params": [{"name": "weight", "shape": [50257, 768]}]},
-///                  {"name": "block", "repeat": 12, "params": [{"name": "qkv", "shape": [2304, 768]}, ...]}]}
-///
-/// A module's parameters are gathered together at stage 3, so the largest module bounds stage 3's
-/// working set. `repeat` (default 1) counts a module that many times. Every key is checked.
-/// \throws config_error naming the JSON path of anything missing, unknown or out of range.
-[[nodiscard]] inline model_summary read_model_description(const nlohmann::json& j, std::string_view source = {}) {
-  using json = nlohmann::json;
-  zero::detail::parse_context ctx;
-  ctx.source = std::string(source);
-  static constexpr std::string_view top_keys[] = {"name", "modules"};
-  static constexpr std::string_view module_keys[] = {"name", "repeat", "params"};
-  static constexpr std::string_view param_keys[] = {"name", "shape"};
-  static constexpr std::int64_t max_count = std::numeric_limits<std::int64_t>::max() / 4;
-  if (!j.is_object()) {
-    ctx.fail("", cat("found ", zero::detail::show(j), "; a model description is a JSON object with \"modules\""));
-  }
-  model_summary m;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find(std::begin(top_keys), std::end(top_keys), it.key()) == std::end(top_keys)) {
-      auto near = zero::detail::closest_match(it.key(), top_keys);
-      ctx.fail(it.key(), std::string("unknown key") +
-                             (near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)")) +
-                             "; keys: name, modules");
-    }
-  }
-  if (auto it = j.find("name"); it != j.end()) {
-    m.name = zero::detail::as_string(ctx, "name", *it);
-  }
-  auto mods = j.find("modules");
-  if (mods == j.end() || !mods->is_array() || mods->empty()) {
-    ctx.fail("modules", mods == j.end()
-                            ? "missing; expected an array of modules"
-                            : cat("found ", zero::detail::show(*mods), "; expected a non-empty array of modules"));
-  }
-  auto checked_mul = [&](std::string_view path, std::int64_t a, std::int64_t b) {
-    std::int64_t r = 0;
-    if (__builtin_mul_overflow(a, b, &r) || r > max_count) {
-      ctx.fail(path, "the parameter count overflows");
-    }
-    return r;
-  };
-  for (std::size_t i = 0; i < mods->size(); ++i) {
-    const std::string mp = cat("modules[", std::to_string(i), "]");
-    const json& mod = (*mods)[i];
-    if (!mod.is_object()) {
-      ctx.fail(mp, cat("found ", zero::detail::show(mod), "; expected an object {\"name\", \"params\"}"));
-    }
-    for (auto it = mod.begin(); it != mod.end(); ++it) {
-      if (std::find(std::begin(module_keys), std::end(module_keys), it.key()) == std::end(module_keys)) {
-        auto near = zero::detail::closest_match(it.key(), module_keys);
-        ctx.fail(mp + "." + it.key(), std::string("unknown key") +
-                                          (near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)")) +
-                                          "; keys: name, repeat, params");
-      }
-    }
-    std::string name = mp;
-    if (auto it = mod.find("name"); it != mod.end()) {
-      name = zero::detail::as_string(ctx, mp + ".name", *it);
-    }
-    std::int64_t repeat = 1;
-    if (auto it = mod.find("repeat"); it != mod.end()) {
-      repeat = zero::detail::as_int(ctx, mp + ".repeat", *it, 1, 1'000'000);
-    }
-    auto params = mod.find("params");
-    if (params == mod.end() || !params->is_array()) {
-      ctx.fail(mp + ".params", params == mod.end() ? "missing; expected an array of {\"name\", \"shape\"}"
-                                                   : cat("found ", zero::detail::show(*params), "; expected an array"));
-    }
-    std::int64_t module_params = 0;
-    for (std::size_t k = 0; k < params->size(); ++k) {
-      const std::string pp = mp + ".params[" + std::to_string(k) + "]";
-      const json& prm = (*params)[k];
-      if (!prm.is_object()) {
-        ctx.fail(pp, cat("found ", zero::detail::show(prm), "; expected an object {\"name\", \"shape\"}"));
-      }
-      for (auto it = prm.begin(); it != prm.end(); ++it) {
-        if (std::find(std::begin(param_keys), std::end(param_keys), it.key()) == std::end(param_keys)) {
-          auto near = zero::detail::closest_match(it.key(), param_keys);
-          ctx.fail(pp + "." + it.key(), std::string("unknown key") +
-                                            (near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)")) +
-                                            "; keys: name, shape");
-        }
-      }
-      if (auto it = prm.find("name"); it != prm.end()) {
-        static_cast<void>(zero::detail::as_string(ctx, pp + ".name", *it));
-      }
-      auto shape = prm.find("shape");
-      if (shape == prm.end() || !shape->is_array()) {
-        ctx.fail(pp + ".shape", shape == prm.end() ? "missing; expected an array of dimensions, e.g. [4096, 4096]"
-                                                   : cat("found ", zero::detail::show(*shape), "; expected an array"));
-      }
-      std::int64_t count = 1;
-      for (std::size_t d = 0; d < shape->size(); ++d) {
-        const std::string dp = pp + ".shape[" + std::to_string(d) + "]";
-        count = checked_mul(dp, count,
-                            zero::detail::as_int(ctx, dp, (*shape)[d], 1, std::numeric_limits<std::int64_t>::max()));
-      }
-      module_params += count;
-      if (module_params > max_count) {
-        ctx.fail(pp, "the parameter count overflows");
-      }
-    }
-    m.params += checked_mul(mp, module_params, repeat);
-    if (m.params > max_count) {
-      ctx.fail(mp, "the parameter count overflows");
-    }
-    m.modules += repeat;
-    if (module_params > m.largest_layer_params) {
-      m.largest_layer_params = module_params;
-      m.largest_layer = name;
-    }
-  }
-  if (m.params == 0) {
-    ctx.fail("modules", "the modules hold no parameters");
-  }
-  return m;
-}
-
-/// Reads a model description file (see `read_model_description`).
-/// \throws config_error when the file cannot be read (as a config file: bounded size and depth), is not
-///         JSON, or does not describe a model.
-[[nodiscard]] inline model_summary read_model_description_file(const std::filesystem::path& path) {
-  return read_model_description(
-      zero::detail::parse_text(zero::detail::read_config_text(path, "model description"), path.string()),
-      path.string());
-}
-
-/// Parses a count such as "7e9", "7000000000", "6.7B", "125M", "1.5T" or "350k".
-/// \throws usage_error for anything else, or a count that is not a whole number >= 1.
-[[nodiscard]] inline std::int64_t parse_count(std::string_view text) {
-  std::string s(text);
-  double scale = 1;
-  if (!s.empty()) {
-    switch (s.back()) {
-    case 'k':
-    case 'K':
-      scale = 1e3;
-      break;
-    case 'm':
-    case 'M':
-      scale = 1e6;
-      break;
-    case 'b':
-    case 'B':
-    case 'g':
-    case 'G':
-      scale = 1e9;
-      break;
-    case 't':
-    case 'T':
-      scale = 1e12;
-      break;
-    default:
-      break;
-    }
-    if (scale != 1) {
-      s.pop_back();
-    }
-  }
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  // With a suffix, 6.7B is 6.7 * 1e9 rounded (the product is not exact in binary); without one the
-  // number itself must be whole.
-  const double count = scale != 1 ? std::round(v * scale) : v;
-  if (s.empty() || used != s.size() || !(count >= 1) || count >= 9.2e18 || count != std::floor(count)) {
-    throw usage_error(cat("\"", std::string(text),
-                          "\" is not a count: expected a whole number >= 1 such as 7e9, "
-                          "7000000000, 6.7B, 125M or 350k"));
-  }
-  return static_cast<std::int64_t>(count);
 }
 
 } // namespace zero::tools

@@ -1,0 +1,455 @@
+#pragma once
+/// \file
+/// The planner of `zero-estimate --plan` and of the examples' `--config auto-plan`: the fastest
+/// stage and offload setting whose memory fits a machine's budgets, by the rates this machine
+/// measured (zero/tools/probes.hpp, `zero-report --save-rates`).
+///
+/// The candidates are the rows of `estimate_memory` that the engine runs (`implemented`), but for
+/// parameters on NVMe, whose reads and writes the cost does not count yet. Each row's memory is the estimate's
+/// (device bytes per rank, host and NVMe bytes per node); its cost is the time per step that the
+/// optimizer state's placement takes on one rank (`estimate_step_cost`):
+///
+///     no offload        AdamW over the rank's elements n at the device's rate
+///     optimizer on CPU  max(host AdamW over n at the host's rate / ranks per node,
+///                           gradients down and parameters up over the measured copy rates)
+///     optimizer on NVMe the same, and K n bytes read plus K n written at the storage's rates / ranks
+///                       per node (K: 12 bytes of fp32 master, m and v; 8 for fp32 training)
+///
+/// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
+/// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
+/// Forward and backward are the same for every setting and are left out; so is the communication
+/// that differs between stages, which no probe measures: of settings that cost the same, the one
+/// listed first by `estimate_memory` (lower stage, then less offloaded) ranks first.
+///
+/// `offload_optimizer.ratio` below 1 (part of the step on the device) is not a candidate: the
+/// config reader refuses it in this version, and `estimate_memory` has no row for it.
+
+#include "zero/config/config.hpp"
+#include "zero/core/detail/text.hpp"
+#include "zero/core/error.hpp"
+#include "zero/tools/estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zero::tools {
+
+/// What this machine measured (zero/tools/probes.hpp). Rates are per second; 0 means not measured.
+struct machine_rates {
+  double device_adamw = 0;   ///< parameters per second of the backend's AdamW kernel on one device
+  double host_adamw = 0;     ///< parameters per second of the host AdamW (cpu_backend), all `host_threads`
+  double host_threads = 0;   ///< threads the host AdamW ran on
+  double host_to_device = 0; ///< bytes per second from the backend's host memory (pinned on a GPU) to a device
+  double device_to_host = 0; ///< bytes per second back
+  double nvme_read = 0;      ///< bytes per second read from a file under `nvme_path`
+  double nvme_write = 0;     ///< bytes per second written there, flushed to the drive
+  std::string device;        ///< what the device was: "cpu", or the GPU's name
+  std::string nvme_path;     ///< the folder the storage rates were measured in (empty: not measured)
+};
+
+/// The rates as JSON, the file `zero-report --save-rates` writes and `zero-estimate --rates` reads:
+/// {"device", "device_adamw_params_per_s", "host_adamw_params_per_s", "host_adamw_threads",
+/// "host_to_device_bytes_per_s", "device_to_host_bytes_per_s", "nvme_path", "nvme_read_bytes_per_s",
+/// "nvme_write_bytes_per_s"}.
+[[nodiscard]] inline nlohmann::json rates_json(const machine_rates& r) {
+  return {{"device", r.device},
+          {"device_adamw_params_per_s", r.device_adamw},
+          {"host_adamw_params_per_s", r.host_adamw},
+          {"host_adamw_threads", r.host_threads},
+          {"host_to_device_bytes_per_s", r.host_to_device},
+          {"device_to_host_bytes_per_s", r.device_to_host},
+          {"nvme_path", r.nvme_path},
+          {"nvme_read_bytes_per_s", r.nvme_read},
+          {"nvme_write_bytes_per_s", r.nvme_write}};
+}
+
+/// Reads `rates_json`'s object back. Every key is required; rates are numbers >= 0, the device, host
+/// and copy rates > 0; the NVMe rates are 0 exactly when `nvme_path` is empty.
+/// \throws config_error naming the key, what was found and what was expected.
+[[nodiscard]] inline machine_rates rates_from_json(const nlohmann::json& j, std::string_view source = {}) {
+  zero::detail::parse_context ctx;
+  ctx.source = std::string(source);
+  static constexpr std::string_view keys[] = {"device",
+                                              "device_adamw_params_per_s",
+                                              "host_adamw_params_per_s",
+                                              "host_adamw_threads",
+                                              "host_to_device_bytes_per_s",
+                                              "device_to_host_bytes_per_s",
+                                              "nvme_path",
+                                              "nvme_read_bytes_per_s",
+                                              "nvme_write_bytes_per_s"};
+  if (!j.is_object()) {
+    ctx.fail("", cat("found ", zero::detail::show(j), "; expected the JSON object zero-report --save-rates writes"));
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find(std::begin(keys), std::end(keys), it.key()) == std::end(keys)) {
+      const auto near = zero::detail::closest_match(it.key(), keys);
+      ctx.fail(it.key(), cat("unknown key", near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)"),
+                             "; zero-report --save-rates writes device, device_adamw_params_per_s, "
+                             "host_adamw_params_per_s, host_adamw_threads, host_to_device_bytes_per_s, "
+                             "device_to_host_bytes_per_s, nvme_path, nvme_read_bytes_per_s, nvme_write_bytes_per_s"));
+    }
+  }
+  auto at = [&](std::string_view key) -> const nlohmann::json& {
+    const auto it = j.find(std::string(key));
+    if (it == j.end()) {
+      ctx.fail(key, "missing; zero-report --save-rates writes every rate");
+    }
+    return *it;
+  };
+  constexpr double most = 1e18;
+  auto positive = [&](std::string_view key) { return zero::detail::as_number(ctx, key, at(key), 0, most, true); };
+  machine_rates r;
+  r.device = zero::detail::as_string(ctx, "device", at("device"));
+  r.device_adamw = positive("device_adamw_params_per_s");
+  r.host_adamw = positive("host_adamw_params_per_s");
+  r.host_threads = zero::detail::as_number(ctx, "host_adamw_threads", at("host_adamw_threads"), 1, 1e6);
+  r.host_to_device = positive("host_to_device_bytes_per_s");
+  r.device_to_host = positive("device_to_host_bytes_per_s");
+  r.nvme_path = zero::detail::as_string(ctx, "nvme_path", at("nvme_path"));
+  const bool nvme = !r.nvme_path.empty();
+  auto storage_rate = [&](std::string_view key) {
+    if (nvme) {
+      return positive(key);
+    }
+    const double v = zero::detail::as_number(ctx, key, at(key), 0, most);
+    if (v != 0) {
+      ctx.fail(key, cat("found ", zero::detail::show(at(key)),
+                        " with an empty nvme_path; a storage rate needs the folder it was measured in"));
+    }
+    return v;
+  };
+  r.nvme_read = storage_rate("nvme_read_bytes_per_s");
+  r.nvme_write = storage_rate("nvme_write_bytes_per_s");
+  return r;
+}
+
+/// Reads a rates file (see `rates_from_json`), bounded as a config file is.
+/// \throws config_error when it cannot be read, is not JSON or is not a rates object.
+[[nodiscard]] inline machine_rates read_rates_file(const std::filesystem::path& path) {
+  return rates_from_json(zero::detail::parse_text(zero::detail::read_config_text(path, "rates file"), path.string()),
+                         path.string());
+}
+
+/// Parses a byte count: a whole number ("85899345920", "8e10") or a number with a unit, decimal
+/// ("80GB", "512MB", "1.5TB", "kB") or binary ("80GiB", "512MiB", "1.5TiB", "KiB"), with or without
+/// a space before the unit. Bare "G" or "M" are refused: they are ambiguous.
+/// \throws usage_error naming the text and the forms expected.
+[[nodiscard]] inline std::int64_t parse_bytes(std::string_view text) {
+  struct unit {
+    std::string_view name;
+    double scale;
+  };
+  static constexpr unit units[] = {{"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+                                   {"kB", 1e3},     {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+                                   {"TB", 1e12},    {"B", 1.0}};
+  std::string s(text);
+  double scale = 1;
+  for (const unit& u : units) {
+    if (s.size() > u.name.size() && s.compare(s.size() - u.name.size(), u.name.size(), u.name) == 0) {
+      scale = u.scale;
+      s.resize(s.size() - u.name.size());
+      break;
+    }
+  }
+  while (!s.empty() && s.back() == ' ') {
+    s.pop_back();
+  }
+  const std::optional<double> parsed = detail::whole_number_text(s);
+  const double v = parsed.value_or(-1);
+  const double bytes = std::floor(v * scale);
+  if (!parsed || !(v >= 0) || !(bytes < 9.2e18) || (scale == 1 && v != std::floor(v))) {
+    throw usage_error(cat("\"", zero::detail::printable(text),
+                          "\" is not a byte count: expected a whole number of bytes such as 85899345920 or 8e10, "
+                          "or a number with a unit: 80GiB, 512MiB, 1.5TiB (powers of 1024) or 80GB, 512MB "
+                          "(powers of 1000)"));
+  }
+  return static_cast<std::int64_t>(bytes);
+}
+
+/// The memory a plan may use: device bytes per rank (one GPU; the host's for the CPU backend), host
+/// bytes per node, NVMe bytes per node (0: no NVMe).
+struct memory_budget {
+  std::int64_t device_bytes = 0;
+  std::int64_t host_bytes = 0;
+  std::int64_t nvme_bytes = 0;
+};
+
+/// Seconds per step of one rank that the placement of the optimizer state costs (file comment).
+struct step_cost {
+  double device_adamw = 0; ///< AdamW on the device
+  double host_adamw = 0;   ///< AdamW on the host
+  double transfer = 0;     ///< gradients down and parameters up between host and device
+  double nvme = 0;         ///< the state read from and written to NVMe
+  double total = 0;        ///< device_adamw + max(host_adamw, transfer, nvme): the host side overlaps
+};
+
+/// The settings a plan chooses from: the rows of `estimate_memory(o)` the engine runs, in its order.
+/// The one list of candidates; a row the engine learns to run (its `implemented`) joins it.
+[[nodiscard]] inline std::vector<estimate_row> plan_settings(const estimate_options& o) {
+  std::vector<estimate_row> rows = estimate_memory(o);
+  // Parameters on NVMe run, but the cost has no term for their reads and writes yet, nor the peak for
+  // the image of the shard that init_params holds (docs/offload.md): not candidates.
+  std::erase_if(rows, [](const estimate_row& r) { return !r.implemented || r.offload_param == offload_device::nvme; });
+  return rows;
+}
+
+/// The cost of row `r` for the model of `o` by `rates` (file comment). A resource whose rate is 0
+/// (not measured) makes the cost infinite. \throws usage_error when device, host or copy rates are
+/// not positive.
+[[nodiscard]] inline step_cost estimate_step_cost(const estimate_row& r, const estimate_options& o,
+                                                  const machine_rates& rates) {
+  if (!(rates.device_adamw > 0) || !(rates.host_adamw > 0) || !(rates.host_to_device > 0) ||
+      !(rates.device_to_host > 0)) {
+    throw usage_error("estimate_step_cost: the device and host AdamW rates and the copy rates must be positive "
+                      "(measure them with zero-report --save-rates)");
+  }
+  const auto per_second = [](double amount, double rate) {
+    return rate > 0 ? amount / rate : std::numeric_limits<double>::infinity();
+  };
+  const double ranks_per_node = static_cast<double>(o.gpus_per_node);
+  const double n =
+      r.stage == 0 ? static_cast<double>(o.params) : static_cast<double>((o.params + o.ranks() - 1) / o.ranks());
+  const double p = static_cast<double>(size_of(o.param_dtype));
+  const double g = static_cast<double>(size_of(r.grad_dtype));
+  const double k = o.param_dtype == dtype::f32 ? 8.0 : 12.0; // fp32 master (unless the parameters are), m, v
+  step_cost c;
+  if (r.offload_optimizer == offload_device::none) {
+    c.device_adamw = per_second(n, rates.device_adamw);
+  } else {
+    c.host_adamw = per_second(n, rates.host_adamw / ranks_per_node);
+    const bool params_on_host = r.offload_param != offload_device::none;
+    // Gradients go down; new parameters go up, or stay on the host and the gathers of forward and
+    // backward upload them.
+    c.transfer =
+        per_second(n * g, rates.device_to_host) + per_second((params_on_host ? 2 : 1) * n * p, rates.host_to_device);
+    if (r.offload_optimizer == offload_device::nvme) {
+      c.nvme =
+          per_second(k * n, rates.nvme_read / ranks_per_node) + per_second(k * n, rates.nvme_write / ranks_per_node);
+    }
+  }
+  c.total = c.device_adamw + std::max({c.host_adamw, c.transfer, c.nvme});
+  return c;
+}
+
+/// A budget a row exceeds: which memory, what the row needs and what the budget gives (both bytes).
+struct shortfall {
+  std::string_view memory; ///< "GPU" (per rank), "host" (per node) or "NVMe" (per node)
+  std::int64_t need = 0;
+  std::int64_t have = 0;
+};
+
+/// The budgets row `r` exceeds; empty when it fits.
+[[nodiscard]] inline std::vector<shortfall> shortfalls(const estimate_row& r, const memory_budget& b) {
+  std::vector<shortfall> out;
+  if (r.gpu_bytes_per_rank > b.device_bytes) {
+    out.push_back({"GPU", r.gpu_bytes_per_rank, b.device_bytes});
+  }
+  if (r.host_bytes_per_node > b.host_bytes) {
+    out.push_back({"host", r.host_bytes_per_node, b.host_bytes});
+  }
+  if (r.nvme_bytes_per_node > b.nvme_bytes) {
+    out.push_back({"NVMe", r.nvme_bytes_per_node, b.nvme_bytes});
+  }
+  return out;
+}
+
+/// One candidate of a plan: its row, its cost, and the budgets it exceeds.
+struct plan_candidate {
+  estimate_row row;
+  step_cost cost;
+  std::vector<shortfall> over;
+  [[nodiscard]] bool fits() const noexcept { return over.empty(); }
+};
+
+/// A plan: every candidate, fastest first, and the first that fits.
+struct plan_result {
+  std::vector<plan_candidate> ranked;
+  std::optional<std::size_t> chosen; ///< index into `ranked`; empty when nothing fits
+};
+
+/// Ranks `plan_settings(o)` by `estimate_step_cost` (stable: equal costs keep the settings' order)
+/// and chooses the first that fits `budget`. \throws usage_error as `estimate_memory` and
+/// `estimate_step_cost` do, and for a negative budget.
+[[nodiscard]] inline plan_result make_plan(const estimate_options& o, const machine_rates& rates,
+                                           const memory_budget& budget) {
+  if (budget.device_bytes < 0 || budget.host_bytes < 0 || budget.nvme_bytes < 0) {
+    throw usage_error("make_plan: budgets are bytes >= 0");
+  }
+  plan_result plan;
+  for (const estimate_row& r : plan_settings(o)) {
+    plan.ranked.push_back({r, estimate_step_cost(r, o, rates), shortfalls(r, budget)});
+  }
+  std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
+                   [](const plan_candidate& a, const plan_candidate& b) { return a.cost.total < b.cost.total; });
+  for (std::size_t i = 0; i < plan.ranked.size(); ++i) {
+    if (plan.ranked[i].fits()) {
+      plan.chosen = i;
+      break;
+    }
+  }
+  return plan;
+}
+
+/// The DeepSpeed config block of row `r` for the model of `o`: `zero_optimization` with the stage,
+/// the `offload_optimizer` and `offload_param` blocks (`nvme_path` and `buffer_count` for NVMe), and
+/// the sizes the estimate assumed (`reduce_bucket_size`, `allgather_bucket_size` when set, and at
+/// stage 3 `stage3_prefetch_bucket_size` and `stage3_max_live_parameters`); the precision block of
+/// `o.param_dtype` (`bf16` or `fp16` enabled; neither for fp32). Merge it into a ds_config.json
+/// (`nlohmann::json::merge_patch`). \throws usage_error for an NVMe row without `nvme_path`.
+[[nodiscard]] inline nlohmann::json plan_config_block(const estimate_row& r, const estimate_options& o,
+                                                      const std::string& nvme_path) {
+  nlohmann::json z = {{"stage", r.stage}, {"reduce_bucket_size", o.reduce_bucket_size}};
+  if (o.allgather_bucket_size && (r.stage == 1 || r.stage == 2)) {
+    z["allgather_bucket_size"] = *o.allgather_bucket_size;
+  }
+  if (r.stage == 3) {
+    z["stage3_prefetch_bucket_size"] = o.stage3_prefetch_bucket_size;
+    z["stage3_max_live_parameters"] = o.stage3_max_live_parameters;
+  }
+  auto offload = [&](offload_device d) {
+    nlohmann::json b = {{"device", name_of(d)}};
+    if (d == offload_device::nvme) {
+      if (nvme_path.empty()) {
+        throw usage_error("plan_config_block: an NVMe setting needs the folder of its files (nvme_path)");
+      }
+      b["nvme_path"] = nvme_path;
+    }
+    if (d != offload_device::none) {
+      b["pin_memory"] = true;
+    }
+    return b;
+  };
+  z["offload_optimizer"] = offload(r.offload_optimizer);
+  if (r.offload_optimizer == offload_device::nvme) {
+    z["offload_optimizer"]["buffer_count"] = o.offload_optimizer_buffer_count;
+  }
+  z["offload_param"] = offload(r.offload_param);
+  nlohmann::json block = {{"zero_optimization", z}};
+  if (o.param_dtype != dtype::f32) {
+    block[o.param_dtype == dtype::bf16 ? "bf16" : "fp16"] = {{"enabled", true}};
+  }
+  return block;
+}
+
+/// The model counts a plan needs, from the parameter sizes (elements) of each module, in order: the
+/// parameters, the largest module and parameter, and each parameter's size (for `params_below`).
+/// \throws usage_error for a size below 1 or a count that overflows.
+[[nodiscard]] inline model_summary summarize_modules(const std::vector<std::vector<std::int64_t>>& modules) {
+  model_summary m;
+  for (const auto& module : modules) {
+    std::int64_t in_module = 0;
+    for (const std::int64_t n : module) {
+      if (n < 1 || __builtin_add_overflow(in_module, n, &in_module) || __builtin_add_overflow(m.params, n, &m.params)) {
+        throw usage_error("summarize_modules: parameter sizes are elements >= 1 whose sum fits in 64 bits");
+      }
+      m.largest_param = std::max(m.largest_param, n);
+      m.param_counts.emplace_back(n, 1);
+    }
+    m.largest_layer_params = std::max(m.largest_layer_params, in_module);
+    ++m.modules;
+  }
+  return m;
+}
+
+/// The estimate options of a resolved config `c` for model `m` (`read_model_description`,
+/// `summarize_modules`) on `ranks_per_node` x `nodes` ranks: the sizes the config sets, the parameters
+/// below its `stage3_param_persistence_threshold` as persistent. The gradient dtype is left to each
+/// stage's default unless `c`'s differs from its stage's default (a config that sets the default
+/// explicitly is estimated with the defaults, fp32 for bf16 at stage 0: on the safe side).
+[[nodiscard]] inline estimate_options estimate_options_from(const config& c, const model_summary& m,
+                                                            std::int64_t ranks_per_node, std::int64_t nodes = 1) {
+  estimate_options o;
+  o.params = m.params;
+  o.largest_layer_params = m.largest_layer_params;
+  o.largest_param_params = m.largest_param;
+  o.persistent_params = m.params_below(c.zero_optimization.stage3_param_persistence_threshold);
+  o.gpus_per_node = ranks_per_node;
+  o.nodes = nodes;
+  o.param_dtype = c.param_dtype();
+  if (c.grad_accum_dtype != default_grad_accum_dtype(o.param_dtype, c.stage())) {
+    o.grad_dtype = c.grad_accum_dtype;
+  }
+  const auto& z = c.zero_optimization;
+  o.reduce_bucket_size = z.reduce_bucket_size;
+  o.allgather_bucket_size = z.allgather_bucket_size;
+  o.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  o.stage3_max_live_parameters = z.stage3_max_live_parameters;
+  o.sub_group_size = z.sub_group_size;
+  o.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
+  o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;
+  return o;
+}
+
+namespace detail {} // namespace detail
+
+/// `bytes` in the largest binary unit it fills, to two decimals: "13.62 GiB", "1.51 MiB", "0 B".
+[[nodiscard]] inline std::string show_bytes(std::int64_t bytes) {
+  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  std::size_t u = 0;
+  while (u + 1 < std::size(units) && std::abs(v) >= 1024.0) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  }
+  return buf;
+}
+
+namespace detail {
+inline std::string plan_ms(double seconds) {
+  if (!std::isfinite(seconds)) {
+    return "unmeasured";
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", seconds * 1e3);
+  return buf;
+}
+} // namespace detail
+
+/// A setting in words: "stage 2, offload_optimizer cpu, offload_param none".
+[[nodiscard]] inline std::string setting_name(const estimate_row& r) {
+  return cat("stage ", std::to_string(r.stage), ", offload_optimizer ", name_of(r.offload_optimizer),
+             ", offload_param ", name_of(r.offload_param));
+}
+
+/// The plan as lines of text: the candidates fastest first with cost, bytes and verdict ("fits", or
+/// each budget exceeded and by how much), then "plan: <setting>" or "plan: nothing fits".
+[[nodiscard]] inline std::string plan_table(const plan_result& plan) {
+  std::string out = "candidates, fastest first (optimizer-side time per step and rank; bytes per GPU, host and "
+                    "NVMe per node):\n";
+  for (std::size_t i = 0; i < plan.ranked.size(); ++i) {
+    const plan_candidate& c = plan.ranked[i];
+    std::string verdict = c.fits() ? "fits" : "does not fit:";
+    for (const shortfall& s : c.over) {
+      verdict += cat(" ", s.memory, " needs ", show_bytes(s.need), ", ", show_bytes(s.need - s.have), " over its ",
+                     show_bytes(s.have), ";");
+    }
+    if (!c.over.empty()) {
+      verdict.pop_back();
+    }
+    out += cat(plan.chosen == i ? "  * " : "    ", setting_name(c.row), ": ", detail::plan_ms(c.cost.total), "; ",
+               show_bytes(c.row.gpu_bytes_per_rank), ", ", show_bytes(c.row.host_bytes_per_node), ", ",
+               show_bytes(c.row.nvme_bytes_per_node), "; ", verdict, "\n");
+  }
+  out += plan.chosen ? cat("plan: ", setting_name(plan.ranked[*plan.chosen].row), "\n")
+                     : std::string("plan: nothing fits the budgets\n");
+  return out;
+}
+
+} // namespace zero::tools

@@ -1,0 +1,305 @@
+// zero-estimate --plan's arithmetic: byte counts, the rates file, the cost model, the ranking and the
+// choice against budgets, and the config block it prints. tests/config/test_plan_engine.cpp holds
+// plans against what engines measure.
+
+#include "support.hpp"
+#include "zero/tools/plan.hpp"
+
+#include <doctest/doctest.h>
+#include <string>
+
+using zero::offload_device;
+using zero_test::has;
+namespace zt = zero::tools;
+
+namespace {
+
+/// Rates of an imagined GPU machine: 8 H200-like devices and a 32-core host.
+zt::machine_rates gpu_rates() {
+  zt::machine_rates r;
+  r.device = "test GPU";
+  r.device_adamw = 50e9;
+  r.host_adamw = 4e9;
+  r.host_threads = 32;
+  r.host_to_device = 50e9;
+  r.device_to_host = 50e9;
+  r.nvme_path = "/mnt/nvme";
+  r.nvme_read = 6e9;
+  r.nvme_write = 4e9;
+  return r;
+}
+
+/// 7e9 bf16 parameters on 1 node x 8 GPUs, largest layer 131072000 (the tools' CTest model).
+zt::estimate_options seven_b() {
+  zt::estimate_options o;
+  o.params = 7'000'000'000;
+  o.largest_layer_params = 131'072'000;
+  o.gpus_per_node = 8;
+  return o;
+}
+
+std::string text_of(const zt::plan_result& p) { return zt::plan_table(p); }
+
+std::string usage_message(std::string_view bytes) {
+  try {
+    static_cast<void>(zt::parse_bytes(bytes));
+  } catch (const zero::usage_error& e) {
+    return e.what();
+  }
+  FAIL("expected a usage_error for \"" << bytes << "\"");
+  return {};
+}
+
+std::string rates_message(const nlohmann::json& j) {
+  try {
+    static_cast<void>(zt::rates_from_json(j, "rates.json"));
+  } catch (const zero::config_error& e) {
+    return e.what();
+  }
+  FAIL("expected a config_error for " << j.dump());
+  return {};
+}
+
+constexpr std::int64_t gib = std::int64_t{1} << 30;
+
+} // namespace
+
+TEST_CASE("parse_bytes takes whole bytes, decimal and binary units, and names the forms it expects otherwise") {
+  CHECK(zt::parse_bytes("85899345920") == 85'899'345'920);
+  CHECK(zt::parse_bytes("8e10") == 80'000'000'000);
+  CHECK(zt::parse_bytes("80GiB") == 80 * gib);
+  CHECK(zt::parse_bytes("80 GB") == 80'000'000'000);
+  CHECK(zt::parse_bytes("1.5TiB") == 1536 * gib);
+  CHECK(zt::parse_bytes("512MiB") == 512 << 20);
+  CHECK(zt::parse_bytes("4kB") == 4000);
+  CHECK(zt::parse_bytes("0") == 0);
+  CHECK(zt::parse_bytes("100B") == 100);
+  for (const char* bad : {"12G", "80gib", "abc", "-1", "1.5", "", "GiB", "1e30", "nan", "12GiB!"}) {
+    CAPTURE(bad);
+    const std::string m = usage_message(bad);
+    CHECK(has(m, std::string("\"") + bad +
+                     "\" is not a byte count: expected a whole number of bytes such as "
+                     "85899345920 or 8e10, or a number with a unit: 80GiB"));
+  }
+}
+
+TEST_CASE("show_bytes writes the largest binary unit a count fills") {
+  CHECK(zt::show_bytes(0) == "0 B");
+  CHECK(zt::show_bytes(1023) == "1023 B");
+  CHECK(zt::show_bytes(1536) == "1.50 KiB");
+  CHECK(zt::show_bytes(1'500'000) == "1.43 MiB");
+  CHECK(zt::show_bytes(20 * gib) == "20.00 GiB");
+  CHECK(zt::show_bytes(1024 * gib) == "1.00 TiB");
+  CHECK(zt::show_bytes(-5 * gib) == "-5.00 GiB");
+}
+
+TEST_CASE("the rates file reads back what rates_json writes, and names a missing, unknown or bad key") {
+  const auto r = gpu_rates();
+  const auto back = zt::rates_from_json(zt::rates_json(r));
+  CHECK(back.device == "test GPU");
+  CHECK(back.device_adamw == 50e9);
+  CHECK(back.host_adamw == 4e9);
+  CHECK(back.host_threads == 32);
+  CHECK(back.host_to_device == 50e9);
+  CHECK(back.device_to_host == 50e9);
+  CHECK(back.nvme_path == "/mnt/nvme");
+  CHECK(back.nvme_read == 6e9);
+  CHECK(back.nvme_write == 4e9);
+
+  auto j = zt::rates_json(r);
+  j.erase("host_adamw_params_per_s");
+  CHECK(has(rates_message(j), "host_adamw_params_per_s: missing; zero-report --save-rates writes every rate"));
+  j = zt::rates_json(r);
+  j["host_adamw_param_per_s"] = 1;
+  CHECK(has(rates_message(j), "host_adamw_param_per_s: unknown key (did you mean \"host_adamw_params_per_s\"?)"));
+  j = zt::rates_json(r);
+  j["device_adamw_params_per_s"] = 0;
+  CHECK(has(rates_message(j), "device_adamw_params_per_s: found 0"));
+  j = zt::rates_json(r);
+  j["nvme_path"] = "";
+  CHECK(has(rates_message(j), "nvme_read_bytes_per_s: found 6000000000.0 with an empty nvme_path; a storage rate needs "
+                              "the folder it was measured in"));
+  CHECK(has(rates_message(nlohmann::json::array()), "expected the JSON object zero-report --save-rates writes"));
+  CHECK(has(rates_message(j), "rates.json"));
+}
+
+TEST_CASE("the step cost of each placement, worked by hand") {
+  // 8e6 bf16 parameters on 2 ranks of one node: each rank updates n = 4e6 elements.
+  zt::estimate_options o;
+  o.params = 8'000'000;
+  o.gpus_per_node = 2;
+  zt::machine_rates r;
+  r.device_adamw = 4e9;
+  r.host_adamw = 1e9; // 5e8 per rank
+  r.host_threads = 2;
+  r.host_to_device = 1e10;
+  r.device_to_host = 2e10;
+  r.nvme_read = 2e9; // 1e9 per rank
+  r.nvme_write = 1e9;
+  r.nvme_path = "/tmp";
+  auto row = [&](int stage, offload_device opt, offload_device par) {
+    for (const auto& x : zt::plan_settings(o)) {
+      if (x.stage == stage && x.offload_optimizer == opt && x.offload_param == par) {
+        return x;
+      }
+    }
+    FAIL("no row");
+    return zt::estimate_row{};
+  };
+  // Stage 0 updates all 8e6 on the device: 2 ms; stage 2 its 4e6: 1 ms.
+  CHECK(zt::estimate_step_cost(row(0, offload_device::none, offload_device::none), o, r).total ==
+        doctest::Approx(2e-3));
+  CHECK(zt::estimate_step_cost(row(2, offload_device::none, offload_device::none), o, r).total ==
+        doctest::Approx(1e-3));
+  // Optimizer on the CPU: host AdamW 4e6 / 5e8 = 8 ms; bf16 gradients down 8e6 B / 2e10 = 0.4 ms, parameters
+  // up 8e6 B / 1e10 = 0.8 ms. The host side overlaps: 8 ms.
+  const auto cpu = zt::estimate_step_cost(row(2, offload_device::cpu, offload_device::none), o, r);
+  CHECK(cpu.host_adamw == doctest::Approx(8e-3));
+  CHECK(cpu.transfer == doctest::Approx(1.2e-3));
+  CHECK(cpu.total == doctest::Approx(8e-3));
+  // NVMe: K n = 48e6 bytes read at 1e9 per rank (48 ms) and written at 5e8 (96 ms): 144 ms.
+  const auto nvme = zt::estimate_step_cost(row(2, offload_device::nvme, offload_device::none), o, r);
+  CHECK(nvme.nvme == doctest::Approx(0.144));
+  CHECK(nvme.total == doctest::Approx(0.144));
+  // Parameters offloaded too (stage 3): the gathers of forward and backward upload 2 x 8e6 B: 1.6 ms + 0.4 ms.
+  CHECK(zt::estimate_step_cost(row(3, offload_device::cpu, offload_device::cpu), o, r).transfer ==
+        doctest::Approx(2e-3));
+  // Without NVMe rates an NVMe row costs infinitely much (it is ranked last).
+  r.nvme_read = r.nvme_write = 0;
+  CHECK(zt::estimate_step_cost(row(2, offload_device::nvme, offload_device::none), o, r).total ==
+        std::numeric_limits<double>::infinity());
+  r.device_adamw = 0;
+  CHECK_THROWS_AS(static_cast<void>(zt::estimate_step_cost(row(1, offload_device::none, offload_device::none), o, r)),
+                  zero::usage_error);
+}
+
+TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits, and why faster ones do not") {
+  const auto o = seven_b();
+  const auto r = gpu_rates();
+  SUBCASE("the candidates are the rows the engine runs, sharded and in memory first") {
+    const auto plan = zt::make_plan(o, r, {.device_bytes = 1024 * gib, .host_bytes = 4096 * gib});
+    for (const auto& c : plan.ranked) {
+      CHECK(c.row.implemented);
+    }
+    CHECK(plan.ranked.size() == zt::plan_settings(o).size());
+    REQUIRE(plan.chosen == 0u);
+    // Stages 1-3 update 1/8 of the parameters each, at the same cost; stage 0 all of them.
+    CHECK(plan.ranked[0].row.stage == 1);
+    CHECK(plan.ranked[1].row.stage == 2);
+    CHECK(plan.ranked[2].row.stage == 3);
+    CHECK(plan.ranked[3].row.stage == 0);
+    CHECK(plan.ranked[3].row.offload_optimizer == offload_device::none);
+    // Then the CPU offloads; NVMe needs a budget (none given), so it does not fit.
+    CHECK(plan.ranked[4].row.offload_optimizer == offload_device::cpu);
+    CHECK(plan.ranked.back().row.offload_optimizer == offload_device::nvme);
+    CHECK(has(text_of(plan), "plan: stage 1, offload_optimizer none, offload_param none"));
+  }
+  SUBCASE("20 GiB per GPU: stage 3 in memory (13.62 GiB), stages 1 and 2 are over") {
+    const auto plan = zt::make_plan(o, r, {.device_bytes = 20 * gib, .host_bytes = 4096 * gib});
+    REQUIRE(plan.chosen == 2u);
+    CHECK(plan.ranked[2].row.stage == 3);
+    CHECK(plan.ranked[2].row.offload_optimizer == offload_device::none);
+    const std::string t = text_of(plan);
+    // Stage 2: 7e9 x 2 + 875e6 x (2 + 12) + one bucket of 5e8 x 2 = 27.25e9 bytes.
+    CHECK(has(t, "stage 2, offload_optimizer none, offload_param none: 17.500 ms; 25.38 GiB, 0 B, 0 B; does "
+                 "not fit: GPU needs 25.38 GiB, 5.38 GiB over its 20.00 GiB"));
+    CHECK(has(t, "  * stage 3, offload_optimizer none, offload_param none: 17.500 ms;"));
+    CHECK(has(t, "plan: stage 3, offload_optimizer none, offload_param none"));
+  }
+  SUBCASE("8 GiB per GPU: the optimizer on the CPU at stage 3, before the parameters too") {
+    const auto plan = zt::make_plan(o, r, {.device_bytes = 8 * gib, .host_bytes = 4096 * gib});
+    REQUIRE(plan.chosen);
+    const auto& c = plan.ranked[*plan.chosen];
+    CHECK(c.row.stage == 3);
+    CHECK(c.row.offload_optimizer == offload_device::cpu);
+    CHECK(c.row.offload_param == offload_device::none);
+    for (std::size_t i = 0; i < *plan.chosen; ++i) {
+      CHECK_FALSE(plan.ranked[i].fits());
+    }
+  }
+  SUBCASE("2 GiB per GPU and 90 GiB of host: the parameters go to the host, the optimizer state to NVMe") {
+    const auto plan = zt::make_plan(o, r, {.device_bytes = 2 * gib, .host_bytes = 90 * gib, .nvme_bytes = 1024 * gib});
+    REQUIRE(plan.chosen);
+    const auto& c = plan.ranked[*plan.chosen];
+    CHECK(c.row.stage == 3);
+    CHECK(c.row.offload_optimizer == offload_device::nvme);
+    CHECK(c.row.offload_param == offload_device::cpu);
+    // Both offloaded to the CPU needs 104.31 GiB of host memory per node; the optimizer alone on NVMe
+    // leaves 2.46 GiB per GPU.
+    CHECK(has(text_of(plan), "stage 3, offload_optimizer cpu, offload_param cpu: "));
+    CHECK(has(text_of(plan), "host needs 104.31 GiB, 14.31 GiB over its 90.00 GiB"));
+    CHECK(has(text_of(plan), "GPU needs 2.46 GiB, 466.30 MiB over its 2.00 GiB"));
+  }
+  SUBCASE("512 MiB per GPU: nothing fits (both offloaded to the CPU keep 845 MiB there)") {
+    const auto plan =
+        zt::make_plan(o, r, {.device_bytes = gib / 2, .host_bytes = 4096 * gib, .nvme_bytes = 4096 * gib});
+    CHECK_FALSE(plan.chosen);
+    CHECK(has(text_of(plan), "plan: nothing fits the budgets"));
+  }
+  CHECK_THROWS_AS(static_cast<void>(zt::make_plan(o, r, {.device_bytes = -1})), zero::usage_error);
+}
+
+TEST_CASE("the plan's config block is a DeepSpeed config the reader takes, with the chosen setting") {
+  auto o = seven_b();
+  o.allgather_bucket_size = 200'000'000;
+  for (const auto& row : zt::plan_settings(o)) {
+    CAPTURE(zt::setting_name(row));
+    const auto block = zt::plan_config_block(row, o, "/mnt/nvme");
+    const auto& z = block.at("zero_optimization");
+    CHECK(z.at("stage") == row.stage);
+    CHECK(z.at("offload_optimizer").at("device") == std::string(zero::name_of(row.offload_optimizer)));
+    CHECK(z.at("offload_param").at("device") == std::string(zero::name_of(row.offload_param)));
+    CHECK(z.at("reduce_bucket_size") == 500'000'000);
+    CHECK(block.at("bf16").at("enabled") == true);
+    auto full = nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}})");
+    full.merge_patch(block);
+    const auto c = zero::config::from_json(full, {.world_size = 8});
+    CHECK(c.stage() == row.stage);
+    CHECK(c.zero_optimization.offload_optimizer.device == row.offload_optimizer);
+    CHECK(c.zero_optimization.offload_param.device == row.offload_param);
+    CHECK(c.param_dtype() == zero::dtype::bf16);
+    if (row.stage == 1 || row.stage == 2) {
+      CHECK(c.zero_optimization.allgather_bucket_size == 200'000'000);
+    }
+    if (row.offload_optimizer == offload_device::nvme) {
+      CHECK(c.zero_optimization.offload_optimizer.nvme_path == "/mnt/nvme");
+      CHECK(c.zero_optimization.offload_optimizer.buffer_count == 4);
+      CHECK_THROWS_AS(static_cast<void>(zt::plan_config_block(row, o, "")), zero::usage_error);
+    }
+  }
+}
+
+TEST_CASE("estimate_options_from takes the sizes of a config") {
+  const auto c = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true},
+      "aio": {"block_size": 4096, "queue_depth": 2}, "data_types": {"grad_accum_dtype": "fp32"},
+      "zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 3000,
+                            "stage3_prefetch_bucket_size": 700, "stage3_max_live_parameters": 9000,
+                            "offload_optimizer": {"device": "cpu", "buffer_count": 6}}})",
+                                           {.world_size = 2});
+  // Two modules: 15000 + 300 + 200 and 4000 + 80500 elements; below the default threshold (1e5) all of them.
+  const auto m = zt::summarize_modules({{15'000, 300, 200}, {4'000, 80'500}});
+  CHECK(m.params == 100'000);
+  CHECK(m.largest_layer_params == 84'500);
+  CHECK(m.largest_param == 80'500);
+  CHECK(m.modules == 2);
+  CHECK(m.params_below(1000) == 500);
+  CHECK_THROWS_AS(static_cast<void>(zt::summarize_modules({{10, 0}})), zero::usage_error);
+  const auto o = zt::estimate_options_from(c, m, 2, 3);
+  CHECK(o.params == 100'000);
+  CHECK(o.largest_layer_params == 84'500);
+  CHECK(o.largest_param_params == 80'500);
+  CHECK(o.persistent_params == 100'000);
+  CHECK(o.ranks() == 6);
+  CHECK(o.param_dtype == zero::dtype::f16);
+  CHECK(o.grad_dtype == zero::dtype::f32); // set by the config, unlike fp16's default
+  CHECK(o.reduce_bucket_size == 1000);
+  CHECK(o.allgather_bucket_size == 3000);
+  CHECK(o.stage3_prefetch_bucket_size == 700);
+  CHECK(o.stage3_max_live_parameters == 9000);
+  CHECK(o.offload_optimizer_buffer_count == 6);
+  CHECK(o.nvme_chunk_elements == 2048);
+  // Without data_types the stage's default applies at each stage (fp32 for bf16 at stage 0 only).
+  const auto d = zero::config::from_string(
+      R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
+  CHECK_FALSE(zt::estimate_options_from(d, zt::summarize_modules({{100}}), 1).grad_dtype);
+}
