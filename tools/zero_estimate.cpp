@@ -48,14 +48,6 @@ std::string pad(std::string s, std::size_t n) {
   return s;
 }
 
-/// Why this version's engine cannot run a row, or nothing for a row it runs. The optimizer runs
-/// offloaded to the CPU or to NVMe; only parameter offload is planned: to NVMe the reader refuses it,
-/// to the CPU the engine does.
-std::string planned_note(const zero::tools::estimate_row& r) {
-  // Every offload but parameters on NVMe runs.
-  return r.implemented ? "" : "  (planned: NVMe offload of parameters is not implemented in this version)";
-}
-
 /// The values of --plan's options, as given.
 struct plan_args {
   bool plan = false;
@@ -304,7 +296,7 @@ int main(int argc, char** argv) {
   for (const auto& r : rows) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
-              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node) << planned_note(r) << "\n";
+              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node) << "\n";
   }
   std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
                "16-bit training):\n"

@@ -477,11 +477,13 @@ void report_backends() {
   line("ZeRO stages", "0, 1, 2, 3");
   line("offload", "optimizer state to host memory or NVMe at stages 1-3 (offload_optimizer.device \"cpu\" or "
                   "\"nvme\"), or a share of it to host memory (offload_optimizer.ratio, or \"auto\" from measured "
-                  "rates), the parameter shard to host memory at stage 3 (offload_param.device \"cpu\"); "
-                  "parameters on NVMe planned (refused in this version)");
+                  "rates), the parameter shard to host memory or NVMe at stage 3 (offload_param.device \"cpu\" "
+                  "or \"nvme\")");
 }
 
 // ---- config ----------------------------------------------------------------------------------------
+
+void report_nvme_path(const char* block, const std::filesystem::path& dir, verdict& v);
 
 /// What NVMe offload of the optimizer state will do with `c` (docs/offload.md): where the state file
 /// goes, what the host keeps, and whether nvme_path is a folder here and takes O_DIRECT (which
@@ -506,10 +508,16 @@ void report_nvme(const zero::config& c, verdict& v) {
                              ", and the engine refuses NVMe offload with fewer than 2 chunk buffers (one updating, "
                              "one reading ahead); set 2 or more (DeepSpeed's default is 4)"));
   }
+  report_nvme_path("offload_optimizer", dir, v);
+}
+
+/// Whether `dir`, the nvme_path of the offload block `block`, is a folder here and takes O_DIRECT; a
+/// missing folder is a warning.
+void report_nvme_path(const char* block, const std::filesystem::path& dir, verdict& v) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
     std::cout << "    nvme_path " << dir.string() << ": not a folder here\n";
-    v.warnings.push_back(cat("zero_optimization.offload_optimizer.nvme_path ", dir.string(),
+    v.warnings.push_back(cat("zero_optimization.", block, ".nvme_path ", dir.string(),
                              " is not a folder on this machine: the engine creates its file there, not the folder; "
                              "create it on the NVMe drive before training"));
     return;
@@ -519,6 +527,33 @@ void report_nvme(const zero::config& c, verdict& v) {
             << (p.o_direct ? "" : " (zero::posix_storage, the default, works; zero::uring_storage needs O_DIRECT)")
             << "\n"
             << "    io_uring there: " << p.uring_detail << "\n";
+}
+
+/// What NVMe offload of the parameters will do with `c` (docs/offload.md): the file, what the host
+/// keeps, the folder; what the engine refuses (no buffer, fp32 parameters without optimizer offload)
+/// is a problem.
+void report_param_nvme(const zero::config& c, verdict& v) {
+  const auto& o = c.zero_optimization.offload_param;
+  const std::filesystem::path dir(o.nvme_path);
+  std::cout << "  offload: the parameter shard will live on NVMe, read into host buffers for each gather and "
+               "written behind after each step (zero_optimization.offload_param.device \"nvme\"; docs/offload.md)\n"
+            << "    parameter file per rank: " << (dir / "zero-params-<pid>-<n>-rank<r>.swap").string()
+            << ", two slots of the shard beyond max_in_cpu, mode 0600, removed when the engine is destroyed\n"
+            << "    host: the modules within the first " << o.max_in_cpu << " elements of the shard (max_in_cpu) and "
+            << o.buffer_count << " bounce buffers of a module's slice, at most " << o.buffer_size
+            << " elements (buffer_count, buffer_size)\n";
+  if (o.buffer_count < 1) {
+    v.problems.push_back(
+        "the config is valid but zero_optimization.offload_param.buffer_count is 0, and the engine "
+        "refuses NVMe offload of parameters without a buffer; set 1 or more (DeepSpeed's default is 5)");
+  }
+  if (c.param_dtype() == zero::dtype::f32 &&
+      c.zero_optimization.offload_optimizer.device == zero::offload_device::none) {
+    v.problems.push_back("the config is valid but the engine refuses offload_param.device \"nvme\" with fp32 "
+                         "parameters and no offload_optimizer: set offload_optimizer.device to \"cpu\" or \"nvme\", or "
+                         "train in bf16 or fp16");
+  }
+  report_nvme_path("offload_param", dir, v);
 }
 
 void report_config(const std::string& file, const zero::config_inputs& in, verdict& v) {
@@ -533,8 +568,8 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     for (const std::string& n : c.notes) {
       std::cout << "  note: " << n << "\n";
     }
-    // Optimizer offload to the CPU or NVMe and parameter offload to the CPU run (parameters on NVMe are
-    // refused by the reader): say where the state will live.
+    // Optimizer offload to the CPU or NVMe and parameter offload to the CPU or NVMe run: say where the
+    // state will live.
     const auto& z = c.zero_optimization;
     const auto& opt = z.offload_optimizer;
     if (opt.device == zero::offload_device::cpu && opt.ratio_auto) {
@@ -557,6 +592,8 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     if (z.offload_param.device == zero::offload_device::cpu) {
       std::cout << "  offload: the parameter shard will live in host memory and be uploaded before each gather"
                    " (zero_optimization.offload_param.device \"cpu\"; docs/offload.md)\n";
+    } else if (z.offload_param.device == zero::offload_device::nvme) {
+      report_param_nvme(c, v);
     }
   } catch (const zero::config_error& e) {
     std::cout << "  " << e.what() << "\n";

@@ -168,18 +168,29 @@ TEST_CASE("an offloaded optimizer saves and loads as an in-memory one, across st
 }
 
 TEST_CASE("offloaded parameters save and load as in memory, across world size, stage and offload") {
-  // The shard in host memory is read and written through the backend's copies as any store.
+  // The shard in host memory is read and written through the backend's copies as any store; on NVMe
+  // through an image of it in host memory (every module in the file: max_in_cpu 0).
+  const auto swap = zt::scratch("param-offload-swap");
   const std::string params = R"("offload_param": {"device": "cpu"})";
   const std::string both = R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})";
   const std::string optimizer = R"("offload_optimizer": {"device": "cpu"})";
+  const std::string on_nvme = R"("offload_param": {"device": "nvme", "max_in_cpu": 0, "nvme_path": ")" + swap.string() +
+                              R"("}, "offload_optimizer": {"device": "cpu"})";
+  const std::string all_nvme = R"("offload_param": {"device": "nvme", "max_in_cpu": 0, "nvme_path": ")" +
+                               swap.string() + R"("}, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                               swap.string() + R"("})";
   struct pair {
     int stage_a, world_a, stage_b, world_b;
     std::string extra_a, extra_b;
   };
   for (dtype type : {dtype::f32, dtype::bf16}) {
-    for (const pair& p : {pair{3, 2, 3, 2, params, params}, pair{3, 2, 3, 3, params, ""}, pair{3, 4, 3, 1, "", params},
-                          pair{3, 2, 2, 2, both, ""}, pair{1, 2, 3, 2, optimizer, both}, pair{3, 3, 3, 2, params, both},
-                          pair{3, 2, 1, 1, both, optimizer}, pair{3, 2, 0, 1, both, ""}}) {
+    for (const pair& p :
+         {pair{3, 2, 3, 2, params, params}, pair{3, 2, 3, 3, params, ""}, pair{3, 4, 3, 1, "", params},
+          pair{3, 2, 2, 2, both, ""}, pair{1, 2, 3, 2, optimizer, both}, pair{3, 3, 3, 2, params, both},
+          pair{3, 2, 1, 1, both, optimizer}, pair{3, 2, 0, 1, both, ""}, pair{3, 2, 3, 2, on_nvme, on_nvme},
+          pair{3, 2, 3, 3, all_nvme, ""}, pair{3, 4, 3, 1, "", on_nvme}, pair{3, 2, 3, 2, params, all_nvme},
+          pair{3, 3, 3, 2, on_nvme, params}, pair{1, 2, 3, 2, optimizer, all_nvme},
+          pair{3, 2, 2, 1, on_nvme, optimizer}}) {
       CAPTURE(zero::name_of(type));
       CAPTURE(p.stage_a);
       CAPTURE(p.world_a);
@@ -199,6 +210,7 @@ TEST_CASE("offloaded parameters save and load as in memory, across world size, s
       const auto got = zt::train_with_break(a, 2, b, zt::scratch("param-offload-reshard"));
       CHECK(got.params == want.params);
       CHECK(got.norms == want.norms);
+      CHECK(std::filesystem::is_empty(swap)); // each engine removed its files
     }
   }
 }

@@ -195,6 +195,18 @@ TEST_CASE("Hugging Face's documented ZeRO-3 config: hidden-size \"auto\" uses th
   check_round_trip(c);
 }
 
+TEST_CASE("Hugging Face's documented ZeRO-Infinity config: the optimizer state and the parameters on NVMe") {
+  const config c = config::from_file(data("hf_docs_zero3_nvme.json"), zero_test::hf_inputs());
+  const auto& z = c.zero_optimization;
+  CHECK(z.offload_optimizer.device == zero::offload_device::nvme);
+  CHECK(z.offload_param.device == zero::offload_device::nvme);
+  CHECK(z.offload_param.nvme_path == "/local_nvme");
+  CHECK(z.offload_param.buffer_count == 5);
+  CHECK(z.offload_param.buffer_size == 100'000'000);
+  CHECK(z.offload_param.max_in_cpu == 1'000'000'000);
+  CHECK(c.aio.block_size == 262144);
+}
+
 TEST_CASE("DeepSpeed's documented first example: the boolean zero_optimization and Adam's AdamW default") {
   const config c = config::from_file(data("ds_docs_basic.json"));
   CHECK(c.world_size == 1);

@@ -157,23 +157,13 @@ TEST_CASE("enumerated values suggest the nearest accepted one") {
 }
 
 TEST_CASE("settings that need a feature this version lacks say so, and what is accepted instead") {
-  SUBCASE("NVMe offload, Hugging Face's ZeRO-Infinity example") {
-    try {
-      static_cast<void>(config::from_file(zero_test::data("hf_docs_zero3_nvme.json"), zero_test::hf_inputs()));
-      FAIL("expected a config_error");
-    } catch (const zero::config_error& e) {
-      const std::string m = e.what();
-      // Optimizer state on NVMe is read; the example's parameters on NVMe are refused.
-      CHECK(has(m, "zero_optimization.offload_param.device: found \"nvme\"; this needs NVMe offload of parameters "
-                   "(ZeRO-Infinity), which is not implemented in this version (planned); accepted here: \"cpu\" "
-                   "or \"none\""));
-      CHECK_FALSE(has(m, "offload_optimizer.device"));
-      CHECK(has(m, "hf_docs_zero3_nvme.json"));
-    }
-  }
-  SUBCASE("NVMe parameters") {
+  SUBCASE("NVMe parameters without a folder, or before stage 3") {
     CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "NVME"}}})"),
-              "zero_optimization.offload_param.device: found \"NVME\"; this needs NVMe offload of parameters"));
+              "zero_optimization.offload_param.nvme_path: missing; device \"nvme\" keeps the parameter shard in a "
+              "file under this folder"));
+    CHECK(
+        has(error_of(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "nvme", "nvme_path": "/x"}}})"),
+            "zero_optimization.offload_param.device: found \"nvme\", but offload_param needs ZeRO stage 3"));
   }
   SUBCASE("HPU") {
     CHECK(has(error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "hpu"}}})"),

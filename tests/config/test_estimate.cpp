@@ -150,8 +150,7 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   CHECK(find(3, cpu, cpu).gpu_model_state_bytes == 0);
   CHECK(find(3, cpu, cpu).host_bytes_per_node == 8 * 875'000'000LL * 16);
   // The engine runs the optimizer offloaded to the CPU or NVMe at stages 1-3, and the parameters to the
-  // CPU at stage 3 (tests/config/test_estimate_engine.cpp checks those rows against it); parameters on
-  // NVMe are planned.
+  // CPU or NVMe at stage 3 (tests/config/test_estimate_engine.cpp checks those rows against it).
   CHECK(find(2, none, none).implemented);
   CHECK(find(3, none, none).implemented);
   CHECK(find(1, cpu, none).implemented);
@@ -160,9 +159,27 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   CHECK(find(3, cpu, cpu).implemented);
   CHECK(find(2, offload_device::nvme, none).implemented);
   CHECK(find(3, offload_device::nvme, none).implemented);
-  CHECK_FALSE(find(3, offload_device::nvme, offload_device::nvme).implemented);
+  CHECK(find(3, offload_device::nvme, offload_device::nvme).implemented);
+  CHECK(find(3, cpu, offload_device::nvme).implemented);
   // Two slots of the state: a step reads one and writes the other.
   CHECK(find(3, offload_device::nvme, none).nvme_bytes_per_node == 2 * 8 * 875'000'000LL * 12);
+  // stage 3 + CPU optimizer and parameters on NVMe: with the default max_in_cpu (1e9 >= Ψ / N) the shard
+  // stays in host memory beside the optimizer's (12 + 2 + 2) Ψ / N, and no file or buffer is needed; with
+  // max_in_cpu 0 the NVMe holds two slots of it, 2 x 2 Ψ / N per rank, and the host 5 bounce buffers of
+  // a layer's slice, L / N = 16384000 elements, instead
+  CHECK(find(3, cpu, offload_device::nvme).nvme_bytes_per_node == 0);
+  CHECK(find(3, cpu, offload_device::nvme).host_bytes_per_node == 8 * 18 * 875'000'000LL);
+  {
+    zt::estimate_options all_on_nvme = o;
+    all_on_nvme.offload_param_max_in_cpu = 0;
+    for (const auto& r : zt::estimate_memory(all_on_nvme)) {
+      if (r.stage == 3 && r.offload_optimizer == cpu && r.offload_param == offload_device::nvme) {
+        CHECK(r.nvme_bytes_per_node == 8 * 2 * 2 * 875'000'000LL);
+        CHECK(r.host_bytes_per_node == 8 * (16 * 875'000'000LL + 5 * 16'384'000LL * 2));
+        CHECK(r.gpu_model_state_bytes == 0); // the gradients stream to the host, the shard is on NVMe
+      }
+    }
+  }
 
   SUBCASE("fp32 parameters are their own master copy") {
     o.param_dtype = zero::dtype::f32;

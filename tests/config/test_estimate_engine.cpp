@@ -24,9 +24,9 @@ constexpr std::int64_t largest_layer = 250'500;
 
 /// One step of 8 layers of 500 x 500 + 500 (psi = 2,004,000) on `world` ranks; rank 0's memory report.
 /// `precision` is e.g. `"bf16": {"enabled": true},` (empty: fp32); `offload`: the offload_optimizer block's
-/// keys (empty: none); `offload_params`: offload_param cpu too (stage 3).
+/// keys (empty: none); `offload_param`: the offload_param block's keys (stage 3; empty: none).
 zero::memory_report measure(int stage, int world, const std::string& precision, const std::string& offload = "",
-                            bool offload_params = false) {
+                            const std::string& offload_param = "") {
   std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
   zero::run_ranks(world, [&](zero::thread_communicator& comm) {
     zero::config_inputs inputs;
@@ -35,7 +35,7 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
         R"({"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 4096, "queue_depth": 1}, )" + precision +
             R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": )" +
             std::to_string(stage) + (offload.empty() ? "" : R"(, "offload_optimizer": {)" + offload + "}") +
-            (offload_params ? R"(, "offload_param": {"device": "cpu"})" : "") +
+            (offload_param.empty() ? "" : R"(, "offload_param": {)" + offload_param + "}") +
             R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
         inputs);
     zero::cpu_backend backend({.threads = 1});
@@ -63,11 +63,15 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
 }
 
 /// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, parameter
-/// offload `par`; gradients in the config's default dtype (fp32 for bf16 at stage 0).
+/// offload `par` (on NVMe: `max_in_cpu` elements in host memory, `param_buffers` bounce buffers); gradients in the
+/// config's default dtype (fp32 for bf16 at stage 0).
 zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
-                                   zero::offload_device par = zero::offload_device::none, double ratio = 1.0) {
+                                   zero::offload_device par = zero::offload_device::none, double ratio = 1.0,
+                                   std::int64_t max_in_cpu = 1'000'000'000, std::int64_t param_buffers = 5) {
   zero::tools::estimate_options o;
   o.offload_ratio = ratio;
+  o.offload_param_max_in_cpu = max_in_cpu;
+  o.offload_param_buffer_count = param_buffers;
   o.params = model_params;
   o.largest_layer_params = largest_layer;
   o.gpus_per_node = world;
@@ -172,7 +176,7 @@ TEST_CASE("zero-estimate's stage 3 offload_param=cpu row is within 2% of what th
   // staged gradient and parameter shards and the parameter shard the gathers upload from.
   for (int world : {1, 2, 4}) {
     CAPTURE(world);
-    const auto m = measure(3, world, R"("bf16": {"enabled": true},)", R"("device": "cpu")", true);
+    const auto m = measure(3, world, R"("bf16": {"enabled": true},)", R"("device": "cpu")", R"("device": "cpu")");
     const auto row = estimate(3, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::cpu);
     CAPTURE(row.gpu_model_state_bytes);
     CAPTURE(m.model_state_peak);
@@ -208,10 +212,50 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with a ratio below 1 are w
       }
     }
     CAPTURE(ratio);
-    const auto m =
-        measure(3, 2, R"("bf16": {"enabled": true},)", R"("device": "cpu", "ratio": )" + std::to_string(ratio), true);
+    const auto m = measure(3, 2, R"("bf16": {"enabled": true},)",
+                           R"("device": "cpu", "ratio": )" + std::to_string(ratio), R"("device": "cpu")");
     const auto row = estimate(3, 2, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::cpu, ratio);
     CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
     CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
   }
+}
+
+TEST_CASE("zero-estimate's stage 3 offload_param=nvme rows are within 2% of the engine's device, host and file bytes") {
+  // The shard in a file (max_in_cpu 0) or all of it in host memory (the default, 1e9), two bounce
+  // buffers of a layer's slice; the optimizer in host memory or on NVMe. Host bytes are those held
+  // after the step: init_params held an image of the whole shard for a while (docs/offload.md).
+  const auto dir = std::filesystem::temp_directory_path() / ("zero-estimate-param-nvme-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const auto opt : {zero::offload_device::cpu, zero::offload_device::nvme}) {
+    for (const std::int64_t max_in_cpu : {std::int64_t{0}, std::int64_t{1'000'000'000}}) {
+      for (int world : {1, 2, 4}) {
+        CAPTURE(zero::name_of(opt));
+        CAPTURE(max_in_cpu);
+        CAPTURE(world);
+        const std::string folder = R"(, "nvme_path": ")" + dir.string() + R"(")";
+        const auto m =
+            measure(3, world, R"("bf16": {"enabled": true},)",
+                    R"("device": ")" + std::string(zero::name_of(opt)) + R"(")" + folder,
+                    R"("device": "nvme", "buffer_count": 2, "max_in_cpu": )" + std::to_string(max_in_cpu) + folder);
+        const auto row = estimate(3, world, zero::dtype::bf16, opt, zero::offload_device::nvme, 1.0, max_in_cpu, 2);
+        const std::size_t host = m.host_params + m.host_grads + m.host_optimizer + m.host_buffers;
+        CAPTURE(row.host_bytes_per_rank);
+        CAPTURE(host);
+        CAPTURE(row.nvme_bytes_per_node);
+        CAPTURE(m.nvme);
+        CHECK(row.implemented);
+        CHECK(m.params_peak == 0);
+        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+        CHECK(relative(row.host_bytes_per_rank, host) <= 0.02);
+        if (max_in_cpu == 0 || opt == zero::offload_device::nvme) {
+          CHECK(relative(row.nvme_bytes_per_node / world, m.nvme) <= 0.02);
+        } else {
+          CHECK(row.nvme_bytes_per_node == 0); // the whole shard in host memory: no file, no buffers
+          CHECK(m.nvme == 0);
+          CHECK(m.host_buffers == 0);
+        }
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <doctest/doctest.h>
+#include <filesystem>
 #include <string>
+#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -153,5 +155,40 @@ TEST_SUITE("engine") {
         }
       }
     }
+  }
+
+  TEST_CASE("offload_param nvme on GPUs gives the bits of the in-memory GPU engine") {
+    // The shard in a file (every module in it, max_in_cpu 0): gathers read a slice into a pinned bounce
+    // buffer and upload it; without offload_optimizer (16-bit) the device's AdamW writes the new values
+    // into a bounce buffer through its mapping, which is written behind after the update's event; with
+    // it the host's AdamW copies them there. fp32 without offload_optimizer is refused.
+    const auto dir = std::filesystem::temp_directory_path() / ("zero-gpu-param-nvme-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const std::string file =
+        R"("offload_param": {"device": "nvme", "max_in_cpu": 0, "buffer_count": 2, "nvme_path": ")" + dir.string() +
+        R"("})";
+    for (int world : zero::test::gpu_worlds()) {
+      for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
+        for (auto [accumulation, clip] : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+          zero::testing::run_spec s{
+              .stage = 3, .world = world, .type = type, .accumulation = accumulation, .clip = clip};
+          CAPTURE(world);
+          CAPTURE(zero::name_of(type));
+          CAPTURE(accumulation);
+          const auto in_memory = zero::test::train_on_gpus(s);
+          for (const std::string& extra : {file, file + R"(, "offload_optimizer": {"device": "cpu"})"}) {
+            if (type == zero::dtype::f32 && extra == file) {
+              continue;
+            }
+            CAPTURE(extra);
+            s.zero_extra = extra;
+            const bool with_optimizer = extra != file;
+            check_offloaded(zero::test::train_on_gpus(s), in_memory, accumulation > 1 && with_optimizer);
+          }
+        }
+      }
+    }
+    CHECK(std::filesystem::is_empty(dir));
+    std::filesystem::remove_all(dir);
   }
 } // TEST_SUITE("engine")

@@ -2,9 +2,7 @@
 // storage policy, the same bits as in memory, and a write that fails mid-step leaves every rank at
 // the previous step, from which training goes on.
 
-#include "engine_harness.hpp"
-#include "zero/storage/failing_storage.hpp"
-#include "zero/storage/posix_storage.hpp"
+#include "nvme_harness.hpp"
 
 #include <cerrno>
 #include <cstdint>
@@ -15,26 +13,12 @@
 
 namespace fs = std::filesystem;
 using zero::dtype;
+using zero::testing::failing_engine;
 using zero::testing::run_spec;
+using zero::testing::scratch_dir;
 using zero::testing::train_with_engine;
 
 namespace {
-
-/// A fresh folder for state files, removed with the object.
-struct scratch_dir {
-  fs::path path;
-  explicit scratch_dir(const std::string& name)
-      : path(fs::temp_directory_path() / ("zero-nvme-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  scratch_dir(const scratch_dir&) = delete;
-  scratch_dir& operator=(const scratch_dir&) = delete;
-};
 
 std::string nvme_config(const fs::path& dir, int buffer_count = 2) {
   return R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.string() + R"(", "buffer_count": )" +
@@ -48,7 +32,7 @@ constexpr const char* small_chunks = R"("aio": {"block_size": 256, "queue_depth"
 } // namespace
 
 TEST_CASE("offload_optimizer nvme trains to the bits of the in-memory optimizer at stages 1-3") {
-  scratch_dir dir("bits");
+  scratch_dir dir("nvme-bits");
   struct shape {
     int accumulation;
     double clip;
@@ -78,7 +62,7 @@ TEST_CASE("offload_optimizer nvme trains to the bits of the in-memory optimizer 
 }
 
 TEST_CASE("at stage 3 the optimizer on NVMe and the parameter shard in host memory give the in-memory bits") {
-  scratch_dir dir("params");
+  scratch_dir dir("nvme-params");
   for (int world : {1, 2, 3}) {
     for (dtype type : {dtype::f32, dtype::bf16}) {
       CAPTURE(world);
@@ -95,7 +79,7 @@ TEST_CASE("at stage 3 the optimizer on NVMe and the parameter shard in host memo
 }
 
 TEST_CASE("an fp16 overflow skips the NVMe-offloaded step on every rank, as in memory") {
-  scratch_dir dir("overflow");
+  scratch_dir dir("nvme-overflow");
   run_spec s{.stage = 2, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
   const auto want = train_with_engine(s);
   s.zero_extra = nvme_config(dir.path);
@@ -107,7 +91,7 @@ TEST_CASE("an fp16 overflow skips the NVMe-offloaded step on every rank, as in m
 }
 
 TEST_CASE("the state file is 0600, two slots of the rank's state; the host keeps shards and chunk buffers") {
-  scratch_dir dir("memory");
+  scratch_dir dir("nvme-memory");
   run_spec s{
       .stage = 2, .world = 2, .type = dtype::bf16, .zero_extra = nvme_config(dir.path), .top_extra = small_chunks};
   zero::testing::with_engine_group<zero::cpu_backend>(
@@ -135,39 +119,9 @@ TEST_CASE("the state file is 0600, two slots of the rank's state; the host keeps
       });
 }
 
-namespace {
-
-using failing = zero::failing_storage<zero::posix_storage>;
-using failing_engine = zero::basic_engine<zero::cpu_backend, zero::thread_communicator, zero::host_allocator, failing>;
-
-/// What a rank's engine holds: its parameter store and its state, on the host, compared bit for bit.
-struct held_state {
-  std::vector<std::byte> params;
-  std::vector<std::uint32_t> master, m, v;
-  bool operator==(const held_state&) const = default;
-};
-
-held_state hold(failing_engine& eng) {
-  held_state h;
-  const auto st = eng.stores();
-  const std::size_t bytes = st.param_elements * zero::size_of(eng.layout().type());
-  h.params.assign(st.params, st.params + bytes);
-  auto& opt = eng.optimizer();
-  std::vector<float> values(opt.state_size());
-  for (auto [t, out] : {std::pair{zero::state_tensor::master, &h.master}, std::pair{zero::state_tensor::exp_avg, &h.m},
-                        std::pair{zero::state_tensor::exp_avg_sq, &h.v}}) {
-    opt.read_state(t, 0, values);
-    out->resize(values.size());
-    std::memcpy(out->data(), values.data(), values.size() * sizeof(float));
-  }
-  return h;
-}
-
-} // namespace
-
 TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and bytes, every rank at the "
           "previous step, and training goes on") {
-  scratch_dir dir("faults");
+  scratch_dir dir("nvme-faults");
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     run_spec s{.stage = stage,
@@ -185,56 +139,23 @@ TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and by
     got.applied_by_rank.resize(2);
     std::size_t failures = 0;
     std::size_t writes_per_step = 0;
-    zero::run_ranks(2, [&](zero::thread_communicator& comm) {
-      zero::config_inputs in;
-      in.world_size = 2;
-      zero::cpu_backend backend({.threads = 1});
-      failing_engine eng(zero::config::from_string(zero::testing::config_json(s), in), comm, backend);
-      const auto mh = zero::testing::register_model(eng);
-      eng.finalize();
-      zero::testing::init_model(eng);
-      zero::testing::train_steps(eng, mh, comm, s, 0, 2, got);
-      const std::size_t before = eng.storage().writes();
-      zero::testing::train_steps(eng, mh, comm, s, 2, 3, got);
-      const std::size_t w = eng.storage().writes() - before; // the same in every step
-      const std::string file = eng.optimizer().nvme()->path().string();
-      // Steps 3 (ENOSPC) and 4 (EIO): write n of rank 0 fails, for every n; then the step succeeds.
-      for (auto [err, t] : {std::pair{ENOSPC, 3}, std::pair{EIO, 4}}) {
-        for (std::size_t n = 0; n < w; ++n) {
-          CAPTURE(n);
-          const held_state before_step = hold(eng);
+    zero::testing::with_failing_engines(
+        s, [&](failing_engine& eng, const zero::testing::model_handles& mh, zero::thread_communicator& comm) {
+          zero::testing::train_steps(eng, mh, comm, s, 0, 2, got);
+          const std::size_t before = eng.storage().writes();
+          zero::testing::train_steps(eng, mh, comm, s, 2, 3, got);
+          const std::size_t w = eng.storage().writes() - before; // the same in every step
+          const std::string file = eng.optimizer().nvme()->path().string();
+          // Steps 3 (ENOSPC) and 4 (EIO): write n of rank 0 fails, for every n; then the step succeeds.
+          for (auto [err, t] : {std::pair{ENOSPC, 3}, std::pair{EIO, 4}}) {
+            zero::testing::fail_each_write(eng, mh, comm, s, t, w, err, {file}, "could not write", failures);
+            zero::testing::train_steps(eng, mh, comm, s, t, t + 1, got);
+          }
           if (comm.rank() == 0) {
-            eng.storage().fail_write(n, err);
+            writes_per_step = w;
           }
-          zero::testing::run_result r;
-          r.applied_by_rank.resize(2);
-          try {
-            zero::testing::train_steps(eng, mh, comm, s, t, t + 1, r);
-            FAIL("the step did not fail");
-          } catch (const zero::io_error& e) {
-            const std::string what = e.what();
-            if (comm.rank() == 0) {
-              CHECK(what.find(file) != std::string::npos);
-              CHECK(what.find(" bytes at offset ") != std::string::npos);
-              CHECK(what.find(err == ENOSPC ? "(ENOSPC)" : "(EIO)") != std::string::npos);
-              CHECK(e.status() == err);
-              ++failures;
-            } else {
-              CHECK(e.echo());
-              CHECK(what.find("another rank could not write") != std::string::npos);
-            }
-            CHECK(what.find("the optimizer step was not applied") != std::string::npos);
-          }
-          CAPTURE(comm.rank());
-          CHECK(hold(eng) == before_step); // every rank is back at the previous step, bit for bit
-        }
-        zero::testing::train_steps(eng, mh, comm, s, t, t + 1, got);
-      }
-      if (comm.rank() == 0) {
-        writes_per_step = w;
-      }
-      zero::testing::collect_params(eng, mh, comm, got);
-    });
+          zero::testing::collect_params(eng, mh, comm, got);
+        });
     CHECK(writes_per_step >= 3); // master, m and v of at least one chunk
     CHECK(failures == 2 * writes_per_step);
     // The failed attempts changed nothing: the run equals the one that never failed.
@@ -243,7 +164,7 @@ TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and by
 }
 
 TEST_CASE("an nvme_path that does not exist, one chunk buffer, or no nvme_path: errors that name the key or path") {
-  scratch_dir dir("bad");
+  scratch_dir dir("nvme-bad");
   const auto missing = dir.path / "not-there";
   zero::run_ranks(1, [&](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});

@@ -256,6 +256,15 @@ TEST_CASE("the engine refuses bad update rates, rates after finalize, and ratios
                          doctest::Contains("ratio: 0.500000 with device \"nvme\"; a ratio below 1 needs device "
                                            "\"cpu\""),
                          zero::config_error);
+    // A partial offload writes the parameters through the shard in memory: not with the shard in a file.
+    cfg.zero_optimization.offload_optimizer.device = zero::offload_device::cpu;
+    cfg.zero_optimization.stage = 3;
+    cfg.zero_optimization.offload_param.device = zero::offload_device::nvme;
+    cfg.zero_optimization.offload_param.nvme_path = "/tmp";
+    CHECK_THROWS_WITH_AS(ratio_engine(cfg, comm, backend),
+                         doctest::Contains("ratio: 0.500000 with offload_param \"nvme\"; a partial offload needs the "
+                                           "parameter shard in memory"),
+                         zero::config_error);
   });
 }
 

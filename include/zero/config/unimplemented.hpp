@@ -34,8 +34,6 @@ struct unimplemented_feature {
 /// `bf16`) are looked up under `bf16`.
 inline constexpr unimplemented_feature unimplemented_features[] = {
     // ---- offload targets -------------------------------------------------------------------
-    {"zero_optimization.offload_param.device", unimplemented_when::equals, R"("nvme")",
-     "NVMe offload of parameters (ZeRO-Infinity)", "planned", R"("cpu" or "none")"},
     {"zero_optimization.offload_optimizer.device", unimplemented_when::equals, R"("hpu")",
      "offload to Intel Gaudi (HPU) memory", "not planned", R"("cpu" or "none")"},
     {"zero_optimization.offload_param.device", unimplemented_when::equals, R"("hpu")",

@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -55,6 +56,7 @@ class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_, base::frozen_,
       base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_,
       base::scheduler_, base::stream_;
+  using base::param_file;
   using typename base::stream_type;
 
 public:
@@ -202,6 +204,7 @@ public:
       reducer_->finish(cfg_.zero_optimization.ignore_unused_parameters);
       gradients_landed();
     }
+    check_reads();
     ++counters_.micro_step;
     bool applied = false;
     if (r.boundary) {
@@ -238,6 +241,9 @@ public:
     }
     r.next_loss_scale = scaler_.scale();
     begin_micro_step();
+    if (applied_error_) {
+      std::rethrow_exception(std::exchange(applied_error_, nullptr));
+    }
     return r;
   }
 
@@ -273,6 +279,8 @@ public:
 private:
   friend scope;
   bool init_master_exact_ = false;
+  /// An io_error of a step that was applied anyway, thrown when `step()` has ended (see agree_on_writes).
+  std::exception_ptr applied_error_;
   static constexpr int scope_module = 0, scope_all = 1, scope_eval = 2;
 
   void end_scope(int kind, int arg) {
@@ -321,27 +329,88 @@ private:
     } else {
       optimizer_.step(args, group_lr, reduced());
     }
-    if (optimizer_.nvme() != nullptr) {
+    if (optimizer_.nvme() != nullptr || param_file() != nullptr) {
       agree_on_writes();
     }
     scheduler_.step();
     ++counters_.applied_steps;
   }
 
-  /// NVMe: waits for the step's writes and agrees with the other ranks; the step counts only where
-  /// every rank wrote its state. Otherwise every rank gives the device its previous parameters again,
-  /// makes them whole, and throws io_error (this rank's own, or one that names the cause elsewhere).
+  /// NVMe: waits for the step's writes (optimizer state, parameters) and agrees with the other
+  /// ranks; the step counts only where every rank wrote everything. Otherwise, with the optimizer
+  /// state on NVMe, every rank gives the device its previous parameters again, makes them whole, and
+  /// throws io_error (this rank's own, or one that names the cause elsewhere). With the optimizer state
+  /// in memory, which the step has already moved on, the step stays: the parameters that could not be
+  /// written stay in host memory (`detail::param_file`), and `step()` throws once it has ended.
   void agree_on_writes() {
-    const std::exception_ptr mine = optimizer_.finish_step();
+    auto* file = param_file();
+    std::exception_ptr mine = optimizer_.finish_step();
+    if (file != nullptr) {
+      if (auto e = file->finish_step(); e && !mine) {
+        mine = e;
+      }
+    }
     if (!any_rank(mine != nullptr)) {
       optimizer_.commit();
+      if (file != nullptr) {
+        file->commit();
+      }
+      return;
+    }
+    if (optimizer_.nvme() == nullptr) {
+      if (file != nullptr) { // always: with the optimizer in memory only the parameter file writes
+        file->commit();
+      }
+      try {
+        throw_agreed(mine, "could not write its parameters to NVMe",
+                     "; the optimizer step was applied (its state is in memory and has moved on): the parameters "
+                     "that could not be written stay in host memory until a later step writes them");
+      } catch (const io_error&) {
+        applied_error_ = std::current_exception();
+      }
       return;
     }
     finish_gathers(); // every all-gather of the failed step has landed and the update stream joined
     optimizer_.rollback(stream_);
+    if (file != nullptr) {
+      file->rollback();
+    }
     residency_([](auto& r) { r.refresh(); });
-    const std::string kept = "; the optimizer step was not applied: parameters, optimizer state and its file are "
-                             "the previous step's on every rank";
+    throw_agreed(mine,
+                 file != nullptr ? "could not write its optimizer state or parameters to NVMe"
+                                 : "could not write its optimizer state to NVMe",
+                 "; the optimizer step was not applied: parameters, optimizer state and its file are the previous "
+                 "step's on every rank");
+  }
+
+  /// Parameters on NVMe: when a gather's read failed on any rank since the last `step()` (the rank
+  /// uploaded zeros instead and went on, so every rank made the same collectives), every rank drops
+  /// this accumulation: its gradients are zeroed and the next micro-step starts it again. A read of
+  /// the persistent parameters after a step is reported at the next `step()`, which drops that one.
+  void check_reads() {
+    auto* file = param_file();
+    if (file == nullptr) {
+      return;
+    }
+    const std::exception_ptr mine = file->take_read_error();
+    if (!any_rank(mine != nullptr)) {
+      return;
+    }
+    counters_.micro_step -= counters_.micro_step % cfg_.gradient_accumulation_steps;
+    residency_([](auto& p) {
+      p.end_step(false);
+      p.refresh(); // the persistent parameters are read again (a failed read may have been theirs)
+    });
+    this->zero_gradients(nullptr); // the device's, or the host's copy when they stream there
+    begin_micro_step();
+    throw_agreed(mine, "could not read its parameters from NVMe",
+                 "; the micro-batches of this accumulation were dropped (their gradients are zeroed): run them "
+                 "again");
+  }
+
+  /// Throws `mine` (an io_error) with `kept` appended, or on a rank without an error of its own an echo
+  /// saying another rank `what`.
+  [[noreturn]] static void throw_agreed(const std::exception_ptr& mine, const char* what, const char* kept) {
     if (mine) {
       try {
         std::rethrow_exception(mine);
@@ -349,7 +418,7 @@ private:
         throw io_error(std::string(e.what()).substr(std::string("[zero.io_error] ").size()) + kept, e.status());
       }
     }
-    throw as_echo(io_error("another rank could not write its optimizer state to NVMe" + kept));
+    throw as_echo(io_error(std::string("another rank ") + what + kept));
   }
 
   /// Ends an accumulation: zeroes the gradients (behind the update, on its stream, when it overlaps).

@@ -137,24 +137,30 @@ public:
       frozen_ =
           buffer<std::byte, counting>(state_alloc_, reg_.frozen_layout().total_size() * esize, memory_tag::params);
     }
-    residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
-                    log_.sink_for(comm_.rank()));
-    std::byte* store = residency_([](auto& r) { return r.store(); });
-    const bool sharded = residency_([](auto& r) { return r.sharded_store; });
-    const adamw_placement place{.rank = comm_.rank(),
-                                .partitioned = stage >= 1,
-                                .grad_type = cfg_.grad_accum_dtype,
-                                .params = store,
-                                .params_sharded = sharded,
-                                .params_on_host = stage == 3 && z.offload_param.device == offload_device::cpu};
-    const unsigned threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads();
-    if (z.offload_optimizer.device == offload_device::nvme) {
-      const auto options = storage_options_from(cfg_.aio);
+    const auto options = storage_options_from(cfg_.aio);
+    const bool on_nvme = z.offload_optimizer.device == offload_device::nvme;
+    if (on_nvme || (stage == 3 && z.offload_param.device == offload_device::nvme)) {
       if constexpr (std::constructible_from<Storage, storage_options>) {
         storage_.emplace(options);
       } else {
         storage_.emplace();
       }
+      agree_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
+    }
+    residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
+                    log_.sink_for(comm_.rank()), storage_ ? &*storage_ : nullptr);
+    adamw_placement place{.rank = comm_.rank(),
+                          .partitioned = stage >= 1,
+                          .grad_type = cfg_.grad_accum_dtype,
+                          .params_sharded = residency_([](auto& r) { return r.sharded_store; }),
+                          .params_on_host = stage == 3 && z.offload_param.device == offload_device::cpu};
+    if (auto* f = param_file()) {
+      place.params_in_file = [f](param_use use, std::size_t k) { return f->params_for(use, k); };
+    } else {
+      place.params = residency_([](auto& r) { return r.store(); });
+    }
+    const unsigned threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads();
+    if (on_nvme) {
       optimizer_.make_on_nvme(layout, place, reg_.group_of(), reg_.groups(), backend_,
                               typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type{}, stream_,
                               *storage_, comm_.rank(),
@@ -162,7 +168,6 @@ public:
                                            .chunk_elements = options.block_size / sizeof(float) * options.queue_depth,
                                            .buffer_count = static_cast<std::size_t>(z.offload_optimizer.buffer_count),
                                            .threads = threads});
-      agree_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
     } else if (z.offload_optimizer.device == offload_device::cpu) {
       make_cpu_offload(layout, place, threads);
     } else {
@@ -206,7 +211,7 @@ public:
   }
 
   /// Stage 3's gathering counters (null at stages 0-2).
-  [[nodiscard]] const engine_coordinator<Backend, Comm, Allocator>*
+  [[nodiscard]] const engine_coordinator<Backend, Comm, Allocator, Storage>*
   coordinator() const noexcept requires can_all_gather<Comm> {
     return residency_.coordinator();
   }
@@ -240,8 +245,13 @@ public:
       add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes(), streamed_);
     }
     if constexpr (can_all_gather<Comm>) {
-      if (const auto* c = residency_.coordinator(); c != nullptr && c->host_memory() != nullptr) {
-        add_host_params(m, *c->host_memory(), optimizer_.host() != nullptr ? 1.0 : optimizer_.partial() != nullptr ? m.offload_ratio : 0.0);
+      if (const auto* c = residency_.coordinator(); c != nullptr && c->file() != nullptr) {
+        add_nvme_params(m, c->file()->host_memory(), c->file()->file_bytes(), c->file()->resident_elements());
+      } else if (c != nullptr && c->host_memory() != nullptr) {
+        add_host_params(m, *c->host_memory(),
+                        optimizer_.host() != nullptr      ? 1.0
+                        : optimizer_.partial() != nullptr ? m.offload_ratio
+                                                          : 0.0);
       }
     }
     return m;
@@ -262,12 +272,12 @@ public:
     finish_gathers(); // the state is read or written on the engine's stream, after the last update
     return optimizer_;
   }
-  /// The storage of NVMe offload (made at `finalize` when `offload_optimizer.device` is nvme).
-  /// \throws usage_error without NVMe offload.
+  /// The storage of NVMe offload (made at `finalize` when `offload_optimizer.device` or, at stage 3,
+  /// `offload_param.device` is nvme). \throws usage_error without NVMe offload.
   [[nodiscard]] Storage& storage() {
     if (!storage_) {
-      throw usage_error("storage(): this engine offloads nothing to NVMe (offload_optimizer.device is not \"nvme\", "
-                        "or finalize() was not called)");
+      throw usage_error("storage(): this engine offloads nothing to NVMe (neither offload_optimizer.device nor "
+                        "offload_param.device is \"nvme\", or finalize() was not called)");
     }
     return *storage_;
   }
@@ -364,6 +374,17 @@ protected:
     }
   }
 
+  /// Stage 3's parameter shard in a file (offload_param nvme), after the uploads out of it; or null.
+  [[nodiscard]] auto* param_file() {
+    if constexpr (can_all_gather<Comm>) {
+      auto* c = residency_.coordinator();
+      return c != nullptr ? c->file() : nullptr;
+    } else {
+      return static_cast<detail::param_file<Backend, counting_allocator<offload_allocator_t<Backend>>, Storage>*>(
+          nullptr);
+    }
+  }
+
   /// The host's threads shared among the ranks of this communicator (they may share the host).
   [[nodiscard]] unsigned default_offload_threads() const {
     return std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(comm_.size()));
@@ -453,10 +474,10 @@ protected:
   stream_type stream_;
   param_registry reg_;
   buffer<std::byte, counting> frozen_;
-  residency<Backend, Comm, Allocator> residency_;
-  std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
-  /// Before the optimizer, which keeps a reference to it: destroyed after the optimizer's last I/O.
+  /// Before the residency and the optimizer, which keep references to it: destroyed after their last I/O.
   std::optional<Storage> storage_;
+  residency<Backend, Comm, Allocator, Storage> residency_;
+  std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
   optimizer_step<Backend, Allocator, Storage> optimizer_;
   std::optional<grad_stats<Backend, Comm, Allocator>> stats_;
   std::optional<update_overlap<Backend, Comm>> overlap_;

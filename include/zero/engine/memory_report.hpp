@@ -93,8 +93,10 @@ struct memory_report {
   double offload_ratio = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
   /// the step writes one while it reads the other). `host_buffers`: host chunk buffers (NVMe) and
-  /// host staging of accumulated gradients (stages 2-3, offloaded).
-  std::size_t nvme = 0, host_buffers = 0;
+  /// host staging of accumulated gradients (stages 2-3, offloaded). With the parameters on NVMe
+  /// (`offload_param.device: nvme`) `nvme` adds their file, `nvme_params` (two slots of the part of
+  /// P Ψ / N beyond `max_in_cpu`), and `host_buffers` their bounce buffers.
+  std::size_t nvme = 0, host_buffers = 0, nvme_params = 0;
 
   /// model_state_peak / formula.
   [[nodiscard]] double ratio() const noexcept {
@@ -127,10 +129,15 @@ struct memory_report {
                     offload_ratio, optimizer);
       out += buf;
     }
-    if (nvme > 0) {
+    if (nvme > 0 && nvme_params == 0) {
       std::snprintf(buf, sizeof buf,
                     "  on NVMe: the optimizer state file %zu B (two slots); host chunk buffers %zu B\n", nvme,
                     host_buffers);
+      out += buf;
+    } else if (nvme > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  on NVMe: %zu B, of which the parameter file %zu B (two slots each); host buffers %zu B\n", nvme,
+                    nvme_params, host_buffers);
       out += buf;
     }
     return out;
@@ -212,6 +219,24 @@ template <class Counting> void add_host_params(memory_report& m, const Counting&
       offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
   m.host_formula += (1.0 - counted) * shard;
   m.formula -= shard;
+}
+
+/// Adds the host and file bytes of a parameter shard on NVMe (stage 3's `offload_param.device:
+/// nvme`; `host`: its counting allocator, `file_bytes`: its file, `resident`: the elements kept in
+/// host memory under max_in_cpu) to `m`: the resident part and any ranges kept after a failed write
+/// under `host_params`, the bounce buffers under `host_buffers`, the file under `nvme` and
+/// `nvme_params`. The shard, P psi / n, leaves the device formula; the host formula gains the
+/// resident part's P bytes per element.
+template <class Counting>
+void add_nvme_params(memory_report& m, const Counting& host, std::size_t file_bytes, std::size_t resident) {
+  m.host_params += host.live(memory_tag::params);
+  m.host_buffers += host.live(memory_tag::buffers);
+  m.host_peak += host.total().peak;
+  m.nvme += file_bytes;
+  m.nvme_params = file_bytes;
+  const double p = static_cast<double>(size_of(m.param_type));
+  m.host_formula += p * static_cast<double>(resident);
+  m.formula -= offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
 }
 
 } // namespace zero

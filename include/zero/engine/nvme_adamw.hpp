@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -74,17 +75,17 @@ public:
              int rank, const nvme_options& opt)
       : backend_(backend), stream_(stream), storage_(storage), counted_(host),
         host_(cpu_backend_options{.threads = opt.threads}, host), device_params_(place.params),
-        device_sharded_(place.params_sharded), param_size_(size_of(layout.type())), param_type_(layout.type()),
-        inner_(layout,
-               adamw_placement{.rank = place.rank,
-                               .partitioned = place.partitioned,
-                               .grad_type = place.grad_type,
-                               .params = reinterpret_cast<std::byte*>(&never_read_),
-                               .params_sharded = true,
-                               .state_elsewhere = true},
-               std::move(group_of), std::move(groups), host_, counted_, host_stream_),
+        device_sharded_(place.params_sharded), in_file_(place.params_in_file), param_size_(size_of(layout.type())),
+        param_type_(layout.type()), inner_(layout,
+                                           adamw_placement{.rank = place.rank,
+                                                           .partitioned = place.partitioned,
+                                                           .grad_type = place.grad_type,
+                                                           .params = reinterpret_cast<std::byte*>(&never_read_),
+                                                           .params_sharded = true,
+                                                           .state_elsewhere = true},
+                                           std::move(group_of), std::move(groups), host_, counted_, host_stream_),
         grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
-    if (place.params == nullptr) {
+    if (place.params == nullptr && !in_file_) {
       throw usage_error("nvme_adamw: no parameters to update (adamw_placement::params is null)");
     }
     if (opt.buffer_count < 2) {
@@ -225,7 +226,8 @@ public:
     }
     const auto& [range, off] = ranges[k];
     // After a failure the parameters stay the previous step's.
-    copy_async<device_host_accessible>(backend_, s, param_at(failed_ ? cur_ : 1 - cur_, off), device_params(range, off),
+    copy_async<device_host_accessible>(backend_, s, param_at(failed_ ? cur_ : 1 - cur_, off),
+                                       in_file_ ? in_file_(param_use::update, k) : device_params(range, off),
                                        range.size() * param_size_);
   }
 
@@ -254,11 +256,14 @@ public:
     stepping_ = false;
     failed_ = nullptr;
   }
-  /// Uploads the current (previous step's) parameters of every range again, on `s`, and waits.
+  /// Uploads the current (previous step's) parameters of every range again, on `s`, and waits (for
+  /// parameters in a file: into the ranges it keeps in host memory; its other ranges kept their slot).
   void rollback(const stream_type& s) {
-    for (const auto& [range, off] : inner_.ranges()) {
-      copy_async<device_host_accessible>(backend_, s, param_at(cur_, off), device_params(range, off),
-                                         range.size() * param_size_);
+    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
+      const auto& [range, off] = inner_.ranges()[k];
+      if (std::byte* to = in_file_ ? in_file_(param_use::restore, k) : device_params(range, off)) {
+        copy_async<device_host_accessible>(backend_, s, param_at(cur_, off), to, range.size() * param_size_);
+      }
     }
     backend_.synchronize(s);
     stepping_ = false;
@@ -280,7 +285,8 @@ private:
     return params_[copy].data() + state_offset * param_size_;
   }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
-    return device_params_ + (device_sharded_ ? state_offset : range.begin) * param_size_;
+    const auto base = in_file_ ? in_file_(param_use::whole, 0) : device_params_;
+    return base + (device_sharded_ ? state_offset : range.begin) * param_size_;
   }
   /// The file offset of element `i` of tensor `t` (0: master or m, ...) of range `k` in `slot`.
   [[nodiscard]] std::uint64_t file_offset(std::size_t slot, std::size_t t, std::size_t k, std::size_t i) const {
@@ -397,6 +403,7 @@ private:
   typename host_backend::stream_type host_stream_;
   std::byte* device_params_;
   bool device_sharded_;
+  std::function<std::byte*(param_use, std::size_t)> in_file_; // parameters in a file (offload_param nvme)
   std::size_t param_size_;
   dtype param_type_;
   float never_read_ = 0;

@@ -32,6 +32,7 @@
 #include "zero/memory/host_allocator.hpp"
 
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -80,7 +81,7 @@ public:
                   offload_options opt = {})
       : backend_(backend), stream_(stream), counted_(host), host_(cpu_backend_options{.threads = opt.threads}, host),
         device_params_(place.params), device_sharded_(place.params_sharded), params_on_host_(place.params_on_host),
-        param_size_(size_of(layout.type())),
+        in_file_(place.params_in_file), param_size_(size_of(layout.type())),
         host_params_(params_on_host_ ? buffer<std::byte, host_counting>()
                                      : buffer<std::byte, host_counting>(
                                            counted_, state_elements(layout, place) * param_size_, memory_tag::params)),
@@ -94,7 +95,7 @@ public:
                                .state_end = place.state_end},
                std::move(group_of), std::move(groups), host_, counted_, host_stream_),
         grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
-    if (place.params == nullptr) {
+    if (place.params == nullptr && !in_file_) {
       throw usage_error("offloaded_adamw: no parameters to update (adamw_placement::params is null)");
     }
     if (params_on_host_ && !place.params_sharded) {
@@ -165,7 +166,8 @@ public:
     inner_.step_range(k, host_stream_, base, group_lr,
                       [&](const flat_range&, std::size_t off) { return grads_.at(off); });
     if (!params_on_host_) {
-      copy_async<device_host_accessible>(backend_, s, host_params(state_offset), device_params(range, state_offset),
+      copy_async<device_host_accessible>(backend_, s, host_params(state_offset),
+                                         in_file_ ? in_file_(param_use::update, k) : device_params(range, state_offset),
                                          range.size() * param_size_);
     }
   }
@@ -176,7 +178,8 @@ private:
   }
   std::byte* host_params(std::size_t state_offset) { return host_params_.data() + state_offset * param_size_; }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
-    return device_params_ + (device_sharded_ ? state_offset : range.begin) * param_size_;
+    const auto base = in_file_ ? in_file_(param_use::whole, 0) : device_params_;
+    return base + (device_sharded_ ? state_offset : range.begin) * param_size_;
   }
 
   Backend& backend_;
@@ -187,6 +190,7 @@ private:
   std::byte* device_params_;
   bool device_sharded_;
   bool params_on_host_; // the parameters are the host shard itself: updated in place, nothing copied
+  std::function<std::byte*(param_use, std::size_t)> in_file_; // parameters in a file (offload_param nvme)
   std::size_t param_size_;
   buffer<std::byte, host_counting> host_params_;
   partitioned_adamw<host_backend, HostAlloc> inner_;

@@ -25,7 +25,8 @@
 /// With a host allocator (`zero_optimization.offload_param.device: cpu`) the shard lives in host
 /// memory (`detail::param_shard`): a gather uploads the rank's slice into the unit's device memory at
 /// the rank's position on an upload stream, then all-gathers in place, and a prefetch posts both.
-/// Persistent units stay whole in device memory.
+/// Persistent units stay whole in device memory. With `offload_param.device: nvme` the shard is in a
+/// file of the storage policy: a gather reads the slice first, and the prefetcher reads ahead.
 
 #include "zero/backend/backend.hpp"
 #include "zero/comm/communicator.hpp"
@@ -33,13 +34,16 @@
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/detail/param_shard.hpp"
+#include "zero/engine/gather_stats.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
+#include "zero/storage/posix_storage.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -49,31 +53,10 @@
 
 namespace zero {
 
-/// Limits of gathering, in parameter elements (DeepSpeed's stage3_* settings).
-struct coordinator_options {
-  /// Elements the prefetcher may have in flight ahead of use (stage3_prefetch_bucket_size).
-  std::size_t prefetch_elements = 50'000'000;
-  /// Elements gathered at once, prefetched ones included (stage3_max_live_parameters).
-  std::size_t max_live_elements = 1'000'000'000;
-  /// A released unit stays gathered when the trace uses it again within this many elements of
-  /// other gathers (stage3_max_reuse_distance).
-  std::size_t max_reuse_distance = 1'000'000'000;
-};
-
-/// Counters of one step's gathering, for tests and logs.
-struct gather_stats {
-  std::size_t all_gathers = 0;          ///< all-gathers issued (on demand + prefetch)
-  std::size_t on_demand = 0;            ///< gathers that had to wait because nothing was prefetched
-  std::size_t prefetched = 0;           ///< all-gathers issued ahead of use
-  std::size_t prefetch_used = 0;        ///< prefetched units that were then gathered
-  std::size_t prefetch_wasted = 0;      ///< prefetched units freed without being used
-  std::size_t reused = 0;               ///< gathers served by a unit kept for reuse
-  std::size_t trace_changes = 0;        ///< steps whose module order differed from the trace
-  std::size_t persistent_refreshes = 0; ///< all-gathers of persistent units after optimizer steps
-};
-
-/// Stage 3's gathering; see the file comment. `HostAlloc` is the host memory of an offloaded shard.
-template <backend Backend, communicator Comm, allocator A, allocator HostAlloc = host_allocator>
+/// Stage 3's gathering; see the file comment. `HostAlloc` is the host memory of an offloaded shard,
+/// `Storage` the policy of its file.
+template <backend Backend, communicator Comm, allocator A, allocator HostAlloc = host_allocator,
+          storage Storage = posix_storage>
 class param_coordinator {
   using counting = counting_allocator<A>;
   using host_counting = counting_allocator<HostAlloc>;
@@ -81,6 +64,8 @@ class param_coordinator {
       decltype(std::declval<Comm&>().all_gather(static_cast<const float*>(nullptr), static_cast<float*>(nullptr), 0));
 
 public:
+  using shard_type = detail::param_shard<Backend, A, HostAlloc, Storage>;
+
   /// \param layout        finalized with `segment_by::module` (kept by reference).
   /// \param module_units  for each module id, the units (segments) gather(module) brings in.
   /// \param persistent    units kept whole on every rank.
@@ -89,16 +74,18 @@ public:
   /// \param work          memory of gathered units: the working set, counted apart.
   /// \param host          host memory of the shard (offload_param cpu; counted apart, `host_memory()`),
   ///                      or none: the shard lives in `state`.
+  /// \param file          with `host`: the shard lives in this file instead (offload_param nvme).
   /// \throws config_error for a module above stage3_max_live_parameters, or a shard in host memory
-  ///         the backend cannot copy from; memory_error.
+  ///         the backend cannot copy from; io_error for a file that cannot be made; memory_error.
   param_coordinator(const flat_layout& layout, std::vector<std::vector<std::size_t>> module_units,
                     std::vector<std::size_t> persistent, std::vector<std::string> module_names, Backend& backend,
                     Comm& comm, counting state, counting work, coordinator_options opt,
-                    typename Backend::stream_type& stream, std::optional<host_counting> host = std::nullopt)
+                    typename Backend::stream_type& stream, std::optional<host_counting> host = std::nullopt,
+                    std::optional<typename shard_type::on_file> file = std::nullopt)
       : layout_(layout), module_units_(std::move(module_units)), module_names_(std::move(module_names)),
         backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
-        esize_(size_of(layout.type())),
-        shard_(backend, stream, state, std::move(host), layout_.shard_size() * size_of(layout.type())) {
+        esize_(size_of(layout.type())), shard_(backend, stream, state, std::move(host),
+                                               layout_.shard_size() * size_of(layout.type()), std::move(file)) {
     require_all_gather<Comm>();
     if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
       comm_.set_compute_stream(stream_.get());
@@ -124,8 +111,11 @@ public:
 
   /// The rank's shard of every unit, indexed like the optimizer state (host memory when offloaded).
   [[nodiscard]] std::byte* shard() noexcept { return shard_.data(); }
-  /// The counting allocator of the shard's host memory (offload_param cpu), or null.
+  /// The counting allocator of the shard's host memory (offload_param cpu or nvme), or null.
   [[nodiscard]] const host_counting* host_memory() const noexcept { return shard_.host_memory(); }
+  /// The shard's file (offload_param nvme), or null; the non-const one waits for uploads out of it.
+  [[nodiscard]] auto* file() { return shard_.file(); }
+  [[nodiscard]] auto* file() const noexcept { return shard_.file(); }
   /// The parameters the optimizer updates: the shard (the interface `replicated_params` shares).
   [[nodiscard]] std::byte* store() noexcept { return shard_.data(); }
   /// True: the store is the rank's shard, indexed like the optimizer state.
@@ -142,6 +132,7 @@ public:
     }
     backend_.record(*unit.updated, s);
     unit.update_pending = true;
+    shard_.updated(u, s);
   }
   /// The coordinator's stream was ordered after every update (the engine joined the update stream).
   void updates_joined() noexcept {
@@ -150,7 +141,14 @@ public:
     }
   }
   /// After the shard was rewritten (initialisation, loading, a step): the persistent units again.
-  void refresh() { refresh_persistent(); }
+  /// \throws io_error when an image of a shard in a file could not be written back (it stays).
+  void refresh() {
+    const auto e = shard_.flush();
+    refresh_persistent();
+    if (e) {
+      std::rethrow_exception(e);
+    }
+  }
   /// Nothing is posted beyond a gather's own scope.
   void finish() const noexcept {}
 
@@ -384,13 +382,12 @@ private:
     ++stats_.all_gathers;
     return visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
       P* dst = reinterpret_cast<P*>(whole);
-      const P* mine = reinterpret_cast<const P*>(shard_.data()) + s.shard_offset;
       // The shard slice is copied into place first (uploaded, when offloaded), so the all-gather runs
       // in place, in device memory; the unit's optimizer update comes before the copy.
       P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
       const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
       units_[u].update_pending = false;
-      const auto& on = shard_.stage(mine, slot, s.slice, update);
+      const auto& on = shard_.stage_unit(u, s.shard_offset, slot, s.slice, update);
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(on);
         return comm_.all_gather(slot, dst, s.slice);
@@ -502,7 +499,7 @@ private:
         }
         const std::size_t n = layout_.segments()[u].range.size();
         if (ahead + n > opt_.prefetch_elements || live_ + n > opt_.max_live_elements) {
-          return;
+          return read_ahead(p, pos);
         }
         allocate(u);
         unit.pending.emplace(start_gather(u, unit.data.data()));
@@ -510,6 +507,18 @@ private:
         unit.prefetched = true;
         ++stats_.prefetched;
         ahead += n;
+      }
+    }
+  }
+
+  /// A shard in a file: reads the slices of the units the trace gathers from `pos` on ahead, while
+  /// buffers are free.
+  void read_ahead(const pass& p, std::size_t pos) {
+    for (; pos < p.trace.size(); ++pos) {
+      for (std::size_t u : module_units_[static_cast<std::size_t>(p.trace[pos])]) {
+        if (!units_[u].persistent && units_[u].state == unit_state::idle && !shard_.read_ahead(u)) {
+          return;
+        }
       }
     }
   }
@@ -569,7 +578,7 @@ private:
   std::size_t esize_;
   std::vector<unit> units_;
   // After units_: destroyed first, it waits for uploads into their memory.
-  detail::param_shard<Backend, A, HostAlloc> shard_;
+  shard_type shard_;
   std::vector<int> module_refs_;
   pass train_, eval_;
   bool in_eval_ = false;

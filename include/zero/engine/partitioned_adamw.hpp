@@ -47,6 +47,14 @@ struct owned_run {
 /// fp32 parameter: the master copy, or for fp32 training the parameter itself.
 enum class state_tensor : std::uint8_t { master, exp_avg, exp_avg_sq };
 
+/// What an optimizer asks of parameters that live in a file (stage 3, offload_param nvme), through
+/// `adamw_placement::params_in_file`.
+enum class param_use : std::uint8_t {
+  update,  ///< host memory that owned range k's step writes its new values into
+  restore, ///< where range k's previous values go back after a step no rank keeps; null: nowhere
+  whole,   ///< the whole shard in host memory (k is ignored), to read or write
+};
+
 /// Where a `partitioned_adamw` works, fixed when the engine is finalized.
 struct adamw_placement {
   /// This rank.
@@ -62,6 +70,10 @@ struct adamw_placement {
   /// The parameters live in host memory (stage 3's shard with `offload_param.device: cpu`): an
   /// optimizer stepping on the host writes them in place rather than through a staging copy.
   bool params_on_host = false;
+  /// Set when the parameters live in a file (stage 3, offload_param nvme; `params` is null and
+  /// `params_sharded` true): the memory each use of them goes through (see `param_use`). A step
+  /// writes range k into `params_in_file(update, k)` and the residency writes it behind.
+  std::function<std::byte*(param_use, std::size_t)> params_in_file{};
   /// The master, m and v live elsewhere (NVMe, streamed through host buffers by the caller, who steps
   /// them with `step_window`): none are allocated here, and `step`, `read_state`, `write_state` and
   /// `load_master` are the caller's.
@@ -116,8 +128,13 @@ public:
                     typename Backend::stream_type& stream)
       : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)), param_type_(layout.type()),
         place_(place) {
-    if (place.params == nullptr) {
+    if (place.params == nullptr && !place.params_in_file) {
       throw usage_error("partitioned_adamw: no parameters to update (adamw_placement::params is null)");
+    }
+    if (place.params_in_file && param_type_ == dtype::f32 && !place.state_elsewhere) {
+      // The step would read fp32 parameters, its master weights, back from the file.
+      throw usage_error("partitioned_adamw: fp32 parameters in a file need the optimizer state elsewhere too "
+                        "(offload_optimizer)");
     }
     if (group_of.size() != layout.param_count()) {
       throw usage_error("partitioned_adamw: " + std::to_string(group_of.size()) + " group indices for " +
@@ -179,8 +196,9 @@ public:
       return;
     }
     visit_float(param_type_, [&]<class P>(type_tag<P>) {
+      const P* base = reinterpret_cast<const P*>(params_base());
       for (const auto& [range, state_offset] : ranges_) {
-        const P* src = reinterpret_cast<const P*>(place_.params) + (place_.params_sharded ? state_offset : range.begin);
+        const P* src = base + (place_.params_sharded ? state_offset : range.begin);
         backend_.cast(src, master_.data() + state_offset, range.size(), stream_);
       }
     });
@@ -262,6 +280,11 @@ public:
   }
 
 private:
+  /// The parameters' first byte: `params`, or an image of a shard that lives in a file.
+  std::byte* params_base() {
+    return place_.params_in_file ? place_.params_in_file(param_use::whole, 0) : place_.params;
+  }
+
   /// Calls `f(pointer, done, count)` for the pieces of `n` elements of `t` from state index
   /// `state_offset` on: one piece, but for the master of unsharded fp32 parameters (one per owned range).
   template <class F> void for_each_piece(state_tensor t, std::size_t state_offset, std::size_t n, F&& f) {
@@ -308,7 +331,9 @@ private:
                    .m = m_.data() + off,
                    .v = v_.data() + off,
                    .grads = static_cast<const std::byte*>(grad_of(range, off)),
-                   .params = place_.params + (place_.params_sharded ? off : range.begin) * psize},
+                   .params = place_.params_in_file
+                                 ? place_.params_in_file(param_use::update, k)
+                                 : place_.params + (place_.params_sharded ? off : range.begin) * psize},
                   s, base, group_lr);
     }
   }

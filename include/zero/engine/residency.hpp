@@ -9,7 +9,7 @@
 /// The coordinator is a possible alternative only where the communicator can all-gather, so an
 /// engine over an all-reduce-only communicator compiles (and runs stage 0). Its shard lives in host
 /// memory (`offload_allocator_t<Backend>`, the memory of ZeRO-Offload) with
-/// `zero_optimization.offload_param.device: cpu`.
+/// `zero_optimization.offload_param.device: cpu`, and in a file of the engine's storage with `nvme`.
 
 #include "zero/comm/communicator.hpp"
 #include "zero/config/config.hpp"
@@ -20,6 +20,7 @@
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/replicated_params.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/storage/posix_storage.hpp"
 
 #include <cstddef>
 #include <functional>
@@ -31,34 +32,39 @@
 
 namespace zero {
 
-/// Stage 3's coordinator in an engine: its shard offloads to the backend's host memory.
-template <class B, class C, class A> using engine_coordinator = param_coordinator<B, C, A, offload_allocator_t<B>>;
+/// Stage 3's coordinator in an engine: its shard offloads to the backend's host memory, or to a file
+/// of the storage `S`.
+template <class B, class C, class A, class S = posix_storage>
+using engine_coordinator = param_coordinator<B, C, A, offload_allocator_t<B>, S>;
 
 namespace detail {
-template <class B, class C, class A> struct residency_of {
+template <class B, class C, class A, class S> struct residency_of {
   using type = std::variant<std::monostate, replicated_params<B, C, A>>;
 };
-template <class B, can_all_gather C, class A> struct residency_of<B, C, A> {
-  using type = std::variant<std::monostate, replicated_params<B, C, A>, engine_coordinator<B, C, A>>;
+template <class B, can_all_gather C, class A, class S> struct residency_of<B, C, A, S> {
+  using type = std::variant<std::monostate, replicated_params<B, C, A>, engine_coordinator<B, C, A, S>>;
 };
 } // namespace detail
 
 /// One of the two parameter residencies; see the file comment.
-template <class Backend, class Comm, class A> class residency {
+template <class Backend, class Comm, class A, class Storage = posix_storage> class residency {
   using replicated = replicated_params<Backend, Comm, A>;
   using counting = counting_allocator<A>;
   using host_alloc = offload_allocator_t<Backend>;
+  using coordinator_type = engine_coordinator<Backend, Comm, A, Storage>;
 
 public:
   /// Makes the residency `cfg`'s stage asks for over the finalized layouts of `reg`: stage 3's
   /// coordinator (its trace-change lines to `log`), or replicated parameters. Model state comes from
   /// `state`, staging from `buffers`, stage 3's gathered units from `work`; kernels run on `stream`.
-  /// With offload_param cpu the shard comes from host memory, `offload_allocator_t<Backend>`.
-  /// \throws config_error for offload_param cpu where the backend's kernels cannot reach that host
-  /// memory (they initialise the shard and, without offload_optimizer, step it).
+  /// With offload_param cpu the shard comes from host memory, `offload_allocator_t<Backend>`; with
+  /// nvme it lives in a file of `storage` (made by the caller) and passes through that host memory.
+  /// \throws config_error for offload_param cpu or nvme where the backend's kernels cannot reach that
+  /// host memory (they initialise the shard and, without offload_optimizer, step it); io_error when
+  /// the file cannot be created.
   void make(const config& cfg, const param_registry& reg, Backend& backend, Comm& comm, counting state,
             counting buffers, counting work, typename Backend::stream_type& stream,
-            std::function<void(const std::string&)> log) {
+            std::function<void(const std::string&)> log, Storage* storage = nullptr) {
     const auto& z = cfg.zero_optimization;
     if constexpr (can_all_gather<Comm>) {
       if (cfg.stage() == 3) {
@@ -66,21 +72,35 @@ public:
         // overlap_comm false (a debugging aid): nothing is fetched ahead; each gather waits for its own.
         const auto prefetch = z.overlap_comm ? static_cast<std::size_t>(z.stage3_prefetch_bucket_size) : 0;
         std::optional<counting_allocator<host_alloc>> host;
-        if (z.offload_param.device == offload_device::cpu) {
+        std::optional<typename coordinator_type::shard_type::on_file> file;
+        if (const auto dev = z.offload_param.device; dev == offload_device::cpu || dev == offload_device::nvme) {
           if constexpr (!host_alloc::device_accessible && !Backend::allocator_type::host_accessible) {
-            throw config_error("zero_optimization.offload_param.device: \"cpu\" needs host memory the backend's "
-                               "kernels can reach (Backend::host_allocator_type device_accessible, as CUDA's "
-                               "mapped pinned memory, or a host backend); set \"device\": \"none\"");
+            throw config_error("zero_optimization.offload_param.device: \"" + std::string(name_of(dev)) +
+                               "\" needs host memory the backend's kernels can reach (Backend::host_allocator_type "
+                               "device_accessible, as CUDA's mapped pinned memory, or a host backend); set "
+                               "\"device\": \"none\"");
           }
           host.emplace(host_alloc{});
+          if (dev == offload_device::nvme) {
+            const auto& p = z.offload_param;
+            file = typename coordinator_type::shard_type::on_file{
+                .storage = storage,
+                .options = {.dir = p.nvme_path,
+                            .buffer_count = static_cast<std::size_t>(p.buffer_count),
+                            .buffer_size = static_cast<std::size_t>(p.buffer_size),
+                            .max_in_cpu = static_cast<std::size_t>(p.max_in_cpu),
+                            .rank = comm.rank()},
+                .ranges = detail::shard_ranges(reg.layout()),
+                .esize = size_of(reg.layout().type())};
+          }
         }
-        v_.template emplace<engine_coordinator<Backend, Comm, A>>(
+        v_.template emplace<coordinator_type>(
               reg.layout(), std::move(units), std::move(persistent), reg.module_names(), backend, comm,
               std::move(state), std::move(work),
               coordinator_options{.prefetch_elements = prefetch,
                                   .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
                                   .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
-              stream, std::move(host))
+              stream, std::move(host), std::move(file))
             .set_log(std::move(log));
         return;
       }
@@ -98,8 +118,11 @@ public:
   template <class F> decltype(auto) operator()(F&& f) const { return visit(v_, f); }
 
   /// Stage 3's coordinator, or null.
-  [[nodiscard]] const engine_coordinator<Backend, Comm, A>* coordinator() const noexcept requires can_all_gather<Comm> {
-    return std::get_if<engine_coordinator<Backend, Comm, A>>(&v_);
+  [[nodiscard]] const coordinator_type* coordinator() const noexcept requires can_all_gather<Comm> {
+    return std::get_if<coordinator_type>(&v_);
+  }
+  [[nodiscard]] coordinator_type* coordinator() noexcept requires can_all_gather<Comm> {
+    return std::get_if<coordinator_type>(&v_);
   }
 
 private:
@@ -107,7 +130,7 @@ private:
     return detail::visit_made<replicated>(v, f, "the engine has no parameters before finalize()");
   }
 
-  typename detail::residency_of<Backend, Comm, A>::type v_;
+  typename detail::residency_of<Backend, Comm, A, Storage>::type v_;
 };
 
 } // namespace zero

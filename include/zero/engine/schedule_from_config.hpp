@@ -89,16 +89,30 @@ namespace zero {
 }
 
 /// Refuses what a config asks and the engine cannot honour, naming the key.
-/// \throws config_error for parameter offload other than stage 3's to "cpu" (a config built in code:
-/// the reader refuses the others too), an offload ratio outside [0, 1] or below 1 with NVMe, a missing
-/// optimizer, or a communication dtype that is neither
-/// the gradient nor the parameter dtype.
+/// \throws config_error for parameter offload other than stage 3's to "cpu" or "nvme", or to "nvme"
+/// without nvme_path (a config built in code: the reader refuses these too) or with fp32 parameters
+/// and no optimizer offload, an offload ratio outside [0, 1] or below 1 with NVMe (optimizer or
+/// parameters), a missing
+/// optimizer, or a communication dtype that is neither the gradient nor the parameter dtype.
 inline void check_engine_config(const config& c) {
-  const offload_device param = c.zero_optimization.offload_param.device;
-  if (param != offload_device::none && (param != offload_device::cpu || c.stage() != 3)) {
+  const auto& op = c.zero_optimization.offload_param;
+  const offload_device param = op.device;
+  if (param != offload_device::none &&
+      ((param != offload_device::cpu && param != offload_device::nvme) || c.stage() != 3)) {
     throw config_error(std::string("zero_optimization.offload_param.device: \"") + std::string(name_of(param)) +
                        "\" at stage " + std::to_string(c.stage()) +
-                       "; this engine offloads parameters to \"cpu\" at stage 3 only");
+                       "; this engine offloads parameters to \"cpu\" or \"nvme\" at stage 3 only");
+  }
+  if (param == offload_device::nvme && c.param_dtype() == dtype::f32 &&
+      c.zero_optimization.offload_optimizer.device == offload_device::none) {
+    throw config_error("zero_optimization.offload_param.device: \"nvme\" with fp32 parameters needs "
+                       "offload_optimizer.device \"cpu\" or \"nvme\": fp32 training keeps its master weights in "
+                       "the parameters, and with the optimizer state in device memory a step that could not read "
+                       "them back from NVMe could not be undone");
+  }
+  if (param == offload_device::nvme && op.nvme_path.empty()) {
+    throw config_error("zero_optimization.offload_param.nvme_path: missing; device \"nvme\" keeps the parameter "
+                       "shard in a file under this folder");
   }
   const auto& o = c.zero_optimization.offload_optimizer;
   if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
@@ -110,6 +124,12 @@ inline void check_engine_config(const config& c) {
                        (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
                        " with device \"nvme\"; a ratio below 1 needs device \"cpu\" (with nvme the whole state is "
                        "in the file)");
+  }
+  if (param == offload_device::nvme && o.device == offload_device::cpu && (o.ratio_auto || o.ratio < 1)) {
+    throw config_error("zero_optimization.offload_optimizer.ratio: " +
+                       (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
+                       " with offload_param \"nvme\"; a partial offload needs the parameter shard in memory "
+                       "(offload_param \"none\" or \"cpu\"), or set the ratio to 1");
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "

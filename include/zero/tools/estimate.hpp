@@ -226,8 +226,8 @@ struct estimate_row {
   std::int64_t host_bytes_per_rank = 0;   ///< offloaded state and staging buffers of one rank
   std::int64_t host_bytes_per_node = 0;   ///< host_bytes_per_rank x gpus_per_node
   std::int64_t nvme_bytes_per_node = 0;   ///< state on NVMe, per node
-  /// true where this version's engine runs the row: no offload, the optimizer offloaded to the CPU or
-  /// NVMe at stages 1-3, and the parameters to the CPU at stage 3; false for parameters on NVMe (planned)
+  /// true where this version's engine runs the row: every row does (no offload, the optimizer
+  /// offloaded to the CPU or NVMe at stages 1-3, the parameters to the CPU or NVMe at stage 3)
   bool implemented = true;
 };
 
@@ -251,8 +251,9 @@ struct estimate_row {
 /// buffers, so the GPU holds no gradient shard (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
 /// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
 /// shard, Sp, off the GPU into host memory, where the host AdamW updates it in place (no staged copy),
-/// so the host holds S(m + 8 + p + g); with NVMe the shard is on
-/// NVMe, max_in_cpu of it and the buffers in host memory (planned).
+/// so the host holds S(m + 8 + p + g); with NVMe the shard is on NVMe in two slots, 2p(S - R), where
+/// R = min(max_in_cpu, S) elements stay in host memory, beside buffer_count bounce buffers of a
+/// layer's slice (at most buffer_size elements) when R < S, and the optimizer keeps its staged copy.
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
 /// - stage 2 reduces bucket by bucket through one staging buffer of the largest segment's gradient,
@@ -269,8 +270,8 @@ struct estimate_row {
 ///   elements (engine.hpp, `plan_gather_groups`); unset, the all-gathers run in place.
 /// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. Optimizer NVMe rows
 /// keep offload_optimizer_buffer_count chunks of nvme_chunk_elements (at most one owned range) per state tensor in
-/// host memory; parameter NVMe rows buffer_count x buffer_size elements. \throws usage_error when params, ranks or
-/// dtypes are out of range.
+/// host memory; parameter NVMe rows buffer_count x min(buffer_size, a layer's slice) elements. \throws usage_error when
+/// params, ranks or dtypes are out of range.
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
@@ -307,9 +308,8 @@ struct estimate_row {
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    // The engine runs the optimizer offloaded to the CPU or NVMe, and the parameters to the CPU (stage 3);
-    // parameters on NVMe are planned.
-    r.implemented = par != offload_device::nvme;
+    // The engine runs every row.
+    r.implemented = true;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     // With the optimizer on the CPU, the elements of the shard it offloads (all but for a ratio < 1).
@@ -317,14 +317,11 @@ struct estimate_row {
         opt == offload_device::cpu ? std::llround(o.offload_ratio * static_cast<double>(shard)) : shard;
     const std::int64_t optimizer_state = offloaded * (master + moments);
     if (opt != offload_device::none) {
-      // The rank's gradient shard and parameter shard (their offloaded part), staged in host memory for the copies.
+      // The rank's gradient shard and parameter shard (their offloaded part), staged in host memory for
+      // the copies; with the parameters on the CPU the host AdamW updates their shard in place instead.
       host += offloaded * g;
-      if (par == offload_device::nvme) {
-        host += std::min(o.offload_param_max_in_cpu, shard) * p +
-                o.offload_param_buffer_count * o.offload_param_buffer_size * p;
-        nvme += shard * p;
-      } else if (!(opt == offload_device::cpu && par == offload_device::cpu)) {
-        host += offloaded * p; // staged for the copies (with the parameters on the CPU: updated in place)
+      if (!(opt == offload_device::cpu && par == offload_device::cpu)) {
+        host += offloaded * p;
       }
       if (opt == offload_device::cpu) {
         host += optimizer_state;
@@ -338,6 +335,17 @@ struct estimate_row {
         nvme += 2 * optimizer_state;
       }
     }
+    if (par == offload_device::nvme) {
+      // The first max_in_cpu elements of the shard in host memory; the rest, if any, in two slots on
+      // NVMe, through buffer_count bounce buffers of a layer's slice (at most buffer_size elements).
+      const std::int64_t resident = std::min(o.offload_param_max_in_cpu, shard);
+      const std::int64_t slice = o.largest_layer_params > 0 ? (o.largest_layer_params + n - 1) / n : shard;
+      host += resident * p;
+      if (resident < shard) {
+        host += o.offload_param_buffer_count * std::min(o.offload_param_buffer_size, slice) * p;
+        nvme += 2 * (shard - resident) * p;
+      }
+    }
     if (par == offload_device::cpu) {
       // The coordinator's shard, which the gathers upload from (and, with the optimizer on the CPU, the
       // one the host AdamW updates in place).
@@ -348,7 +356,9 @@ struct estimate_row {
     // backward, through two staging buffers at least (one fills while the other's slice is copied).
     const bool streamed = opt == offload_device::nvme || (opt == offload_device::cpu && o.offload_ratio >= 1.0);
     const std::int64_t on_gpu_grads = streamed ? 0 : shard * g;
-    auto streamed_staging = [&](std::int64_t buffers) { return streamed ? std::max<std::int64_t>(buffers, 2) : buffers; };
+    auto streamed_staging = [&](std::int64_t buffers) {
+      return streamed ? std::max<std::int64_t>(buffers, 2) : buffers;
+    };
     switch (stage) {
     case 0:
       r.gpu_model_state_bytes = psi * (p + g + master + moments);

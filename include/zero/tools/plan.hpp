@@ -4,8 +4,8 @@
 /// stage and offload setting whose memory fits a machine's budgets, by the rates this machine
 /// measured (zero/tools/probes.hpp, `zero-report --save-rates`).
 ///
-/// The candidates are the rows of `estimate_memory` that the engine runs (`implemented`), so a
-/// setting the engine learns to run joins the plan with its row. Each row's memory is the estimate's
+/// The candidates are the rows of `estimate_memory` that the engine runs (`implemented`), but for
+/// parameters on NVMe, whose reads and writes the cost does not count yet. Each row's memory is the estimate's
 /// (device bytes per rank, host and NVMe bytes per node); its cost is the time per step that the
 /// optimizer state's placement takes on one rank (`estimate_step_cost`):
 ///
@@ -198,7 +198,9 @@ struct step_cost {
 /// The one list of candidates; a row the engine learns to run (its `implemented`) joins it.
 [[nodiscard]] inline std::vector<estimate_row> plan_settings(const estimate_options& o) {
   std::vector<estimate_row> rows = estimate_memory(o);
-  std::erase_if(rows, [](const estimate_row& r) { return !r.implemented; });
+  // Parameters on NVMe run, but the cost has no term for their reads and writes yet, nor the peak for
+  // the image of the shard that init_params holds (docs/offload.md): not candidates.
+  std::erase_if(rows, [](const estimate_row& r) { return !r.implemented || r.offload_param == offload_device::nvme; });
   return rows;
 }
 

@@ -160,6 +160,10 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
              cat("DeepSpeed applies ratio at stage 3 only (at stage ", std::to_string(stage),
                  " it offloads all the optimizer state); zero splits the state at stages 1 and 2 too"));
   }
+  if (z.offload_param.device == offload_device::nvme && z.offload_param.nvme_path.empty()) {
+    ctx.fail("zero_optimization.offload_param.nvme_path",
+             "missing; device \"nvme\" keeps the parameter shard in a file under this folder");
+  }
   note_stages(r, zero_optimization_keys, stage);
   note_values(r, zero_optimization_keys, stage);
   r.finish();
@@ -297,7 +301,7 @@ inline void parse_aio(parse_context& ctx, const json* block, const config_inputs
   object_reader r = open_block<aio_keys>(ctx, *block, "aio");
   read_keys(r, aio_keys, a, in);
   if (!nvme) {
-    ctx.note("aio", "no effect without NVMe offload (offload_optimizer.device \"nvme\")");
+    ctx.note("aio", "no effect without NVMe offload (offload_optimizer.device or offload_param.device \"nvme\")");
   }
   r.finish();
 }
@@ -356,7 +360,9 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
   c.optimizer = parse_optimizer(ctx, top.get("optimizer"), in);
   c.scheduler = parse_scheduler(ctx, top.get("scheduler"), in, c.optimizer);
   read_keys(top, top_keys, c, in);
-  parse_aio(ctx, top.get("aio"), in, c.aio, c.zero_optimization.offload_optimizer.device == offload_device::nvme);
+  parse_aio(ctx, top.get("aio"), in, c.aio,
+            c.zero_optimization.offload_optimizer.device == offload_device::nvme ||
+                c.zero_optimization.offload_param.device == offload_device::nvme);
   note_values(top, top_keys, 0);
 
   // The batch rule comes last: it needs the world size and is the least specific error.

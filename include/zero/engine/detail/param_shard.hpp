@@ -12,37 +12,57 @@
 /// again) and for the slice's optimizer update; the engine's stream does not wait for the upload, so
 /// a prefetched unit's upload runs beside the forward, as its all-gather does. A collective reads
 /// the unit's device memory only, after the upload: NCCL cannot read host memory.
+///
+/// With `offload_param.device: nvme` the shard is in a file (`detail::param_file`): a slice is
+/// uploaded the same way from the host buffer its values were read into, and `data()` is an image of
+/// the whole shard in host memory, read when asked for and written back at the next `flush` or step.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/detail/param_file.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/storage/posix_storage.hpp"
 
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace zero::detail {
 
 /// The shard of a `param_coordinator`; see the file comment. `A` is the engine's model-state
-/// memory, `HostAlloc` the host memory of an offloaded shard.
-template <backend_base Backend, allocator A, allocator HostAlloc> class param_shard {
+/// memory, `HostAlloc` the host memory of an offloaded shard, `Storage` the file's policy.
+template <backend_base Backend, allocator A, allocator HostAlloc, storage Storage = posix_storage> class param_shard {
   using counting = counting_allocator<A>;
   using host_counting = counting_allocator<HostAlloc>;
   using stream_type = typename Backend::stream_type;
   using event_type = typename Backend::event_type;
 
 public:
+  using file_type = param_file<Backend, host_counting, Storage>;
+  /// A shard in a file (offload_param nvme): the storage (kept by reference), where and how, the
+  /// ranges of the shard and bytes per element.
+  struct on_file {
+    Storage* storage = nullptr;
+    param_file_options options;
+    std::vector<shard_range> ranges;
+    std::size_t esize = 0;
+  };
+
   /// True when a slice can move between host memory and `A`'s: the backend copies, or the host
   /// can touch `A`'s memory.
   static constexpr bool can_offload = can_copy<Backend> || A::host_accessible;
 
-  /// `bytes` of shard in `state` (memory_tag::params), or in `host` when given (offloaded); copies
-  /// run on `stream` (the engine's, kept by reference) or, offloaded, on an upload stream.
-  /// \throws config_error when offloaded and `can_offload` is false; memory_error.
+  /// `bytes` of shard in `state` (memory_tag::params), or in `host` when given (offloaded), or with
+  /// `file` in a file whose buffers come from `host`; copies run on `stream` (the engine's, kept by
+  /// reference) or, offloaded, on an upload stream.
+  /// \throws config_error when offloaded and `can_offload` is false, or for `file`'s options;
+  /// io_error when the file cannot be created; memory_error.
   param_shard(Backend& backend, stream_type& stream, counting state, std::optional<host_counting> host,
-              std::size_t bytes)
+              std::size_t bytes, std::optional<on_file> file = std::nullopt)
       : backend_(backend), stream_(stream), host_alloc_(std::move(host)) {
     if (!host_alloc_) {
       device_ = buffer<std::byte, counting>(std::move(state), bytes, memory_tag::params);
@@ -54,8 +74,12 @@ public:
                          "src, void* dst, size_t bytes, stream) (see zero::can_copy) or model-state memory the "
                          "host can touch; set \"device\": \"none\"");
     }
-    host_ = buffer<std::byte, host_counting>(*host_alloc_, bytes, memory_tag::params);
-    data_ = host_.data();
+    if (file) {
+      file_.emplace(backend_, *file->storage, *host_alloc_, std::move(file->ranges), file->esize, file->options);
+    } else {
+      host_ = buffer<std::byte, host_counting>(*host_alloc_, bytes, memory_tag::params);
+      data_ = host_.data();
+    }
     upload_.emplace(backend_.make_stream());
     called_.emplace(backend_.make_event());
   }
@@ -71,8 +95,16 @@ public:
     }
   }
 
-  /// The shard's first byte.
-  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  /// The shard's first byte (in a file: of its image in host memory, read now if there is none).
+  [[nodiscard]] std::byte* data() { return file_ ? file_->image() : data_; }
+  /// The shard's file, after the uploads out of its buffers landed; null when it has none.
+  [[nodiscard]] file_type* file() {
+    if (file_) {
+      backend_.synchronize(*upload_);
+    }
+    return file_ ? &*file_ : nullptr;
+  }
+  [[nodiscard]] const file_type* file() const noexcept { return file_ ? &*file_ : nullptr; }
   /// True when the shard lives in host memory.
   [[nodiscard]] bool offloaded() const noexcept { return host_alloc_.has_value(); }
   /// The counting allocator of the offloaded shard's host memory, or null.
@@ -100,6 +132,31 @@ public:
     return *upload_;
   }
 
+  /// `stage` for the slice of unit `u` at shard element `offset`, wherever the shard lives.
+  template <class P>
+  const stream_type& stage_unit(std::size_t u, std::size_t offset, P* to, std::size_t n, const event_type* update) {
+    if (!file_) {
+      return stage(reinterpret_cast<const P*>(data_) + offset, to, n, update);
+    }
+    const auto& on = stage(reinterpret_cast<const P*>(file_->source(u)), to, n, update);
+    file_->uploaded(on);
+    return on;
+  }
+  /// After unit `u`'s new values were enqueued on `s` (a shard in a file writes them behind).
+  void updated(std::size_t u, const stream_type& s) {
+    if (file_) {
+      file_->updated(u, s);
+    }
+  }
+  /// Starts reading unit `u`'s slice ahead of its gather (a shard in a file). \returns false when
+  /// no buffer is free for it.
+  bool read_ahead(std::size_t u) { return !file_ || file_->read_ahead(u); }
+  /// Writes an image of the shard back (a shard in a file). \returns the write's error, or null.
+  std::exception_ptr flush() {
+    auto* f = file();
+    return f != nullptr ? f->flush() : nullptr;
+  }
+
   /// Copies `n` elements of unit memory `from` into the shard at `to`, on the engine's stream.
   template <class P> void put(const P* from, P* to, std::size_t n) {
     if (!upload_) {
@@ -118,6 +175,7 @@ private:
   std::byte* data_ = nullptr;
   std::optional<stream_type> upload_;
   std::optional<event_type> called_; // the engine's stream at an upload's call
+  std::optional<file_type> file_;
 };
 
 } // namespace zero::detail

@@ -1,0 +1,128 @@
+#pragma once
+// What the NVMe offload tests share: scratch folders for the files, engines over a failure-injecting
+// storage, and what a rank holds, to compare before and after a failed step.
+
+#include "engine_harness.hpp"
+#include "zero/storage/failing_storage.hpp"
+#include "zero/storage/posix_storage.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <doctest/doctest.h>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace zero::testing {
+
+inline constexpr auto npos = std::string::npos;
+
+/// A fresh folder `zero-<name>-<pid>` under the temporary folder, removed with the object.
+struct scratch_dir {
+  std::filesystem::path path;
+  explicit scratch_dir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("zero-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+};
+
+using failing = failing_storage<posix_storage>;
+using failing_engine = basic_engine<cpu_backend, thread_communicator, host_allocator, failing>;
+
+/// What a rank's engine holds: its parameter store and its state, on the host, compared bit for bit.
+struct held_state {
+  std::vector<std::byte> params;
+  std::vector<std::uint32_t> master, m, v;
+  bool operator==(const held_state&) const = default;
+};
+
+inline held_state hold(failing_engine& eng) {
+  held_state h;
+  const auto st = eng.stores();
+  const std::size_t bytes = st.param_elements * size_of(eng.layout().type());
+  h.params.assign(st.params, st.params + bytes);
+  auto& opt = eng.optimizer();
+  std::vector<float> values(opt.state_size());
+  for (auto [t, out] : {std::pair{state_tensor::master, &h.master}, std::pair{state_tensor::exp_avg, &h.m},
+                        std::pair{state_tensor::exp_avg_sq, &h.v}}) {
+    opt.read_state(t, 0, values);
+    out->resize(values.size());
+    std::memcpy(out->data(), values.data(), values.size() * sizeof(float));
+  }
+  return h;
+}
+
+/// Runs `body(eng, handles, comm)` on every rank of a group of `s.world` failing-storage engines of
+/// `s`, finalized and initialised with `init_model`.
+template <class Body> void with_failing_engines(const run_spec& s, Body body) {
+  run_ranks(s.world, [&](thread_communicator& comm) {
+    config_inputs in;
+    in.world_size = s.world;
+    cpu_backend backend({.threads = 1});
+    failing_engine eng(config::from_string(config_json(s), in), comm, backend);
+    const auto mh = register_model(eng);
+    eng.finalize();
+    init_model(eng);
+    body(eng, mh, comm);
+  });
+}
+
+/// Checks the io_error of a failure the ranks agreed on: on `failing_rank` it names one of `files`
+/// and carries errno `err` (and is counted in `failures`); on the others it is an echo saying
+/// "another rank `elsewhere`"; on every rank it says `outcome`.
+inline void check_agreed_error(const io_error& e, int rank, int failing_rank, const std::vector<std::string>& files,
+                               int err, const std::string& elsewhere, const std::string& outcome,
+                               std::size_t& failures) {
+  const std::string what = e.what();
+  CAPTURE(what);
+  if (rank == failing_rank) {
+    CHECK(std::any_of(files.begin(), files.end(), [&](const std::string& f) { return what.find(f) != npos; }));
+    CHECK(what.find(" bytes at offset ") != npos);
+    CHECK(e.status() == err);
+    CHECK(what.find(err == ENOSPC ? "(ENOSPC)" : err == EIO ? "(EIO)" : "") != npos);
+    ++failures;
+  } else {
+    CHECK(e.echo());
+    CHECK(what.find("another rank " + elsewhere) != npos);
+  }
+  CHECK(what.find(outcome) != npos);
+}
+
+/// Step `t` of `s` with write n of rank 0 failing with `err`, for every n < `writes`: each attempt
+/// throws the io_error the ranks agreed on (`check_agreed_error` with `files` and `elsewhere`, "the
+/// optimizer step was not applied") and leaves every rank as it was before, bit for bit.
+inline void fail_each_write(failing_engine& eng, const model_handles& mh, thread_communicator& comm, const run_spec& s,
+                            std::int64_t t, std::size_t writes, int err, const std::vector<std::string>& files,
+                            const std::string& elsewhere, std::size_t& failures) {
+  for (std::size_t n = 0; n < writes; ++n) {
+    CAPTURE(n);
+    const held_state before_step = hold(eng);
+    if (comm.rank() == 0) {
+      eng.storage().fail_write(n, err);
+    }
+    run_result r;
+    r.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+    try {
+      train_steps(eng, mh, comm, s, t, t + 1, r);
+      FAIL("the step did not fail");
+    } catch (const io_error& e) {
+      check_agreed_error(e, comm.rank(), 0, files, err, elsewhere, "the optimizer step was not applied", failures);
+    }
+    CAPTURE(comm.rank());
+    CHECK(hold(eng) == before_step); // every rank is back at the previous step, bit for bit
+  }
+}
+
+} // namespace zero::testing
