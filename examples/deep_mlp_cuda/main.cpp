@@ -648,7 +648,8 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   o.activation_bytes = model.activation_bytes();
   o.device_peak_delta = device_memory.peak();
   o.default_pool_high = device_memory_probe::default_pool_high();
-  if (offload.device == zero::offload_device::nvme) {
+  if (offload.device == zero::offload_device::nvme ||
+      cfg.zero_optimization.offload_param.device == zero::offload_device::nvme) {
     o.storage = std::string(eng.storage().name());
   }
   return o;
@@ -711,18 +712,19 @@ void report(const outcome& o, bool json) {
                 "  peak allocated %.2f GiB (engine model state %.2f + buffers %.2f + gathered %.2f + framework %.2f, "
                 "activations %.2f of it)\n"
                 "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n"
-                "  host (offloaded optimizer): peak %.2f GiB, formula %s psi / N %.2f GiB\n%s",
+                "  host (offloaded): peak %.2f GiB, formula %.2f GiB\n%s",
                 o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
                 o.step_wall_ms, o.tflops_per_gpu, o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first,
                 o.loss_last, static_cast<double>(allocated) / gib, static_cast<double>(m.model_state_peak) / gib,
                 static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
                 static_cast<double>(o.framework_bytes) / gib, static_cast<double>(o.activation_bytes) / gib,
                 static_cast<double>(o.device_peak_delta) / gib, static_cast<double>(m.host_peak) / gib,
-                m.nvme > 0 ? "(2 P + G)" : "(K + P + G)", m.host_formula / gib, m.table().c_str());
+                m.host_formula / gib, m.table().c_str());
     if (m.nvme > 0) {
-      std::printf("  on NVMe (%s storage): the state file, %.2f GiB per GPU (two slots of K psi / N); host chunk "
-                  "buffers %.2f GiB (in the host peak)\n",
-                  o.storage.c_str(), static_cast<double>(m.nvme) / gib, static_cast<double>(m.host_buffers) / gib);
+      std::printf("  on NVMe (%s storage): optimizer state file %.2f GiB, parameter file %.2f GiB per GPU (two slots "
+                  "each); host buffers %.2f GiB (in the host peak)\n",
+                  o.storage.c_str(), static_cast<double>(m.nvme - m.nvme_params) / gib,
+                  static_cast<double>(m.nvme_params) / gib, static_cast<double>(m.host_buffers) / gib);
     }
   }
   std::fflush(stdout);

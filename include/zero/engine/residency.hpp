@@ -68,10 +68,10 @@ public:
     const auto& z = cfg.zero_optimization;
     if constexpr (can_all_gather<Comm>) {
       if (cfg.stage() == 3) {
-        auto [units, persistent] = reg.module_units();
+        auto units = reg.module_units(); // (units of each module, units of persistent parameters)
         // overlap_comm false (a debugging aid): nothing is fetched ahead; each gather waits for its own.
         const auto prefetch = z.overlap_comm ? static_cast<std::size_t>(z.stage3_prefetch_bucket_size) : 0;
-        std::optional<counting_allocator<host_alloc>> host;
+        bool to_host = false;
         std::optional<typename coordinator_type::shard_type::on_file> file;
         if (const auto dev = z.offload_param.device; dev == offload_device::cpu || dev == offload_device::nvme) {
           if constexpr (!host_alloc::device_accessible && !Backend::allocator_type::host_accessible) {
@@ -80,7 +80,7 @@ public:
                                "device_accessible, as CUDA's mapped pinned memory, or a host backend); set "
                                "\"device\": \"none\"");
           }
-          host.emplace(host_alloc{});
+          to_host = true;
           if (dev == offload_device::nvme) {
             const auto& p = z.offload_param;
             file = typename coordinator_type::shard_type::on_file{
@@ -94,14 +94,23 @@ public:
                 .esize = size_of(reg.layout().type())};
           }
         }
-        v_.template emplace<coordinator_type>(
-              reg.layout(), std::move(units), std::move(persistent), reg.module_names(), backend, comm,
-              std::move(state), std::move(work),
-              coordinator_options{.prefetch_elements = prefetch,
-                                  .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
-                                  .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
-              stream, std::move(host), std::move(file))
-            .set_log(std::move(log));
+        // The host allocator is made in each branch, not kept in one std::optional that may or may not hold
+        // it: GCC 13 takes the destruction of such a moved-from optional for a use of uninitialized memory.
+        auto make = [&](std::optional<counting_allocator<host_alloc>> host) {
+          v_.template emplace<coordinator_type>(
+                reg.layout(), std::move(units.first), std::move(units.second), reg.module_names(), backend, comm,
+                std::move(state), std::move(work),
+                coordinator_options{.prefetch_elements = prefetch,
+                                    .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
+                                    .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
+                stream, std::move(host), std::move(file))
+              .set_log(std::move(log));
+        };
+        if (to_host) {
+          make(counting_allocator<host_alloc>(host_alloc{}));
+        } else {
+          make(std::nullopt);
+        }
         return;
       }
     }
