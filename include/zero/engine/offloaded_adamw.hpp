@@ -5,19 +5,19 @@
 /// `Backend::host_allocator_type`; pageable `host_allocator` otherwise), and the host runs AdamW on
 /// them with `cpu_backend`'s kernels and thread pool. Per owned range (a segment's slice):
 ///
-///     device -> host   the range's reduced gradients   (all ranges' copies posted at the first range)
+///     device -> host   the range's reduced gradients   (stage 1: every range's copy posted at the first
+///                                                       range; stages 2-3: streamed during backward)
 ///     host             AdamW over the range            (after that range's copy landed)
 ///     host -> device   the range's new parameters      (posted; the residency's all-gather follows it)
 ///
-/// With the parameters offloaded too (stage 3's shard in host memory: `adamw_placement::params_on_host`)
-/// the host AdamW writes the shard in place and nothing is copied back.
-///
 /// so the gradients of later ranges travel while earlier ranges update, and each range's upload and
-/// all-gather run while the host updates the next. The kernels, their arguments and their element
-/// order are those of `partitioned_adamw` on the `cpu_backend`: on a CPU-only build an offloaded run
-/// gives the same bits as an in-memory one (the gradient norm, clipping and fp16's overflow check
-/// run before any range is updated, on the device, as in memory). On a GPU the host's AdamW rounds
-/// each operation as the device kernel does (docs/offload.md).
+/// all-gather run while the host updates the next. With the parameters offloaded too (stage 3's
+/// shard in host memory: `adamw_placement::params_on_host`) the host AdamW writes the shard in place
+/// and nothing is copied back. The kernels, their arguments and their element order are those of
+/// `partitioned_adamw` on the `cpu_backend`: on a CPU-only build an offloaded run gives the same bits
+/// as an in-memory one (the gradient norm, clipping and fp16's overflow check run before any range is
+/// updated, as in memory). On a GPU the host's AdamW rounds each operation as the device kernel does
+/// (docs/offload.md).
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cpu_backend.hpp"
