@@ -6,7 +6,7 @@
 /// parameter shard and `buffer_count` chunk buffers. Per owned range, in the order the engine steps
 /// them (docs/offload.md):
 ///
-///     device -> host   the range's reduced gradients         (every range's copy posted at range 0)
+///     device -> host   the range's reduced gradients         (stage 1: posted at range 0; 2-3: in backward)
 ///     storage -> host  chunk i+1..i+buffer_count-1's state   (read ahead while chunk i updates)
 ///     host             AdamW over chunk i                    (cpu_backend's kernels and threads)
 ///     host -> storage  chunk i's new state                   (written while later chunks update)
