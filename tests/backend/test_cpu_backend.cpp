@@ -444,6 +444,49 @@ TEST_CASE("adamw_step: Adam (L2) mode, bit for bit") {
   }
 }
 
+TEST_CASE("adamw_step_from: the bits of adamw_step on a copy, the input unchanged, at every SIMD level, size and "
+          "alignment of the output") {
+  // Offsets of the output's master, m and v in floats: alike (the non-temporal path, after a peel to
+  // the alignment) and apart (plain stores).
+  struct offsets {
+    std::size_t master, m, v;
+  };
+  for (auto level : simd_levels()) {
+    zero::cpu_backend b({.threads = 2, .simd = level});
+    const auto s = b.make_stream();
+    for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{100}, std::size_t{40'000}}) {
+      for (offsets o : {offsets{0, 0, 0}, offsets{3, 3, 3}, offsets{1, 2, 3}}) {
+        CAPTURE(n);
+        CAPTURE(o.master);
+        CAPTURE(o.m);
+        std::vector<float> master(n), m(n), v(n);
+        std::vector<bf16> grad(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          master[i] = 0.5f - static_cast<float>(i % 97) / 97.0f;
+          m[i] = static_cast<float>(i % 13) * 1e-3f;
+          v[i] = static_cast<float>(i % 7) * 1e-5f;
+          grad[i] = zero::from_float<bf16>(static_cast<float>(i % 31) / 31.0f - 0.5f);
+        }
+        const auto before = std::tuple{master, m, v};
+        std::vector<float> out_master(n + 16), out_m(n + 16), out_v(n + 16);
+        std::vector<bf16> param(n), want_param(n);
+        zero::adamw_step_args a;
+        a.lr = 1e-3f;
+        a.weight_decay = 0.01f;
+        a.set_step(3);
+        b.adamw_step_from(master.data(), m.data(), v.data(), out_master.data() + o.master, out_m.data() + o.m,
+                          out_v.data() + o.v, grad.data(), param.data(), n, a, s);
+        CHECK((std::tuple{master, m, v} == before));
+        b.adamw_step(master.data(), m.data(), v.data(), grad.data(), want_param.data(), n, a, s);
+        CHECK(std::equal(master.begin(), master.end(), out_master.begin() + static_cast<std::ptrdiff_t>(o.master)));
+        CHECK(std::equal(m.begin(), m.end(), out_m.begin() + static_cast<std::ptrdiff_t>(o.m)));
+        CHECK(std::equal(v.begin(), v.end(), out_v.begin() + static_cast<std::ptrdiff_t>(o.v)));
+        CHECK(first_mismatch(param.data(), want_param.data(), n, false) == n);
+      }
+    }
+  }
+}
+
 TEST_CASE("adamw_step: known values, and Adam differs from AdamW only through weight decay") {
   zero::cpu_backend b({.threads = 1});
   const auto s = b.make_stream();

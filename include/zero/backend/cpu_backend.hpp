@@ -281,16 +281,23 @@ public:
     require(master != nullptr, "adamw_step", "master");
     require(m != nullptr, "adamw_step", "m");
     require(v != nullptr, "adamw_step", "v");
-    require(grad != nullptr, "adamw_step", "grad");
-    const auto c = detail::cpu::adamw_consts::from(args);
-    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
-      P* out = param != nullptr ? param + b : nullptr;
-      if (c.adam_w_mode) {
-        adamw_chunk<true>(master + b, m + b, v + b, grad + b, out, len, c);
-      } else {
-        adamw_chunk<false>(master + b, m + b, v + b, grad + b, out, len, c);
-      }
-    });
+    adamw_chunks({master, m, v}, {master, m, v}, grad, param, n, args);
+  }
+
+  /// The same step out of place: reads the state at `master_in`, `m_in`, `v_in` and writes the new
+  /// state to `master`, `m`, `v`, leaving the input as it was (an update that may still be dropped:
+  /// `offloaded_adamw`'s updates during backward). Same bits as `adamw_step` on a copy of the input.
+  /// No output buffer may overlap an input or another output.
+  template <backend_float G, backend_float P>
+  void adamw_step_from(const float* master_in, const float* m_in, const float* v_in, float* master, float* m, float* v,
+                       const G* grad, P* param, std::size_t n, const adamw_step_args& args, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(master_in != nullptr && master != nullptr, "adamw_step_from", "master");
+    require(m_in != nullptr && m != nullptr, "adamw_step_from", "m");
+    require(v_in != nullptr && v != nullptr, "adamw_step_from", "v");
+    adamw_chunks({master_in, m_in, v_in}, {master, m, v}, grad, param, n, args);
   }
 
   /// dst[i] = D(src[i]) for i < n, rounding to nearest even (a copy when S == D). No overlap.
@@ -426,10 +433,24 @@ private:
     fn(detail::cpu::scalar::kernels{});
   }
 
-  template <bool AdamW, class G, class P>
-  void adamw_chunk(float* p, float* m, float* v, const G* g, P* o, std::size_t n,
-                   const detail::cpu::adamw_consts& c) const noexcept {
-    dispatch([&](auto isa) noexcept { decltype(isa)::template adamw<AdamW>(p, m, v, g, o, n, c); });
+  /// AdamW over [0, n) in chunks on the pool, from `in` to `out`.
+  template <class G, class P>
+  void adamw_chunks(const detail::cpu::adamw_state_in& in, const detail::cpu::adamw_state_out& out, const G* grad,
+                    P* param, std::size_t n, const adamw_step_args& args) {
+    require(grad != nullptr, "adamw_step", "grad");
+    const auto c = detail::cpu::adamw_consts::from(args);
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      P* p = param != nullptr ? param + b : nullptr;
+      const detail::cpu::adamw_state_in i{in.master + b, in.m + b, in.v + b};
+      const detail::cpu::adamw_state_out o{out.master + b, out.m + b, out.v + b};
+      dispatch([&](auto isa) noexcept {
+        if (c.adam_w_mode) {
+          decltype(isa)::template adamw<true>(i, o, grad + b, p, len, c);
+        } else {
+          decltype(isa)::template adamw<false>(i, o, grad + b, p, len, c);
+        }
+      });
+    });
   }
 
   static constexpr std::size_t chunks(std::size_t n) noexcept { return (n + chunk_elements - 1) / chunk_elements; }

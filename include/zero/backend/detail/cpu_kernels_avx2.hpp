@@ -81,6 +81,11 @@ struct vec {
   }
 
   /// Stores 8 floats as `T` (rounding to nearest even for the half types).
+  /// Stores 8 floats past the caches (a non-temporal store: no read of the line first), at an
+  /// address aligned to `stream_alignment`; `fence` orders such stores before later ones.
+  static constexpr std::size_t stream_alignment = 32;
+  ZERO_TARGET_AVX2 static void stream(float* p, reg x) noexcept { _mm256_stream_ps(p, x); }
+  ZERO_TARGET_AVX2 static void fence() noexcept { _mm_sfence(); }
   ZERO_TARGET_AVX2 static void store(float* p, reg x) noexcept { _mm256_storeu_ps(p, x); }
   ZERO_TARGET_AVX2 static void store(bf16* p, reg x) noexcept {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16_bits(x));

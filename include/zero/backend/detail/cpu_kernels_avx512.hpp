@@ -82,6 +82,11 @@ struct vec {
   }
 
   /// Stores 16 floats as `T` (rounding to nearest even for the half types).
+  /// Stores 16 floats past the caches (a non-temporal store: no read of the line first), at an
+  /// address aligned to `stream_alignment`; `fence` orders such stores before later ones.
+  static constexpr std::size_t stream_alignment = 64;
+  ZERO_TARGET_AVX512 static void stream(float* p, reg x) noexcept { _mm512_stream_ps(p, x); }
+  ZERO_TARGET_AVX512 static void fence() noexcept { _mm_sfence(); }
   ZERO_TARGET_AVX512 static void store(float* p, reg x) noexcept { _mm512_storeu_ps(p, x); }
   ZERO_TARGET_AVX512 static void store(bf16* p, reg x) noexcept {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(x));

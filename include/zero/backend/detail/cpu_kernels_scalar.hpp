@@ -116,14 +116,32 @@ template <bool AdamW> inline void adamw1(float& p, float& m, float& v, float gra
   p = p - c.step_size * m / denom;
 }
 
+/// The state an AdamW chunk reads (fp32 master, m, v)...
+struct adamw_state_in {
+  const float* master;
+  const float* m;
+  const float* v;
+};
+/// ...and where it writes the new state: the same pointers to update in place, or buffers that
+/// overlap none of the input's (the previous state is then kept).
+struct adamw_state_out {
+  float* master;
+  float* m;
+  float* v;
+};
+
 /// Elements [i, n) of one AdamW chunk; `param` may be null.
 template <bool AdamW, class G, class P>
-inline void adamw_tail(float* master, float* m, float* v, const G* grad, P* param, std::size_t i, std::size_t n,
-                       const adamw_consts& c) noexcept {
+inline void adamw_tail(const adamw_state_in& in, const adamw_state_out& out, const G* grad, P* param, std::size_t i,
+                       std::size_t n, const adamw_consts& c) noexcept {
   for (; i < n; ++i) {
-    float p = master[i];
-    adamw1<AdamW>(p, m[i], v[i], load1(grad + i), c);
-    master[i] = p;
+    float p = in.master[i];
+    float m = in.m[i];
+    float v = in.v[i];
+    adamw1<AdamW>(p, m, v, load1(grad + i), c);
+    out.m[i] = m;
+    out.v[i] = v;
+    out.master[i] = p;
     if (param != nullptr) {
       store1(param + i, p);
     }
@@ -190,11 +208,11 @@ namespace scalar {
 /// The portable chunk kernels, under the names `cpu_backend` dispatches to (the same as
 /// `avx2::kernels` and `avx512::kernels`).
 struct kernels {
-  /// One AdamW chunk of n elements (see adamw1); `param` may be null.
+  /// One AdamW chunk of n elements (see adamw1), from `in` to `out`; `param` may be null.
   template <bool AdamW, class G, class P>
-  static void adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
+  static void adamw(const adamw_state_in& in, const adamw_state_out& out, const G* grad, P* param, std::size_t n,
                     const adamw_consts& c) noexcept {
-    adamw_tail<AdamW>(master, m, v, grad, param, 0, n, c);
+    adamw_tail<AdamW>(in, out, grad, param, 0, n, c);
   }
 
   /// dst[i] = D(src[i]) for one chunk.

@@ -21,7 +21,9 @@
 
 #include "zero/backend/detail/cpu_kernels_scalar.hpp"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 namespace zero::detail::cpu::ZERO_CPU_SIMD_NS {
 
@@ -36,10 +38,39 @@ ZERO_CPU_SIMD_TARGET inline vec::reg product(vec::reg a, vec::reg b) noexcept {
 /// The chunk kernels of this instruction set, under the names `cpu_backend` dispatches to (the same
 /// as `scalar::kernels`).
 struct kernels {
-  /// One AdamW chunk of n elements, `vec::lanes` at a time (see adamw1); `param` may be null.
+  /// One AdamW chunk of n elements, `vec::lanes` at a time (see adamw1): the state read from `in`,
+  /// the new state written to `out` (the same pointers for an update in place); `param` may be null.
+  /// Out of place, the new state is written with non-temporal stores where `out` is aligned alike
+  /// (its lines are not read first: the same memory traffic as in place).
   template <bool AdamW, class G, class P>
-  ZERO_CPU_SIMD_TARGET static void adamw(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
-                                         const adamw_consts& c) noexcept {
+  ZERO_CPU_SIMD_TARGET static void adamw(const adamw_state_in& in, const adamw_state_out& out, const G* grad, P* param,
+                                         std::size_t n, const adamw_consts& c) noexcept {
+    if (in.master == out.master) {
+      const std::size_t i = adamw_lanes<AdamW, false>(in, out, grad, param, 0, n, c);
+      adamw_tail<AdamW>(in, out, grad, param, i, n, c);
+      return;
+    }
+    constexpr std::size_t align = vec::stream_alignment;
+    const auto misalign = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % align; };
+    if (misalign(out.master) != misalign(out.m) || misalign(out.master) != misalign(out.v) ||
+        misalign(out.master) % sizeof(float) != 0) {
+      const std::size_t i = adamw_lanes<AdamW, false>(in, out, grad, param, 0, n, c);
+      adamw_tail<AdamW>(in, out, grad, param, i, n, c);
+      return;
+    }
+    const std::size_t peel = std::min(n, (align - misalign(out.master)) % align / sizeof(float));
+    adamw_tail<AdamW>(in, out, grad, param, 0, peel, c);
+    const std::size_t i = adamw_lanes<AdamW, true>(in, out, grad, param, peel, n, c);
+    adamw_tail<AdamW>(in, out, grad, param, i, n, c);
+    vec::fence();
+  }
+
+  /// The lanes of `adamw` from element `i` on while a whole register fits; \returns where it stopped.
+  /// `Stream`: the state's stores are non-temporal (`out` aligned to `vec::stream_alignment` at `i`).
+  template <bool AdamW, bool Stream, class G, class P>
+  ZERO_CPU_SIMD_TARGET static std::size_t adamw_lanes(const adamw_state_in& in, const adamw_state_out& out,
+                                                      const G* grad, P* param, std::size_t i, std::size_t n,
+                                                      const adamw_consts& c) noexcept {
     using reg = vec::reg;
     const reg beta1 = vec::set1(c.beta1);
     const reg beta2 = vec::set1(c.beta2);
@@ -51,28 +82,33 @@ struct kernels {
     const reg step = vec::set1(c.step_size);
     const reg sqrt_bc2 = vec::set1(c.sqrt_bc2);
     const reg decay = vec::set1(c.decay);
-    std::size_t i = 0;
     for (; i + vec::lanes <= n; i += vec::lanes) {
-      reg p = vec::load(master + i);
+      reg p = vec::load(in.master + i);
       reg g = product(vec::load(grad + i), gscale);
       if constexpr (!AdamW) {
         g = g + product(wd, p);
       }
-      const reg mi = product(beta1, vec::load(m + i)) + product(omb1, g);
-      const reg vi = product(beta2, vec::load(v + i)) + product(omb2 * g, g);
+      const reg mi = product(beta1, vec::load(in.m + i)) + product(omb1, g);
+      const reg vi = product(beta2, vec::load(in.v + i)) + product(omb2 * g, g);
       if constexpr (AdamW) {
         p = product(p, decay);
       }
       const reg denom = vec::sqrt(vi) / sqrt_bc2 + eps;
       p = p - step * mi / denom;
-      vec::store(m + i, mi);
-      vec::store(v + i, vi);
-      vec::store(master + i, p);
+      if constexpr (Stream) {
+        vec::stream(out.m + i, mi);
+        vec::stream(out.v + i, vi);
+        vec::stream(out.master + i, p);
+      } else {
+        vec::store(out.m + i, mi);
+        vec::store(out.v + i, vi);
+        vec::store(out.master + i, p);
+      }
       if (param != nullptr) {
         vec::store(param + i, p);
       }
     }
-    adamw_tail<AdamW>(master, m, v, grad, param, i, n, c);
+    return i;
   }
 
   /// dst[i] = D(src[i]) for one chunk.
