@@ -240,6 +240,12 @@ public:
     float* v = nullptr;
     const std::byte* grads = nullptr;
     std::byte* params = nullptr;
+    /// Where the step reads the state from when it is not `master`, `m`, `v` (an update out of place,
+    /// which keeps the previous state: needs the backend's `adamw_step_from`, 16-bit training); all
+    /// three or none.
+    const float* master_in = nullptr;
+    const float* m_in = nullptr;
+    const float* v_in = nullptr;
   };
 
   /// AdamW over the runs of `w` on `s`, with state wherever `w` says (the step of a window of state
@@ -252,6 +258,11 @@ public:
         w.first + w.count > ranges_[w.range].second + ranges_[w.range].first.size()) {
       throw usage_error("partitioned_adamw::step_window: elements [" + std::to_string(w.first) + ", " +
                         std::to_string(w.first + w.count) + ") are not in owned range " + std::to_string(w.range));
+    }
+    const bool out_of_place = w.master_in != nullptr;
+    if (out_of_place && (w.m_in == nullptr || w.v_in == nullptr || !has_master())) {
+      throw usage_error("partitioned_adamw::step_window: an update out of place needs master_in, m_in and v_in, and "
+                        "16-bit parameters (fp32 training updates its parameters in place)");
     }
     visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
       visit_float(param_type_, [&]<class P>(type_tag<P>) {
@@ -271,6 +282,17 @@ public:
           if constexpr (std::is_same_v<P, float>) {
             // fp32 training: the parameters are the master copy.
             backend_.adamw_step(p, w.m + d, w.v + d, g, static_cast<float*>(nullptr), hi - lo, a, s);
+          } else if (out_of_place) {
+            if constexpr (requires {
+                            backend_.adamw_step_from(w.master_in, w.m_in, w.v_in, w.master, w.m, w.v, g, p, hi - lo, a,
+                                                     s);
+                          }) {
+              backend_.adamw_step_from(w.master_in + d, w.m_in + d, w.v_in + d, w.master + d, w.m + d, w.v + d, g, p,
+                                       hi - lo, a, s);
+            } else {
+              throw usage_error("partitioned_adamw::step_window: this backend has no adamw_step_from (an update out "
+                                "of place)");
+            }
           } else {
             backend_.adamw_step(w.master + d, w.m + d, w.v + d, g, p, hi - lo, a, s);
           }
