@@ -167,6 +167,35 @@ TEST_CASE("an offloaded optimizer saves and loads as an in-memory one, across st
   }
 }
 
+TEST_CASE("an optimizer that updates during backward saves and loads the state from whichever home each range is "
+          "in") {
+  // After an odd number of steps with every update kept, each range of the second home lives there.
+  const std::string overlap = R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})";
+  const std::string half = R"("offload_optimizer": {"device": "cpu", "backward_overlap": 0.5})";
+  const std::string none;
+  struct pair {
+    int stage_a, world_a, stage_b, world_b;
+    const std::string* offload_a;
+    const std::string* offload_b;
+  };
+  for (pair p : {pair{2, 2, 2, 2, &overlap, &overlap}, pair{3, 2, 2, 1, &half, &none}, pair{2, 2, 3, 4, &none, &half},
+                 pair{3, 4, 3, 2, &overlap, &half}}) {
+    CAPTURE(p.stage_a);
+    CAPTURE(p.stage_b);
+    CAPTURE(*p.offload_a);
+    CAPTURE(*p.offload_b);
+    zt::run_spec a{
+        .stage = p.stage_a, .world = p.world_a, .type = dtype::bf16, .steps = 5, .batch = 64, .param_coupling = 0};
+    const auto want = zt::train_plain(a);
+    a.zero_extra = *p.offload_a;
+    zt::run_spec b = a;
+    b.stage = p.stage_b;
+    b.world = p.world_b;
+    b.zero_extra = *p.offload_b;
+    CHECK(zt::train_with_break(a, 3, b, zt::scratch("overlap-reshard")).params == want.params);
+  }
+}
+
 TEST_CASE("offloaded parameters save and load as in memory, across world size, stage and offload") {
   // The shard in host memory is read and written through the backend's copies as any store; on NVMe
   // through an image of it in host memory (every module in the file: max_in_cpu 0).

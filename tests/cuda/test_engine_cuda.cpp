@@ -109,8 +109,10 @@ TEST_SUITE("engine") {
             CAPTURE(zero::name_of(type));
             CAPTURE(accumulation);
             const auto in_memory = zero::test::train_on_gpus(s);
+            // backward_overlap: the host updates each range as its gradients land, during backward.
             for (const char* extra : {R"("offload_optimizer": {"device": "cpu"})",
-                                      R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})"}) {
+                                      R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})",
+                                      R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})"}) {
               CAPTURE(extra);
               s.zero_extra = extra;
               const bool partial = std::string(extra).find("ratio") != std::string::npos;
@@ -142,9 +144,11 @@ TEST_SUITE("engine") {
             CAPTURE(accumulation);
             CAPTURE(persistence);
             const auto in_memory = zero::test::train_on_gpus(s);
-            for (const char* extra :
-                 {R"("offload_param": {"device": "cpu"})",
-                  R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})"}) {
+            for (
+                const char* extra :
+                {R"("offload_param": {"device": "cpu"})",
+                 R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})",
+                 R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu", "backward_overlap": 1})"}) {
               CAPTURE(extra);
               s.zero_extra = extra;
               const bool with_optimizer = std::string(extra).find("offload_optimizer") != std::string::npos;

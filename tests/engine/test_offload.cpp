@@ -2,10 +2,12 @@
 // optimizer, its state in host memory and the device holding none of it.
 
 #include "engine_harness.hpp"
+#include "same_run.hpp"
 
 #include <doctest/doctest.h>
 
 using zero::dtype;
+using zero::testing::check_same_run;
 using zero::testing::run_spec;
 using zero::testing::train_with_engine;
 
@@ -15,13 +17,6 @@ constexpr const char* offload_cpu = R"("offload_optimizer": {"device": "cpu"})";
 // Partial offload: that share of each rank's optimizer state on the host, the rest on the device.
 constexpr const char* offload_03 = R"("offload_optimizer": {"device": "cpu", "ratio": 0.3})";
 constexpr const char* offload_07 = R"("offload_optimizer": {"device": "cpu", "ratio": 0.7})";
-
-void check_same_run(const zero::testing::run_result& got, const zero::testing::run_result& want) {
-  CHECK(got.params == want.params);
-  CHECK(got.norms == want.norms);
-  CHECK(got.applied == want.applied);
-  CHECK(got.scales == want.scales);
-}
 
 /// What one applied step of a model big enough that padding is a small part of it, 3 modules of one
 /// 100 x 1000 bf16 weight on 2 ranks, leaves per rank: the memory report, whether the optimizer is

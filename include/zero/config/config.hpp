@@ -193,6 +193,12 @@ struct offload_optimizer_config {
   /// of a step take equally long, from update rates it measures then (or that the program gave it,
   /// `set_offload_rates`); `ratio` is then not used. Default false.
   bool ratio_auto = false;
+  /// `backward_overlap` (zero-specific, not a DeepSpeed key): with device cpu and the whole state
+  /// offloaded, the share of the rank's optimizer state, in [0, 1], that the host may update during
+  /// backward, before the step knows the gradient norm; that share is held twice in host memory so an
+  /// update the step must not keep (an overflow, a clip) is dropped. Acts at stages 2-3 with 16-bit
+  /// parameters and no gradient accumulation (docs/offload.md). Default 0.
+  double backward_overlap = 0.0;
   friend bool operator==(const offload_optimizer_config&, const offload_optimizer_config&) = default;
 };
 

@@ -216,6 +216,8 @@ inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
         .range(0.0, 1.0)
         .by_hand(read_offload_ratio)
         .written_by(write_offload_ratio),
+    // zero-specific, not a DeepSpeed key.
+    key<&offload_optimizer_config::backward_overlap>("backward_overlap").range(0.0, 1.0),
 };
 
 inline constexpr key_row<offload_param_config> offload_param_keys[] = {

@@ -51,8 +51,8 @@ namespace zero {
 template <class Backend, class Comm, class Allocator = typename Backend::allocator_type, class Storage = posix_storage>
 class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base = engine_state<Backend, Comm, Allocator, Storage>;
-  using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::finish_gathers,
-      base::gradients_landed, base::join_update, base::reduced, base::zero_gradients;
+  using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::end_early,
+      base::finish_gathers, base::gradients_landed, base::join_update, base::reduced, base::zero_gradients;
   using base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_, base::frozen_,
       base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_,
       base::scheduler_, base::stream_;
@@ -216,6 +216,7 @@ public:
       }
       const loss_scaler_state scaler_before = scaler_.state();
       applied = scaler_.update(g.overflow).applied;
+      end_early(applied, g.norm);
       r.overflow = g.overflow;
       r.grad_norm = g.norm;
       r.lr = scheduler_.group_lr(cfg_.optimizer->lr);

@@ -192,7 +192,11 @@ public:
           // The slice is final on the device (no accumulation follows): check it there, as in memory.
           stats_->check_range(segment, slice, 1.0 / scaler_.scale());
         }
-        return streamed->take(segment, slice, stream_);
+        const auto& copied = streamed->take(segment, slice, stream_);
+        if (stats_in_take_ && reducer_boundary_) {
+          update_early(segment);
+        }
+        return copied;
       });
       stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
     }
@@ -363,8 +367,12 @@ protected:
       split_.ratio = balanced_offload_ratio(*split_.rates, cfg_.param_dtype(), cfg_.grad_accum_dtype);
     }
     split_.host_elements = offloaded_state_elements(split_.ratio, state);
-    const auto opt = offload_options{.threads = threads};
+    auto opt = offload_options{.threads = threads};
     if (split_.host_elements == state) {
+      // Updates during backward need the gradients streamed (stages 2-3) and final at their hand-over.
+      if (cfg_.stage() >= 2 && cfg_.gradient_accumulation_steps == 1) {
+        opt.backward_overlap = o.backward_overlap;
+      }
       optimizer_.make_on_host(layout, place, reg_.group_of(), reg_.groups(), backend_, host_alloc{}, stream_, opt);
     } else if (split_.host_elements == 0) {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
@@ -404,7 +412,29 @@ protected:
     }
   }
 
+  /// Queues the host's update of owned range `k` during backward (`offloaded_adamw::update_early`),
+  /// beginning the step's updates with its first range: the arguments of the step that follows,
+  /// unclipped.
+  void update_early(std::size_t k) {
+    auto* host = optimizer_.host();
+    if (host == nullptr || host->overlap_elements() == 0) {
+      return;
+    }
+    if (!host->early()) {
+      host->begin_early(adamw_args_from_config(*cfg_.optimizer, counters_.applied_steps + 1, 1.0),
+                        [this](double lr) { return scheduler_.group_lr(lr); });
+    }
+    host->update_early(k);
+  }
+  /// Ends the host's updates during backward: kept when the step applies unclipped, else dropped.
+  void end_early(bool applied, double norm) {
+    if (auto* host = optimizer_.host()) {
+      host->end_early(applied && clip_coefficient(norm, cfg_.gradient_clipping) == 1.0);
+    }
+  }
+
   void begin_micro_step() {
+    end_early(false, 0.0); // a step that ended early (an error) keeps none of its updates
     reducer_boundary_ = is_boundary();
     reducer_->begin_micro_step(reducer_boundary_);
     if (stats_in_take_ && reducer_boundary_) {

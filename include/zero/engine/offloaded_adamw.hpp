@@ -18,6 +18,16 @@
 /// as an in-memory one (the gradient norm, clipping and fp16's overflow check run before any range is
 /// updated, as in memory). On a GPU the host's AdamW rounds each operation as the device kernel does
 /// (docs/offload.md).
+///
+/// **Updates during backward** (`offload_options::backward_overlap`, stages 2-3 without
+/// accumulation): the last ranges (the segments backward reduces first, that share of the state)
+/// have a second home in host memory. While backward runs, a thread of the host updates each such
+/// range as soon as its gradients landed, out of place: from the home its state is in to the other
+/// one, with the bf16 parameters written to staging. The previous state stays whole, so when the
+/// step learns it must not apply these updates (an overflow anywhere, a clip coefficient below 1)
+/// it drops them, and the step runs as without them; otherwise each updated range now lives in its
+/// other home and the step only uploads its parameters. Same kernel arithmetic, same arguments:
+/// the same bits either way.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cpu_backend.hpp"
@@ -26,13 +36,19 @@
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/detail/host_gradients.hpp"
+#include "zero/engine/detail/job_thread.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -57,6 +73,10 @@ template <class B> using offload_allocator_t = typename detail::offload_allocato
 struct offload_options {
   /// Threads of the host AdamW, the calling thread included (0: the host's hardware concurrency).
   unsigned threads = 0;
+  /// The share of the state, in [0, 1], that may be updated during backward (see the file comment),
+  /// held twice in host memory (`memory_tag::buffers`). Used with 16-bit parameters in host memory or
+  /// on the device, not in a file; 0: none.
+  double backward_overlap = 0.0;
 };
 
 /// AdamW over a rank's part of the flat buffer, in host memory; see the file comment. The interface
@@ -81,7 +101,7 @@ public:
                   offload_options opt = {})
       : backend_(backend), stream_(stream), counted_(host), host_(cpu_backend_options{.threads = opt.threads}, host),
         device_params_(place.params), device_sharded_(place.params_sharded), params_on_host_(place.params_on_host),
-        in_file_(place.params_in_file), param_size_(size_of(layout.type())),
+        in_file_(place.params_in_file), param_type_(layout.type()), param_size_(size_of(param_type_)),
         host_params_(params_on_host_ ? buffer<std::byte, host_counting>()
                                      : buffer<std::byte, host_counting>(
                                            counted_, state_elements(layout, place) * param_size_, memory_tag::params)),
@@ -100,6 +120,13 @@ public:
     }
     if (params_on_host_ && !place.params_sharded) {
       throw usage_error("offloaded_adamw: parameters in host memory must be the rank's shard (params_sharded)");
+    }
+    if (!(opt.backward_overlap >= 0.0 && opt.backward_overlap <= 1.0)) {
+      throw usage_error("offloaded_adamw: backward_overlap " + std::to_string(opt.backward_overlap) +
+                        " is not a share in [0, 1]");
+    }
+    if (opt.backward_overlap > 0.0 && inner_.has_master() && !in_file_) {
+      make_second_home(opt.backward_overlap);
     }
   }
 
@@ -127,8 +154,111 @@ public:
   /// The host gradient shard (streamed by the engine at stages 2-3).
   [[nodiscard]] auto& grads() noexcept { return grads_; }
 
+  /// The state elements that may be updated during backward (0 without `backward_overlap`).
+  [[nodiscard]] std::size_t overlap_elements() const noexcept { return inner_.state_size() - second_base_; }
+
+  /// Begins the updates during backward of a step that will run with `args` and `group_lr` (a clip
+  /// coefficient of 1: `args.grad_scale` as the step's when nothing is clipped); `update_early` then
+  /// queues them. Nothing to do without a second home.
+  void begin_early(const adamw_step_args& args, std::function<double(double)> group_lr) {
+    if (second_first_ == inner_.ranges().size()) {
+      return;
+    }
+    end_early(false);
+    early_args_ = args;
+    early_lr_ = std::move(group_lr);
+    early_ = true;
+  }
+  /// True between `begin_early` and `end_early`.
+  [[nodiscard]] bool early() const noexcept { return early_; }
+  /// Queues the update of range `k` during backward, once its gradients have landed (after `take`);
+  /// nothing for a range without a second home or outside `begin_early`.
+  void update_early(std::size_t k) {
+    if (!early_ || k < second_first_ || k >= inner_.ranges().size()) {
+      return;
+    }
+    ++queued_;
+    worker_.post([this, k] {
+      try {
+        grads_.wait_landed(k);
+        const std::size_t off = inner_.ranges()[k].second;
+        const home from = home_of(k, side_[k]);
+        const home to = home_of(k, static_cast<std::uint8_t>(side_[k] ^ 1U));
+        inner_.step_window({.range = k,
+                            .first = off,
+                            .count = inner_.ranges()[k].first.size(),
+                            .master = to.master,
+                            .m = to.m,
+                            .v = to.v,
+                            .grads = grads_.at(off),
+                            .params = early_params(k),
+                            .master_in = from.master,
+                            .m_in = from.m,
+                            .v_in = from.v},
+                           host_stream_, early_args_, early_lr_);
+      } catch (...) {
+        const std::lock_guard lock(done_mu_);
+        failed_ = true;
+        done_cv_.notify_all();
+        throw;
+      }
+      const std::lock_guard lock(done_mu_);
+      done_.push_back(k);
+      done_cv_.notify_all();
+    });
+  }
+  /// Ends the updates during backward. With `keep`, each updated range moves to its other home as its
+  /// update lands, and its new parameters go on their way at once (uploaded on the engine's stream,
+  /// or copied into stage 3's host shard) while the host still updates later ranges; its next
+  /// `step_range` has nothing left to do. Otherwise the updates are dropped (waited for) and the
+  /// state is the previous step's.
+  /// \throws what an update threw (a range's bounds: a bug, not the data); ranges already moved on
+  /// stay so.
+  void end_early(bool keep) {
+    if (!early_) {
+      return;
+    }
+    early_ = false;
+    std::size_t handled = 0;
+    while (keep && handled < queued_) {
+      std::size_t k = 0;
+      {
+        std::unique_lock lock(done_mu_);
+        done_cv_.wait(lock, [&] { return done_.size() > handled || failed_; });
+        if (done_.size() <= handled) {
+          break; // an update threw: drain() rethrows it
+        }
+        k = done_[handled];
+      }
+      ++handled;
+      side_[k] ^= 1U;
+      kept_[k] = 1;
+      ++early_counts_.kept;
+      publish(k);
+    }
+    struct reset {
+      offloaded_adamw* o;
+      ~reset() {
+        const std::lock_guard lock(o->done_mu_);
+        o->done_.clear();
+        o->failed_ = false;
+        o->queued_ = 0;
+      }
+    } at_end{this};
+    worker_.drain();
+    early_counts_.dropped += done_.size() - handled;
+  }
+  /// Range updates made during backward so far: kept by their step, or dropped.
+  struct early_counts {
+    std::size_t kept = 0;
+    std::size_t dropped = 0;
+  };
+  [[nodiscard]] early_counts early_updates() const noexcept { return early_counts_; }
+
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
+    end_early(false);
+    settle();
     for (const auto& [range, state_offset] : inner_.ranges()) {
       if (params_on_host_) {
         break; // the host AdamW reads the shard itself
@@ -141,12 +271,26 @@ public:
 
   /// Host copies of the state (see `partitioned_adamw::read_state`; host memory, so a plain copy).
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
-    inner_.read_state(t, state_offset, out);
+    end_early(false);
+    for_each_home(t, state_offset, out.size(), [&](float* second, std::size_t lo, std::size_t n) {
+      if (second != nullptr) {
+        std::memcpy(out.data() + (lo - state_offset), second, n * sizeof(float));
+      } else {
+        inner_.read_state(t, lo, out.subspan(lo - state_offset, n));
+      }
+    });
   }
   /// Writes host values into the state. The device parameters are the caller's to write (a
   /// checkpoint writes both).
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
-    inner_.write_state(t, state_offset, in);
+    end_early(false);
+    for_each_home(t, state_offset, in.size(), [&](float* second, std::size_t lo, std::size_t n) {
+      if (second != nullptr) {
+        std::memcpy(second, in.data() + (lo - state_offset), n * sizeof(float));
+      } else {
+        inner_.write_state(t, lo, in.subspan(lo - state_offset, n));
+      }
+    });
   }
 
   /// One optimizer step over every owned range, with its copies on the engine's stream.
@@ -163,8 +307,22 @@ public:
                   GradOf&& grad_of) {
     grads_.wait(k, s, grad_of, "offloaded_adamw");
     const auto& [range, state_offset] = inner_.ranges()[k];
-    inner_.step_range(k, host_stream_, base, group_lr,
-                      [&](const flat_range&, std::size_t off) { return grads_.at(off); });
+    if (k < kept_.size() && kept_[k] != 0) {
+      kept_[k] = 0; // updated during backward, its parameters already published (end_early)
+      return;
+    }
+    {
+      const home h = home_of(k, k < side_.size() ? side_[k] : std::uint8_t{0});
+      inner_.step_window({.range = k,
+                          .first = state_offset,
+                          .count = range.size(),
+                          .master = h.master,
+                          .m = h.m,
+                          .v = h.v,
+                          .grads = grads_.at(state_offset),
+                          .params = params_on_host_ ? place_params(state_offset) : host_params(state_offset)},
+                         host_stream_, base, group_lr);
+    }
     if (!params_on_host_) {
       copy_async<device_host_accessible>(backend_, s, host_params(state_offset),
                                          in_file_ ? in_file_(param_use::update, k) : device_params(range, state_offset),
@@ -173,10 +331,119 @@ public:
   }
 
 private:
+  struct home {
+    float* master;
+    float* m;
+    float* v;
+  };
+
   static std::size_t state_elements(const flat_layout& layout, const adamw_placement& place) {
     return owned_ranges(layout, place).second;
   }
   std::byte* host_params(std::size_t state_offset) { return host_params_.data() + state_offset * param_size_; }
+  /// The parameters the optimizer writes in place (stage 3's host shard), at state index `state_offset`.
+  std::byte* place_params(std::size_t state_offset) const { return device_params_ + state_offset * param_size_; }
+
+  /// Gives the last ranges, `share` of the state at most, a second home (see the file comment).
+  void make_second_home(double share) {
+    const auto& ranges = inner_.ranges();
+    const std::size_t state = inner_.state_size();
+    const auto most = static_cast<std::size_t>(share * static_cast<double>(state));
+    second_first_ = ranges.size();
+    while (second_first_ > 0 && state - ranges[second_first_ - 1].second <= most) {
+      --second_first_;
+    }
+    if (second_first_ == ranges.size()) {
+      return;
+    }
+    second_base_ = ranges[second_first_].second;
+    const std::size_t n = state - second_base_;
+    second_master_ = buffer<float, host_counting>(counted_, n, memory_tag::buffers);
+    second_m_ = buffer<float, host_counting>(counted_, n, memory_tag::buffers);
+    second_v_ = buffer<float, host_counting>(counted_, n, memory_tag::buffers);
+    if (params_on_host_) {
+      second_params_ = buffer<std::byte, host_counting>(counted_, n * param_size_, memory_tag::buffers);
+    }
+    side_.assign(ranges.size(), 0);
+    kept_.assign(ranges.size(), 0);
+  }
+  /// Range `k`'s state in its first home (`side` 0: the inner optimizer's buffers) or its second.
+  home home_of(std::size_t k, std::uint8_t side) {
+    const std::size_t off = inner_.ranges()[k].second;
+    if (side == 0) {
+      return {inner_.has_master() ? inner_.master() + off : nullptr, inner_.exp_avg() + off, inner_.exp_avg_sq() + off};
+    }
+    const std::size_t o = off - second_base_;
+    return {second_master_.data() + o, second_m_.data() + o, second_v_.data() + o};
+  }
+  /// Where an update during backward writes range `k`'s parameters.
+  std::byte* early_params(std::size_t k) {
+    const std::size_t off = inner_.ranges()[k].second;
+    return params_on_host_ ? second_params_.data() + (off - second_base_) * param_size_ : host_params(off);
+  }
+  /// Sends range `k`'s parameters, updated during backward into staging, where the step's go: to the
+  /// device on the engine's stream, or into stage 3's host shard (a copy on the host's threads).
+  void publish(std::size_t k) {
+    const flat_range& range = inner_.ranges()[k].first;
+    const std::size_t off = inner_.ranges()[k].second;
+    if (params_on_host_) {
+      visit_float(param_type_, [&]<class P>(type_tag<P>) {
+        host_.cast(reinterpret_cast<const P*>(early_params(k)), reinterpret_cast<P*>(place_params(off)), range.size(),
+                   host_stream_);
+      });
+    } else {
+      copy_async<device_host_accessible>(backend_, stream_, host_params(off), device_params(range, off),
+                                         range.size() * param_size_);
+    }
+  }
+  /// Calls `f(second, lo, n)` for the pieces of state elements [first, first + n) of tensor `t`:
+  /// `second` points at a piece living in its second home, or is null for one in the first.
+  template <class F> void for_each_home(state_tensor t, std::size_t first, std::size_t n, F&& f) {
+    const auto& ranges = inner_.ranges();
+    if (first + n > inner_.state_size() || first + n < n) {
+      throw usage_error("offloaded_adamw: state elements [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                        ") are outside this rank's " + std::to_string(inner_.state_size()));
+    }
+    std::size_t cur = first;
+    const std::size_t end = first + n;
+    while (cur < end) {
+      std::size_t hi = end;
+      float* second = nullptr;
+      for (std::size_t k = second_first_; k < ranges.size(); ++k) {
+        const std::size_t off = ranges[k].second;
+        const std::size_t e = off + ranges[k].first.size();
+        if (side_[k] == 0 || e <= cur) {
+          continue;
+        }
+        if (off <= cur) {
+          const home h = home_of(k, 1);
+          float* base = t == state_tensor::master ? h.master : t == state_tensor::exp_avg ? h.m : h.v;
+          second = base + (cur - off);
+          hi = std::min(end, e);
+        } else {
+          hi = std::min(hi, off);
+        }
+        break;
+      }
+      f(second, cur, hi - cur);
+      cur = hi;
+    }
+  }
+  /// Moves every range living in its second home back to its first.
+  void settle() {
+    for (std::size_t k = second_first_; k < side_.size(); ++k) {
+      if (side_[k] == 0) {
+        continue;
+      }
+      const std::size_t n = inner_.ranges()[k].first.size();
+      const home from = home_of(k, 1);
+      const home to = home_of(k, 0);
+      std::memcpy(to.master, from.master, n * sizeof(float));
+      std::memcpy(to.m, from.m, n * sizeof(float));
+      std::memcpy(to.v, from.v, n * sizeof(float));
+      side_[k] = 0;
+    }
+  }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
     const auto base = in_file_ ? in_file_(param_use::whole, 0) : device_params_;
     return base + (device_sharded_ ? state_offset : range.begin) * param_size_;
@@ -191,10 +458,33 @@ private:
   bool device_sharded_;
   bool params_on_host_; // the parameters are the host shard itself: updated in place, nothing copied
   std::function<std::byte*(param_use, std::size_t)> in_file_; // parameters in a file (offload_param nvme)
+  dtype param_type_;
   std::size_t param_size_;
   buffer<std::byte, host_counting> host_params_;
   partitioned_adamw<host_backend, HostAlloc> inner_;
   detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
+  // Updates during backward: ranges [second_first_, end) have a second home from state index
+  // second_base_ on; side_[k] says which home range k's state is in, kept_[k] that its update during
+  // backward was kept and published.
+  std::size_t second_first_ = inner_.ranges().size();
+  std::size_t second_base_ = inner_.state_size();
+  buffer<float, host_counting> second_master_;
+  buffer<float, host_counting> second_m_;
+  buffer<float, host_counting> second_v_;
+  buffer<std::byte, host_counting> second_params_;
+  std::vector<std::uint8_t> side_;
+  std::vector<std::uint8_t> kept_;
+  std::size_t queued_ = 0; // updates posted since begin_early
+  std::mutex done_mu_;     // guards done_ and failed_, written by the worker
+  std::condition_variable done_cv_;
+  std::vector<std::size_t> done_; // ranges whose update landed, in that order
+  bool failed_ = false;
+  bool early_ = false;
+  early_counts early_counts_;
+  adamw_step_args early_args_{};
+  std::function<double(double)> early_lr_;
+  /// Last: stopped and joined before anything its jobs use is destroyed.
+  detail::job_thread worker_;
 };
 
 } // namespace zero

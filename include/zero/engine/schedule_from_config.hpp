@@ -131,6 +131,12 @@ inline void check_engine_config(const config& c) {
                        " with offload_param \"nvme\"; a partial offload needs the parameter shard in memory "
                        "(offload_param \"none\" or \"cpu\"), or set the ratio to 1");
   }
+  if (o.backward_overlap != 0 && (!(o.backward_overlap > 0 && o.backward_overlap <= 1) ||
+                                  o.device != offload_device::cpu || o.ratio_auto || o.ratio < 1)) {
+    throw config_error("zero_optimization.offload_optimizer.backward_overlap: " + std::to_string(o.backward_overlap) +
+                       "; expected a share in [0, 1] with device \"cpu\" and ratio 1 (the host updates during "
+                       "backward only the state it holds whole)");
+  }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
                        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");

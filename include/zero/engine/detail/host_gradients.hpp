@@ -170,6 +170,10 @@ public:
     return r;
   }
 
+  /// Waits until range `k`'s copy of this micro-step has landed in host memory (streamed: posted by
+  /// `take`). Safe from another thread than the one taking slices, for a range already taken.
+  void wait_landed(std::size_t k) const { backend_.synchronize(fetched_[k]); }
+
   /// The host gradients from state index `state_offset` on.
   [[nodiscard]] std::byte* at(std::size_t state_offset) noexcept { return shard_.data() + state_offset * grad_size_; }
 

@@ -1,0 +1,178 @@
+// Updates during backward (`offload_optimizer.backward_overlap`): the host updates each range of its
+// second home as soon as its gradients landed, out of place, and the step keeps those updates or
+// drops them. Either way the run has the bits of the in-memory optimizer.
+
+#include "engine_harness.hpp"
+#include "same_run.hpp"
+
+#include <doctest/doctest.h>
+#include <string>
+
+using zero::dtype;
+using zero::testing::check_same_run;
+using zero::testing::run_spec;
+using zero::testing::train_with_engine;
+
+namespace {
+
+std::string overlap_keys(double share, bool params_on_host = false) {
+  return R"("offload_optimizer": {"device": "cpu", "backward_overlap": )" + std::to_string(share) + "}" +
+         (params_on_host ? R"(, "offload_param": {"device": "cpu"})" : "");
+}
+
+/// Trains `s` and returns, besides the run, rank 0's count of updates made during backward that the
+/// steps kept and dropped.
+struct counted_run {
+  zero::testing::run_result run;
+  std::size_t kept = 0;
+  std::size_t dropped = 0;
+};
+counted_run train_counting(const run_spec& s) {
+  namespace zt = zero::testing;
+  counted_run out;
+  out.run.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+  zt::with_engine_group<zero::cpu_backend>(
+      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
+      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
+      [&](auto& eng, const zt::model_handles& mh, auto& comm) {
+        zt::init_model(eng);
+        zt::train_steps(eng, mh, comm, s, 0, s.steps, out.run);
+        if (comm.rank() == 0) {
+          const auto* host = eng.optimizer().host();
+          REQUIRE(host != nullptr);
+          out.kept = host->early_updates().kept;
+          out.dropped = host->early_updates().dropped;
+        }
+        zt::collect_params(eng, mh, comm, out.run);
+      });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("updates during backward give the bits of the in-memory optimizer at stages 2-3, and are kept when the "
+          "step applies unclipped") {
+  for (int stage : {2, 3}) {
+    for (int world : {1, 3}) {
+      for (dtype type : {dtype::bf16, dtype::f16}) {
+        for (bool on_host : {false, true}) {
+          if (on_host && stage != 3) {
+            continue;
+          }
+          CAPTURE(stage);
+          CAPTURE(world);
+          CAPTURE(zero::name_of(type));
+          CAPTURE(on_host);
+          // A clip the norms never reach: every update made during backward is kept.
+          run_spec s{.stage = stage, .world = world, .type = type, .clip = 1e6};
+          const auto want = train_with_engine(s);
+          for (double share : {0.5, 1.0}) {
+            CAPTURE(share);
+            s.zero_extra = overlap_keys(share, on_host);
+            const auto got = train_counting(s);
+            check_same_run(got.run, want);
+            CHECK(got.kept > 0);
+            CHECK(got.dropped == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a clip that acts, or an fp16 overflow, drops the updates made during backward: the step runs from the "
+          "previous state") {
+  SUBCASE("clipping") {
+    for (int stage : {2, 3}) {
+      CAPTURE(stage);
+      run_spec s{.stage = stage, .world = 2, .type = dtype::bf16, .clip = 1e-3};
+      const auto want = train_with_engine(s);
+      s.zero_extra = overlap_keys(1.0, stage == 3);
+      const auto got = train_counting(s);
+      check_same_run(got.run, want);
+      CHECK(got.kept == 0);
+      CHECK(got.dropped > 0);
+    }
+  }
+  SUBCASE("overflow") {
+    for (int stage : {2, 3}) {
+      CAPTURE(stage);
+      run_spec s{.stage = stage, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+      const auto want = train_with_engine(s);
+      s.zero_extra = overlap_keys(1.0);
+      const auto got = train_counting(s);
+      check_same_run(got.run, want);
+      CHECK_FALSE(got.run.applied[2]);
+      CHECK(got.kept > 0);    // the other steps keep theirs
+      CHECK(got.dropped > 0); // the overflowing step drops its own
+    }
+  }
+}
+
+TEST_CASE("backward_overlap has no updates to make with accumulation, fp32 parameters or at stage 1, and trains the "
+          "same") {
+  struct shape {
+    int stage;
+    int accumulation;
+    dtype type;
+  };
+  for (shape sh : {shape{1, 1, dtype::bf16}, shape{2, 2, dtype::bf16}, shape{3, 1, dtype::f32}}) {
+    CAPTURE(sh.stage);
+    CAPTURE(sh.accumulation);
+    CAPTURE(zero::name_of(sh.type));
+    run_spec s{.stage = sh.stage, .world = 2, .type = sh.type, .accumulation = sh.accumulation};
+    const auto want = train_with_engine(s);
+    s.zero_extra = overlap_keys(1.0);
+    const auto got = train_counting(s);
+    check_same_run(got.run, want);
+    CHECK(got.kept + got.dropped == 0);
+  }
+}
+
+TEST_CASE("the second home is host buffers of 12 bytes per element of its share (14 with parameters on the host); "
+          "the optimizer state stays at the formula") {
+  for (bool on_host : {false, true}) {
+    CAPTURE(on_host);
+    zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+      zero::cpu_backend backend({.threads = 1});
+      const auto cfg = zero::config::from_string(
+          R"({"train_batch_size": 1, "bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {}},
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, )" +
+          overlap_keys(0.5, on_host) + "}}");
+      zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
+      for (int k = 0; k < 4; ++k) {
+        eng.add_param(eng.add_module("m" + std::to_string(k)), "w" + std::to_string(k), {1000});
+      }
+      eng.finalize();
+      const auto* host = eng.optimizer().host();
+      REQUIRE(host != nullptr);
+      // The last two of four equal modules (each padded alike): half of the state.
+      const auto r = eng.memory();
+      const std::size_t state = r.parameters + r.padding;
+      CHECK(host->overlap_elements() == state / 2);
+      CHECK(r.host_optimizer == 12 * state);
+      CHECK(r.host_buffers == (on_host ? 14 : 12) * state / 2);
+    });
+  }
+}
+
+TEST_CASE("backward_overlap outside [0, 1], or without the whole state on the cpu, is refused naming the key") {
+  const auto cfg_with = [](const std::string& offload) {
+    return R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
+               "zero_optimization": {"stage": 2, "offload_optimizer": )" +
+           offload + "}}";
+  };
+  CHECK_THROWS_WITH_AS(zero::config::from_string(cfg_with(R"({"device": "cpu", "backward_overlap": 1.5})")),
+                       doctest::Contains("backward_overlap"), zero::config_error);
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
+    for (const char* offload : {R"({"device": "cpu", "ratio": 0.5, "backward_overlap": 0.5})",
+                                R"({"device": "nvme", "nvme_path": "/tmp", "backward_overlap": 0.5})"}) {
+      CAPTURE(offload);
+      CHECK_THROWS_WITH_AS(eng_t(zero::config::from_string(cfg_with(offload)), comm, backend),
+                           doctest::Contains("zero_optimization.offload_optimizer.backward_overlap"),
+                           zero::config_error);
+    }
+  });
+}
