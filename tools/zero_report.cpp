@@ -586,6 +586,14 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     } else if (opt.device == zero::offload_device::cpu) {
       std::cout << "  offload: the optimizer state will be offloaded to host memory and stepped on the host"
                    " (zero_optimization.offload_optimizer.device \"cpu\"; docs/offload.md)\n";
+      if (opt.backward_overlap > 0) {
+        const bool acts = c.stage() >= 2 && c.gradient_accumulation_steps == 1 && c.param_dtype() != zero::dtype::f32;
+        std::cout << "  offload: " << opt.backward_overlap << " of each rank's optimizer state "
+                  << (acts ? "will be updated during backward, held twice in host memory"
+                           : "would be updated during backward, but this config has no such updates (they need "
+                             "stage 2 or 3, 16-bit parameters and no gradient accumulation)")
+                  << " (zero_optimization.offload_optimizer.backward_overlap; docs/offload.md)\n";
+      }
     } else if (z.offload_optimizer.device == zero::offload_device::nvme) {
       report_nvme(c, v);
     }
