@@ -229,6 +229,33 @@ TEST_SUITE("allocators") {
     }
   }
 
+  TEST_CASE("caching_pool keeps the peaks of bytes in use and held, as PyTorch's max_memory_allocated and _reserved") {
+    zero::caching_device_allocator pool;
+    void* a = pool.allocate(1000); // 1024 in use
+    void* b = pool.allocate(5000); // 1024 + 5120
+    CHECK(pool.peak_bytes_in_use() == 6144);
+    pool.deallocate(a, 1000);
+    void* c = pool.allocate(900); // the cached 1024 again: held bytes do not grow
+    CHECK(c == a);
+    pool.deallocate(b, 5000);
+    pool.deallocate(c, 900);
+    CHECK(pool.bytes_in_use() == 0);
+    CHECK(pool.peak_bytes_in_use() == 6144);
+    CHECK(pool.peak_bytes_reserved() == 6144);
+
+    pool.reset_peaks(); // nothing in use, 6144 held
+    CHECK(pool.peak_bytes_in_use() == 0);
+    CHECK(pool.peak_bytes_reserved() == 6144);
+    void* d = pool.allocate(1000); // from the cache
+    void* e = pool.allocate(2000); // a new class: 2048 more held
+    CHECK(pool.peak_bytes_in_use() == 1024 + 2048);
+    CHECK(pool.peak_bytes_reserved() == 6144 + 2048);
+    pool.deallocate(d, 1000);
+    pool.deallocate(e, 2000);
+    CHECK(pool.release_cached() == 6144 + 2048);
+    CHECK(pool.peak_bytes_reserved() == 6144 + 2048); // a peak, not what is held now
+  }
+
   TEST_CASE("after a warm-up step, a training step allocates nothing from CUDA") {
     zero::caching_device_allocator pool;
     const std::size_t sizes[] = {3u << 20, 1024, 77, 40u << 20, 1024, 123457};

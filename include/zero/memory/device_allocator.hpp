@@ -13,6 +13,7 @@
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -304,7 +305,7 @@ public:
         state_->in_use.splice(state_->in_use.end(), list, node);
         ++state_->cache_hits;
         state_->bytes_cached -= k.first;
-        state_->bytes_in_use += k.first;
+        state_->add_in_use(k.first);
         return node->ptr;
       }
     }
@@ -321,7 +322,7 @@ public:
         throw;
       }
       ++state_->cuda_allocations;
-      state_->bytes_in_use += k.first;
+      state_->add_in_use(k.first);
     } catch (...) {
       state_->upstream.deallocate(p, k.first, k.second);
       throw;
@@ -376,6 +377,24 @@ public:
     const std::lock_guard lock(state_->mutex);
     return state_->bytes_in_use;
   }
+  /// The most bytes ever in use at once (PyTorch's max_memory_allocated, counted by size class): with
+  /// every user of the device drawing from one pool, the true peak of their memory together.
+  [[nodiscard]] std::size_t peak_bytes_in_use() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->peak_in_use;
+  }
+  /// The most bytes ever held from the upstream at once, in use or cached (PyTorch's
+  /// max_memory_reserved).
+  [[nodiscard]] std::size_t peak_bytes_reserved() const {
+    const std::lock_guard lock(state_->mutex);
+    return state_->peak_reserved;
+  }
+  /// Sets both peaks back to the bytes in use and held now (to measure one phase).
+  void reset_peaks() {
+    const std::lock_guard lock(state_->mutex);
+    state_->peak_in_use = state_->bytes_in_use;
+    state_->peak_reserved = state_->bytes_in_use + state_->bytes_cached;
+  }
 
   /// The upstream allocator.
   [[nodiscard]] const Upstream& upstream() const noexcept { return state_->upstream; }
@@ -427,6 +446,15 @@ private:
     std::size_t cache_hits = 0;
     std::size_t bytes_cached = 0;
     std::size_t bytes_in_use = 0;
+    std::size_t peak_in_use = 0;
+    std::size_t peak_reserved = 0;
+
+    /// `bytes` more in use (under the lock); a block from the upstream was not cached before.
+    void add_in_use(std::size_t bytes) noexcept {
+      bytes_in_use += bytes;
+      peak_in_use = std::max(peak_in_use, bytes_in_use);
+      peak_reserved = std::max(peak_reserved, bytes_in_use + bytes_cached);
+    }
   };
 
   void* allocate_upstream(const key& k) {
