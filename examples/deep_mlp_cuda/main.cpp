@@ -396,6 +396,9 @@ struct outcome {
   std::size_t activation_bytes = 0;
   std::size_t device_peak_delta = 0;
   std::size_t default_pool_high = 0;
+  /// The engine's caching pool, which the framework draws from too: its peaks of bytes in use and held.
+  std::size_t pool_peak_in_use = 0;
+  std::size_t pool_peak_reserved = 0;
   std::string storage; // the storage policy's name under offload_optimizer nvme
   bool check_ok = true;
 };
@@ -532,7 +535,7 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       std::fprintf(stderr, "%s\n", line.c_str());
     }
   });
-  deep_mlp::model<engine_type> model(eng, p.shape, rank);
+  deep_mlp::model<engine_type> model(eng, p.shape, rank, backend.get_allocator()); // the engine's pool
   eng.finalize();
   model.setup();
 
@@ -648,6 +651,24 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   o.activation_bytes = model.activation_bytes();
   o.device_peak_delta = device_memory.peak();
   o.default_pool_high = device_memory_probe::default_pool_high();
+  o.pool_peak_in_use = backend.get_allocator().peak_bytes_in_use();
+  o.pool_peak_reserved = backend.get_allocator().peak_bytes_reserved();
+  if (checker) {
+    // Engine and framework draw from one pool: at the end of a forward it held the model state and every
+    // activation together, and it never held more than each part's peak summed (plus the size classes'
+    // rounding, at most 1/32).
+    const auto& m = o.memory;
+    const std::size_t together = m.params + m.grads + m.optimizer + o.activation_bytes;
+    const std::size_t sum_of_peaks = m.model_state_peak + m.buffers_peak + m.working_set_peak + o.framework_bytes;
+    if (o.pool_peak_in_use < together || o.pool_peak_in_use > sum_of_peaks + sum_of_peaks / 32) {
+      const std::lock_guard lock(print_mutex);
+      std::fprintf(stderr,
+                   "check: rank %d's pool peaked at %zu bytes in use; expected at least the model state and the "
+                   "activations (%zu) and at most the sum of the peaks plus 1/32 (%zu)\n",
+                   rank, o.pool_peak_in_use, together, sum_of_peaks + sum_of_peaks / 32);
+      o.check_ok = false;
+    }
+  }
   if (offload.device == zero::offload_device::nvme ||
       cfg.zero_optimization.offload_param.device == zero::offload_device::nvme) {
     o.storage = std::string(eng.storage().name());
@@ -657,9 +678,12 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
 
 void report(const outcome& o, bool json) {
   const auto& m = o.memory;
-  // Sum of the peaks of each counter (each peaks at its own time, so an upper bound of the true peak):
-  // the engine's model state, buffers and gathered working set, plus everything the framework holds.
-  const std::size_t allocated = m.model_state_peak + m.buffers_peak + m.working_set_peak + o.framework_bytes;
+  // Peak allocated: the most bytes in use at once in the pool that engine and framework share (by
+  // size class). Beside it, the sum of the peaks of each counter (each peaks at its own time, so an
+  // upper bound): the engine's model state, buffers and gathered working set, plus the most the
+  // framework holds.
+  const std::size_t allocated = o.pool_peak_in_use;
+  const std::size_t sum_of_peaks = m.model_state_peak + m.buffers_peak + m.working_set_peak + o.framework_bytes;
   if (json) {
     nlohmann::json j{{"impl", "zero"},
                      {"stage", o.stage},
@@ -680,7 +704,9 @@ void report(const outcome& o, bool json) {
                      {"flops_counted", "6*params*rows per step per GPU: fwd + bwd (dx, dW) GEMMs; block 0's unused "
                                        "dx GEMM included; elementwise, optimizer, communication excluded"},
                      {"peak_allocated_bytes", allocated},
-                     {"peak_reserved_bytes", o.device_peak_delta},
+                     {"peak_reserved_bytes", o.pool_peak_reserved},
+                     {"sum_of_peaks_bytes", sum_of_peaks},
+                     {"device_used_delta_bytes", o.device_peak_delta},
                      {"model_state_peak_bytes", m.model_state_peak},
                      {"zero_formula_bytes", m.formula},
                      {"params_peak_bytes", m.params_peak},
@@ -709,15 +735,16 @@ void report(const outcome& o, bool json) {
                 "  step %.2f ms median over %d steps (wall %.2f ms), %.1f TFLOP/s per GPU (6 * params * rows)\n"
                 "  of it forward %.2f ms, backward %.2f ms, optimizer step to the next start %.2f ms (medians)\n"
                 "  loss %.6f -> %.6f\n"
-                "  peak allocated %.2f GiB (engine model state %.2f + buffers %.2f + gathered %.2f + framework %.2f, "
-                "activations %.2f of it)\n"
-                "  peak reserved (cudaMemGetInfo delta) %.2f GiB\n"
+                "  peak allocated %.2f GiB (one pool; the peaks of engine model state %.2f + buffers %.2f + gathered "
+                "%.2f + framework %.2f = %.2f, activations %.2f of it)\n"
+                "  peak reserved %.2f GiB (the pool's; cudaMemGetInfo delta %.2f GiB)\n"
                 "  host (offloaded): peak %.2f GiB, formula %.2f GiB\n%s",
                 o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
                 o.step_wall_ms, o.tflops_per_gpu, o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first,
                 o.loss_last, static_cast<double>(allocated) / gib, static_cast<double>(m.model_state_peak) / gib,
                 static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
-                static_cast<double>(o.framework_bytes) / gib, static_cast<double>(o.activation_bytes) / gib,
+                static_cast<double>(o.framework_bytes) / gib, static_cast<double>(sum_of_peaks) / gib,
+                static_cast<double>(o.activation_bytes) / gib, static_cast<double>(o.pool_peak_reserved) / gib,
                 static_cast<double>(o.device_peak_delta) / gib, static_cast<double>(m.host_peak) / gib,
                 m.host_formula / gib, m.table().c_str());
     if (m.nvme > 0) {
