@@ -162,7 +162,7 @@ TEST_CASE("backward_overlap outside [0, 1], or without the whole state on the cp
                "zero_optimization": {"stage": 2, "offload_optimizer": )" +
            offload + "}}";
   };
-  CHECK_THROWS_WITH_AS(zero::config::from_string(cfg_with(R"({"device": "cpu", "backward_overlap": 1.5})")),
+  CHECK_THROWS_WITH_AS((void)zero::config::from_string(cfg_with(R"({"device": "cpu", "backward_overlap": 1.5})")),
                        doctest::Contains("backward_overlap"), zero::config_error);
   zero::run_ranks(1, [&](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});
