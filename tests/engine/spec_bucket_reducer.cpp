@@ -100,15 +100,19 @@ TEST_CASE("bucket_reducer: all_reduce mode averages the whole gradient; reduce_s
       const auto layout = three_buckets(world);
       run_ranks(world, [&](thread_communicator& comm) {
         rank_reducer<thread_communicator> rr(layout, comm, {.mode = mode});
-        // Stages 0-1 keep the whole gradient; stage 2 only the rank's shard.
+        // Stages 0-1 keep the whole gradient for good; stage 2 only the rank's shard, from its first
+        // reduction until the step is over.
         const bool whole = mode == reduce_mode::all_reduce;
-        CHECK(rr.kit.alloc.live(memory_tag::grads) ==
-              (whole ? layout.total_size() : layout.shard_size()) * sizeof(float));
+        CHECK(rr.kit.alloc.live(memory_tag::grads) == (whole ? layout.total_size() * sizeof(float) : 0));
         rr.backward({2, 1, 0}, 0);
         rr.r.finish(false);
         rr.check_reduced(mode, {0});
+        CHECK(rr.kit.alloc.live(memory_tag::grads) ==
+              (whole ? layout.total_size() : layout.shard_size()) * sizeof(float));
         CHECK(rr.r.launches() == 3);
         CHECK(rr.r.staging_buffers() == (whole ? 0 : 1));
+        rr.r.zero();
+        CHECK(rr.kit.alloc.live(memory_tag::grads) == (whole ? layout.total_size() * sizeof(float) : 0));
       });
     }
   }
@@ -175,6 +179,46 @@ TEST_CASE("bucket_reducer: micro-steps accumulate; all_reduce mode communicates 
       rr.check_reduced(mode, {0, 1});
     });
   }
+}
+
+TEST_CASE("bucket_reducer: the gradient shard grows slice by slice during backward and goes back after the update "
+          "that read it") {
+  const auto layout = three_buckets(2);
+  run_ranks(2, [&](thread_communicator& comm) {
+    // Without overlap each bucket's reduction completes as it launches, so what is held is exact.
+    rank_reducer<thread_communicator> rr(layout, comm, {.mode = reduce_mode::reduce_scatter, .overlap = false});
+    const auto& segs = layout.segments();
+    auto slice_bytes = [&](std::size_t k) { return segs[k].slice * sizeof(float); };
+    auto update = rr.kit.backend.make_stream(); // where an optimizer step reads the slices
+    for (int t : {0, 1}) {
+      CAPTURE(t);
+      rr.r.begin_micro_step(true);
+      rr.backward({2}, t); // segment 2 is reduced first: only its slice is held
+      CHECK(rr.kit.alloc.live(memory_tag::grads) == slice_bytes(2));
+      rr.backward({1, 0}, t);
+      rr.r.finish(false);
+      // Each step's gradients alone: a slice from the step before was never added in.
+      rr.check_reduced(reduce_mode::reduce_scatter, {t});
+      CHECK(rr.kit.alloc.live(memory_tag::grads) == layout.shard_size() * sizeof(float));
+      // The update runs on a stream of its own: the slices stay until it is joined.
+      rr.r.retire(update);
+      CHECK(rr.kit.alloc.live(memory_tag::grads) == layout.shard_size() * sizeof(float));
+      if (t == 0) {
+        rr.r.release(1); // the engine's stream waited for segment 1's update (its all-gather)
+        CHECK(rr.kit.alloc.live(memory_tag::grads) == slice_bytes(0) + slice_bytes(2));
+        rr.r.release(1);        // once only
+        rr.r.release_retired(); // the whole update joined
+        CHECK(rr.kit.alloc.live(memory_tag::grads) == 0);
+      }
+      // t == 1: nothing said the update was joined; the next reduction waits for it and starts afresh.
+    }
+    rr.r.begin_micro_step(true);
+    rr.backward({2, 1, 0}, 2);
+    rr.r.finish(false);
+    rr.check_reduced(reduce_mode::reduce_scatter, {2});
+    rr.r.zero(); // on the reducer's own stream: back at once
+    CHECK(rr.kit.alloc.live(memory_tag::grads) == 0);
+  });
 }
 
 TEST_CASE("bucket_reducer: finish(false) names a missing gradient and its rank, and the micro-step stays open") {

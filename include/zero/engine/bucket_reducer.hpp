@@ -16,7 +16,12 @@
 ///   framework writes into a staging buffer the size of one bucket, drawn from a small pool; a full
 ///   bucket is reduce-scattered in place and the rank's slice is added into its shard. Every
 ///   micro-step communicates, as in DeepSpeed's stage 2: waiting for the last micro-step would need
-///   gradient memory for the whole model, which is what stage 2 exists to avoid. With `streamed`
+///   gradient memory for the whole model, which is what stage 2 exists to avoid. The shard is held
+///   only while it is needed, one slice per segment: a segment's slice is allocated (zeroed) when
+///   its bucket is first reduced in an accumulation, so the shard grows during backward as the
+///   framework frees activations; after the step `retire` hands the slices back, at once when the
+///   update ran on the reducer's stream, else each once the owner says the reducer's stream is
+///   ordered after that segment's update (`release`, `release_retired`). With `streamed`
 ///   (an optimizer stepping on the host), the reducer keeps no shard: each bucket's reduced slice
 ///   goes to the sink given to `stream_to` (which copies it to the host) as the next bucket launches,
 ///   and the staging buffer is reused once the sink's event says the slice was read; two staging
@@ -38,6 +43,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,12 +104,14 @@ public:
     if (opt_.streamed && opt_.mode != reduce_mode::reduce_scatter) {
       throw usage_error("bucket_reducer: streamed reduced slices need reduce_mode::reduce_scatter (stages 2-3)");
     }
-    if (!opt_.streamed) {
-      const std::size_t elements = opt_.mode == reduce_mode::all_reduce ? layout_.total_size() : layout_.shard_size();
-      grads_ = buffer<std::byte, counting>(std::move(state), elements * esize_, memory_tag::grads);
-      fill_zero(grads_.data(), elements);
+    if (opt_.mode == reduce_mode::all_reduce) {
+      grads_ = buffer<std::byte, counting>(state, layout_.total_size() * esize_, memory_tag::grads);
+      fill_zero(grads_.data(), layout_.total_size());
     }
+    state_alloc_.emplace(std::move(state));
     const auto& segs = layout_.segments();
+    slices_.resize(segs.size());
+    retired_.assign(segs.size(), false);
     seg_ready_.assign(segs.size(), 0);
     seg_launched_.assign(segs.size(), false);
     seg_staging_.assign(segs.size(), -1);
@@ -206,25 +214,66 @@ public:
 
   /// The reduced gradient of flat range `r` (a rank's slice of one segment, or the whole buffer
   /// with `reduce_mode::all_reduce`), whose optimizer state starts at `state_offset`; null when
-  /// streamed (the sink has them).
+  /// streamed (the sink has them). With `reduce_mode::reduce_scatter`, valid from the end of the
+  /// accumulation's last micro-step (`finish`) until `retire`.
   [[nodiscard]] std::byte* reduced(const flat_range& r, std::size_t state_offset) noexcept {
     if (opt_.streamed) {
       return nullptr;
     }
-    return opt_.mode == reduce_mode::all_reduce ? grads_.data() + r.begin * esize_
-                                                : grads_.data() + state_offset * esize_;
+    if (opt_.mode == reduce_mode::all_reduce) {
+      return grads_.data() + r.begin * esize_;
+    }
+    // The segment whose slice holds state_offset: the last one starting at or before it.
+    const auto& segs = layout_.segments();
+    const auto it = std::upper_bound(segs.begin(), segs.end(), state_offset,
+                                     [](std::size_t off, const segment_info& s) { return off < s.shard_offset; });
+    const auto k = static_cast<std::size_t>(it - segs.begin()) - 1;
+    return slices_[k].data() + (state_offset - segs[k].shard_offset) * esize_;
   }
 
-  /// Zeroes the kept gradients (after an optimizer step, applied or skipped), on the reducer's stream
-  /// or on `s`; nothing when streamed (the sink keeps them).
-  void zero() { zero(stream_); }
-  void zero(const typename Backend::stream_type& s) {
-    if (grads_.size() == 0) {
+  /// Zeroes the kept gradients after an optimizer step (applied or skipped), or drops an
+  /// accumulation, on the reducer's stream: the whole buffer with `reduce_mode::all_reduce`; the
+  /// shard's slices go back to the allocator. Nothing when streamed (the sink keeps them).
+  void zero() { retire(stream_); }
+  /// The same after a step whose last reader of the gradients runs on `s`: with
+  /// `reduce_mode::all_reduce` the buffer is zeroed on `s`; the shard's slices go back at once when
+  /// `s` is the reducer's stream, else they are kept (retired) until `release` or `release_retired`
+  /// says the reducer's stream is ordered after their reader.
+  void retire(const typename Backend::stream_type& s) {
+    if (grads_.size() != 0) {
+      visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+        backend_.fill(reinterpret_cast<T*>(grads_.data()), grads_.size() / esize_, T{}, s);
+      });
       return;
     }
-    visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
-      backend_.fill(reinterpret_cast<T*>(grads_.data()), grads_.size() / esize_, T{}, s);
-    });
+    if (&s != &stream_) {
+      if (!retired_after_) {
+        retired_after_.emplace(backend_.make_event());
+      }
+      backend_.record(*retired_after_, s);
+    }
+    for (std::size_t k = 0; k < slices_.size(); ++k) {
+      if (&s == &stream_) {
+        slices_[k].release();
+        retired_[k] = false;
+      } else if (!slices_[k].empty()) {
+        retired_[k] = true;
+      }
+    }
+  }
+  /// The reducer's stream is ordered after the update that read segment `k`'s slice: a retired slice
+  /// goes back to the allocator (a later user there runs after that update).
+  void release(std::size_t k) noexcept {
+    if (k < slices_.size() && retired_[k]) {
+      slices_[k].release();
+      retired_[k] = false;
+    }
+  }
+  /// `release` for every retired slice (the reducer's stream joined the whole update).
+  void release_retired() noexcept {
+    for (std::size_t k = 0; k < slices_.size(); ++k) {
+      release(k);
+    }
   }
 
   /// Dtype of the gradients.
@@ -241,6 +290,22 @@ private:
       throw usage_error(std::string(what) + "(\"" + name + "\") between micro-steps: the reducer's micro-step ended " +
                         "with finish(); begin_micro_step() opens the next");
     }
+  }
+
+  /// Segment `k`'s slice of the shard, allocated and zeroed at its first reduction in an accumulation.
+  std::byte* slice_of(std::size_t k) {
+    if (retired_[k]) {
+      // The owner did not say the update that read it was joined: order the reducer's stream after
+      // it first, then give it back and take a fresh one.
+      backend_.wait(stream_, *retired_after_);
+      release(k);
+    }
+    if (slices_[k].empty()) {
+      const std::size_t n = layout_.segments()[k].slice;
+      slices_[k] = buffer<std::byte, counting>(*state_alloc_, n * esize_, memory_tag::grads);
+      fill_zero(slices_[k].data(), n);
+    }
+    return slices_[k].data();
   }
 
   void fill_zero(std::byte* p, std::size_t n) {
@@ -340,7 +405,7 @@ private:
         visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
           const T* mine =
               reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
-          backend_.accumulate(mine, reinterpret_cast<T*>(grads_.data()) + s.shard_offset, s.slice, stream_);
+          backend_.accumulate(mine, reinterpret_cast<T*>(slice_of(f.segment)), s.slice, stream_);
         });
       }
       free_.push_back(seg_staging_[f.segment]);
@@ -360,7 +425,11 @@ private:
   reducer_options opt_;
   typename Backend::stream_type& stream_;
   std::size_t esize_;
-  buffer<std::byte, counting> grads_;
+  buffer<std::byte, counting> grads_;               // reduce_mode::all_reduce: the whole gradient
+  std::optional<counting> state_alloc_;             // the memory of the shard's slices
+  std::vector<buffer<std::byte, counting>> slices_; // reduce_scatter: segment k's slice of the shard, or empty
+  std::vector<bool> retired_;                       // slices_[k] was read by an update not yet joined
+  std::optional<event_type> retired_after_;         // the point on the retiring stream after that update
   std::vector<buffer<std::byte, counting>> pool_;
   std::vector<const event_type*> reuse_after_; // per staging buffer: the sink's copy that reads it
   sink sink_;

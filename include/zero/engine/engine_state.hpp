@@ -199,6 +199,10 @@ public:
         return copied;
       });
       stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
+    } else {
+      // Stages 2-3 in memory: a segment's gradient slice goes back to the allocator once the engine's
+      // stream is ordered after the update that read it (the next forward's wait for that segment).
+      residency_([this](auto& r) { r.on_joined([this](std::size_t k) { reducer_->release(k); }); });
     }
     split_.state_elements = optimizer_.state_size();
     if (z.offload_optimizer.device == offload_device::nvme) {
@@ -467,7 +471,7 @@ protected:
     if (streamed_) {
       optimizer_.host_grads()->reset();
     } else if (s != nullptr) {
-      reducer_->zero(*s);
+      reducer_->retire(*s);
     } else {
       reducer_->zero();
     }
@@ -492,6 +496,7 @@ protected:
   void join_update() {
     if (overlap_ && overlap_->join()) {
       residency_([](auto& r) { r.updates_joined(); });
+      reducer_->release_retired();
     }
   }
 

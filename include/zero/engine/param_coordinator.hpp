@@ -134,6 +134,10 @@ public:
     unit.update_pending = true;
     shard_.updated(u, s);
   }
+  /// `f(u)` is called once the coordinator's stream is ordered after the update of unit `u`'s shard
+  /// slice (a gather of a shard in model-state memory waits for it there), so whatever that update
+  /// read may be reused on that stream.
+  void on_joined(std::function<void(std::size_t)> f) { on_joined_ = std::move(f); }
   /// The coordinator's stream was ordered after every update (the engine joined the update stream).
   void updates_joined() noexcept {
     for (auto& unit : units_) {
@@ -388,6 +392,9 @@ private:
       const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
       units_[u].update_pending = false;
       const auto& on = shard_.stage_unit(u, s.shard_offset, slot, s.slice, update);
+      if (update != nullptr && &on == &stream_ && on_joined_) {
+        on_joined_(u); // the copy waited for the update on the coordinator's stream
+      }
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(on);
         return comm_.all_gather(slot, dst, s.slice);
@@ -587,6 +594,7 @@ private:
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;
   std::function<void(const std::string&)> log_;
+  std::function<void(std::size_t)> on_joined_; // see `on_joined`
 };
 
 } // namespace zero

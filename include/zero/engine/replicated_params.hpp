@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -82,6 +83,7 @@ public:
     if (sharded_) {
       pending_.resize(layout_.segments().size());
       plan_groups(opt.allgather_elements.value_or(0), std::move(buffers));
+      behind_update_.assign(groups_.size(), false);
     }
   }
 
@@ -143,7 +145,11 @@ public:
       backend_.synchronize(s); // the group's updates come first
     }
     post(g, s);
+    behind_update_[g] = true;
   }
+  /// `f(k)` is called once the engine's stream is ordered after the update of segment `k` (waiting for
+  /// an all-gather posted behind it), so whatever that update read may be reused on the engine's stream.
+  void on_joined(std::function<void(std::size_t)> f) { on_joined_ = std::move(f); }
   /// The engine's stream was ordered after every update: nothing to note (the all-gathers were posted
   /// in update order already).
   void updates_joined() noexcept {}
@@ -298,6 +304,14 @@ private:
       staged_group_.reset();
     }
     h.wait();
+    if (behind_update_[g]) {
+      behind_update_[g] = false;
+      if (on_joined_) {
+        for (std::size_t k = grp.first; k < grp.last; ++k) {
+          on_joined_(k);
+        }
+      }
+    }
     if (!staged) {
       return;
     }
@@ -338,6 +352,8 @@ private:
   buffer<std::byte, counting> staging_;
   mutable std::vector<std::optional<gather_handle>> pending_;
   mutable std::optional<std::size_t> staged_group_;
+  mutable std::vector<bool> behind_update_; // per group: its pending all-gather was posted behind its updates
+  std::function<void(std::size_t)> on_joined_;
 };
 
 } // namespace zero
