@@ -654,17 +654,18 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   o.pool_peak_in_use = backend.get_allocator().peak_bytes_in_use();
   o.pool_peak_reserved = backend.get_allocator().peak_bytes_reserved();
   if (checker) {
-    // Engine and framework draw from one pool: at the end of a forward it held the model state and every
-    // activation together, and it never held more than each part's peak summed (plus the size classes'
-    // rounding, at most 1/32).
+    // Engine and framework draw from one pool: at the end of a forward it held the parameters, the
+    // optimizer state and every activation together (the gradient shard of stages 2-3 is not held
+    // then), and it never held more than each part's peak summed (plus the size classes' rounding, at
+    // most 1/32).
     const auto& m = o.memory;
-    const std::size_t together = m.params + m.grads + m.optimizer + o.activation_bytes;
+    const std::size_t together = m.params + m.optimizer + o.activation_bytes;
     const std::size_t sum_of_peaks = m.model_state_peak + m.buffers_peak + m.working_set_peak + o.framework_bytes;
     if (o.pool_peak_in_use < together || o.pool_peak_in_use > sum_of_peaks + sum_of_peaks / 32) {
       const std::lock_guard lock(print_mutex);
       std::fprintf(stderr,
-                   "check: rank %d's pool peaked at %zu bytes in use; expected at least the model state and the "
-                   "activations (%zu) and at most the sum of the peaks plus 1/32 (%zu)\n",
+                   "check: rank %d's pool peaked at %zu bytes in use; expected at least the parameters, the "
+                   "optimizer state and the activations (%zu) and at most the sum of the peaks plus 1/32 (%zu)\n",
                    rank, o.pool_peak_in_use, together, sum_of_peaks + sum_of_peaks / 32);
       o.check_ok = false;
     }
