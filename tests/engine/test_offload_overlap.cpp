@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 #include <string>
+#include <utility>
 
 using zero::dtype;
 using zero::testing::check_same_run;
@@ -167,12 +168,20 @@ TEST_CASE("backward_overlap outside [0, 1], or without the whole state on the cp
   zero::run_ranks(1, [&](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});
     using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
-    for (const char* offload : {R"({"device": "cpu", "ratio": 0.5, "backward_overlap": 0.5})",
-                                R"({"device": "nvme", "nvme_path": "/tmp", "backward_overlap": 0.5})"}) {
+    // Each refusal names the key and the setting that is in the way.
+    const std::pair<const char*, const char*> refused[] = {
+        {R"({"device": "cpu", "ratio": 0.5, "backward_overlap": 0.5})", "with ratio 0.5"},
+        {R"({"device": "cpu", "ratio": "auto", "backward_overlap": 0.5})", "with ratio \"auto\""},
+        {R"({"device": "nvme", "nvme_path": "/tmp", "backward_overlap": 0.5})", "with device \"nvme\""}};
+    for (const auto& r : refused) {
+      const char* offload = r.first;
+      const char* why = r.second;
       CAPTURE(offload);
       CHECK_THROWS_WITH_AS(eng_t(zero::config::from_string(cfg_with(offload)), comm, backend),
                            doctest::Contains("zero_optimization.offload_optimizer.backward_overlap"),
                            zero::config_error);
+      CHECK_THROWS_WITH_AS(eng_t(zero::config::from_string(cfg_with(offload)), comm, backend),
+                           doctest::Contains(why), zero::config_error);
     }
   });
 }

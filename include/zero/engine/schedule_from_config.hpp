@@ -131,11 +131,22 @@ inline void check_engine_config(const config& c) {
                        " with offload_param \"nvme\"; a partial offload needs the parameter shard in memory "
                        "(offload_param \"none\" or \"cpu\"), or set the ratio to 1");
   }
-  if (o.backward_overlap != 0 && (!(o.backward_overlap > 0 && o.backward_overlap <= 1) ||
-                                  o.device != offload_device::cpu || o.ratio_auto || o.ratio < 1)) {
-    throw config_error("zero_optimization.offload_optimizer.backward_overlap: " + std::to_string(o.backward_overlap) +
-                       "; expected a share in [0, 1] with device \"cpu\" and ratio 1 (the host updates during "
-                       "backward only the state it holds whole)");
+  if (o.backward_overlap != 0) {
+    const std::string what =
+        "zero_optimization.offload_optimizer.backward_overlap " + std::to_string(o.backward_overlap);
+    if (!(o.backward_overlap > 0 && o.backward_overlap <= 1)) {
+      throw config_error(what + ": expected a share in [0, 1]");
+    }
+    if (o.device != offload_device::cpu) {
+      throw config_error(what + " with device \"" + std::string(name_of(o.device)) +
+                         "\": the host updates during backward only state it holds in memory; expected device "
+                         "\"cpu\", or backward_overlap 0");
+    }
+    if (o.ratio_auto || o.ratio < 1) {
+      throw config_error(what + " with ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
+                         ": the host updates during backward only when it holds the whole state; expected ratio 1, "
+                         "or backward_overlap 0");
+    }
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
