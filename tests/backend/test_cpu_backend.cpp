@@ -719,6 +719,10 @@ TEST_CASE("null buffers with n > 0 are refused, n == 0 is a no-op") {
   float x = 0.0f;
   CHECK_THROWS_WITH_AS(b.adamw_step(&x, &x, static_cast<float*>(nullptr), &x, static_cast<bf16*>(nullptr), 1, a, s),
                        "[zero.usage_error] cpu_backend::adamw_step: v is null", zero::usage_error);
+  float y = 0.0f;
+  CHECK_THROWS_WITH_AS(b.adamw_step_from(&x, &x, &x, &y, &y, &y, static_cast<const float*>(nullptr),
+                                         static_cast<bf16*>(nullptr), 1, a, s),
+                       "[zero.usage_error] cpu_backend::adamw_step_from: grad is null", zero::usage_error);
   CHECK_THROWS_AS(b.cast(static_cast<const float*>(nullptr), &x, 1, s), zero::usage_error);
   CHECK_THROWS_AS(b.scale(static_cast<f16*>(nullptr), 1, 1.0f, s), zero::usage_error);
   CHECK_THROWS_AS(b.unscale_and_check(&x, 1, 1.0f, nullptr, s), zero::usage_error);

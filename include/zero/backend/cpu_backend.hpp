@@ -281,7 +281,7 @@ public:
     require(master != nullptr, "adamw_step", "master");
     require(m != nullptr, "adamw_step", "m");
     require(v != nullptr, "adamw_step", "v");
-    adamw_chunks({master, m, v}, {master, m, v}, grad, param, n, args);
+    adamw_chunks("adamw_step", {master, m, v}, {master, m, v}, grad, param, n, args);
   }
 
   /// The same step out of place: reads the state at `master_in`, `m_in`, `v_in` and writes the new
@@ -297,7 +297,7 @@ public:
     require(master_in != nullptr && master != nullptr, "adamw_step_from", "master");
     require(m_in != nullptr && m != nullptr, "adamw_step_from", "m");
     require(v_in != nullptr && v != nullptr, "adamw_step_from", "v");
-    adamw_chunks({master_in, m_in, v_in}, {master, m, v}, grad, param, n, args);
+    adamw_chunks("adamw_step_from", {master_in, m_in, v_in}, {master, m, v}, grad, param, n, args);
   }
 
   /// dst[i] = D(src[i]) for i < n, rounding to nearest even (a copy when S == D). No overlap.
@@ -433,11 +433,11 @@ private:
     fn(detail::cpu::scalar::kernels{});
   }
 
-  /// AdamW over [0, n) in chunks on the pool, from `in` to `out`.
+  /// AdamW over [0, n) in chunks on the pool, from `in` to `out`, for the kernel named `who`.
   template <class G, class P>
-  void adamw_chunks(const detail::cpu::adamw_state_in& in, const detail::cpu::adamw_state_out& out, const G* grad,
-                    P* param, std::size_t n, const adamw_step_args& args) {
-    require(grad != nullptr, "adamw_step", "grad");
+  void adamw_chunks(const char* who, const detail::cpu::adamw_state_in& in, const detail::cpu::adamw_state_out& out,
+                    const G* grad, P* param, std::size_t n, const adamw_step_args& args) {
+    require(grad != nullptr, who, "grad");
     const auto c = detail::cpu::adamw_consts::from(args);
     for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
       P* p = param != nullptr ? param + b : nullptr;
