@@ -22,6 +22,10 @@ namespace zero::testing {
 
 inline constexpr auto npos = std::string::npos;
 
+/// aio blocks of 256 B and one piece in flight: the optimizer's NVMe chunks are 64 elements, so every
+/// range of the small model spans several chunks and the read-ahead and write-behind ring turns over.
+inline constexpr const char* small_chunks = R"("aio": {"block_size": 256, "queue_depth": 1, "thread_count": 2})";
+
 /// A fresh folder `zero-<name>-<pid>` under the temporary folder, removed with the object.
 struct scratch_dir {
   std::filesystem::path path;

@@ -16,6 +16,7 @@ using zero::dtype;
 using zero::testing::failing_engine;
 using zero::testing::run_spec;
 using zero::testing::scratch_dir;
+using zero::testing::small_chunks;
 using zero::testing::train_with_engine;
 
 namespace {
@@ -24,10 +25,6 @@ std::string nvme_config(const fs::path& dir, int buffer_count = 2) {
   return R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.string() + R"(", "buffer_count": )" +
          std::to_string(buffer_count) + "}";
 }
-
-/// aio blocks of 256 B and one piece in flight: chunks of 64 elements, so every range of the small
-/// model spans several chunks and the read-ahead and write-behind ring turns over.
-constexpr const char* small_chunks = R"("aio": {"block_size": 256, "queue_depth": 1, "thread_count": 2})";
 
 } // namespace
 

@@ -21,6 +21,7 @@ using zero::testing::failing_engine;
 using zero::testing::hold;
 using zero::testing::run_spec;
 using zero::testing::scratch_dir;
+using zero::testing::small_chunks;
 using zero::testing::train_with_engine;
 using zero::testing::with_failing_engines;
 
@@ -40,9 +41,6 @@ std::string param_nvme(const fs::path& dir, const std::string& optimizer = "none
   }
   return out;
 }
-
-/// aio blocks of 256 B, one in flight: the optimizer's NVMe chunks are 64 elements.
-constexpr const char* small_chunks = R"("aio": {"block_size": 256, "queue_depth": 1, "thread_count": 2})";
 
 } // namespace
 
