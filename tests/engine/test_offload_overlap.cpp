@@ -180,8 +180,8 @@ TEST_CASE("backward_overlap outside [0, 1], or without the whole state on the cp
       CHECK_THROWS_WITH_AS(eng_t(zero::config::from_string(cfg_with(offload)), comm, backend),
                            doctest::Contains("zero_optimization.offload_optimizer.backward_overlap"),
                            zero::config_error);
-      CHECK_THROWS_WITH_AS(eng_t(zero::config::from_string(cfg_with(offload)), comm, backend),
-                           doctest::Contains(why), zero::config_error);
+      CHECK_THROWS_WITH_AS(eng_t(zero::config::from_string(cfg_with(offload)), comm, backend), doctest::Contains(why),
+                           zero::config_error);
     }
   });
 }
