@@ -594,6 +594,15 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
                              "stage 2 or 3, 16-bit parameters and no gradient accumulation)")
                   << " (zero_optimization.offload_optimizer.backward_overlap; docs/offload.md)\n";
       }
+      if (opt.forward_overlap) {
+        const bool acts = c.stage() >= 2 && z.offload_param.device != zero::offload_device::nvme;
+        std::cout << "  offload: "
+                  << (acts ? "step() will return while the host still runs AdamW; the next forward's modules wait on "
+                             "the device only for the ranges they read"
+                           : "the step would run beside the next forward, but not in this config (it needs stage 2 "
+                             "or 3 and no offload_param nvme)")
+                  << " (zero_optimization.offload_optimizer.forward_overlap; docs/offload.md)\n";
+      }
     } else if (z.offload_optimizer.device == zero::offload_device::nvme) {
       report_nvme(c, v);
     }

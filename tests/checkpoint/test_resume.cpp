@@ -167,10 +167,13 @@ TEST_CASE("an offloaded optimizer saves and loads as an in-memory one, across st
   }
 }
 
-TEST_CASE("an optimizer that updates during backward saves and loads the state from whichever home each range is "
-          "in") {
+TEST_CASE("an optimizer that updates during backward, or beside the next forward, saves and loads the state from "
+          "whichever home each range is in") {
   // After an odd number of steps with every update kept, each range of the second home lives there.
+  // Saving right after a step beside the forward joins the host's thread first.
   const std::string overlap = R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})";
+  const std::string both = R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1, "forward_overlap": true})";
+  const std::string forward = R"("offload_optimizer": {"device": "cpu", "forward_overlap": true})";
   const std::string half = R"("offload_optimizer": {"device": "cpu", "backward_overlap": 0.5})";
   const std::string none;
   struct pair {
@@ -178,8 +181,9 @@ TEST_CASE("an optimizer that updates during backward saves and loads the state f
     const std::string* offload_a;
     const std::string* offload_b;
   };
-  for (pair p : {pair{2, 2, 2, 2, &overlap, &overlap}, pair{3, 2, 2, 1, &half, &none}, pair{2, 2, 3, 4, &none, &half},
-                 pair{3, 4, 3, 2, &overlap, &half}}) {
+  for (pair p :
+       {pair{2, 2, 2, 2, &overlap, &overlap}, pair{3, 2, 2, 1, &half, &none}, pair{2, 2, 3, 4, &none, &half},
+        pair{3, 4, 3, 2, &overlap, &half}, pair{2, 2, 3, 4, &both, &forward}, pair{3, 4, 2, 2, &forward, &both}}) {
     CAPTURE(p.stage_a);
     CAPTURE(p.stage_b);
     CAPTURE(*p.offload_a);

@@ -110,9 +110,13 @@ TEST_SUITE("engine") {
             CAPTURE(accumulation);
             const auto in_memory = zero::test::train_on_gpus(s);
             // backward_overlap: the host updates each range as its gradients land, during backward.
-            for (const char* extra : {R"("offload_optimizer": {"device": "cpu"})",
-                                      R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})",
-                                      R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})"}) {
+            // forward_overlap: the host steps beside the next forward, each upload waiting on the device
+            // for its range's word (cuStreamWaitValue32).
+            for (const char* extra :
+                 {R"("offload_optimizer": {"device": "cpu"})",
+                  R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})",
+                  R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})",
+                  R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1, "forward_overlap": true})"}) {
               CAPTURE(extra);
               s.zero_extra = extra;
               const bool partial = std::string(extra).find("ratio") != std::string::npos;
@@ -148,7 +152,8 @@ TEST_SUITE("engine") {
                 const char* extra :
                 {R"("offload_param": {"device": "cpu"})",
                  R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"})",
-                 R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu", "backward_overlap": 1})"}) {
+                 R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu", "backward_overlap": 1})",
+                 R"("offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu", "forward_overlap": true})"}) {
               CAPTURE(extra);
               s.zero_extra = extra;
               const bool with_optimizer = std::string(extra).find("offload_optimizer") != std::string::npos;

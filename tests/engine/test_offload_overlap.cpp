@@ -1,10 +1,13 @@
 // Updates during backward (`offload_optimizer.backward_overlap`): the host updates each range of its
 // second home as soon as its gradients landed, out of place, and the step keeps those updates or
-// drops them. Either way the run has the bits of the in-memory optimizer.
+// drops them. The step beside the next forward (`forward_overlap`): the host runs the step on a
+// thread of its own and each range's upload waits for that range's word. Either way the run has the
+// bits of the in-memory optimizer.
 
 #include "engine_harness.hpp"
 #include "same_run.hpp"
 
+#include <algorithm>
 #include <doctest/doctest.h>
 #include <string>
 #include <utility>
@@ -27,6 +30,8 @@ struct counted_run {
   zero::testing::run_result run;
   std::size_t kept = 0;
   std::size_t dropped = 0;
+  std::size_t cancelled = 0;   // updates during backward the step beside the forward took over
+  std::size_t async_steps = 0; // steps the host ran beside the next forward
 };
 counted_run train_counting(const run_spec& s) {
   namespace zt = zero::testing;
@@ -43,6 +48,8 @@ counted_run train_counting(const run_spec& s) {
           REQUIRE(host != nullptr);
           out.kept = host->early_updates().kept;
           out.dropped = host->early_updates().dropped;
+          out.cancelled = host->early_updates().cancelled;
+          out.async_steps = host->async_steps();
         }
         zt::collect_params(eng, mh, comm, out.run);
       });
@@ -155,6 +162,84 @@ TEST_CASE("the second home is host buffers of 12 bytes per element of its share 
       CHECK(r.host_buffers == (on_host ? 14 : 12) * state / 2);
     });
   }
+}
+
+TEST_CASE("forward_overlap: the host steps on a thread of its own beside the next forward, with the bits of the "
+          "in-memory optimizer at stages 2-3") {
+  struct shape {
+    int stage;
+    int world;
+    dtype type;
+    bool on_host;
+    int accumulation;
+    double backward;
+  };
+  for (shape sh : {shape{2, 1, dtype::bf16, false, 1, 0.0}, shape{2, 3, dtype::f16, false, 1, 0.0},
+                   shape{2, 2, dtype::bf16, false, 2, 0.0}, shape{2, 3, dtype::bf16, false, 1, 0.5},
+                   shape{3, 1, dtype::bf16, true, 1, 1.0}, shape{3, 3, dtype::f16, false, 1, 1.0},
+                   shape{3, 2, dtype::bf16, true, 2, 0.0}, shape{3, 2, dtype::f32, false, 1, 0.0}}) {
+    CAPTURE(sh.stage);
+    CAPTURE(sh.world);
+    CAPTURE(zero::name_of(sh.type));
+    CAPTURE(sh.on_host);
+    CAPTURE(sh.accumulation);
+    CAPTURE(sh.backward);
+    run_spec s{.stage = sh.stage, .world = sh.world, .type = sh.type, .accumulation = sh.accumulation, .clip = 1e6};
+    const auto want = train_with_engine(s);
+    s.zero_extra = R"("offload_optimizer": {"device": "cpu", "forward_overlap": true, "backward_overlap": )" +
+                   std::to_string(sh.backward) + "}" + (sh.on_host ? R"(, "offload_param": {"device": "cpu"})" : "");
+    const auto got = train_counting(s);
+    check_same_run(got.run, want);
+    const auto applied = static_cast<std::size_t>(std::count(want.applied.begin(), want.applied.end(), true));
+    CHECK(applied > 0);
+    CHECK(got.async_steps == applied); // every applied step ran on the host's thread
+    if (sh.backward > 0 && sh.accumulation == 1) {
+      // Both overlaps at once: every update made during backward is kept, and those not yet started
+      // when backward ended are the step's (how many of each depends on the threads' timing).
+      CHECK(got.kept + got.cancelled > 0);
+      CHECK(got.dropped == 0);
+    } else {
+      CHECK(got.kept + got.dropped + got.cancelled == 0);
+    }
+  }
+}
+
+TEST_CASE("forward_overlap with a clip that acts, or an fp16 overflow, gives the bits of the in-memory optimizer") {
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    run_spec clipped{.stage = stage, .world = 2, .type = dtype::bf16, .clip = 1e-3};
+    run_spec overflow{.stage = stage, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+    for (run_spec* s : {&clipped, &overflow}) {
+      const auto want = train_with_engine(*s);
+      s->zero_extra = R"("offload_optimizer": {"device": "cpu", "forward_overlap": true, "backward_overlap": 1})";
+      const auto got = train_counting(*s);
+      check_same_run(got.run, want);
+      CHECK(got.async_steps == static_cast<std::size_t>(std::count(want.applied.begin(), want.applied.end(), true)));
+    }
+  }
+}
+
+TEST_CASE("forward_overlap without the whole state on the cpu is refused naming the key") {
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
+    const std::pair<const char*, const char*> refused[] = {
+        {R"({"device": "cpu", "ratio": 0.5, "forward_overlap": true})", "with ratio 0.5"},
+        {R"({"device": "nvme", "nvme_path": "/tmp", "forward_overlap": true})", "with device \"nvme\""},
+        {R"({"device": "none", "forward_overlap": true})", "with device \"none\""}};
+    for (const auto& r : refused) {
+      const char* offload = r.first;
+      CAPTURE(offload);
+      const auto cfg = zero::config::from_string(
+          R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
+              "zero_optimization": {"stage": 2, "offload_optimizer": )" +
+          std::string(offload) + "}}");
+      CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend),
+                           doctest::Contains("zero_optimization.offload_optimizer.forward_overlap true"),
+                           zero::config_error);
+      CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend), doctest::Contains(r.second), zero::config_error);
+    }
+  });
 }
 
 TEST_CASE("backward_overlap outside [0, 1], or without the whole state on the cpu, is refused naming the key") {

@@ -58,6 +58,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -209,6 +210,18 @@ template <class B>
 concept can_copy = backend_base<B> &&
     requires(const B& b, const void* src, void* dst, std::size_t n, const typename B::stream_type& s) {
   { b.copy(src, dst, n, s) } -> std::same_as<void>;
+};
+
+/// Optional: `wait_value(s, word, value)` makes `s` wait, without blocking the host, until the 32-bit
+/// word at `word` in the backend's host memory (`host_allocator_type`) reaches `value`, compared
+/// cyclically (`std::int32_t(*word - value) >= 0`), where a host thread stores it later. Where a
+/// backend has it, the host AdamW of an offloaded step runs beside the next forward: the uploads of
+/// each range wait on the device for the word the host sets when that range is done
+/// (`offload_optimizer.forward_overlap`, docs/offload.md). Without it the caller waits on the host.
+template <class B>
+concept can_wait_value = backend_base<B> &&
+    requires(const B& b, const typename B::stream_type& s, const std::uint32_t* word, std::uint32_t value) {
+  { b.wait_value(s, word, value) } -> std::same_as<void>;
 };
 
 /// A complete backend: the base concept and every kernel ZeRO's stages 0-3 use.

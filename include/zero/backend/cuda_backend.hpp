@@ -20,12 +20,35 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <string>
 #include <string_view>
 #include <utility>
 
 namespace zero {
+
+namespace detail {
+/// The driver's `cuStreamWaitValue32`, found once through `cudaGetDriverEntryPointByVersion` (CUDA 12's
+/// signature). \throws cuda_error when the driver has none.
+inline PFN_cuStreamWaitValue32_v11070 driver_wait_value32() {
+  static const PFN_cuStreamWaitValue32_v11070 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    ZERO_CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || p == nullptr) {
+      throw cuda_error("cuStreamWaitValue32: the CUDA driver has no such entry point (it needs a driver of CUDA 12 "
+                       "or later)",
+                       static_cast<int>(found));
+    }
+    return reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(p);
+  }();
+  return fn;
+}
+} // namespace detail
 
 /// An owned CUDA stream (non-blocking: it does not wait for the legacy default stream). Move-only.
 class cuda_stream {
@@ -129,6 +152,23 @@ public:
   void synchronize(const stream_type& s) const { ZERO_CHECK_CUDA(cudaStreamSynchronize(s.get())); }
   /// Blocks the host until `e`'s point is reached. \throws cuda_error.
   void synchronize(const event_type& e) const { ZERO_CHECK_CUDA(cudaEventSynchronize(e.get())); }
+
+  /// Makes `s` wait, without blocking the host, until the word at `word` (pinned host memory from
+  /// `host_allocator_type`) reaches `value` cyclically (`zero::can_wait_value`): the driver's
+  /// `cuStreamWaitValue32` with `CU_STREAM_WAIT_VALUE_GEQ`, found through the runtime, so nothing
+  /// links against the driver library. \throws cuda_error when `word` is not mapped for the device, or
+  /// the driver refuses the wait (its `CUresult` in the message).
+  void wait_value(const stream_type& s, const std::uint32_t* word, std::uint32_t value) const {
+    void* mapped = nullptr;
+    ZERO_CHECK_CUDA(cudaHostGetDevicePointer(&mapped, const_cast<std::uint32_t*>(word), 0));
+    const CUresult r =
+        detail::driver_wait_value32()(s.get(), reinterpret_cast<CUdeviceptr>(mapped), value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+      throw cuda_error("cuStreamWaitValue32 failed with CUresult " + std::to_string(static_cast<int>(r)) +
+                           " (stream memory operations; the offloaded step's uploads wait on a host word with it)",
+                       static_cast<int>(r));
+    }
+  }
 
   /// Waits for `s` and returns `*p` (an `int` flag or a `float` result in device memory), copied
   /// through a pinned word. \throws usage_error for a null `p`; cuda_error.

@@ -199,6 +199,12 @@ struct offload_optimizer_config {
   /// update the step must not keep (an overflow, a clip) is dropped. Acts at stages 2-3 with 16-bit
   /// parameters and no gradient accumulation (docs/offload.md). Default 0.
   double backward_overlap = 0.0;
+  /// `forward_overlap` (zero-specific, not a DeepSpeed key): with device cpu and the whole state
+  /// offloaded, `step()` returns while the host still runs AdamW, and the next forward's modules wait,
+  /// on the device, only for the ranges they read (docs/offload.md). Acts at stages 2-3 with a backend
+  /// that can wait for a host word on a stream (`zero::can_wait_value`: CUDA); elsewhere the host waits
+  /// at the step, as without it. Default false.
+  bool forward_overlap = false;
   friend bool operator==(const offload_optimizer_config&, const offload_optimizer_config&) = default;
 };
 

@@ -218,6 +218,7 @@ inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
         .written_by(write_offload_ratio),
     // zero-specific, not a DeepSpeed key.
     key<&offload_optimizer_config::backward_overlap>("backward_overlap").range(0.0, 1.0),
+    key<&offload_optimizer_config::forward_overlap>("forward_overlap"),
 };
 
 inline constexpr key_row<offload_param_config> offload_param_keys[] = {

@@ -54,8 +54,8 @@ class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::end_early,
       base::finish_gathers, base::gradients_landed, base::join_update, base::reduced, base::zero_gradients;
   using base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_, base::frozen_,
-      base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_,
-      base::scheduler_, base::stream_;
+      base::host_async_, base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_,
+      base::scaler_, base::scheduler_, base::stream_;
   using base::param_file;
   using typename base::stream_type;
 
@@ -322,6 +322,10 @@ private:
     const auto args = adamw_args_from_config(*cfg_.optimizer, counters_.applied_steps + 1,
                                              clip_coefficient(norm, cfg_.gradient_clipping));
     auto group_lr = [&](double lr) { return scheduler_.group_lr(lr); };
+    if (host_async_) {
+      // The host steps beside the next forward, after scheduler_.step(): it keeps this step's schedule.
+      optimizer_.host()->begin_async(args, [sched = scheduler_](double lr) { return sched.group_lr(lr); });
+    }
     if (overlap_) {
       overlap_->run(
           reg_.layout().segments().size(),

@@ -210,8 +210,11 @@ public:
       split_.host_elements = split_.state_elements;
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
-    // Stages 1-2 on several ranks, and stage 3: the optimizer steps beside the next forward.
-    if (stage == 3 || (stage >= 1 && comm_.size() > 1)) {
+    // Stages 1-2 on several ranks, stage 3, and a host step beside the next forward: the optimizer
+    // steps on the update stream, beside the next forward.
+    const auto* host = optimizer_.host();
+    host_async_ = host != nullptr && host->can_run_async() && streamed != nullptr;
+    if (stage == 3 || (stage >= 1 && comm_.size() > 1) || host_async_) {
       overlap_.emplace(backend_, comm_, stream_);
     }
     finalized_ = true;
@@ -377,6 +380,8 @@ protected:
       if (cfg_.stage() >= 2 && cfg_.gradient_accumulation_steps == 1) {
         opt.backward_overlap = o.backward_overlap;
       }
+      // The step beside the next forward needs the gradients on the host when it begins (streamed).
+      opt.forward_overlap = o.forward_overlap && cfg_.stage() >= 2;
       optimizer_.make_on_host(layout, place, reg_.group_of(), reg_.groups(), backend_, host_alloc{}, stream_, opt);
     } else if (split_.host_elements == 0) {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
@@ -492,8 +497,12 @@ protected:
     residency_([](auto& r) { r.finish(); });
     join_update();
   }
-  /// Makes the engine's stream wait for the update stream's last step (without blocking the host), once.
+  /// Waits for a host step running beside the forward (`forward_overlap`), and makes the engine's
+  /// stream wait for the update stream's last step (without blocking the host), once.
   void join_update() {
+    if (host_async_) {
+      optimizer_.host()->join_async();
+    }
     if (overlap_ && overlap_->join()) {
       residency_([](auto& r) { r.updates_joined(); });
       reducer_->release_retired();
@@ -527,6 +536,8 @@ protected:
   unsigned offload_threads_ = 0;
   /// The reducer hands reduced gradients to the host optimizer during backward (stages 2-3, offloaded).
   bool streamed_ = false;
+  /// The host's AdamW runs beside the next forward (`offload_optimizer.forward_overlap`, docs/offload.md).
+  bool host_async_ = false;
   /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
   bool stats_in_take_ = false;
   bool reducer_boundary_ = true;

@@ -28,6 +28,11 @@
 /// it drops them, and the step runs as without them; otherwise each updated range now lives in its
 /// other home and the step only uploads its parameters. Same kernel arithmetic, same arguments:
 /// the same bits either way.
+///
+/// **The step beside the next forward** (`offload_options::forward_overlap`, docs/offload.md):
+/// `begin_async` hands the ranges to the host's thread, which updates them in order and sets each
+/// range's word (`detail::range_flags`); `step_range` only posts a wait for the word and the upload.
+/// `join_async` waits for the host; whatever reads or writes the state here joins first.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cpu_backend.hpp"
@@ -37,6 +42,7 @@
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/detail/host_gradients.hpp"
 #include "zero/engine/detail/job_thread.hpp"
+#include "zero/engine/detail/range_flags.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -77,6 +83,8 @@ struct offload_options {
   /// held twice in host memory (`memory_tag::buffers`). Used with 16-bit parameters in host memory or
   /// on the device, not in a file; 0: none.
   double backward_overlap = 0.0;
+  /// The step runs on a thread of the host beside the caller (`begin_async`; see the file comment).
+  bool forward_overlap = false;
 };
 
 /// AdamW over a rank's part of the flat buffer, in host memory; see the file comment. The interface
@@ -128,6 +136,10 @@ public:
     if (opt.backward_overlap > 0.0 && inner_.has_master() && !in_file_) {
       make_second_home(opt.backward_overlap);
     }
+    if (opt.forward_overlap && !in_file_) {
+      flags_ = detail::range_flags<host_counting>(counted_, inner_.ranges().size());
+      async_posts_.assign(inner_.ranges().size(), 0);
+    }
   }
 
   offloaded_adamw(const offloaded_adamw&) = delete;
@@ -135,6 +147,7 @@ public:
   /// Waits for copies still in flight into or out of the host shards; never throws.
   ~offloaded_adamw() {
     try {
+      join_async();
       backend_.synchronize(stream_);
     } catch (...) { // NOLINT(bugprone-empty-catch): a destructor reports nothing
     }
@@ -211,7 +224,9 @@ public:
   /// update lands, and its new parameters go on their way at once (uploaded on the engine's stream,
   /// or copied into stage 3's host shard) while the host still updates later ranges; its next
   /// `step_range` has nothing left to do. Otherwise the updates are dropped (waited for) and the
-  /// state is the previous step's.
+  /// state is the previous step's. With `forward_overlap` the updates not yet started are not made
+  /// (`early_counts::cancelled`): the step beside the next forward makes them in the order the
+  /// forward reads the ranges, where the queue would have made them in backward's.
   /// \throws what an update threw (a range's bounds: a bug, not the data); ranges already moved on
   /// stay so.
   void end_early(bool keep) {
@@ -219,8 +234,12 @@ public:
       return;
     }
     early_ = false;
+    // Only early updates are queued now: a step beside the forward was joined before backward.
+    const std::size_t cancelled = can_run_async() ? worker_.cancel_pending() : 0;
+    early_counts_.cancelled += cancelled;
+    const std::size_t started = queued_ - cancelled;
     std::size_t handled = 0;
-    while (keep && handled < queued_) {
+    while (keep && handled < started) {
       std::size_t k = 0;
       {
         std::unique_lock lock(done_mu_);
@@ -248,15 +267,73 @@ public:
     worker_.drain();
     early_counts_.dropped += done_.size() - handled;
   }
-  /// Range updates made during backward so far: kept by their step, or dropped.
+  /// Range updates made during backward so far: kept by their step, or dropped; and those not made
+  /// because the step beside the forward took them over.
   struct early_counts {
     std::size_t kept = 0;
     std::size_t dropped = 0;
+    std::size_t cancelled = 0;
   };
   [[nodiscard]] early_counts early_updates() const noexcept { return early_counts_; }
 
+  /// True when the step can run beside the next forward (`forward_overlap`, state in memory).
+  [[nodiscard]] bool can_run_async() const noexcept { return flags_.size() > 0; }
+  /// Steps run beside the next forward so far.
+  [[nodiscard]] std::size_t async_steps() const noexcept { return async_steps_; }
+
+  /// Begins a step on the thread of the host (see the file comment): every range not already updated
+  /// during backward is updated there, in order, with `base` and `group_lr` (which must not change
+  /// under it: give it the schedule of this step by value). The gradients must be final on the host
+  /// (after `grads().finish()`). The caller then calls `step_range(k, s, ...)` for every range in
+  /// order, which posts the waits and uploads. \throws usage_error without `forward_overlap`.
+  void begin_async(const adamw_step_args& base, std::function<double(double)> group_lr) {
+    if (!can_run_async()) {
+      throw usage_error("offloaded_adamw::begin_async: made without forward_overlap (or with parameters in a file)");
+    }
+    join_async();
+    ++epoch_;
+    std::vector<std::size_t> todo;
+    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
+      const bool kept = k < kept_.size() && kept_[k] != 0;
+      if (kept) {
+        kept_[k] = 0; // updated during backward, its parameters already published (end_early)
+      } else {
+        todo.push_back(k);
+      }
+      async_posts_[k] = kept ? 0 : 1;
+    }
+    async_ = true;
+    ++async_steps_;
+    worker_.post([this, todo = std::move(todo), base, group_lr = std::move(group_lr), epoch = epoch_] {
+      std::size_t i = 0;
+      try {
+        for (; i < todo.size(); ++i) {
+          const std::size_t k = todo[i];
+          grads_.wait_landed(k);
+          update_range(k, base, group_lr);
+          flags_.set(k, epoch);
+        }
+      } catch (...) {
+        for (; i < todo.size(); ++i) {
+          flags_.set(todo[i], epoch); // nothing may wait for a range forever; join_async reports the error
+        }
+        throw;
+      }
+    });
+  }
+  /// Waits until the host has finished the step begun by `begin_async`. \throws what an update threw
+  /// (a range's bounds: a bug, not the data).
+  void join_async() {
+    if (!async_) {
+      return;
+    }
+    async_ = false;
+    worker_.drain();
+  }
+
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
+    join_async();
     end_early(false);
     settle();
     for (const auto& [range, state_offset] : inner_.ranges()) {
@@ -271,6 +348,7 @@ public:
 
   /// Host copies of the state (see `partitioned_adamw::read_state`; host memory, so a plain copy).
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
+    join_async();
     end_early(false);
     for_each_home(t, state_offset, out.size(), [&](float* second, std::size_t lo, std::size_t n) {
       if (second != nullptr) {
@@ -283,6 +361,7 @@ public:
   /// Writes host values into the state. The device parameters are the caller's to write (a
   /// checkpoint writes both).
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
+    join_async();
     end_early(false);
     for_each_home(t, state_offset, in.size(), [&](float* second, std::size_t lo, std::size_t n) {
       if (second != nullptr) {
@@ -295,34 +374,59 @@ public:
 
   /// One optimizer step over every owned range, with its copies on the engine's stream.
   template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
+    join_async();
     for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
       step_range(k, stream_, base, group_lr, grad_of);
     }
   }
 
   /// The step of owned range `k`, its copies on `s`. Range 0 posts the gradient copies of every range
-  /// (the engine steps ranges in order); any other range posts its own when range 0 did not.
+  /// (the engine steps ranges in order); any other range posts its own when range 0 did not. After
+  /// `begin_async`: `s` waits for the host's update of the range (on the device where the backend can,
+  /// else here), then the upload is posted; `base`, `group_lr` and `grad_of` are not used.
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
+    if (async_) {
+      if (k >= async_posts_.size()) {
+        throw usage_error("offloaded_adamw::step_range: range " + std::to_string(k) +
+                          " does not exist; this rank owns " + std::to_string(async_posts_.size()));
+      }
+      if (async_posts_[k] != 0) {
+        async_posts_[k] = 0;
+        flags_.wait(backend_, s, k, epoch_);
+        post_upload(k, s);
+      }
+      return;
+    }
     grads_.wait(k, s, grad_of, "offloaded_adamw");
-    const auto& [range, state_offset] = inner_.ranges()[k];
     if (k < kept_.size() && kept_[k] != 0) {
       kept_[k] = 0; // updated during backward, its parameters already published (end_early)
       return;
     }
-    {
-      const home h = home_of(k, k < side_.size() ? side_[k] : std::uint8_t{0});
-      inner_.step_window({.range = k,
-                          .first = state_offset,
-                          .count = range.size(),
-                          .master = h.master,
-                          .m = h.m,
-                          .v = h.v,
-                          .grads = grads_.at(state_offset),
-                          .params = params_on_host_ ? place_params(state_offset) : host_params(state_offset)},
-                         host_stream_, base, group_lr);
-    }
+    update_range(k, base, group_lr);
+    post_upload(k, s);
+  }
+
+private:
+  /// Runs AdamW over range `k` on the host, from and into the home its state is in.
+  template <class GroupLr> void update_range(std::size_t k, const adamw_step_args& base, GroupLr& group_lr) {
+    const auto& [range, state_offset] = inner_.ranges()[k];
+    const home h = home_of(k, k < side_.size() ? side_[k] : std::uint8_t{0});
+    inner_.step_window({.range = k,
+                        .first = state_offset,
+                        .count = range.size(),
+                        .master = h.master,
+                        .m = h.m,
+                        .v = h.v,
+                        .grads = grads_.at(state_offset),
+                        .params = params_on_host_ ? place_params(state_offset) : host_params(state_offset)},
+                       host_stream_, base, group_lr);
+  }
+  /// Posts range `k`'s new parameters to the device (or the file) on `s`; nothing when the host AdamW
+  /// wrote stage 3's host shard in place.
+  void post_upload(std::size_t k, const stream_type& s) {
+    const auto& [range, state_offset] = inner_.ranges()[k];
     if (!params_on_host_) {
       copy_async<device_host_accessible>(backend_, s, host_params(state_offset),
                                          in_file_ ? in_file_(param_use::update, k) : device_params(range, state_offset),
@@ -330,7 +434,6 @@ public:
     }
   }
 
-private:
   struct home {
     float* master;
     float* m;
@@ -483,6 +586,13 @@ private:
   early_counts early_counts_;
   adamw_step_args early_args_{};
   std::function<double(double)> early_lr_;
+  // The step beside the next forward: a word per range, the step's number, which ranges' uploads
+  // step_range still posts, and whether a step runs on the host.
+  detail::range_flags<host_counting> flags_;
+  std::uint32_t epoch_ = 0;
+  std::vector<std::uint8_t> async_posts_;
+  bool async_ = false;
+  std::size_t async_steps_ = 0;
   /// Last: stopped and joined before anything its jobs use is destroyed.
   detail::job_thread worker_;
 };

@@ -135,6 +135,16 @@ public:
   /// all-gather is posted (the communicator already ordered after `s`).
   void after_update(std::size_t k, const stream_type& s) {
     if (!sharded_) {
+      // Nothing to gather (stage 0 or one rank), but the update ran on `s` (the host's step beside
+      // the forward): the segment's next reader waits for this point.
+      if (updated_.empty()) {
+        for (std::size_t j = 0; j < layout_.segments().size(); ++j) {
+          updated_.push_back(backend_.make_event());
+        }
+        update_pending_.assign(layout_.segments().size(), false);
+      }
+      backend_.record(updated_[k], s);
+      update_pending_[k] = true;
       return;
     }
     const std::size_t g = segment_group_[k];
@@ -168,8 +178,11 @@ public:
       post(g, stream_);
     }
   }
-  /// Waits for every posted all-gather.
+  /// Waits for every posted all-gather (and orders the engine's stream after every update).
   void finish() const {
+    for (std::size_t k = 0; k < update_pending_.size(); ++k) {
+      wait_update(k);
+    }
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       wait_group(g);
     }
@@ -281,8 +294,17 @@ private:
     }
   }
 
+  /// Orders the engine's stream after segment `k`'s update when it ran on another stream.
+  void wait_update(std::size_t k) const {
+    if (k < update_pending_.size() && update_pending_[k]) {
+      update_pending_[k] = false;
+      backend_.wait(stream_, updated_[k]);
+    }
+  }
+
   void wait_segments(std::span<const std::size_t> segs) const {
     for (const std::size_t s : segs) {
+      wait_update(s);
       if (s < segment_group_.size()) {
         wait_group(segment_group_[s]);
       }
@@ -354,6 +376,10 @@ private:
   mutable std::optional<std::size_t> staged_group_;
   mutable std::vector<bool> behind_update_; // per group: its pending all-gather was posted behind its updates
   std::function<void(std::size_t)> on_joined_;
+  // Unsharded, updated on another stream: each segment's point after its update, and whether the
+  // engine's stream still has to wait for it.
+  std::vector<typename Backend::event_type> updated_;
+  mutable std::vector<bool> update_pending_;
 };
 
 } // namespace zero

@@ -88,6 +88,22 @@ namespace zero {
   return coef < 1.0 ? coef : 1.0;
 }
 
+namespace detail {
+/// Refuses `what` (an overlap key and its value) unless the host holds the whole optimizer state:
+/// device cpu and ratio 1. `does` says what the host then does, `off` the setting that turns it off.
+inline void require_whole_state_on_cpu(const offload_optimizer_config& o, const std::string& what, const char* does,
+                                       const char* off) {
+  if (o.device != offload_device::cpu) {
+    throw config_error(what + " with device \"" + std::string(name_of(o.device)) + "\": the host " + does +
+                       " only state it holds in memory; expected device \"cpu\", or " + off);
+  }
+  if (o.ratio_auto || o.ratio < 1) {
+    throw config_error(what + " with ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
+                       ": the host " + does + " only when it holds the whole state; expected ratio 1, or " + off);
+  }
+}
+} // namespace detail
+
 /// Refuses what a config asks and the engine cannot honour, naming the key.
 /// \throws config_error for parameter offload other than stage 3's to "cpu" or "nvme", or to "nvme"
 /// without nvme_path (a config built in code: the reader refuses these too) or with fp32 parameters
@@ -137,16 +153,11 @@ inline void check_engine_config(const config& c) {
     if (!(o.backward_overlap > 0 && o.backward_overlap <= 1)) {
       throw config_error(what + ": expected a share in [0, 1]");
     }
-    if (o.device != offload_device::cpu) {
-      throw config_error(what + " with device \"" + std::string(name_of(o.device)) +
-                         "\": the host updates during backward only state it holds in memory; expected device "
-                         "\"cpu\", or backward_overlap 0");
-    }
-    if (o.ratio_auto || o.ratio < 1) {
-      throw config_error(what + " with ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
-                         ": the host updates during backward only when it holds the whole state; expected ratio 1, "
-                         "or backward_overlap 0");
-    }
+    detail::require_whole_state_on_cpu(o, what, "updates during backward", "backward_overlap 0");
+  }
+  if (o.forward_overlap) {
+    detail::require_whole_state_on_cpu(o, "zero_optimization.offload_optimizer.forward_overlap true",
+                                       "steps beside the forward", "forward_overlap false");
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "

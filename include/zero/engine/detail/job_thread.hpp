@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// `detail::job_thread`: one thread that runs posted jobs in order, for host work beside the caller
-/// (`offloaded_adamw`'s updates during backward). `drain` waits for every job posted so far and
-/// rethrows the first exception one threw; the jobs after a throwing one still run. The thread starts
+/// (`offloaded_adamw`'s updates during backward, and its step beside the next forward). `drain` waits for every job
+/// posted so far and rethrows the first exception one threw; the jobs after a throwing one still run. The thread starts
 /// with the first job; the destructor drops jobs not yet started and joins the thread.
 
 #include <condition_variable>
@@ -45,6 +45,17 @@ public:
       }
     }
     ready_.notify_one();
+  }
+
+  /// Drops the jobs not yet started (the running one, if any, goes on). \returns how many were dropped.
+  std::size_t cancel_pending() {
+    const std::lock_guard lock(mu_);
+    const std::size_t n = jobs_.size();
+    jobs_.clear();
+    if (!busy_) {
+      idle_.notify_all();
+    }
+    return n;
   }
 
   /// Waits until every job posted so far has run. \throws the first exception a job threw since the
