@@ -430,8 +430,9 @@ protected:
       return;
     }
     if (!host->early()) {
+      // The schedule by value: an update may still run after the step has moved it on.
       host->begin_early(adamw_args_from_config(*cfg_.optimizer, counters_.applied_steps + 1, 1.0),
-                        [this](double lr) { return scheduler_.group_lr(lr); });
+                        [sched = scheduler_](double lr) { return sched.group_lr(lr); });
     }
     host->update_early(k);
   }

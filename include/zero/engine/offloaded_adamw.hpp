@@ -43,6 +43,7 @@
 #include "zero/engine/detail/host_gradients.hpp"
 #include "zero/engine/detail/job_thread.hpp"
 #include "zero/engine/detail/range_flags.hpp"
+#include "zero/engine/detail/second_home.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -134,7 +135,11 @@ public:
                         " is not a share in [0, 1]");
     }
     if (opt.backward_overlap > 0.0 && inner_.has_master() && !in_file_) {
-      make_second_home(opt.backward_overlap);
+      second_ = detail::second_home<host_counting>(inner_.ranges(), inner_.state_size(), opt.backward_overlap,
+                                                   params_on_host_ ? param_size_ : 0, counted_);
+      if (second_.elements() > 0) {
+        kept_.assign(inner_.ranges().size(), 0);
+      }
     }
     if (opt.forward_overlap && !in_file_) {
       flags_ = detail::range_flags<host_counting>(counted_, inner_.ranges().size());
@@ -168,16 +173,24 @@ public:
   [[nodiscard]] auto& grads() noexcept { return grads_; }
 
   /// The state elements that may be updated during backward (0 without `backward_overlap`).
-  [[nodiscard]] std::size_t overlap_elements() const noexcept { return inner_.state_size() - second_base_; }
+  [[nodiscard]] std::size_t overlap_elements() const noexcept { return second_.elements(); }
 
   /// Begins the updates during backward of a step that will run with `args` and `group_lr` (a clip
   /// coefficient of 1: `args.grad_scale` as the step's when nothing is clipped); `update_early` then
   /// queues them. Nothing to do without a second home.
   void begin_early(const adamw_step_args& args, std::function<double(double)> group_lr) {
-    if (second_first_ == inner_.ranges().size()) {
+    if (second_.elements() == 0) {
       return;
     }
     end_early(false);
+    worker_.drain(); // an update whose publishing a step beside the forward took over has ended
+    {
+      const std::lock_guard lock(done_mu_);
+      done_.clear();
+      failed_ = false;
+    }
+    queued_ = 0;
+    posted_.clear();
     early_args_ = args;
     early_lr_ = std::move(group_lr);
     early_ = true;
@@ -187,16 +200,18 @@ public:
   /// Queues the update of range `k` during backward, once its gradients have landed (after `take`);
   /// nothing for a range without a second home or outside `begin_early`.
   void update_early(std::size_t k) {
-    if (!early_ || k < second_first_ || k >= inner_.ranges().size()) {
+    if (!early_ || second_.elements() == 0 || k < second_.first() || k >= inner_.ranges().size()) {
       return;
     }
     ++queued_;
-    worker_.post([this, k] {
+    posted_.push_back(k);
+    // The homes are taken now: end_early may move the range to its other home while this runs.
+    const home from = home_of(k, second_.side(k));
+    const home to = home_of(k, static_cast<std::uint8_t>(second_.side(k) ^ 1U));
+    worker_.post([this, k, from, to, args = early_args_, lr = early_lr_] {
       try {
         grads_.wait_landed(k);
         const std::size_t off = inner_.ranges()[k].second;
-        const home from = home_of(k, side_[k]);
-        const home to = home_of(k, static_cast<std::uint8_t>(side_[k] ^ 1U));
         inner_.step_window({.range = k,
                             .first = off,
                             .count = inner_.ranges()[k].first.size(),
@@ -208,7 +223,7 @@ public:
                             .master_in = from.master,
                             .m_in = from.m,
                             .v_in = from.v},
-                           host_stream_, early_args_, early_lr_);
+                           host_stream_, args, lr);
       } catch (...) {
         const std::lock_guard lock(done_mu_);
         failed_ = true;
@@ -238,6 +253,9 @@ public:
     const std::size_t cancelled = can_run_async() ? worker_.cancel_pending() : 0;
     early_counts_.cancelled += cancelled;
     const std::size_t started = queued_ - cancelled;
+    if (keep && can_run_async() && defer_running(started)) {
+      return;
+    }
     std::size_t handled = 0;
     while (keep && handled < started) {
       std::size_t k = 0;
@@ -250,7 +268,7 @@ public:
         k = done_[handled];
       }
       ++handled;
-      side_[k] ^= 1U;
+      second_.flip(k);
       kept_[k] = 1;
       ++early_counts_.kept;
       publish(k);
@@ -292,15 +310,22 @@ public:
     }
     join_async();
     ++epoch_;
-    std::vector<std::size_t> todo;
-    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
-      const bool kept = k < kept_.size() && kept_[k] != 0;
-      if (kept) {
-        kept_[k] = 0; // updated during backward, its parameters already published (end_early)
-      } else {
-        todo.push_back(k);
+    // Ranges kept from backward whose update was still running at the step (kept_ 2) are published
+    // first; then every range not updated during backward is updated, in order.
+    std::vector<std::pair<std::size_t, bool>> todo; // (range, publish only)
+    for (std::size_t k = 0; k < kept_.size(); ++k) {
+      if (kept_[k] == 2) {
+        todo.emplace_back(k, true);
       }
-      async_posts_[k] = kept ? 0 : 1;
+    }
+    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
+      const std::uint8_t kept = k < kept_.size() ? kept_[k] : 0;
+      if (kept == 0) {
+        todo.emplace_back(k, false);
+      } else {
+        kept_[k] = 0; // updated during backward (end_early)
+      }
+      async_posts_[k] = kept == 1 ? 0 : 1; // kept 1: its parameters are already on their way
     }
     async_ = true;
     ++async_steps_;
@@ -308,14 +333,20 @@ public:
       std::size_t i = 0;
       try {
         for (; i < todo.size(); ++i) {
-          const std::size_t k = todo[i];
-          grads_.wait_landed(k);
-          update_range(k, base, group_lr);
+          const auto [k, publish_only] = todo[i];
+          if (publish_only) {
+            if (params_on_host_) {
+              publish(k); // into stage 3's host shard; otherwise step_range uploads the staged values
+            }
+          } else {
+            grads_.wait_landed(k);
+            update_range(k, base, group_lr);
+          }
           flags_.set(k, epoch);
         }
       } catch (...) {
         for (; i < todo.size(); ++i) {
-          flags_.set(todo[i], epoch); // nothing may wait for a range forever; join_async reports the error
+          flags_.set(todo[i].first, epoch); // nothing may wait for a range forever; join_async reports the error
         }
         throw;
       }
@@ -335,7 +366,7 @@ public:
   void load_master() {
     join_async();
     end_early(false);
-    settle();
+    second_.settle(inner_.ranges(), [this](std::size_t k) { return home_of(k, 0); });
     for (const auto& [range, state_offset] : inner_.ranges()) {
       if (params_on_host_) {
         break; // the host AdamW reads the shard itself
@@ -350,26 +381,28 @@ public:
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
     join_async();
     end_early(false);
-    for_each_home(t, state_offset, out.size(), [&](float* second, std::size_t lo, std::size_t n) {
-      if (second != nullptr) {
-        std::memcpy(out.data() + (lo - state_offset), second, n * sizeof(float));
-      } else {
-        inner_.read_state(t, lo, out.subspan(lo - state_offset, n));
-      }
-    });
+    second_.for_each_piece(inner_.ranges(), inner_.state_size(), t, state_offset, out.size(),
+                           [&](float* second, std::size_t lo, std::size_t n) {
+                             if (second != nullptr) {
+                               std::memcpy(out.data() + (lo - state_offset), second, n * sizeof(float));
+                             } else {
+                               inner_.read_state(t, lo, out.subspan(lo - state_offset, n));
+                             }
+                           });
   }
   /// Writes host values into the state. The device parameters are the caller's to write (a
   /// checkpoint writes both).
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
     join_async();
     end_early(false);
-    for_each_home(t, state_offset, in.size(), [&](float* second, std::size_t lo, std::size_t n) {
-      if (second != nullptr) {
-        std::memcpy(second, in.data() + (lo - state_offset), n * sizeof(float));
-      } else {
-        inner_.write_state(t, lo, in.subspan(lo - state_offset, n));
-      }
-    });
+    second_.for_each_piece(inner_.ranges(), inner_.state_size(), t, state_offset, in.size(),
+                           [&](float* second, std::size_t lo, std::size_t n) {
+                             if (second != nullptr) {
+                               std::memcpy(second, in.data() + (lo - state_offset), n * sizeof(float));
+                             } else {
+                               inner_.write_state(t, lo, in.subspan(lo - state_offset, n));
+                             }
+                           });
   }
 
   /// One optimizer step over every owned range, with its copies on the engine's stream.
@@ -401,6 +434,10 @@ public:
     }
     grads_.wait(k, s, grad_of, "offloaded_adamw");
     if (k < kept_.size() && kept_[k] != 0) {
+      if (kept_[k] == 2) { // its publishing was left to a step beside the forward, which did not come
+        worker_.drain();
+        publish(k);
+      }
       kept_[k] = 0; // updated during backward, its parameters already published (end_early)
       return;
     }
@@ -412,7 +449,7 @@ private:
   /// Runs AdamW over range `k` on the host, from and into the home its state is in.
   template <class GroupLr> void update_range(std::size_t k, const adamw_step_args& base, GroupLr& group_lr) {
     const auto& [range, state_offset] = inner_.ranges()[k];
-    const home h = home_of(k, k < side_.size() ? side_[k] : std::uint8_t{0});
+    const home h = home_of(k, second_.side(k));
     inner_.step_window({.range = k,
                         .first = state_offset,
                         .count = range.size(),
@@ -434,11 +471,34 @@ private:
     }
   }
 
-  struct home {
-    float* master;
-    float* m;
-    float* v;
-  };
+  /// With a step beside the forward to follow (`keep`): publishes the updates during backward that
+  /// are done, and leaves the one still running (the thread runs them in order, so at most one) to
+  /// that step, which publishes it after it ends (`kept_` 2), instead of waiting for it here.
+  /// \returns false when an update threw (the caller's path rethrows it).
+  bool defer_running(std::size_t started) {
+    std::vector<std::size_t> done;
+    {
+      const std::lock_guard lock(done_mu_);
+      if (failed_) {
+        return false;
+      }
+      done = done_;
+    }
+    for (const std::size_t k : done) {
+      second_.flip(k);
+      kept_[k] = 1;
+      publish(k);
+    }
+    for (std::size_t i = done.size(); i < started; ++i) {
+      const std::size_t k = posted_[i];
+      second_.flip(k); // its update reads and writes the homes taken when it was posted
+      kept_[k] = 2;
+    }
+    early_counts_.kept += started;
+    return true;
+  }
+
+  using home = detail::state_home;
 
   static std::size_t state_elements(const flat_layout& layout, const adamw_placement& place) {
     return owned_ranges(layout, place).second;
@@ -447,42 +507,18 @@ private:
   /// The parameters the optimizer writes in place (stage 3's host shard), at state index `state_offset`.
   std::byte* place_params(std::size_t state_offset) const { return device_params_ + state_offset * param_size_; }
 
-  /// Gives the last ranges, `share` of the state at most, a second home (see the file comment).
-  void make_second_home(double share) {
-    const auto& ranges = inner_.ranges();
-    const std::size_t state = inner_.state_size();
-    const auto most = static_cast<std::size_t>(share * static_cast<double>(state));
-    second_first_ = ranges.size();
-    while (second_first_ > 0 && state - ranges[second_first_ - 1].second <= most) {
-      --second_first_;
-    }
-    if (second_first_ == ranges.size()) {
-      return;
-    }
-    second_base_ = ranges[second_first_].second;
-    const std::size_t n = state - second_base_;
-    second_master_ = buffer<float, host_counting>(counted_, n, memory_tag::buffers);
-    second_m_ = buffer<float, host_counting>(counted_, n, memory_tag::buffers);
-    second_v_ = buffer<float, host_counting>(counted_, n, memory_tag::buffers);
-    if (params_on_host_) {
-      second_params_ = buffer<std::byte, host_counting>(counted_, n * param_size_, memory_tag::buffers);
-    }
-    side_.assign(ranges.size(), 0);
-    kept_.assign(ranges.size(), 0);
-  }
   /// Range `k`'s state in its first home (`side` 0: the inner optimizer's buffers) or its second.
   home home_of(std::size_t k, std::uint8_t side) {
     const std::size_t off = inner_.ranges()[k].second;
     if (side == 0) {
       return {inner_.has_master() ? inner_.master() + off : nullptr, inner_.exp_avg() + off, inner_.exp_avg_sq() + off};
     }
-    const std::size_t o = off - second_base_;
-    return {second_master_.data() + o, second_m_.data() + o, second_v_.data() + o};
+    return second_.at(off);
   }
   /// Where an update during backward writes range `k`'s parameters.
   std::byte* early_params(std::size_t k) {
     const std::size_t off = inner_.ranges()[k].second;
-    return params_on_host_ ? second_params_.data() + (off - second_base_) * param_size_ : host_params(off);
+    return params_on_host_ ? second_.params(off) : host_params(off);
   }
   /// Sends range `k`'s parameters, updated during backward into staging, where the step's go: to the
   /// device on the engine's stream, or into stage 3's host shard (a copy on the host's threads).
@@ -497,54 +533,6 @@ private:
     } else {
       copy_async<device_host_accessible>(backend_, stream_, host_params(off), device_params(range, off),
                                          range.size() * param_size_);
-    }
-  }
-  /// Calls `f(second, lo, n)` for the pieces of state elements [first, first + n) of tensor `t`:
-  /// `second` points at a piece living in its second home, or is null for one in the first.
-  template <class F> void for_each_home(state_tensor t, std::size_t first, std::size_t n, F&& f) {
-    const auto& ranges = inner_.ranges();
-    if (first + n > inner_.state_size() || first + n < n) {
-      throw usage_error("offloaded_adamw: state elements [" + std::to_string(first) + ", " + std::to_string(first + n) +
-                        ") are outside this rank's " + std::to_string(inner_.state_size()));
-    }
-    std::size_t cur = first;
-    const std::size_t end = first + n;
-    while (cur < end) {
-      std::size_t hi = end;
-      float* second = nullptr;
-      for (std::size_t k = second_first_; k < ranges.size(); ++k) {
-        const std::size_t off = ranges[k].second;
-        const std::size_t e = off + ranges[k].first.size();
-        if (side_[k] == 0 || e <= cur) {
-          continue;
-        }
-        if (off <= cur) {
-          const home h = home_of(k, 1);
-          float* base = t == state_tensor::master ? h.master : t == state_tensor::exp_avg ? h.m : h.v;
-          second = base + (cur - off);
-          hi = std::min(end, e);
-        } else {
-          hi = std::min(hi, off);
-        }
-        break;
-      }
-      f(second, cur, hi - cur);
-      cur = hi;
-    }
-  }
-  /// Moves every range living in its second home back to its first.
-  void settle() {
-    for (std::size_t k = second_first_; k < side_.size(); ++k) {
-      if (side_[k] == 0) {
-        continue;
-      }
-      const std::size_t n = inner_.ranges()[k].first.size();
-      const home from = home_of(k, 1);
-      const home to = home_of(k, 0);
-      std::memcpy(to.master, from.master, n * sizeof(float));
-      std::memcpy(to.m, from.m, n * sizeof(float));
-      std::memcpy(to.v, from.v, n * sizeof(float));
-      side_[k] = 0;
     }
   }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
@@ -566,19 +554,13 @@ private:
   buffer<std::byte, host_counting> host_params_;
   partitioned_adamw<host_backend, HostAlloc> inner_;
   detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
-  // Updates during backward: ranges [second_first_, end) have a second home from state index
-  // second_base_ on; side_[k] says which home range k's state is in, kept_[k] that its update during
-  // backward was kept and published.
-  std::size_t second_first_ = inner_.ranges().size();
-  std::size_t second_base_ = inner_.state_size();
-  buffer<float, host_counting> second_master_;
-  buffer<float, host_counting> second_m_;
-  buffer<float, host_counting> second_v_;
-  buffer<std::byte, host_counting> second_params_;
-  std::vector<std::uint8_t> side_;
+  // Updates during backward: the second home, and per range whether its update during backward was
+  // kept and published (1), or kept with its publishing left to the step beside the forward (2).
+  detail::second_home<host_counting> second_;
   std::vector<std::uint8_t> kept_;
-  std::size_t queued_ = 0; // updates posted since begin_early
-  std::mutex done_mu_;     // guards done_ and failed_, written by the worker
+  std::size_t queued_ = 0;          // updates posted since begin_early
+  std::vector<std::size_t> posted_; // their ranges, in the order posted
+  std::mutex done_mu_;              // guards done_ and failed_, written by the worker
   std::condition_variable done_cv_;
   std::vector<std::size_t> done_; // ranges whose update landed, in that order
   bool failed_ = false;
