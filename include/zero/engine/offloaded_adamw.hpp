@@ -310,23 +310,21 @@ public:
     }
     join_async();
     ++epoch_;
-    // Ranges kept from backward whose update was still running at the step (kept_ 2) are published
-    // first; then every range not updated during backward is updated, in order.
+    // In the forward's order: the thread updates every range not updated during backward, and
+    // publishes those kept from backward that need the host (kept_ 2); the uploads of those that need
+    // nothing more (kept_ 3) are posted ahead of every wait (async_posts_ 2, see step_range).
     std::vector<std::pair<std::size_t, bool>> todo; // (range, publish only)
-    for (std::size_t k = 0; k < kept_.size(); ++k) {
-      if (kept_[k] == 2) {
-        todo.emplace_back(k, true);
-      }
-    }
     for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
       const std::uint8_t kept = k < kept_.size() ? kept_[k] : 0;
-      if (kept == 0) {
-        todo.emplace_back(k, false);
-      } else {
+      if (kept == 0 || kept == 2) {
+        todo.emplace_back(k, kept == 2);
+      }
+      if (kept != 0) {
         kept_[k] = 0; // updated during backward (end_early)
       }
-      async_posts_[k] = kept == 1 ? 0 : 1; // kept 1: its parameters are already on their way
+      async_posts_[k] = kept == 1 ? 0 : kept == 3 ? 2 : 1; // kept 1: its parameters are already on their way
     }
+    async_ahead_ = true;
     async_ = true;
     ++async_steps_;
     worker_.post([this, todo = std::move(todo), base, group_lr = std::move(group_lr), epoch = epoch_] {
@@ -425,7 +423,16 @@ public:
         throw usage_error("offloaded_adamw::step_range: range " + std::to_string(k) +
                           " does not exist; this rank owns " + std::to_string(async_posts_.size()));
       }
-      if (async_posts_[k] != 0) {
+      if (std::exchange(async_ahead_, false)) {
+        // Kept from backward and done: uploaded first, while the host updates the first ranges.
+        for (std::size_t j = 0; j < async_posts_.size(); ++j) {
+          if (async_posts_[j] == 2) {
+            async_posts_[j] = 0;
+            post_upload(j, s);
+          }
+        }
+      }
+      if (async_posts_[k] == 1) {
         async_posts_[k] = 0;
         flags_.wait(backend_, s, k, epoch_);
         post_upload(k, s);
@@ -434,7 +441,7 @@ public:
     }
     grads_.wait(k, s, grad_of, "offloaded_adamw");
     if (k < kept_.size() && kept_[k] != 0) {
-      if (kept_[k] == 2) { // its publishing was left to a step beside the forward, which did not come
+      if (kept_[k] >= 2) { // its publishing was left to a step beside the forward, which did not come
         worker_.drain();
         publish(k);
       }
@@ -471,10 +478,12 @@ private:
     }
   }
 
-  /// With a step beside the forward to follow (`keep`): publishes the updates during backward that
-  /// are done, and leaves the one still running (the thread runs them in order, so at most one) to
-  /// that step, which publishes it after it ends (`kept_` 2), instead of waiting for it here.
-  /// \returns false when an update threw (the caller's path rethrows it).
+  /// With a step beside the forward to follow (`keep`): keeps every update during backward that has
+  /// started without waiting for the one still running (the thread runs them in order, so at most
+  /// one), and leaves their publishing to that step: on the thread after that update ends where the
+  /// host must copy (`kept_` 2: still running, or stage 3's shard on the host), else as uploads the
+  /// step posts ahead of its waits on the update stream (`kept_` 3), not on the engine's stream in
+  /// front of the next forward. \returns false when an update threw (the caller's path rethrows it).
   bool defer_running(std::size_t started) {
     std::vector<std::size_t> done;
     {
@@ -486,8 +495,7 @@ private:
     }
     for (const std::size_t k : done) {
       second_.flip(k);
-      kept_[k] = 1;
-      publish(k);
+      kept_[k] = params_on_host_ ? 2 : 3;
     }
     for (std::size_t i = done.size(); i < started; ++i) {
       const std::size_t k = posted_[i];
@@ -555,7 +563,8 @@ private:
   partitioned_adamw<host_backend, HostAlloc> inner_;
   detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
   // Updates during backward: the second home, and per range whether its update during backward was
-  // kept and published (1), or kept with its publishing left to the step beside the forward (2).
+  // kept and published (1), or kept with its publishing left to the step beside the forward: by its
+  // thread (2) or as an upload ahead of its waits (3).
   detail::second_home<host_counting> second_;
   std::vector<std::uint8_t> kept_;
   std::size_t queued_ = 0;          // updates posted since begin_early
@@ -572,8 +581,9 @@ private:
   // step_range still posts, and whether a step runs on the host.
   detail::range_flags<host_counting> flags_;
   std::uint32_t epoch_ = 0;
-  std::vector<std::uint8_t> async_posts_;
+  std::vector<std::uint8_t> async_posts_; // 1: wait and upload, 2: upload ahead of the waits
   bool async_ = false;
+  bool async_ahead_ = false; // the uploads ahead of the waits are still to post
   std::size_t async_steps_ = 0;
   /// Last: stopped and joined before anything its jobs use is destroyed.
   detail::job_thread worker_;
