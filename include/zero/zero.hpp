@@ -10,6 +10,7 @@
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/comm/thread_communicator.hpp"
+#include "zero/comm/topology.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/dtype.hpp"

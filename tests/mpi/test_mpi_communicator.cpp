@@ -6,6 +6,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "zero/comm/mpi_communicator.hpp"
+#include "zero/comm/topology.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -501,6 +502,29 @@ TEST_CASE("split into even and odd ranks") {
   float one = 2.0f;
   single.all_reduce(&one, &one, 1, reduce_op::avg).wait();
   CHECK(one == 2.0f);
+}
+
+TEST_CASE("a topology splits the world into the groups of its axes") {
+  ZERO_RANK_INFO();
+  auto w = world();
+  // (pipe, data) over the world: pipe 2 where the world is even, else 1.
+  const int pipe = w.size() % 2 == 0 ? 2 : 1;
+  const zero::topology t({{"pipe", pipe}, {"data", w.size() / pipe}});
+  for (const char* axis : {"pipe", "data"}) {
+    CAPTURE(axis);
+    mpi_communicator g = t.split(w, {axis});
+    const auto members = t.group_of(w.rank(), {axis});
+    CHECK(g.size() == static_cast<int>(members.size()));
+    CHECK(members[static_cast<std::size_t>(g.rank())] == w.rank());
+    std::int32_t me = w.rank();
+    std::int32_t total = 0;
+    g.all_reduce(&me, &total, 1, reduce_op::sum).wait();
+    std::int32_t expected = 0;
+    for (const int m : members) {
+      expected += m;
+    }
+    CHECK(total == expected);
+  }
 }
 
 TEST_CASE("split with a negative color fails alike on every rank") {
