@@ -443,7 +443,11 @@ public:
     if (k < kept_.size() && kept_[k] != 0) {
       if (kept_[k] >= 2) { // its publishing was left to a step beside the forward, which did not come
         worker_.drain();
-        publish(k);
+        if (params_on_host_) {
+          publish(k);
+        } else {
+          post_upload(k, s); // on `s`, which the residency's action on the range follows
+        }
       }
       kept_[k] = 0; // updated during backward, its parameters already published (end_early)
       return;
