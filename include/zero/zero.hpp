@@ -9,6 +9,7 @@
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/communicator.hpp"
+#include "zero/comm/pipeline_schedule.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/comm/topology.hpp"
 #include "zero/config/config.hpp"
