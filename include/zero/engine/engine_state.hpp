@@ -210,6 +210,7 @@ public:
       split_.host_elements = split_.state_elements;
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
+    stats_->set_model_group(model_group_, buffer_alloc_);
     // Stages 1-2 on several ranks, stage 3, and a host step beside the next forward: the optimizer
     // steps on the update stream, beside the next forward.
     const auto* host = optimizer_.host();
@@ -297,6 +298,17 @@ public:
   void set_offload_threads(unsigned threads) {
     check_open("set_offload_threads");
     offload_threads_ = threads;
+  }
+  /// In a model-parallel job, the ranks that hold the rest of this rank's model replica (its other
+  /// pipeline stages or tensor slices; `topology::split(world, {"pipe", "tensor"})`), this
+  /// communicator being the replica's data-parallel group: the gradient norm that clipping uses is
+  /// the whole model's, summed over `group` too, and an fp16 overflow on any rank of it skips the
+  /// step on every rank. Kept by reference; before finalize. Each parameter must be registered on
+  /// exactly one rank of `group` (a parameter replicated across tensor slices would be counted once
+  /// per slice).
+  void set_model_group(Comm& group) {
+    check_open("set_model_group");
+    model_group_ = &group;
   }
   /// The update rates `offload_optimizer.ratio: "auto"` picks its ratio from at `finalize` instead of
   /// measuring them then (`measure_update_rates`); unused with any other ratio. Before finalize.
@@ -542,6 +554,8 @@ protected:
   /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
   bool stats_in_take_ = false;
   bool reducer_boundary_ = true;
+  /// The rest of the model replica (`set_model_group`), or null.
+  Comm* model_group_ = nullptr;
   /// The rates of `set_offload_rates`, and the split made at finalize.
   std::optional<update_rates> offload_rates_;
   offload_split split_;

@@ -8,6 +8,11 @@
 /// a factor to unscale by (fp16's loss scale, accumulation), computes each owned range's squared
 /// norm, sums the flag (max) and the norms (sum) over ranks with two small all-reduces waited
 /// together, and reads the two results back: one host round trip per step.
+///
+/// In a model-parallel job (`set_model_group`: the ranks holding the other pipeline stages or tensor
+/// slices of the same replica) the squared norm and the flag are then summed over that group too (one
+/// all-reduce of two doubles), so every rank clips by the norm of the whole model and an overflow on
+/// any rank skips the step on all.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
@@ -96,6 +101,15 @@ public:
       backend_.squared_norm(x, n, norm_.data() + k, workspace_.data(), workspace_bytes_, stream_);
     });
   }
+  /// Sums the squared norm and the overflow flag over `group` as well (see the file comment); kept by
+  /// reference, with a 2-double buffer from the allocator. Null: the data-parallel group only.
+  void set_model_group(Comm* group, counting alloc) {
+    model_ = group;
+    if (model_ != nullptr && model_->size() > 1) {
+      model_sum_ = buffer<double, counting>(std::move(alloc), 2, memory_tag::buffers);
+    }
+  }
+
   /// The result of the ranges checked since `begin_ranges`; collective as `check`.
   grad_check finish_ranges(bool scaled) { return finish(scaled); }
 
@@ -136,8 +150,18 @@ private:
     for (const float part : host_) {
       sq += static_cast<double>(part);
     }
+    bool overflow = flag != 0;
+    if (model_ != nullptr && model_->size() > 1) {
+      const double mine[2] = {sq, overflow ? 1.0 : 0.0};
+      double all[2] = {0, 0};
+      upload<A::host_accessible>(backend_, stream_, mine, model_sum_.data(), 2);
+      model_->all_reduce(model_sum_.data(), model_sum_.data(), 2, reduce_op::sum).wait();
+      download<A::host_accessible>(backend_, stream_, model_sum_.data(), all, 2);
+      sq = all[0];
+      overflow = all[1] != 0;
+    }
     grad_check r;
-    r.overflow = flag != 0 || !std::isfinite(sq);
+    r.overflow = overflow || !std::isfinite(sq);
     r.norm = r.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(sq);
     return r;
   }
@@ -153,6 +177,8 @@ private:
   buffer<std::byte, counting> workspace_;
   std::size_t workspace_bytes_ = 0;
   std::vector<float> host_;
+  Comm* model_ = nullptr;
+  buffer<double, counting> model_sum_;
 };
 
 } // namespace zero

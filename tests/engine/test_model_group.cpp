@@ -1,0 +1,175 @@
+// ZeRO over the data-parallel group of a pipeline-parallel job (`set_model_group`): each pipeline
+// stage's engine holds its own mg_layers and shards them over its data group, and the gradient norm
+// that clipping uses, and fp16's overflow, are the whole model's. Trained on 4 in-process ranks as
+// (pipe 2, data 2), the weights equal those of one engine holding every layer on the 2 data ranks.
+
+#include "zero/comm/thread_communicator.hpp"
+#include "zero/comm/topology.hpp"
+#include "zero/zero.hpp"
+
+#include <cstddef>
+#include <doctest/doctest.h>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using mg_engine = zero::engine<zero::cpu_backend, zero::thread_communicator>;
+
+zero::config mg_config(int data_ranks, int stage, double clip) {
+  zero::config_inputs in;
+  in.world_size = data_ranks;
+  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": )" +
+                                       std::to_string(clip) +
+                                       R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+             "zero_optimization": {"stage": )" +
+                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})",
+                                   in);
+}
+
+/// The mg_layers: (name, elements), one module each; stage s of the pipeline holds mg_layers[s].
+const std::vector<std::pair<std::string, std::size_t>> mg_layers = {{"a", 96}, {"b", 160}};
+
+/// A gradient every setting computes the same: dyadic, so squares and sums are exact in fp32 and fp64.
+float mg_grad(int step, int data_rank, std::size_t layer, std::size_t i) {
+  const auto k = static_cast<int>((i * 7 + static_cast<std::size_t>(step) * 3 + layer * 11) % 17) - 8;
+  return static_cast<float>(k + data_rank) / 64.0F;
+}
+
+/// Trains the given mg_layers of each rank with the data group `data` (and `model`, the pipeline group,
+/// when not null) for `steps` steps, returning each layer's final values (from data rank 0).
+void mg_train(mg_engine& eng, zero::thread_communicator& data, const std::vector<std::size_t>& mine, int steps,
+              std::map<std::string, std::vector<float>>& out, std::mutex& mu) {
+  std::vector<int> modules;
+  std::vector<zero::param_handle> params;
+  for (const std::size_t l : mine) {
+    modules.push_back(eng.add_module(mg_layers[l].first));
+    params.push_back(
+        eng.add_param(modules.back(), mg_layers[l].first + ".w", {static_cast<std::int64_t>(mg_layers[l].second)}));
+  }
+  eng.finalize();
+  eng.init_params([](const zero::param_info& p, std::size_t first, std::span<float> v) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<float>((first + i + p.name.size()) % 13) / 16.0F - 0.25F;
+    }
+  });
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      auto on = eng.gather(modules[j]);
+      float* g = eng.grad(params[j]).as<float>();
+      for (std::size_t i = 0; i < mg_layers[mine[j]].second; ++i) {
+        g[i] += mg_grad(step, data.rank(), mine[j], i);
+      }
+      eng.grad_ready(params[j]);
+    }
+    CHECK(eng.step().applied);
+  }
+  auto all = eng.gather_all();
+  if (data.rank() == 0) {
+    const std::lock_guard lock(mu);
+    for (std::size_t j = 0; j < mine.size(); ++j) {
+      const float* v = eng.param(params[j]).as<float>();
+      out[mg_layers[mine[j]].first].assign(v, v + mg_layers[mine[j]].second);
+    }
+  }
+}
+
+std::map<std::string, std::vector<float>> mg_whole_model(int stage, double clip) {
+  std::map<std::string, std::vector<float>> out;
+  std::mutex mu;
+  zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    mg_engine eng(mg_config(2, stage, clip), comm, backend);
+    mg_train(eng, comm, {0, 1}, 4, out, mu);
+  });
+  return out;
+}
+
+std::map<std::string, std::vector<float>> mg_pipelined(int stage, double clip, bool with_model_group) {
+  const zero::topology topo({{"pipe", 2}, {"data", 2}});
+  std::map<std::string, std::vector<float>> out;
+  std::mutex mu;
+  zero::run_ranks(4, [&](zero::thread_communicator& world) {
+    auto data = topo.split(world, {"data"});
+    auto pipe = topo.split(world, {"pipe"});
+    zero::cpu_backend backend({.threads = 1});
+    mg_engine eng(mg_config(2, stage, clip), data, backend);
+    if (with_model_group) {
+      eng.set_model_group(pipe);
+    }
+    mg_train(eng, data, {static_cast<std::size_t>(topo.coord(world.rank(), "pipe"))}, 4, out, mu);
+  });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("pipeline stages with set_model_group clip by the whole model's norm: the weights of one engine") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    const auto want = mg_whole_model(stage, 0.05); // a clip the norm exceeds every step
+    REQUIRE(want.size() == 2);
+    CHECK(mg_pipelined(stage, 0.05, true) == want);
+    // Without the model group each stage clips by its own mg_layers' norm: other weights.
+    CHECK(mg_pipelined(stage, 0.05, false) != want);
+    // Unclipped, the groups do not matter.
+    CHECK(mg_pipelined(stage, 0, true) == mg_whole_model(stage, 0));
+  }
+}
+
+TEST_CASE("an inf in one pipeline stage's gradients skips the step on every stage with set_model_group") {
+  const zero::topology topo({{"pipe", 2}, {"data", 2}});
+  for (bool with_model_group : {true, false}) {
+    CAPTURE(with_model_group);
+    std::mutex mu;
+    std::map<int, std::vector<bool>> applied; // world rank -> applied per step
+    zero::run_ranks(4, [&](zero::thread_communicator& world) {
+      auto data = topo.split(world, {"data"});
+      auto pipe = topo.split(world, {"pipe"});
+      zero::cpu_backend backend({.threads = 1});
+      mg_engine eng(mg_config(2, 2, 1.0), data, backend);
+      if (with_model_group) {
+        eng.set_model_group(pipe);
+      }
+      const int s = topo.coord(world.rank(), "pipe");
+      const int m = eng.add_module("m");
+      auto w = eng.add_param(m, "w", {32});
+      eng.finalize();
+      std::vector<bool> mine;
+      for (int step = 0; step < 3; ++step) {
+        auto on = eng.gather(m);
+        float* g = eng.grad(w).as<float>();
+        for (std::size_t i = 0; i < 32; ++i) {
+          g[i] += 0.25F;
+        }
+        if (step == 1 && s == 1 && data.rank() == 0) {
+          g[5] = std::numeric_limits<float>::infinity(); // stage 1 only
+        }
+        eng.grad_ready(w);
+        mine.push_back(eng.step().applied);
+      }
+      const std::lock_guard lock(mu);
+      applied[world.rank()] = mine;
+    });
+    for (int r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      const bool stage1 = topo.coord(r, "pipe") == 1;
+      // Step 1 is skipped where the inf is, and with the model group on every stage.
+      CHECK(applied[r] == std::vector<bool>{true, !(with_model_group || stage1), true});
+    }
+  }
+}
+
+TEST_CASE("set_model_group after finalize is refused") {
+  zero::run_ranks(1, [](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    mg_engine eng(mg_config(1, 1, 0), comm, backend);
+    eng.add_param(eng.add_module("m"), "w", {8});
+    eng.finalize();
+    CHECK_THROWS_WITH_AS(eng.set_model_group(comm), doctest::Contains("set_model_group after finalize()"),
+                         zero::usage_error);
+  });
+}
