@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,19 @@ template <storage S>
     std::memset(ring.back().data(), 0x5a, chunk);
   }
   std::vector<storage_ticket> tickets(ring.size(), 0);
+  // A request that fails throws from its wait while later ones are still in flight into `ring`: they
+  // must complete before the buffers go (the storage concept's rule), so unwinding waits for them.
+  struct drain_on_throw {
+    S& s;
+    ~drain_on_throw() {
+      if (std::uncaught_exceptions() > 0) {
+        try {
+          s.wait_all();
+        } catch (...) { // NOLINT(bugprone-empty-catch): the first error is already on its way
+        }
+      }
+    }
+  } drain{s};
   auto pass = [&](bool write) {
     for (std::uint64_t i = 0; i < pieces; ++i) {
       const std::size_t slot = i % ring.size();
