@@ -487,6 +487,59 @@ TEST_CASE("adamw_step_from: the bits of adamw_step on a copy, the input unchange
   }
 }
 
+TEST_CASE("adamw_step and adamw_step_from: streaming stores change no bit, at every alignment of the parameter "
+          "copy and of the state out of place") {
+  // The parameter copy streams after a peel to a register's width (16 offsets cover every phase),
+  // alone in place, and out of place only where its peel is the state's.
+  for (auto level : simd_levels()) {
+    zero::cpu_backend plain({.threads = 2, .simd = level, .streaming_stores = false});
+    zero::cpu_backend streaming({.threads = 2, .simd = level});
+    REQUIRE(streaming.streaming_stores());
+    REQUIRE_FALSE(plain.streaming_stores());
+    const auto s = plain.make_stream();
+    for (std::size_t n : {std::size_t{7}, std::size_t{100}, std::size_t{40'000}}) {
+      for (std::size_t po = 0; po < 16; ++po) {
+        for (std::size_t so : {std::size_t{0}, std::size_t{5}}) {
+          CAPTURE(zero::name_of(level));
+          CAPTURE(n);
+          CAPTURE(po);
+          CAPTURE(so);
+          std::vector<float> master(n), m(n), v(n);
+          std::vector<bf16> grad(n);
+          for (std::size_t i = 0; i < n; ++i) {
+            master[i] = 0.25f - static_cast<float>(i % 89) / 89.0f;
+            m[i] = static_cast<float>(i % 11) * 1e-3f;
+            v[i] = static_cast<float>(i % 5) * 1e-5f;
+            grad[i] = zero::from_float<bf16>(static_cast<float>(i % 29) / 29.0f - 0.5f);
+          }
+          zero::adamw_step_args a;
+          a.lr = 1e-3f;
+          a.weight_decay = 0.01f;
+          a.set_step(2);
+          // In place, each backend on its own copy.
+          auto run_in_place = [&](zero::cpu_backend& b, std::vector<bf16>& param) {
+            std::vector<float> ma = master, mm = m, mv = v;
+            b.adamw_step(ma.data(), mm.data(), mv.data(), grad.data(), param.data() + po, n, a, s);
+            return std::tuple{ma, mm, mv};
+          };
+          std::vector<bf16> p_plain(n + 16), p_stream(n + 16);
+          CHECK(run_in_place(plain, p_plain) == run_in_place(streaming, p_stream));
+          CHECK(first_mismatch(p_plain.data() + po, p_stream.data() + po, n, false) == n);
+          // Out of place, the state at offset `so` (streamed when alike).
+          auto run_from = [&](zero::cpu_backend& b, std::vector<bf16>& param) {
+            std::vector<float> om(n + 16), omm(n + 16), omv(n + 16);
+            b.adamw_step_from(master.data(), m.data(), v.data(), om.data() + so, omm.data() + so, omv.data() + so,
+                              grad.data(), param.data() + po, n, a, s);
+            return std::tuple{om, omm, omv};
+          };
+          CHECK(run_from(plain, p_plain) == run_from(streaming, p_stream));
+          CHECK(first_mismatch(p_plain.data() + po, p_stream.data() + po, n, false) == n);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("adamw_step: known values, and Adam differs from AdamW only through weight decay") {
   zero::cpu_backend b({.threads = 1});
   const auto s = b.make_stream();

@@ -170,6 +170,64 @@ TEST_SUITE("allocators") {
     }
   }
 
+  TEST_CASE("pinned_allocator on huge pages: large blocks on 2 MiB pages, pinned, reachable by kernels and copies") {
+    zero::huge_pinned_allocator alloc;
+    // Where the device cannot use registered memory at the host's address, the option falls back.
+    int same_address = 0;
+    ZERO_CHECK_CUDA(cudaDeviceGetAttribute(&same_address, cudaDevAttrCanUseHostPointerForRegisteredMem, 0));
+    CHECK(alloc.huge_pages() == (same_address != 0));
+    CHECK_FALSE(zero::pinned_allocator{}.huge_pages());
+    const std::size_t n = (std::size_t{8} << 20) / sizeof(float) + 3; // 8 MiB and a ragged end
+    for (const std::size_t alignment : {std::size_t{256}, std::size_t{1} << 16}) {
+      CAPTURE(alignment);
+      auto* p = static_cast<float*>(alloc.allocate(n * sizeof(float), alignment));
+      REQUIRE(p != nullptr);
+      CHECK(aligned(p, alignment));
+      if (alloc.huge_pages()) {
+        CHECK(aligned(p, zero::pinned_allocator::huge_page_bytes));
+      }
+      cudaPointerAttributes attr{};
+      ZERO_CHECK_CUDA(cudaPointerGetAttributes(&attr, p));
+      CHECK(attr.type == cudaMemoryTypeHost);
+      for (std::size_t i = 0; i < n; ++i) {
+        p[i] = static_cast<float>(i % 1000);
+      }
+      // A kernel writes through the pointer; an asynchronous copy takes it to the device and back.
+      zero::test::test_stream stream;
+      zero::cuda::fill(p + 1, n - 2, 7.5f, stream.get());
+      void* dv = nullptr;
+      ZERO_CHECK_CUDA(cudaMalloc(&dv, n * sizeof(float)));
+      auto* d = static_cast<float*>(dv);
+      ZERO_CHECK_CUDA(cudaMemcpyAsync(d, p, n * sizeof(float), cudaMemcpyHostToDevice, stream.get()));
+      zero::cuda::fill(d, 1, -1.0f, stream.get());
+      ZERO_CHECK_CUDA(cudaMemcpyAsync(p, d, n * sizeof(float), cudaMemcpyDeviceToHost, stream.get()));
+      stream.sync();
+      ZERO_CHECK_CUDA(cudaFree(d));
+      CHECK(p[0] == -1.0f);
+      CHECK(p[1] == 7.5f);
+      CHECK(p[n - 2] == 7.5f);
+      CHECK(p[n - 1] == static_cast<float>((n - 1) % 1000));
+      alloc.deallocate(p, n * sizeof(float), alignment);
+    }
+    // Small blocks take cudaHostAlloc, as without the option; both kinds free through the same call.
+    void* small = alloc.allocate(4096);
+    CHECK(aligned(small, 256));
+    alloc.deallocate(small, 4096);
+    SUBCASE("an impossible request throws memory_error naming the bytes and the failed call") {
+      try {
+        (void)alloc.allocate(absurd_bytes);
+        FAIL("1 PiB on huge pages succeeded");
+      } catch (const zero::memory_error& e) {
+        const std::string what = e.what();
+        CAPTURE(what);
+        CHECK(contains(what, "pinned_allocator"));
+        CHECK(contains(what, std::to_string(absurd_bytes) + " bytes"));
+        CHECK((contains(what, "mmap") || contains(what, "cudaError")));
+      }
+      CHECK(cudaGetLastError() == cudaSuccess);
+    }
+  }
+
   TEST_CASE("caching_pool reuses freed blocks by size class and counts what it does") {
     zero::caching_device_allocator pool;
     CHECK(pool.cuda_allocations() == 0);

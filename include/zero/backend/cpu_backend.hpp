@@ -175,6 +175,10 @@ struct cpu_backend_options {
   unsigned threads = 0;
   /// The instruction set; `automatic` takes the widest one the CPU has.
   simd_level simd = simd_level::automatic;
+  /// AdamW writes what it does not read (the parameter copy; the state out of place) past the caches
+  /// with non-temporal stores, saving the read of each line before its write: about 7% of an
+  /// in-place bf16 step's memory traffic. Turn it off when the caller reads the copy back at once.
+  bool streaming_stores = true;
 };
 
 /// The CPU's stream: an empty tag, since every CPU kernel completes before it returns.
@@ -210,7 +214,8 @@ public:
   /// \param alloc the allocator `get_allocator()` returns.
   /// \throws config_error when `opt.simd` names a level this CPU or build cannot run, naming the
   ///         level and what the CPU lacks; std::system_error when a thread cannot start.
-  explicit basic_cpu_backend(options opt = {}, A alloc = A{}) : alloc_(std::move(alloc)) {
+  explicit basic_cpu_backend(options opt = {}, A alloc = A{})
+      : alloc_(std::move(alloc)), streaming_stores_(opt.streaming_stores) {
     if (opt.simd == simd_level::automatic) {
       simd_ = best_simd_level();
     } else if (!simd_supported(opt.simd)) {
@@ -237,6 +242,8 @@ public:
   [[nodiscard]] unsigned threads() const noexcept { return pool_->size(); }
   /// The SIMD level in use (never `automatic`).
   [[nodiscard]] simd_level simd() const noexcept { return simd_; }
+  /// Whether AdamW writes its outputs with non-temporal stores (see `cpu_backend_options`).
+  [[nodiscard]] bool streaming_stores() const noexcept { return streaming_stores_; }
 
   /// A new stream (an empty tag).
   [[nodiscard]] stream_type make_stream() const noexcept { return {}; }
@@ -445,9 +452,9 @@ private:
       const detail::cpu::adamw_state_out o{out.master + b, out.m + b, out.v + b};
       dispatch([&](auto isa) noexcept {
         if (c.adam_w_mode) {
-          decltype(isa)::template adamw<true>(i, o, grad + b, p, len, c);
+          decltype(isa)::template adamw<true>(i, o, grad + b, p, len, c, streaming_stores_);
         } else {
-          decltype(isa)::template adamw<false>(i, o, grad + b, p, len, c);
+          decltype(isa)::template adamw<false>(i, o, grad + b, p, len, c, streaming_stores_);
         }
       });
     });
@@ -477,6 +484,7 @@ private:
 
   A alloc_;
   simd_level simd_ = simd_level::scalar;
+  bool streaming_stores_ = true;
   std::unique_ptr<detail::thread_pool> pool_;
 };
 

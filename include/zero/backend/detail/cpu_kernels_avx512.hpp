@@ -86,6 +86,13 @@ struct vec {
   /// address aligned to `stream_alignment`; `fence` orders such stores before later ones.
   static constexpr std::size_t stream_alignment = 64;
   ZERO_TARGET_AVX512 static void stream(float* p, reg x) noexcept { _mm512_stream_ps(p, x); }
+  /// The same for 16 floats rounded to bf16 or f16, at an address aligned to 32 bytes.
+  ZERO_TARGET_AVX512 static void stream(bf16* p, reg x) noexcept {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits(x));
+  }
+  ZERO_TARGET_AVX512 static void stream(f16* p, reg x) noexcept {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16_bits(x));
+  }
   ZERO_TARGET_AVX512 static void fence() noexcept { _mm_sfence(); }
   ZERO_TARGET_AVX512 static void store(float* p, reg x) noexcept { _mm512_storeu_ps(p, x); }
   ZERO_TARGET_AVX512 static void store(bf16* p, reg x) noexcept {

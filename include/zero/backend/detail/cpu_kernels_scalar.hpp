@@ -208,10 +208,12 @@ namespace scalar {
 /// The portable chunk kernels, under the names `cpu_backend` dispatches to (the same as
 /// `avx2::kernels` and `avx512::kernels`).
 struct kernels {
-  /// One AdamW chunk of n elements (see adamw1), from `in` to `out`; `param` may be null.
+  /// One AdamW chunk of n elements (see adamw1), from `in` to `out`; `param` may be null. `stream`
+  /// (non-temporal stores) means nothing to the portable loop.
   template <bool AdamW, class G, class P>
   static void adamw(const adamw_state_in& in, const adamw_state_out& out, const G* grad, P* param, std::size_t n,
-                    const adamw_consts& c) noexcept {
+                    const adamw_consts& c, bool stream = true) noexcept {
+    (void)stream;
     adamw_tail<AdamW>(in, out, grad, param, 0, n, c);
   }
 

@@ -40,34 +40,53 @@ ZERO_CPU_SIMD_TARGET inline vec::reg product(vec::reg a, vec::reg b) noexcept {
 struct kernels {
   /// One AdamW chunk of n elements, `vec::lanes` at a time (see adamw1): the state read from `in`,
   /// the new state written to `out` (the same pointers for an update in place); `param` may be null.
-  /// Out of place, the new state is written with non-temporal stores where `out` is aligned alike
-  /// (its lines are not read first: the same memory traffic as in place).
+  /// With `stream`, what is only written goes past the caches (non-temporal stores: the line is not
+  /// read first, saving that read's memory traffic): the parameter copy, and out of place the new
+  /// state, each where its address can be aligned to a whole register by the chunk's first elements.
   template <bool AdamW, class G, class P>
   ZERO_CPU_SIMD_TARGET static void adamw(const adamw_state_in& in, const adamw_state_out& out, const G* grad, P* param,
-                                         std::size_t n, const adamw_consts& c) noexcept {
-    if (in.master == out.master) {
-      const std::size_t i = adamw_lanes<AdamW, false>(in, out, grad, param, 0, n, c);
+                                         std::size_t n, const adamw_consts& c, bool stream = true) noexcept {
+    // Elements before `p` is aligned to `align` bytes, or `lanes` (never) when its address cannot be.
+    const auto peel_for = [](const void* p, std::size_t align, std::size_t element) {
+      const auto mis = reinterpret_cast<std::uintptr_t>(p) % align;
+      return mis % element != 0 ? vec::lanes : (align - mis) % align / element;
+    };
+    std::size_t peel = vec::lanes;
+    bool state = false;
+    if (stream && in.master != out.master) {
+      peel = peel_for(out.master, vec::stream_alignment, sizeof(float));
+      state = peel < vec::lanes && peel_for(out.m, vec::stream_alignment, sizeof(float)) == peel &&
+              peel_for(out.v, vec::stream_alignment, sizeof(float)) == peel;
+    }
+    bool par = false;
+    if (stream && param != nullptr) {
+      const std::size_t p = peel_for(param, vec::lanes * sizeof(P), sizeof(P));
+      par = p < vec::lanes && (!state || p == peel);
+      peel = state ? peel : p;
+    }
+    if (!state && !par) {
+      const std::size_t i = adamw_lanes<AdamW, false, false>(in, out, grad, param, 0, n, c);
       adamw_tail<AdamW>(in, out, grad, param, i, n, c);
       return;
     }
-    constexpr std::size_t align = vec::stream_alignment;
-    const auto misalign = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % align; };
-    if (misalign(out.master) != misalign(out.m) || misalign(out.master) != misalign(out.v) ||
-        misalign(out.master) % sizeof(float) != 0) {
-      const std::size_t i = adamw_lanes<AdamW, false>(in, out, grad, param, 0, n, c);
-      adamw_tail<AdamW>(in, out, grad, param, i, n, c);
-      return;
-    }
-    const std::size_t peel = std::min(n, (align - misalign(out.master)) % align / sizeof(float));
+    peel = std::min(n, peel);
     adamw_tail<AdamW>(in, out, grad, param, 0, peel, c);
-    const std::size_t i = adamw_lanes<AdamW, true>(in, out, grad, param, peel, n, c);
+    std::size_t i = 0;
+    if (state && par) {
+      i = adamw_lanes<AdamW, true, true>(in, out, grad, param, peel, n, c);
+    } else if (state) {
+      i = adamw_lanes<AdamW, true, false>(in, out, grad, param, peel, n, c);
+    } else {
+      i = adamw_lanes<AdamW, false, true>(in, out, grad, param, peel, n, c);
+    }
     adamw_tail<AdamW>(in, out, grad, param, i, n, c);
     vec::fence();
   }
 
   /// The lanes of `adamw` from element `i` on while a whole register fits; \returns where it stopped.
-  /// `Stream`: the state's stores are non-temporal (`out` aligned to `vec::stream_alignment` at `i`).
-  template <bool AdamW, bool Stream, class G, class P>
+  /// `Stream`: the state's stores are non-temporal (`out` aligned to `vec::stream_alignment` at `i`);
+  /// `StreamParam`: the parameter copy's are (`param` non-null and aligned to a register's width at `i`).
+  template <bool AdamW, bool Stream, bool StreamParam, class G, class P>
   ZERO_CPU_SIMD_TARGET static std::size_t adamw_lanes(const adamw_state_in& in, const adamw_state_out& out,
                                                       const G* grad, P* param, std::size_t i, std::size_t n,
                                                       const adamw_consts& c) noexcept {
@@ -104,7 +123,9 @@ struct kernels {
         vec::store(out.v + i, vi);
         vec::store(out.master + i, p);
       }
-      if (param != nullptr) {
+      if constexpr (StreamParam) {
+        vec::stream(param + i, p);
+      } else if (param != nullptr) {
         vec::store(param + i, p);
       }
     }
