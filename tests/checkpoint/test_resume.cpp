@@ -102,6 +102,27 @@ TEST_CASE("saved at N=4, loaded at N=1, 2, 3, 8 and at other stages: training co
   }
 }
 
+TEST_CASE("stage 3 without a 16-bit shard saves and loads as with one, and as stage 2") {
+  // bf16 at stage 3 keeps no shard by default (the gathers cast the master); stage3_keep_param_shard
+  // keeps one. A checkpoint of either loads into the other, and into stage 2, bit for bit.
+  const zt::ckpt_spec c{.scheduler = true};
+  zt::run_spec derived{.stage = 3, .world = 2, .type = dtype::bf16, .steps = 4, .batch = 64};
+  zt::run_spec kept = derived;
+  kept.zero_extra = R"("stage3_keep_param_shard": true)";
+  zt::run_spec stage2 = derived;
+  stage2.stage = 2;
+  const auto want = zt::train_plain(derived, c);
+  CHECK(zt::train_plain(kept, c).params == want.params);
+  for (const auto& p :
+       {std::pair{derived, kept}, std::pair{kept, derived}, std::pair{derived, stage2}, std::pair{stage2, derived}}) {
+    CAPTURE(p.first.zero_extra);
+    CAPTURE(p.second.zero_extra);
+    CAPTURE(p.second.stage);
+    const auto dir = zt::scratch("resume-derived");
+    CHECK(zt::train_with_break(p.first, 2, p.second, dir, c).params == want.params);
+  }
+}
+
 TEST_CASE("saving the same tag again replaces it; latest follows the last save") {
   const auto dir = zt::scratch("same-tag");
   zt::run_spec s{.stage = 2, .world = 2, .steps = 3, .batch = 64};

@@ -129,10 +129,20 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
   // With the optimizer offloaded, two staging buffers: one fills while the other's slice goes to the host.
   CHECK(find(2, cpu, none).gpu_buffer_bytes == 2 * 400'000'000);
   CHECK(find(2, none, none).gpu_bytes_per_rank == 26'650'000'000);
-  // stage 3: 16 Ψ / N = 14e9; buffers: it reduces one module at a time, so the staging buffer is the
-  // largest module's bf16 gradient, L * 2 = 262144000 (not the reduce bucket), plus the working set
-  // (L + prefetch) * 2 = 181072000 * 2 = 362144000
-  CHECK(find(3, none, none).gpu_model_state_bytes == 14'000'000'000);
+  // stage 3: (2 + 12) Ψ / N = 12.25e9: without offload no 16-bit shard is kept (the gathers cast the
+  // fp32 master; 16 Ψ / N = 14e9 with stage3_keep_param_shard, below); buffers: it reduces one module at
+  // a time, so the staging buffer is the largest module's bf16 gradient, L * 2 = 262144000 (not the
+  // reduce bucket), plus the working set (L + prefetch) * 2 = 181072000 * 2 = 362144000
+  CHECK(find(3, none, none).gpu_model_state_bytes == 12'250'000'000);
+  {
+    auto keep = o;
+    keep.stage3_keep_param_shard = true;
+    for (const auto& r : zt::estimate_memory(keep)) {
+      if (r.stage == 3 && r.offload_optimizer == none && r.offload_param == none) {
+        CHECK(r.gpu_model_state_bytes == 14'000'000'000);
+      }
+    }
+  }
   CHECK(find(3, none, none).gpu_buffer_bytes == 262'144'000 + 362'144'000);
   // stage 1 + CPU optimizer: the GPU keeps (2 + 2) Ψ = 28e9; each rank's host holds the state and its
   // bf16 gradient and parameter shards, (12 + 2 + 2) Ψ / N = 14e9, x 8 per node (docs/offload.md)
@@ -193,9 +203,9 @@ TEST_CASE("zero's accounting matches the model-state table of docs/design.md") {
     o.gpus_per_node = 3;
     o.largest_layer_params = 0;
     const auto r = zt::estimate_memory(o);
-    // stage 3: S = ceil(10 / 3) = 4, 16 bytes each
+    // stage 3: S = ceil(10 / 3) = 4, 14 bytes each (no 16-bit shard kept: 2 of gradients, 12 of state)
     CHECK(r[7].stage == 3);
-    CHECK(r[7].gpu_model_state_bytes == 64);
+    CHECK(r[7].gpu_model_state_bytes == 56);
   }
   SUBCASE("bad options") {
     o.nodes = 0;

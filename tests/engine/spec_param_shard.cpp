@@ -42,7 +42,7 @@ template <bool Copy> struct logging_backend {
   template <class T> T read_scalar(const T* p, const named_stream& /*s*/) { return *p; }
   template <class S, class D> void cast(const S* src, D* dst, std::size_t n, const named_stream& s) {
     log->push_back("cast " + std::to_string(n) + " on s" + std::to_string(s.id));
-    std::copy(src, src + n, dst);
+    std::transform(src, src + n, dst, [](S x) { return from_float<D>(to_float(x)); });
   }
   void copy(const void* src, void* dst, std::size_t bytes, const named_stream& s) const requires Copy {
     log->push_back("copy " + std::to_string(bytes) + " B on s" + std::to_string(s.id));
@@ -92,12 +92,43 @@ TEST_CASE("param_shard: in model-state memory a slice reaches its unit by a cast
     CHECK(k.take() == std::vector<std::string>{"s0 waits e9", "cast 3 on s0"});
     (void)shard.stage(mine, unit.data(), 3, nullptr);
     unit = {2.0f, 3.0f, 4.0f};
-    shard.put(unit.data(), mine, 3);
+    shard.put_unit(unit.data(), 0, 3);
     CHECK(mine[2] == 4.0f);
     CHECK(k.take() == std::vector<std::string>{"cast 3 on s0", "cast 3 on s0"});
   }
   CHECK(k.log.empty()); // no upload stream to wait for
   CHECK(k.state.live(memory_tag::params) == 0);
+}
+
+TEST_CASE("param_shard derived from the master: nothing allocated; a slice is cast from the master on the engine's "
+          "stream after its update, and a write-back casts into the master") {
+  logged_kit k;
+  {
+    shard_t<true> shard(k.backend, k.main, k.state, std::nullopt, 6 * sizeof(float), std::nullopt, true);
+    CHECK(shard.derived());
+    CHECK(shard.data() == nullptr);
+    CHECK(k.state.total().peak == 0);
+    std::vector<bf16> unit(3, bf16(0.0f));
+    // Before the master is given, a gather is a named error, not a read of null.
+    CHECK_THROWS_WITH_AS(shard.stage_unit(0, 0, unit.data(), 3, nullptr),
+                         doctest::Contains("derived from the optimizer's master copy"), usage_error);
+    std::vector<float> master{0.5f, 1.0f, 1.5f, 2.0f, 2.5f, 3.0f};
+    shard.derive_from(master.data());
+    const named_event update{9};
+    const auto& on = shard.stage_unit(1, 3, unit.data(), 3, &update);
+    CHECK(&on == &k.main);
+    CHECK(to_float(unit[0]) == 2.0f);
+    CHECK(to_float(unit[2]) == 3.0f);
+    CHECK(k.take() == std::vector<std::string>{"s0 waits e9", "cast 3 on s0"});
+    unit = {bf16(-1.0f), bf16(-2.0f), bf16(-4.0f)};
+    shard.put_unit(unit.data(), 0, 3);
+    CHECK(master == std::vector<float>{-1.0f, -2.0f, -4.0f, 2.0f, 2.5f, 3.0f});
+    CHECK(k.take() == std::vector<std::string>{"cast 3 on s0"});
+  }
+  CHECK(k.log.empty());
+  CHECK(k.state.total().peak == 0);
+  // Host memory and a derived shard exclude each other.
+  CHECK_THROWS_AS(shard_t<true>(k.backend, k.main, k.state, k.host, 8, std::nullopt, true), usage_error);
 }
 
 TEST_CASE("param_shard offloaded: host memory of its own; uploads wait for the engine's stream and the update on "
@@ -125,7 +156,7 @@ TEST_CASE("param_shard offloaded: host memory of its own; uploads wait for the e
     CHECK(k.take() == std::vector<std::string>{"record e1 on s0", "s1 waits e1", "copy 12 B on s1"});
     // Back into the shard (gather_all's modifier): a copy on the engine's stream.
     unit = {2.0f, 3.0f, 4.0f};
-    shard.put(unit.data(), mine, 3);
+    shard.put_unit(unit.data(), 0, 3);
     CHECK(mine[2] == 4.0f);
     CHECK(k.take() == std::vector<std::string>{"copy 12 B on s0"});
   }

@@ -473,11 +473,13 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
       optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + at, o.count});
       // The master (for fp32 training the optimizer's own copy of the parameters, when offloaded).
       optim.write_state(state_tensor::master, o.state, {master.data() + at, o.count});
-      rounded.resize(o.count);
-      for (std::size_t i = 0; i < o.count; ++i) {
-        rounded[i] = from_float<P>(master[at + i]);
+      if (ps != nullptr) { // null: stage 3 keeps no 16-bit shard, the gathers cast the master
+        rounded.resize(o.count);
+        for (std::size_t i = 0; i < o.count; ++i) {
+          rounded[i] = from_float<P>(master[at + i]);
+        }
+        access::write(eng, rounded.data(), ps + o.store, o.count);
       }
-      access::write(eng, rounded.data(), ps + o.store, o.count);
       at += o.count;
     }
   });

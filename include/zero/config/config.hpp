@@ -263,6 +263,11 @@ struct zero_optimization_config {
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;
   /// `stage3_param_persistence_threshold`: parameters smaller than this stay whole. Default 1e5.
   std::int64_t stage3_param_persistence_threshold = 100'000;
+  /// `stage3_keep_param_shard` (zero-specific, not a DeepSpeed key): keep the rank's 16-bit parameter
+  /// shard between steps, as DeepSpeed does. By default (false) stage 3 with 16-bit parameters and the
+  /// optimizer on the device keeps none: each gather casts the rank's slice from the fp32 master copy,
+  /// which saves P psi / n bytes per rank (docs/gpu.md). Default false.
+  bool stage3_keep_param_shard = false;
   /// `stage3_gather_16bit_weights_on_model_save` (alias `stage3_gather_fp16_weights_on_model_save`):
   /// gather the whole 16-bit model when saving it. Default false.
   bool stage3_gather_16bit_weights_on_model_save = false;

@@ -273,6 +273,7 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
         .at_least(0)
         .on_auto(auto_persistence)
         .at_stages(0b1000),
+    key<&zero_optimization_config::stage3_keep_param_shard>("stage3_keep_param_shard").at_stages(0b1000),
     key<&zero_optimization_config::stage3_gather_16bit_weights_on_model_save>(
         "stage3_gather_16bit_weights_on_model_save")
         .at_stages(0b1000)

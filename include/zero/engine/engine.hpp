@@ -73,8 +73,12 @@ public:
     finish_gathers(); // nothing of an earlier step may still write the parameters or the state
     const std::size_t esize = size_of(cfg_.param_dtype());
     std::byte* store = residency_([](auto& r) { return r.store(); });
-    for (const auto& pc : owned_by(comm_.rank())) {
-      fill(fn, reg_.layout().param(pc.id), pc.param_offset, pc.count, cfg_.param_dtype(), store + pc.store * esize);
+    if (store == nullptr) {
+      init_master(fn); // stage 3 keeps no 16-bit shard: the master is the parameters' only home
+    } else {
+      for (const auto& pc : owned_by(comm_.rank())) {
+        fill(fn, reg_.layout().param(pc.id), pc.param_offset, pc.count, cfg_.param_dtype(), store + pc.store * esize);
+      }
     }
     const auto& frozen = reg_.frozen_layout();
     for (std::size_t id = 0; id < frozen.param_count(); ++id) {
@@ -83,7 +87,7 @@ public:
     }
     // The master copy takes the values the framework gave, rounded as the parameters are (or exact).
     optimizer_.load_master();
-    if (optimizer_.has_master() && init_master_exact_) {
+    if (optimizer_.has_master() && init_master_exact_ && store != nullptr) {
       std::vector<float> exact;
       for (const auto& pc : owned_by(comm_.rank())) {
         exact.resize(pc.count);
@@ -307,6 +311,27 @@ private:
     return e;
   }
   /// Fills `count` elements of `p` from element `first` on with `fn`'s values, as `type`, into `dst`.
+  /// `init_params` without a parameter store: the master takes `fn`'s values of the owned pieces,
+  /// rounded through the parameter dtype (as `load_master` would from the store) unless kept exact.
+  void init_master(const init_fn& fn) {
+    constexpr std::size_t chunk = std::size_t{1} << 20;
+    std::vector<float> values;
+    for (const auto& pc : owned_by(comm_.rank())) {
+      for (std::size_t done = 0; done < pc.count; done += chunk) {
+        values.resize(std::min(chunk, pc.count - done));
+        fn(reg_.layout().param(pc.id), pc.param_offset + done, values);
+        if (!init_master_exact_) {
+          visit_float(cfg_.param_dtype(), [&]<class P>(type_tag<P>) {
+            for (float& x : values) {
+              x = to_float(from_float<P>(x));
+            }
+          });
+        }
+        optimizer_.write_state(state_tensor::master, pc.state + done, values);
+      }
+    }
+  }
+
   void fill(const init_fn& fn, const param_info& p, std::size_t first, std::size_t count, dtype type, std::byte* dst) {
     visit_float(type, [&]<class P>(type_tag<P>) {
       fill_from_host<Allocator::host_accessible>(

@@ -158,6 +158,7 @@ public:
       place.params_in_file = [f](param_use use, std::size_t k) { return f->params_for(use, k); };
     } else {
       place.params = residency_([](auto& r) { return r.store(); });
+      place.params_from_master = place.params == nullptr; // stage 3 without a kept shard
     }
     const unsigned threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads();
     if (on_nvme) {
@@ -172,6 +173,11 @@ public:
       make_cpu_offload(layout, place, threads);
     } else {
       optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
+      if constexpr (can_all_gather<Comm>) {
+        if (place.params_from_master) {
+          residency_.coordinator()->derive_from(optimizer_.device()->master());
+        }
+      }
     }
     // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard; each bucket's
     // reduced slice goes to the host during backward (docs/offload.md).
@@ -257,7 +263,9 @@ public:
       add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes(), streamed_);
     }
     if constexpr (can_all_gather<Comm>) {
-      if (const auto* c = residency_.coordinator(); c != nullptr && c->file() != nullptr) {
+      if (const auto* c = residency_.coordinator(); c != nullptr && c->params_from_master()) {
+        drop_param_shard(m);
+      } else if (c != nullptr && c->file() != nullptr) {
         add_nvme_params(m, c->file()->host_memory(), c->file()->file_bytes(), c->file()->resident_elements());
       } else if (c != nullptr && c->host_memory() != nullptr) {
         add_host_params(m, *c->host_memory(),

@@ -16,6 +16,10 @@ struct coordinator_options {
   /// A released unit stays gathered when the trace uses it again within this many elements of
   /// other gathers (stage3_max_reuse_distance).
   std::size_t max_reuse_distance = 1'000'000'000;
+  /// The shard is not kept: a gather casts the rank's slice from the optimizer's fp32 master copy
+  /// (`param_coordinator::derive_from`), and no 16-bit copy lives between steps (16-bit training
+  /// with the optimizer on the device; not `zero_optimization.stage3_keep_param_shard`).
+  bool params_from_master = false;
 };
 
 /// Counters of one step's gathering, for tests and logs.

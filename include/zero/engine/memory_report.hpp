@@ -221,6 +221,12 @@ template <class Counting> void add_host_params(memory_report& m, const Counting&
   m.formula -= shard;
 }
 
+/// Stage 3 without a kept 16-bit shard (the gathers cast from the fp32 master): the shard, P psi / n,
+/// leaves the formula, which becomes (G + K) psi / n.
+inline void drop_param_shard(memory_report& m) {
+  m.formula -= offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
+}
+
 /// Adds the host and file bytes of a parameter shard on NVMe (stage 3's `offload_param.device:
 /// nvme`; `host`: its counting allocator, `file_bytes`: its file, `resident`: the elements kept in
 /// host memory under max_in_cpu) to `m`: the resident part and any ranges kept after a failed write

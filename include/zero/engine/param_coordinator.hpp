@@ -22,6 +22,10 @@
 /// collectives; a module gathered by some ranks and not others ends in the communicator's timeout,
 /// whose error names the module.
 ///
+/// With 16-bit parameters and nothing offloaded no shard is kept (`params_from_master`): a gather
+/// casts the rank's slice of the optimizer's fp32 master into the unit, which a kept shard (the
+/// master rounded, `stage3_keep_param_shard`) would hold anyway; P psi / n bytes less per rank.
+///
 /// With a host allocator (`zero_optimization.offload_param.device: cpu`) the shard lives in host
 /// memory (`detail::param_shard`): a gather uploads the rank's slice into the unit's device memory at
 /// the rank's position on an upload stream, then all-gathers in place, and a prefetch posts both.
@@ -84,8 +88,9 @@ public:
                     std::optional<typename shard_type::on_file> file = std::nullopt)
       : layout_(layout), module_units_(std::move(module_units)), module_names_(std::move(module_names)),
         backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
-        esize_(size_of(layout.type())), shard_(backend, stream, state, std::move(host),
-                                               layout_.shard_size() * size_of(layout.type()), std::move(file)) {
+        esize_(size_of(layout.type())),
+        shard_(backend, stream, state, std::move(host), layout_.shard_size() * size_of(layout.type()), std::move(file),
+               opt.params_from_master) {
     require_all_gather<Comm>();
     if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
       comm_.set_compute_stream(stream_.get());
@@ -116,8 +121,12 @@ public:
   /// The shard's file (offload_param nvme), or null; the non-const one waits for uploads out of it.
   [[nodiscard]] auto* file() { return shard_.file(); }
   [[nodiscard]] auto* file() const noexcept { return shard_.file(); }
-  /// The parameters the optimizer updates: the shard (the interface `replicated_params` shares).
+  /// The parameters the optimizer updates: the shard (the interface `replicated_params` shares), or
+  /// null with `params_from_master`, when no shard is kept and `derive_from` (once the optimizer
+  /// exists, before the first gather) gives the fp32 master the gathers cast their slices from.
   [[nodiscard]] std::byte* store() noexcept { return shard_.data(); }
+  [[nodiscard]] bool params_from_master() const noexcept { return shard_.derived(); }
+  void derive_from(float* master) noexcept { shard_.derive_from(master); }
   /// True: the store is the rank's shard, indexed like the optimizer state.
   static constexpr bool sharded_store = true;
   /// Elements of the store.
@@ -210,13 +219,8 @@ public:
   /// the trace when this step's order differed (or none was recorded). With `params_changed` (the
   /// optimizer updated the shards) the persistent units are refreshed from the shards.
   void end_step(bool params_changed) {
-    for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
-      if (module_refs_[mi] != 0) {
-        throw usage_error("step() while module \"" + module_names_[mi] +
-                          "\" is still gathered; release it "
-                          "(end the guard's scope) before the optimizer step");
-      }
-    }
+    require_released("step() while module \"", "\" is still gathered; release it (end the guard's scope) before the "
+                                               "optimizer step");
     drop_all();
     finish_pass(train_);
     if (params_changed) {
@@ -245,11 +249,7 @@ public:
     if (!in_eval_) {
       throw usage_error("end of an evaluation pass that was not begun");
     }
-    for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
-      if (module_refs_[mi] != 0) {
-        throw usage_error("evaluation ended while module \"" + module_names_[mi] + "\" is still gathered");
-      }
-    }
+    require_released("evaluation ended while module \"", "\" is still gathered");
     if (whole_eval_) {
       // The pass's order was local to each rank: it is not a trace every rank can replay.
       whole_eval_ = false;
@@ -303,7 +303,7 @@ public:
           P* p = reinterpret_cast<P*>(whole);
           comm_.broadcast(p, p, s.range.size(), modifier_rank).wait();
           const P* mine = p + static_cast<std::size_t>(comm_.rank()) * s.slice;
-          shard_.put(mine, reinterpret_cast<P*>(shard_.data()) + s.shard_offset, s.slice);
+          shard_.put_unit(mine, s.shard_offset, s.slice);
         });
       }
     }
@@ -381,6 +381,15 @@ private:
     }
   }
 
+  // Throws usage_error `before + name + after` for the first module still gathered.
+  void require_released(const char* before, const char* after) const {
+    for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
+      if (module_refs_[mi] != 0) {
+        throw usage_error(before + module_names_[mi] + after);
+      }
+    }
+  }
+
   handle_type start_gather(std::size_t u, std::byte* whole) {
     const auto& s = layout_.segments()[u];
     ++stats_.all_gathers;
@@ -399,23 +408,9 @@ private:
         backend_.synchronize(on);
         return comm_.all_gather(slot, dst, s.slice);
       } else {
-        return all_gather_after(on, slot, dst, s.slice);
+        return detail::all_gather_after(comm_, on, stream_, slot, dst, s.slice);
       }
     });
-  }
-
-  /// The all-gather of `n` elements per rank from `slot` into `dst`, ordered after stream `on`.
-  template <class P>
-  handle_type all_gather_after(const typename Backend::stream_type& on, P* slot, P* dst, std::size_t n) {
-    if (&on == &stream_) {
-      return comm_.all_gather(slot, dst, n);
-    }
-    struct restore_order { // the communicator follows the engine's stream again, also on a throw
-      param_coordinator* c;
-      ~restore_order() { c->comm_.set_compute_stream(c->stream_.get()); }
-    } restore{this};
-    comm_.set_compute_stream(on.get());
-    return comm_.all_gather(slot, dst, n);
   }
 
   void make_room(std::size_t n) {

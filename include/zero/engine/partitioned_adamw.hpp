@@ -67,6 +67,9 @@ struct adamw_placement {
   /// with `params_sharded` only the rank's shard, indexed like the optimizer state (stage 3).
   std::byte* params = nullptr;
   bool params_sharded = false;
+  /// No parameters are written (`params` is null): stage 3 derives its shard from the master copy,
+  /// so the step updates master, m and v only and `load_master` has nothing to load.
+  bool params_from_master = false;
   /// The parameters live in host memory (stage 3's shard with `offload_param.device: cpu`): an
   /// optimizer stepping on the host writes them in place rather than through a staging copy.
   bool params_on_host = false;
@@ -128,8 +131,12 @@ public:
                     typename Backend::stream_type& stream)
       : layout_(layout), backend_(backend), stream_(stream), groups_(std::move(groups)), param_type_(layout.type()),
         place_(place) {
-    if (place.params == nullptr && !place.params_in_file) {
+    if (place.params == nullptr && !place.params_in_file && !place.params_from_master) {
       throw usage_error("partitioned_adamw: no parameters to update (adamw_placement::params is null)");
+    }
+    if (place.params_from_master && (param_type_ == dtype::f32 || place.state_elsewhere)) {
+      throw usage_error("partitioned_adamw: parameters derived from the master need 16-bit training and the master "
+                        "here");
     }
     if (place.params_in_file && param_type_ == dtype::f32 && !place.state_elsewhere) {
       // The step would read fp32 parameters, its master weights, back from the file.
@@ -192,7 +199,7 @@ public:
 
   /// Fills the master copy from the owned part of the low-precision parameters.
   void load_master() {
-    if (param_type_ == dtype::f32) {
+    if (param_type_ == dtype::f32 || place_.params_from_master) {
       return;
     }
     visit_float(param_type_, [&]<class P>(type_tag<P>) {
@@ -278,7 +285,7 @@ public:
           a.weight_decay = static_cast<float>(groups_[run.group].weight_decay);
           const std::size_t d = lo - w.first;
           const G* g = reinterpret_cast<const G*>(w.grads) + d;
-          P* p = reinterpret_cast<P*>(w.params) + d;
+          P* p = w.params != nullptr ? reinterpret_cast<P*>(w.params) + d : nullptr;
           if constexpr (std::is_same_v<P, float>) {
             // fp32 training: the parameters are the master copy.
             backend_.adamw_step(p, w.m + d, w.v + d, g, static_cast<float*>(nullptr), hi - lo, a, s);
@@ -353,8 +360,9 @@ private:
                    .m = m_.data() + off,
                    .v = v_.data() + off,
                    .grads = static_cast<const std::byte*>(grad_of(range, off)),
-                   .params = place_.params_in_file
-                                 ? place_.params_in_file(param_use::update, k)
+                   .params = place_.params_in_file ? place_.params_in_file(param_use::update, k)
+                             : place_.params_from_master
+                                 ? nullptr
                                  : place_.params + (place_.params_sharded ? off : range.begin) * psize},
                   s, base, group_lr);
     }

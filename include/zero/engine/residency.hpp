@@ -102,7 +102,8 @@ public:
                 std::move(state), std::move(work),
                 coordinator_options{.prefetch_elements = prefetch,
                                     .max_live_elements = static_cast<std::size_t>(z.stage3_max_live_parameters),
-                                    .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance)},
+                                    .max_reuse_distance = static_cast<std::size_t>(z.stage3_max_reuse_distance),
+                                    .params_from_master = params_from_master(cfg)},
                 stream, std::move(host), std::move(file))
               .set_log(std::move(log));
         };
@@ -120,6 +121,15 @@ public:
         replicated_options{.sharded = cfg.stage() >= 1,
                            .allgather_elements = bucket ? std::optional<std::size_t>(*bucket) : std::nullopt},
         stream);
+  }
+
+  /// True when stage 3 keeps no 16-bit shard and casts its gathers from the fp32 master: 16-bit
+  /// parameters, nothing offloaded (the optimizer's master on the device), and not
+  /// `stage3_keep_param_shard`.
+  [[nodiscard]] static bool params_from_master(const config& cfg) noexcept {
+    const auto& z = cfg.zero_optimization;
+    return cfg.stage() == 3 && cfg.param_dtype() != dtype::f32 && !z.stage3_keep_param_shard &&
+           z.offload_param.device == offload_device::none && z.offload_optimizer.device == offload_device::none;
   }
 
   /// Calls `f` with the residency held. \throws usage_error before one was made (before finalize).

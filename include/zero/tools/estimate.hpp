@@ -198,8 +198,11 @@ struct estimate_options {
   std::optional<std::int64_t> allgather_bucket_size;
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;   ///< zero_optimization.stage3_prefetch_bucket_size
   std::int64_t stage3_max_live_parameters = 1'000'000'000; ///< zero_optimization.stage3_max_live_parameters
-  std::int64_t sub_group_size = 1'000'000'000;             ///< optimizer tile for NVMe offload
-  std::int64_t offload_optimizer_buffer_count = 4;         ///< offload_optimizer.buffer_count
+  /// zero_optimization.stage3_keep_param_shard: stage 3 without offload keeps its 16-bit shard (else,
+  /// for 16-bit parameters, its gathers cast the fp32 master and no shard is kept)
+  bool stage3_keep_param_shard = false;
+  std::int64_t sub_group_size = 1'000'000'000;     ///< optimizer tile for NVMe offload
+  std::int64_t offload_optimizer_buffer_count = 4; ///< offload_optimizer.buffer_count
   /// offload_optimizer.ratio of the cpu rows: the share of the state (and of the shards staged for it)
   /// in host memory; the device keeps the rest of the state (partial offload)
   double offload_ratio = 1.0;
@@ -371,7 +374,12 @@ struct estimate_row {
       r.gpu_buffer_bytes = streamed_staging(1) * largest_bucket * g;
       break;
     default:
-      r.gpu_model_state_bytes = (par == offload_device::none ? shard * p : 0) + on_gpu_grads + on_gpu_state;
+      // No 16-bit shard without offload (16-bit training): the gathers cast the fp32 master.
+      r.gpu_model_state_bytes =
+          (par == offload_device::none && (opt != offload_device::none || p == 4 || o.stage3_keep_param_shard)
+               ? shard * p
+               : 0) +
+          on_gpu_grads + on_gpu_state;
       r.gpu_buffer_bytes = streamed_staging(stage3_staging_buffers) * o.largest_layer_params * g + working;
       break;
     }

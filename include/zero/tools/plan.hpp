@@ -385,6 +385,7 @@ struct plan_result {
   o.allgather_bucket_size = z.allgather_bucket_size;
   o.stage3_prefetch_bucket_size = z.stage3_prefetch_bucket_size;
   o.stage3_max_live_parameters = z.stage3_max_live_parameters;
+  o.stage3_keep_param_shard = z.stage3_keep_param_shard;
   o.sub_group_size = z.sub_group_size;
   o.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
   o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;

@@ -13,6 +13,12 @@
 /// a prefetched unit's upload runs beside the forward, as its all-gather does. A collective reads
 /// the unit's device memory only, after the upload: NCCL cannot read host memory.
 ///
+/// Derived from the master (`from_master`, 16-bit training with the optimizer's fp32 master on the
+/// device): no shard is kept. A slice reaches its unit by a `cast` of the master's elements on the
+/// engine's stream, after the slice's update, and a write-back casts into the master. The values are
+/// those a kept shard would hold: the optimizer writes its parameters as the master rounded, and every
+/// write of the parameters (initialisation, a checkpoint, a write-back) reloads the master from them.
+///
 /// With `offload_param.device: nvme` the shard is in a file (`detail::param_file`): a slice is
 /// uploaded the same way from the host buffer its values were read into, and `data()` is an image of
 /// the whole shard in host memory, read when asked for and written back at the next `flush` or step.
@@ -32,6 +38,23 @@
 #include <vector>
 
 namespace zero::detail {
+
+/// The all-gather of `n` elements per rank from `slot` into `dst` on stream-ordered `comm`, ordered
+/// after stream `on` (a shard's upload stream, or the engine's stream `engine`, which `comm` follows
+/// again afterwards, also on a throw).
+template <class Comm, class Stream, class P>
+auto all_gather_after(Comm& comm, const Stream& on, const Stream& engine, P* slot, P* dst, std::size_t n) {
+  if (&on == &engine) {
+    return comm.all_gather(slot, dst, n);
+  }
+  struct restore_order {
+    Comm& comm;
+    const Stream& engine;
+    ~restore_order() { comm.set_compute_stream(engine.get()); }
+  } restore{comm, engine};
+  comm.set_compute_stream(on.get());
+  return comm.all_gather(slot, dst, n);
+}
 
 /// The shard of a `param_coordinator`; see the file comment. `A` is the engine's model-state
 /// memory, `HostAlloc` the host memory of an offloaded shard, `Storage` the file's policy.
@@ -58,12 +81,19 @@ public:
 
   /// `bytes` of shard in `state` (memory_tag::params), or in `host` when given (offloaded), or with
   /// `file` in a file whose buffers come from `host`; copies run on `stream` (the engine's, kept by
-  /// reference) or, offloaded, on an upload stream.
+  /// reference) or, offloaded, on an upload stream. With `from_master` (and no `host`) nothing is
+  /// allocated: the slices are cast from the master `derive_from` gives (see the file comment).
   /// \throws config_error when offloaded and `can_offload` is false, or for `file`'s options;
-  /// io_error when the file cannot be created; memory_error.
+  /// usage_error for `from_master` with `host`; io_error when the file cannot be created; memory_error.
   param_shard(Backend& backend, stream_type& stream, counting state, std::optional<host_counting> host,
-              std::size_t bytes, std::optional<on_file> file = std::nullopt)
-      : backend_(backend), stream_(stream), host_alloc_(std::move(host)) {
+              std::size_t bytes, std::optional<on_file> file = std::nullopt, bool from_master = false)
+      : backend_(backend), stream_(stream), derived_(from_master), host_alloc_(std::move(host)) {
+    if (derived_) {
+      if (host_alloc_) {
+        throw usage_error("param_coordinator: a parameter shard in host memory cannot be derived from the master");
+      }
+      return;
+    }
     if (!host_alloc_) {
       device_ = buffer<std::byte, counting>(std::move(state), bytes, memory_tag::params);
       data_ = device_.data();
@@ -95,8 +125,13 @@ public:
     }
   }
 
-  /// The shard's first byte (in a file: of its image in host memory, read now if there is none).
+  /// The shard's first byte (in a file: of its image in host memory, read now if there is none);
+  /// null when derived from the master.
   [[nodiscard]] std::byte* data() { return file_ ? file_->image() : data_; }
+  /// True when the shard is derived from the master rather than kept.
+  [[nodiscard]] bool derived() const noexcept { return derived_; }
+  /// The master the slices are cast from (fp32, indexed like the shard), derived only.
+  void derive_from(float* master) noexcept { master_ = master; }
   /// The shard's file, after the uploads out of its buffers landed; null when it has none.
   [[nodiscard]] file_type* file() {
     if (file_) {
@@ -135,6 +170,14 @@ public:
   /// `stage` for the slice of unit `u` at shard element `offset`, wherever the shard lives.
   template <class P>
   const stream_type& stage_unit(std::size_t u, std::size_t offset, P* to, std::size_t n, const event_type* update) {
+    if (derived_) {
+      require_master();
+      if (update != nullptr) {
+        backend_.wait(stream_, *update);
+      }
+      backend_.cast(static_cast<const float*>(master_) + offset, to, n, stream_);
+      return stream_;
+    }
     if (!file_) {
       return stage(reinterpret_cast<const P*>(data_) + offset, to, n, update);
     }
@@ -157,8 +200,15 @@ public:
     return f != nullptr ? f->flush() : nullptr;
   }
 
-  /// Copies `n` elements of unit memory `from` into the shard at `to`, on the engine's stream.
-  template <class P> void put(const P* from, P* to, std::size_t n) {
+  /// Copies `n` elements of unit memory `from` into the shard at element `offset`, on the engine's
+  /// stream (derived: into the master, as the optimizer's `load_master` would from a kept shard).
+  template <class P> void put_unit(const P* from, std::size_t offset, std::size_t n) {
+    if (derived_) {
+      require_master();
+      backend_.cast(from, master_ + offset, n, stream_);
+      return;
+    }
+    P* to = reinterpret_cast<P*>(data()) + offset;
     if (!upload_) {
       backend_.cast(from, to, n, stream_);
     } else if constexpr (can_offload) {
@@ -167,8 +217,17 @@ public:
   }
 
 private:
+  void require_master() const {
+    if (master_ == nullptr) {
+      throw usage_error("param_coordinator: the parameter shard is derived from the optimizer's master copy, and "
+                        "none was given (derive_from) before the first gather");
+    }
+  }
+
   Backend& backend_;
   stream_type& stream_;
+  bool derived_ = false;
+  float* master_ = nullptr;
   std::optional<host_counting> host_alloc_;
   buffer<std::byte, counting> device_;
   buffer<std::byte, host_counting> host_;
