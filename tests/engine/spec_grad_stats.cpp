@@ -161,3 +161,51 @@ TEST_CASE("clip_coefficient: max_norm / (norm + 1e-6) when below 1, else 1; max_
 }
 
 } // namespace zero::testing::stats_spec
+
+namespace zero::testing::stats_spec {
+
+TEST_CASE("norm_slots: each extent less the excluded ranges, cut to the rank's slice, laid out alike on every rank") {
+  using ranges_t = std::vector<std::pair<flat_range, std::size_t>>;
+  using pieces_t = std::vector<std::pair<std::size_t, std::size_t>>;
+  // Unchanged: one slot per range over all of it.
+  const auto whole = norm_slots::whole(ranges_t{{{0, 4}, 0}, {{10, 13}, 4}});
+  CHECK(whole.first == std::vector<std::size_t>{0, 1, 2});
+  CHECK(whole.piece == pieces_t{{0, 4}, {0, 3}});
+  // Segment [0, 12) split over 2 ranks: rank 0 owns [0, 6), rank 1 [6, 12); [4, 8) is excluded. Both
+  // ranks get the extent's two counted pieces, [0, 4) and [8, 12), each cut to their slice.
+  const std::vector<flat_range> extent{{0, 12}};
+  const auto r0 = norm_slots::without(ranges_t{{{0, 6}, 0}}, extent, {{4, 8}});
+  const auto r1 = norm_slots::without(ranges_t{{{6, 12}, 0}}, extent, {{4, 8}});
+  CHECK(r0.size() == r1.size());
+  CHECK(r0.piece == pieces_t{{0, 4}, {0, 0}});
+  CHECK(r1.piece == pieces_t{{0, 0}, {2, 4}});
+  // Exclusions outside every extent change nothing; overlapping and unordered ones merge.
+  CHECK(norm_slots::without(ranges_t{{{0, 6}, 0}}, {{0, 6}}, {{20, 30}}).piece == pieces_t{{0, 6}});
+  CHECK(norm_slots::without(ranges_t{{{0, 10}, 0}}, {{0, 10}}, {{6, 8}, {1, 3}, {2, 4}}).piece ==
+        pieces_t{{0, 1}, {4, 2}, {8, 2}});
+  // A range wholly excluded has no slot.
+  CHECK(norm_slots::without(ranges_t{{{0, 4}, 0}}, {{0, 4}}, {{0, 4}}).size() == 0);
+  CHECK_THROWS_AS((void)norm_slots::without(ranges_t{{{0, 4}, 0}}, {}, {}), usage_error);
+  CHECK_THROWS_AS((void)norm_slots::without(ranges_t{{{0, 8}, 0}}, {{0, 4}}, {}), usage_error);
+}
+
+TEST_CASE("grad_stats::count_only: the excluded elements leave the norm; combine takes one norm per slot") {
+  run_ranks(1, [](thread_communicator& comm) {
+    cpu_backend b({.threads = 1});
+    auto s = b.make_stream();
+    host_counting alloc{};
+    std::vector<float> g{3.0f, 4.0f, 12.0f, 0.0f};
+    const std::vector<std::pair<flat_range, std::size_t>> ranges{{{0, 4}, 0}};
+    stats_t<thread_communicator> st(ranges, dtype::f32, false, b, comm, alloc, s);
+    CHECK(st.check(1.0, [&](const flat_range&, std::size_t) { return g.data(); }).norm == 13.0);
+    st.count_only(norm_slots::without(ranges, {{0, 4}}, {{2, 3}}), alloc); // 12 leaves the norm
+    CHECK(st.slots().size() == 2);
+    CHECK(st.check(1.0, [&](const flat_range&, std::size_t) { return g.data(); }).norm == 5.0);
+    const std::vector<float> host_norms{9.0f, 16.0f};
+    CHECK(st.combine(host_norms, false, false).norm == 5.0);
+    CHECK_THROWS_AS((void)st.combine(std::vector<float>{25.0f}, false, false), usage_error);
+    CHECK_THROWS_AS(st.count_only(norm_slots::whole({}), alloc), usage_error);
+  });
+}
+
+} // namespace zero::testing::stats_spec

@@ -7,6 +7,7 @@
 #include "zero/comm/topology.hpp"
 #include "zero/zero.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <doctest/doctest.h>
 #include <limits>
@@ -170,6 +171,144 @@ TEST_CASE("set_model_group after finalize is refused") {
     eng.add_param(eng.add_module("m"), "w", {8});
     eng.finalize();
     CHECK_THROWS_WITH_AS(eng.set_model_group(comm), doctest::Contains("set_model_group after finalize()"),
+                         zero::usage_error);
+  });
+}
+
+namespace {
+
+// Tensor parallelism over 4 in-process ranks as (tensor 2, data 2): a column-split weight "col.w"
+// {8, 6}, each tensor rank registering its 4 rows, and a replicated "ln.w" {6}, the same on both
+// tensor ranks, gradients too. One engine on 2 data ranks holding both whole is the reference.
+constexpr std::int64_t tp_rows = 8, tp_cols = 6;
+
+zero::config tp_config(int stage, const std::string& top, const std::string& zero_keys) {
+  zero::config_inputs in;
+  in.world_size = 2;
+  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.05, )" + top +
+                                       R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+             "zero_optimization": {"stage": )" +
+                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0)" +
+                                       zero_keys + "}}",
+                                   in);
+}
+
+struct tp_result {
+  std::vector<float> col, ln; // col: the whole weight (the reference) or this tensor rank's rows
+  std::vector<double> norms;
+};
+
+/// Trains `steps` steps (`micro` micro-steps each) of rows [row0, row0 + rows) of col.w and ln.w;
+/// `replicated` marks ln.w tensor_replicated. Gradients are dyadic, so every norm is exact.
+tp_result tp_train(mg_engine& eng, int data_rank, std::int64_t row0, std::int64_t rows, bool replicated, int micro) {
+  const int m = eng.add_module("m");
+  auto col = eng.add_param(m, "col.w", {rows, tp_cols});
+  auto ln = eng.add_param(m, "ln.w", {tp_cols}, {.weight_decay = 0.0, .tensor_replicated = replicated});
+  eng.finalize();
+  eng.init_params([row0](const zero::param_info& p, std::size_t first, std::span<float> v) {
+    const std::size_t base = p.name == "col.w" ? static_cast<std::size_t>(row0 * tp_cols) : 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<float>((base + first + i + p.name.size()) % 11) / 16.0F - 0.25F;
+    }
+  });
+  tp_result r;
+  for (int step = 0; step < 3 * micro; ++step) {
+    {
+      auto on = eng.gather(m);
+      float* gc = eng.grad(col).as<float>();
+      for (std::size_t i = 0; i < static_cast<std::size_t>(rows * tp_cols); ++i) {
+        gc[i] += mg_grad(step, data_rank, 0, static_cast<std::size_t>(row0 * tp_cols) + i);
+      }
+      eng.grad_ready(col);
+      float* gl = eng.grad(ln).as<float>();
+      for (std::size_t i = 0; i < tp_cols; ++i) {
+        gl[i] += mg_grad(step, data_rank, 1, i);
+      }
+      eng.grad_ready(ln);
+    }
+    const auto s = eng.step();
+    if (s.boundary) {
+      r.norms.push_back(s.grad_norm);
+    }
+  }
+  auto all = eng.gather_all();
+  const float* c = eng.param(col).as<float>();
+  const float* l = eng.param(ln).as<float>();
+  r.col.assign(c, c + rows * tp_cols);
+  r.ln.assign(l, l + tp_cols);
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("tensor parallelism: a replicated parameter counts once in the clipping norm; the weights and norms of "
+          "one engine holding the whole model") {
+  struct setting {
+    int stage;
+    std::string top, zero_keys;
+    int micro = 1;
+  };
+  // The last: the optimizer on the host with accumulation, its norms computed on the host's copy.
+  const std::vector<setting> settings{
+      {0, "", ""},
+      {1, "", ""},
+      {2, "", ""},
+      {3, "", ""},
+      {2, R"("gradient_accumulation_steps": 2, )", R"(, "offload_optimizer": {"device": "cpu"})", 2},
+  };
+  for (const auto& set : settings) {
+    CAPTURE(set.stage);
+    CAPTURE(set.zero_keys);
+    tp_result want;
+    zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+      zero::cpu_backend backend({.threads = 1});
+      mg_engine eng(tp_config(set.stage, set.top, set.zero_keys), comm, backend);
+      auto r = tp_train(eng, comm.rank(), 0, tp_rows, false, set.micro);
+      if (comm.rank() == 0) {
+        want = std::move(r);
+      }
+    });
+    REQUIRE(want.norms.size() == 3);
+    for (bool replicated : {true, false}) {
+      CAPTURE(replicated);
+      const zero::topology topo({{"tensor", 2}, {"data", 2}});
+      std::mutex mu;
+      std::map<int, tp_result> got; // tensor rank -> data rank 0's result
+      zero::run_ranks(4, [&](zero::thread_communicator& world) {
+        auto data = topo.split(world, {"data"});
+        auto tensor = topo.split(world, {"tensor"});
+        const int t = topo.coord(world.rank(), "tensor");
+        zero::cpu_backend backend({.threads = 1});
+        mg_engine eng(tp_config(set.stage, set.top, set.zero_keys), data, backend);
+        eng.set_model_group(tensor, t);
+        auto r = tp_train(eng, data.rank(), t * (tp_rows / 2), tp_rows / 2, replicated, set.micro);
+        if (data.rank() == 0) {
+          const std::lock_guard lock(mu);
+          got[t] = std::move(r);
+        }
+      });
+      for (int t = 0; t < 2; ++t) {
+        CAPTURE(t);
+        const auto& g = got[t];
+        if (replicated) {
+          CHECK(g.norms == want.norms);
+          CHECK(g.ln == want.ln);
+          CHECK(std::equal(g.col.begin(), g.col.end(), want.col.begin() + t * (tp_rows / 2) * tp_cols));
+        } else {
+          // ln.w counted on both tensor ranks: a larger norm, a stronger clip, other weights.
+          CHECK(g.norms[0] > want.norms[0]);
+          CHECK(g.ln != want.ln);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("set_model_group refuses a negative tensor rank") {
+  zero::run_ranks(1, [](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    mg_engine eng(mg_config(1, 1, 0), comm, backend);
+    CHECK_THROWS_WITH_AS(eng.set_model_group(comm, -1), doctest::Contains("tensor rank -1 is negative"),
                          zero::usage_error);
   });
 }

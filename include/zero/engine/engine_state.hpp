@@ -217,6 +217,15 @@ public:
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     stats_->set_model_group(model_group_, buffer_alloc_);
+    if (auto replicated = reg_.tensor_replicated_extents();
+        model_group_ != nullptr && tensor_rank_ != 0 && !replicated.empty()) {
+      // Tensor rank 0 counts the replicated parameters; this rank leaves them out of the norm.
+      std::vector<flat_range> extent;
+      for (std::size_t k = 0; k < optimizer_.ranges().size(); ++k) {
+        extent.push_back(stage >= 1 ? layout.segments()[k].range : flat_range{0, layout.total_size()});
+      }
+      stats_->count_only(norm_slots::without(optimizer_.ranges(), extent, std::move(replicated)), buffer_alloc_);
+    }
     // Stages 1-2 on several ranks, stage 3, and a host step beside the next forward: the optimizer
     // steps on the update stream, beside the next forward.
     const auto* host = optimizer_.host();
@@ -311,12 +320,18 @@ public:
   /// pipeline stages or tensor slices; `topology::split(world, {"pipe", "tensor"})`), this
   /// communicator being the replica's data-parallel group: the gradient norm that clipping uses is
   /// the whole model's, summed over `group` too, and an fp16 overflow on any rank of it skips the
-  /// step on every rank. Kept by reference; before finalize. Each parameter must be registered on
-  /// exactly one rank of `group` (a parameter replicated across tensor slices would be counted once
-  /// per slice).
-  void set_model_group(Comm& group) {
+  /// step on every rank. Kept by reference; before finalize. A parameter is counted on every rank of
+  /// `group` that registers it: slices of a split parameter and different stages' layers each once,
+  /// and a parameter registered `tensor_replicated` (the same on every tensor slice) only where
+  /// `tensor_rank`, this rank's coordinate on the tensor axis, is 0.
+  /// \throws usage_error for a negative `tensor_rank`.
+  void set_model_group(Comm& group, int tensor_rank = 0) {
     check_open("set_model_group");
+    if (tensor_rank < 0) {
+      throw usage_error("set_model_group: tensor rank " + std::to_string(tensor_rank) + " is negative");
+    }
     model_group_ = &group;
+    tensor_rank_ = tensor_rank;
   }
   /// The update rates `offload_optimizer.ratio: "auto"` picks its ratio from at `finalize` instead of
   /// measuring them then (`measure_update_rates`); unused with any other ratio. Before finalize.
@@ -483,7 +498,7 @@ protected:
     if (stats_in_take_) {
       return stats_->finish_ranges(unscale != 1.0);
     }
-    const auto host = optimizer_.host_grads()->check(unscale);
+    const auto host = optimizer_.host_grads()->check(unscale, stats_->slots());
     return stats_->combine(host.squared_norms, host.nonfinite, unscale != 1.0);
   }
   /// Ends the gradients of a micro-step: the streamed host copy adds its last slices.
@@ -564,6 +579,8 @@ protected:
   bool reducer_boundary_ = true;
   /// The rest of the model replica (`set_model_group`), or null.
   Comm* model_group_ = nullptr;
+  /// This rank's coordinate on the tensor axis (`set_model_group`).
+  int tensor_rank_ = 0;
   /// The rates of `set_offload_rates`, and the split made at finalize.
   std::optional<update_rates> offload_rates_;
   offload_split split_;

@@ -34,6 +34,11 @@ struct param_options {
   /// False freezes the parameter: it is kept whole on every rank, gets no gradient and no
   /// optimizer state.
   bool trainable = true;
+  /// Tensor parallelism: the parameter is the same on every rank of the tensor group, gradients too
+  /// (a layer norm's weight, the bias of a row-parallel layer), so the gradient norm for clipping
+  /// counts it on tensor rank 0 only (`set_model_group`'s `tensor_rank`). A slice of a split
+  /// parameter is registered as any parameter: its own shape, summed over the group like a stage's.
+  bool tensor_replicated = false;
 };
 
 /// What one call of `step()` did.

@@ -12,7 +12,9 @@
 /// In a model-parallel job (`set_model_group`: the ranks holding the other pipeline stages or tensor
 /// slices of the same replica) the squared norm and the flag are then summed over that group too (one
 /// all-reduce of two doubles), so every rank clips by the norm of the whole model and an overflow on
-/// any rank skips the step on all.
+/// any rank skips the step on all. A parameter replicated across the tensor group (the same values
+/// and gradients on every tensor slice, `param_options::tensor_replicated`) counts once: on tensor
+/// ranks other than 0 its elements are left out of the norm (`count_only`, with `norm_slots`).
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
@@ -20,6 +22,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/norm_slots.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 
@@ -56,9 +59,10 @@ public:
   /// \param alloc     memory of the flag, the norms and the workspace (memory_tag::buffers).
   grad_stats(std::vector<std::pair<flat_range, std::size_t>> ranges, dtype grad_type, bool partitioned,
              Backend& backend, Comm& comm, counting alloc, typename Backend::stream_type& stream)
-      : ranges_(std::move(ranges)), grad_type_(grad_type), partitioned_(partitioned), backend_(backend), comm_(comm),
-        stream_(stream), flag_(alloc, 1, memory_tag::buffers),
-        norm_(alloc, std::max<std::size_t>(ranges_.size(), 1), memory_tag::buffers) {
+      : ranges_(std::move(ranges)), slots_(norm_slots::whole(ranges_)), grad_type_(grad_type),
+        partitioned_(partitioned), backend_(backend), comm_(comm), stream_(stream),
+        flag_(alloc, 1, memory_tag::buffers),
+        norm_(alloc, std::max<std::size_t>(slots_.size(), 1), memory_tag::buffers) {
     require_all_reduce<Comm>();
     visit_float(grad_type_, [&]<class G>(type_tag<G>) {
       for (const auto& [range, off] : ranges_) {
@@ -98,9 +102,30 @@ public:
       if (unscale != 1.0) {
         backend_.unscale_and_check(x, n, static_cast<float>(unscale), flag_.data(), stream_);
       }
-      backend_.squared_norm(x, n, norm_.data() + k, workspace_.data(), workspace_bytes_, stream_);
+      for (std::size_t j = slots_.first[k]; j < slots_.first[k + 1]; ++j) {
+        const auto [at, count] = slots_.piece[j];
+        if (count == 0) {
+          backend_.fill(norm_.data() + j, 1, 0.0F, stream_);
+        } else {
+          backend_.squared_norm(x + at, count, norm_.data() + j, workspace_.data(), workspace_bytes_, stream_);
+        }
+      }
     });
   }
+  /// Counts only the elements `slots` names in the norm (see `norm_slots`), from the next check on;
+  /// the slots' squared norms come from `alloc` (memory_tag::buffers). \throws usage_error when
+  /// `slots` is not laid out over this rank's owned ranges.
+  void count_only(norm_slots slots, counting alloc) {
+    if (slots.first.size() != ranges_.size() + 1) {
+      throw usage_error("grad_stats::count_only: slots for " + std::to_string(slots.first.size() - 1) +
+                        " ranges, this rank owns " + std::to_string(ranges_.size()));
+    }
+    slots_ = std::move(slots);
+    norm_ = buffer<float, counting>(std::move(alloc), std::max<std::size_t>(slots_.size(), 1), memory_tag::buffers);
+    backend_.fill(norm_.data(), 1, 0.0F, stream_);
+  }
+  /// The slots of squared norms `combine` takes, in order.
+  [[nodiscard]] const norm_slots& slots() const noexcept { return slots_; }
   /// Sums the squared norm and the overflow flag over `group` as well (see the file comment); kept by
   /// reference, with a 2-double buffer from the allocator. Null: the data-parallel group only.
   void set_model_group(Comm* group, counting alloc) {
@@ -113,13 +138,13 @@ public:
   /// The result of the ranges checked since `begin_ranges`; collective as `check`.
   grad_check finish_ranges(bool scaled) { return finish(scaled); }
 
-  /// The same result from per-range squared norms and an inf/NaN flag computed elsewhere (the host's
+  /// The same result from per-slot squared norms and an inf/NaN flag computed elsewhere (the host's
   /// copy of the gradients when the optimizer steps there: `detail::host_gradients::check`), in
-  /// the order of the ranges. \throws usage_error when the count of norms is not the count of ranges.
+  /// the order of `slots()`. \throws usage_error when the count of norms is not the count of slots.
   grad_check combine(std::span<const float> squared_norms, bool nonfinite, bool scaled) {
-    if (squared_norms.size() != ranges_.size()) {
+    if (squared_norms.size() != slots_.size()) {
       throw usage_error("grad_stats::combine: " + std::to_string(squared_norms.size()) + " squared norms for " +
-                        std::to_string(ranges_.size()) + " owned ranges");
+                        std::to_string(slots_.size()) + " slots (one per owned range unless some count only in part)");
     }
     if (scaled) {
       backend_.fill(flag_.data(), 1, nonfinite ? 1 : 0, stream_);
@@ -137,15 +162,16 @@ private:
       if (scaled) {
         hf.emplace(comm_.all_reduce(flag_.data(), flag_.data(), 1, reduce_op::max));
       }
-      auto hn = comm_.all_reduce(norm_.data(), norm_.data(), ranges_.size(), reduce_op::sum);
+      // At least one slot (a rank whose every element is left out sums a zero), as on every rank.
+      auto hn = comm_.all_reduce(norm_.data(), norm_.data(), std::max<std::size_t>(slots_.size(), 1), reduce_op::sum);
       if (hf) {
         hf->wait();
       }
       hn.wait();
     }
     const std::int32_t flag = scaled ? backend_.read_scalar(flag_.data(), stream_) : 0;
-    host_.resize(ranges_.size());
-    download<A::host_accessible>(backend_, stream_, norm_.data(), host_.data(), ranges_.size());
+    host_.resize(slots_.size());
+    download<A::host_accessible>(backend_, stream_, norm_.data(), host_.data(), slots_.size());
     double sq = 0;
     for (const float part : host_) {
       sq += static_cast<double>(part);
@@ -167,6 +193,7 @@ private:
   }
 
   std::vector<std::pair<flat_range, std::size_t>> ranges_;
+  norm_slots slots_;
   dtype grad_type_;
   bool partitioned_;
   Backend& backend_;

@@ -29,6 +29,7 @@ public:
   /// One registered parameter: which layout (`trainable`), its id there, its group and module.
   struct entry {
     bool trainable = true;
+    bool tensor_replicated = false;
     std::size_t id = 0;
     std::size_t group = 0;
     int module = 0;
@@ -59,7 +60,7 @@ public:
       throw usage_error("add_param(\"" + name + "\"): module id " + std::to_string(module) +
                         " was not made by add_module (" + std::to_string(names_.size()) + " modules are registered)");
     }
-    entry e{.trainable = opt.trainable, .module = module};
+    entry e{.trainable = opt.trainable, .tensor_replicated = opt.tensor_replicated, .module = module};
     if (opt.trainable) {
       int layout_module = layout_module_[static_cast<std::size_t>(module)];
       if (numel_of(shape) < persistence_) {
@@ -83,6 +84,18 @@ public:
     if (frozen_.param_count() > 0) {
       frozen_.finalize({.world_size = 1, .alignment_bytes = opt.alignment_bytes});
     }
+  }
+
+  /// The flat extents of the trainable parameters registered `tensor_replicated` (after finalize).
+  [[nodiscard]] std::vector<flat_range> tensor_replicated_extents() const {
+    std::vector<flat_range> out;
+    for (const auto& e : entries_) {
+      if (e.trainable && e.tensor_replicated) {
+        const auto& p = layout_.param(e.id);
+        out.push_back({p.offset, p.offset + p.numel});
+      }
+    }
+    return out;
   }
 
   /// The entry of handle `h`. \throws usage_error naming `what` for a handle of another engine.

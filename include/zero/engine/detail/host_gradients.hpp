@@ -20,6 +20,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/norm_slots.hpp"
 #include "zero/memory/buffer.hpp"
 
 #include <algorithm>
@@ -32,7 +33,7 @@
 
 namespace zero::detail {
 
-/// What `host_gradients::check` found on this rank: the overflow flag and each range's squared norm.
+/// What `host_gradients::check` found on this rank: the overflow flag and each slot's squared norm.
 struct host_grad_check {
   bool nonfinite = false;
   std::vector<float> squared_norms;
@@ -145,12 +146,13 @@ public:
   /// An accumulation begins: the next `take` of each range copies into the shard instead of adding.
   void reset() { std::fill(fresh_.begin(), fresh_.end(), true); }
 
-  /// Unscales the shard by `unscale` when it is not 1 (noting an inf or NaN), and computes each
-  /// range's squared norm, with the host's kernels in `grad_stats::check`'s order.
-  host_grad_check check(double unscale) {
+  /// Unscales the shard by `unscale` when it is not 1 (noting an inf or NaN), and computes the
+  /// squared norm of each of `slots` (`grad_stats::slots()`: each range's counted pieces), with the
+  /// host's kernels in `grad_stats::check`'s order.
+  host_grad_check check(double unscale, const norm_slots& slots) {
     finish();
     host_grad_check r;
-    r.squared_norms.assign(ranges_.size(), 0.0F);
+    r.squared_norms.assign(slots.size(), 0.0F);
     int flag = 0;
     visit_float(grad_type_, [&]<class G>(type_tag<G>) {
       const std::size_t ws = host_.template squared_norm_workspace_bytes<G>(largest_);
@@ -163,7 +165,12 @@ public:
         if (unscale != 1.0) {
           host_.unscale_and_check(g, range.size(), static_cast<float>(unscale), &flag, hs);
         }
-        host_.squared_norm(g, range.size(), &r.squared_norms[k], workspace_.data(), ws, hs);
+        for (std::size_t j = slots.first[k]; j < slots.first[k + 1]; ++j) {
+          const auto [at, count] = slots.piece[j];
+          if (count != 0) {
+            host_.squared_norm(g + at, count, &r.squared_norms[j], workspace_.data(), ws, hs);
+          }
+        }
       }
     });
     r.nonfinite = flag != 0;
