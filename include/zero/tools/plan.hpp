@@ -21,8 +21,11 @@
 /// that differs between stages, which no probe measures: of settings that cost the same, the one
 /// listed first by `estimate_memory` (lower stage, then less offloaded) ranks first.
 ///
-/// `offload_optimizer.ratio` below 1 (part of the step on the device) is not a candidate: the
-/// config reader refuses it in this version, and `estimate_memory` has no row for it.
+/// `offload_optimizer.ratio` below 1 (part of the step on the device, which the engine runs) is not a
+/// candidate: the planner offers the whole state on the host or none of it (`zero-estimate
+/// --offload-ratio` shows the memory of a partial offload's rows). Neither are the overlap keys
+/// (`backward_overlap`, `forward_overlap`): hiding the host's step behind forward and backward would
+/// need their time, which no probe measures.
 
 #include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
