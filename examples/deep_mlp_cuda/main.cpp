@@ -35,6 +35,8 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <tuple>
 #include <vector>
 #include <zero/backend/cuda_backend.hpp>
 #include <zero/comm/nccl_communicator.hpp>
@@ -400,8 +402,50 @@ struct outcome {
   std::size_t pool_peak_in_use = 0;
   std::size_t pool_peak_reserved = 0;
   std::string storage; // the storage policy's name under offload_optimizer nvme
+  /// With the whole optimizer on the host (offload_optimizer cpu, ratio 1): the host side's lower bound
+  /// of a step, probed after training (`host_bound`), and what it is made of.
+  struct bound {
+    double host_adamw_per_s = 0; ///< the host AdamW's rate on the offloaded state's memory kind
+    double to_device_bytes_per_s = 0, to_host_bytes_per_s = 0;
+    double host_adamw_ms = 0, transfer_ms = 0, ms = 0;
+  };
+  std::optional<bound> host_bound;
   bool check_ok = true;
 };
+
+/// The host side's lower bound of an offloaded step (the planner's cost, zero/tools/plan.hpp): the
+/// host AdamW over the rank's shard at the rate probed now, with this rank's share of the host's
+/// threads, on 2^27 elements of the memory the offloaded state lives in (more than any last-level
+/// cache), or the copies of its gradients down and parameters up at the probed pinned rates, whichever
+/// is longer. Forward and backward on the GPU are not in it: this run does not measure them apart.
+outcome::bound host_side_bound(const zero::config& cfg, zero::cuda_backend& device, int ranks, std::size_t params,
+                               unsigned threads) {
+  zero::basic_cpu_backend<zero::cuda_backend::host_allocator_type> host(
+      {.threads =
+           threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(ranks))});
+  outcome::bound b;
+  b.host_adamw_per_s = zero::tools::probe_adamw(host, std::size_t{1} << 27);
+  std::tie(b.to_device_bytes_per_s, b.to_host_bytes_per_s) = zero::tools::probe_copy(device, std::size_t{256} << 20);
+  zero::tools::estimate_options eo;
+  eo.params = static_cast<std::int64_t>(params);
+  eo.gpus_per_node = ranks;
+  eo.param_dtype = cfg.param_dtype();
+  zero::tools::estimate_row row;
+  row.stage = cfg.stage();
+  row.grad_dtype = cfg.grad_accum_dtype;
+  row.offload_optimizer = zero::offload_device::cpu;
+  row.offload_param = cfg.stage() == 3 ? cfg.zero_optimization.offload_param.device : zero::offload_device::none;
+  zero::tools::machine_rates rates;
+  rates.device_adamw = 1;                        // unused: the state is on the host
+  rates.host_adamw = b.host_adamw_per_s * ranks; // the planner shares the host's rate among the ranks
+  rates.host_to_device = b.to_device_bytes_per_s;
+  rates.device_to_host = b.to_host_bytes_per_s;
+  const auto c = zero::tools::estimate_step_cost(row, eo, rates);
+  b.host_adamw_ms = c.host_adamw * 1e3;
+  b.transfer_ms = c.transfer * 1e3;
+  b.ms = std::max(b.host_adamw_ms, b.transfer_ms);
+  return b;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) {
@@ -674,6 +718,9 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       cfg.zero_optimization.offload_param.device == zero::offload_device::nvme) {
     o.storage = std::string(eng.storage().name());
   }
+  if (offload.device == zero::offload_device::cpu && eng.optimizer_split().ratio >= 1.0) {
+    o.host_bound = host_side_bound(cfg, backend, comm.size(), o.params, opt.offload_threads);
+  }
   return o;
 }
 
@@ -729,6 +776,15 @@ void report(const outcome& o, bool json) {
                      {"default_mempool_reserved_high_bytes", o.default_pool_high},
                      {"loss_first", o.loss_first},
                      {"loss_last", o.loss_last}};
+    if (o.host_bound) {
+      j["host_bound"] = {{"host_adamw_params_per_s", o.host_bound->host_adamw_per_s},
+                         {"to_device_bytes_per_s", o.host_bound->to_device_bytes_per_s},
+                         {"to_host_bytes_per_s", o.host_bound->to_host_bytes_per_s},
+                         {"host_adamw_ms", o.host_bound->host_adamw_ms},
+                         {"transfer_ms", o.host_bound->transfer_ms},
+                         {"bound_ms", o.host_bound->ms},
+                         {"step_over_bound", o.host_bound->ms > 0 ? o.step_ms / o.host_bound->ms : 0.0}};
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     const double gib = double(std::size_t{1} << 30);
@@ -748,6 +804,12 @@ void report(const outcome& o, bool json) {
                 static_cast<double>(o.activation_bytes) / gib, static_cast<double>(o.pool_peak_reserved) / gib,
                 static_cast<double>(o.device_peak_delta) / gib, static_cast<double>(m.host_peak) / gib,
                 m.host_formula / gib, m.table().c_str());
+    if (const auto& b = o.host_bound) {
+      std::printf("  host side's lower bound %.2f ms: max(host AdamW %.2f ms at %.2f Gparam/s probed now, copies %.2f "
+                  "ms at %.1f / %.1f GB/s down / up); step / bound %.3f (forward + backward on the GPU not in it)\n",
+                  b->ms, b->host_adamw_ms, b->host_adamw_per_s / 1e9, b->transfer_ms, b->to_host_bytes_per_s / 1e9,
+                  b->to_device_bytes_per_s / 1e9, b->ms > 0 ? o.step_ms / b->ms : 0.0);
+    }
     if (m.nvme > 0) {
       std::printf("  on NVMe (%s storage): optimizer state file %.2f GiB, parameter file %.2f GiB per GPU (two slots "
                   "each); host buffers %.2f GiB (in the host peak)\n",
