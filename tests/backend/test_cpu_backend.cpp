@@ -444,6 +444,22 @@ TEST_CASE("adamw_step: Adam (L2) mode, bit for bit") {
   }
 }
 
+namespace {
+/// fp32 master, m, v and bf16 gradients of n elements in a fixed pattern of ordinary values.
+struct patterned_state {
+  std::vector<float> master, m, v;
+  std::vector<bf16> grad;
+  explicit patterned_state(std::size_t n) : master(n), m(n), v(n), grad(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      master[i] = 0.5f - static_cast<float>(i % 97) / 97.0f;
+      m[i] = static_cast<float>(i % 13) * 1e-3f;
+      v[i] = static_cast<float>(i % 7) * 1e-5f;
+      grad[i] = zero::from_float<bf16>(static_cast<float>(i % 31) / 31.0f - 0.5f);
+    }
+  }
+};
+} // namespace
+
 TEST_CASE("adamw_step_from: the bits of adamw_step on a copy, the input unchanged, at every SIMD level, size and "
           "alignment of the output") {
   // Offsets of the output's master, m and v in floats: alike (the non-temporal path, after a peel to
@@ -459,14 +475,9 @@ TEST_CASE("adamw_step_from: the bits of adamw_step on a copy, the input unchange
         CAPTURE(n);
         CAPTURE(o.master);
         CAPTURE(o.m);
-        std::vector<float> master(n), m(n), v(n);
-        std::vector<bf16> grad(n);
-        for (std::size_t i = 0; i < n; ++i) {
-          master[i] = 0.5f - static_cast<float>(i % 97) / 97.0f;
-          m[i] = static_cast<float>(i % 13) * 1e-3f;
-          v[i] = static_cast<float>(i % 7) * 1e-5f;
-          grad[i] = zero::from_float<bf16>(static_cast<float>(i % 31) / 31.0f - 0.5f);
-        }
+        patterned_state st(n);
+        auto &master = st.master, &m = st.m, &v = st.v;
+        const auto& grad = st.grad;
         const auto before = std::tuple{master, m, v};
         std::vector<float> out_master(n + 16), out_m(n + 16), out_v(n + 16);
         std::vector<bf16> param(n), want_param(n);
@@ -504,14 +515,9 @@ TEST_CASE("adamw_step and adamw_step_from: streaming stores change no bit, at ev
           CAPTURE(n);
           CAPTURE(po);
           CAPTURE(so);
-          std::vector<float> master(n), m(n), v(n);
-          std::vector<bf16> grad(n);
-          for (std::size_t i = 0; i < n; ++i) {
-            master[i] = 0.25f - static_cast<float>(i % 89) / 89.0f;
-            m[i] = static_cast<float>(i % 11) * 1e-3f;
-            v[i] = static_cast<float>(i % 5) * 1e-5f;
-            grad[i] = zero::from_float<bf16>(static_cast<float>(i % 29) / 29.0f - 0.5f);
-          }
+          const patterned_state st(n);
+          const auto &master = st.master, &m = st.m, &v = st.v;
+          const auto& grad = st.grad;
           zero::adamw_step_args a;
           a.lr = 1e-3f;
           a.weight_decay = 0.01f;

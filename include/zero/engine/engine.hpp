@@ -310,7 +310,6 @@ private:
     }
     return e;
   }
-  /// Fills `count` elements of `p` from element `first` on with `fn`'s values, as `type`, into `dst`.
   /// `init_params` without a parameter store: the master takes `fn`'s values of the owned pieces,
   /// rounded through the parameter dtype (as `load_master` would from the store) unless kept exact.
   void init_master(const init_fn& fn) {
@@ -332,6 +331,7 @@ private:
     }
   }
 
+  /// Fills `count` elements of `p` from element `first` on with `fn`'s values, as `type`, into `dst`.
   void fill(const init_fn& fn, const param_info& p, std::size_t first, std::size_t count, dtype type, std::byte* dst) {
     visit_float(type, [&]<class P>(type_tag<P>) {
       fill_from_host<Allocator::host_accessible>(

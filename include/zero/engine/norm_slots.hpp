@@ -51,7 +51,9 @@ struct norm_slots {
       const flat_range& r = ranges[k].first;
       const flat_range& e = extent[k];
       if (r.begin < e.begin || r.end > e.end) {
-        throw usage_error("norm_slots: owned range " + std::to_string(k) + " is not inside its extent");
+        throw usage_error("norm_slots: owned range " + std::to_string(k) + " [" + std::to_string(r.begin) + ", " +
+                          std::to_string(r.end) + ") is not inside its extent [" + std::to_string(e.begin) + ", " +
+                          std::to_string(e.end) + ")");
       }
       s.first.push_back(s.piece.size());
       auto add = [&](std::size_t b, std::size_t end) { // counted [b, end) of the extent, cut to r
