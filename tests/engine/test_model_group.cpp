@@ -3,6 +3,7 @@
 // that clipping uses, and fp16's overflow, are the whole model's. Trained on 4 in-process ranks as
 // (pipe 2, data 2), the weights equal those of one engine holding every layer on the 2 data ranks.
 
+#include "parallel_settings.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/comm/topology.hpp"
 #include "zero/zero.hpp"
@@ -243,20 +244,7 @@ tp_result tp_train(mg_engine& eng, int data_rank, std::int64_t row0, std::int64_
 
 TEST_CASE("tensor parallelism: a replicated parameter counts once in the clipping norm; the weights and norms of "
           "one engine holding the whole model") {
-  struct setting {
-    int stage;
-    std::string top, zero_keys;
-    int micro = 1;
-  };
-  // The last: the optimizer on the host with accumulation, its norms computed on the host's copy.
-  const std::vector<setting> settings{
-      {0, "", ""},
-      {1, "", ""},
-      {2, "", ""},
-      {3, "", ""},
-      {2, R"("gradient_accumulation_steps": 2, )", R"(, "offload_optimizer": {"device": "cpu"})", 2},
-  };
-  for (const auto& set : settings) {
+  for (const auto& set : zero_test::parallel_settings()) {
     CAPTURE(set.stage);
     CAPTURE(set.zero_keys);
     tp_result want;

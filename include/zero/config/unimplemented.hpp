@@ -130,9 +130,15 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
     {"sequence_parallel_size", unimplemented_when::differs_from, "1", "sequence parallelism", "not planned", ""},
     {"use_data_before_expert_parallelism", unimplemented_when::differs_from, "false", "expert parallelism",
      "not planned", ""},
-    {"expert_parallel", unimplemented_when::active, "", "expert parallelism", "not planned", ""},
-    {"tensor_parallel", unimplemented_when::active, "", "tensor parallelism", "not planned", ""},
-    {"pipeline", unimplemented_when::active, "", "pipeline parallelism", "not planned", ""},
+    {"expert_parallel", unimplemented_when::active, "", "expert parallelism set in the config", "not planned",
+     "the block left out: the framework builds the groups and gives each engine its own (zero::topology, "
+     "docs/parallelism.md)"},
+    {"tensor_parallel", unimplemented_when::active, "", "tensor parallelism set in the config", "not planned",
+     "the block left out: the framework builds the groups and gives each engine its own (zero::topology, "
+     "docs/parallelism.md)"},
+    {"pipeline", unimplemented_when::active, "", "pipeline parallelism set in the config", "not planned",
+     "the block left out: the framework builds the groups and gives each engine its own (zero::topology, "
+     "docs/parallelism.md)"},
     // ---- training features outside ZeRO ------------------------------------------------------
     {"activation_checkpointing", unimplemented_when::active, "",
      "DeepSpeed activation checkpointing (the framework checkpoints its own activations)", "not planned", ""},

@@ -35,12 +35,16 @@
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/tensor_view.hpp"
 
+#include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -51,11 +55,12 @@ namespace zero {
 template <class Backend, class Comm, class Allocator = typename Backend::allocator_type, class Storage = posix_storage>
 class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base = engine_state<Backend, Comm, Allocator, Storage>;
-  using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::end_early,
-      base::finish_gathers, base::gradients_landed, base::join_update, base::reduced, base::zero_gradients;
-  using base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_, base::frozen_,
-      base::host_async_, base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_,
-      base::scaler_, base::scheduler_, base::stream_;
+  using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::check_open,
+      base::end_early, base::finish_gathers, base::gradients_landed, base::join_update, base::reduced,
+      base::zero_gradients;
+  using base::average_, base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_,
+      base::frozen_, base::host_async_, base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_,
+      base::residency_, base::scaler_, base::scheduler_, base::stream_;
   using base::param_file;
   using typename base::stream_type;
 
@@ -100,6 +105,21 @@ public:
   /// With `true`, `init_params` keeps the fp32 values the init function gave as the master copy
   /// (DeepSpeed keeps the rounded 16-bit values, which is the default here too).
   void keep_exact_master(bool exact) noexcept { init_master_exact_ = exact; }
+
+  /// Averages the gradients over `ranks` ranks instead of this communicator's: an MoE layer's engine
+  /// over the expert-data group averages over the whole data group, as its experts' gradients sum the
+  /// tokens of `ranks / size()` data ranks (docs/parallelism.md). Before finalize.
+  /// \throws usage_error unless `ranks` is a multiple of the communicator's size.
+  void set_gradient_average(int ranks) {
+    check_open("set_gradient_average");
+    if (ranks < comm_.size() || ranks % comm_.size() != 0) {
+      throw usage_error("set_gradient_average: " + std::to_string(ranks) +
+                        " ranks; expected a multiple of this "
+                        "engine's " +
+                        std::to_string(comm_.size()) + " ranks (the data group's size)");
+    }
+    average_ = static_cast<double>(comm_.size()) / ranks;
+  }
 
   /// The parameter as the framework computes with it: whole, in the config's dtype.
   [[nodiscard]] tensor_view param(param_handle h) const {
@@ -200,57 +220,13 @@ public:
   /// \throws usage_error for parameters without a gradient (unless ignore_unused_parameters);
   /// loss_scale_error when fp16 overflows at the minimum loss scale.
   step_result step() {
-    check_final("step");
-    finish_gathers(); // the optimizer rewrites the parameters the last step's all-gathers wrote
-    step_result r{.boundary = is_boundary(), .loss_scale = scaler_.scale(), .step = counters_.applied_steps};
-    {
-      auto t = log_.time("reduce");
-      reducer_->finish(cfg_.zero_optimization.ignore_unused_parameters);
-      gradients_landed();
-    }
-    check_reads();
-    ++counters_.micro_step;
-    bool applied = false;
-    if (r.boundary) {
-      grad_check g;
-      {
-        auto t = log_.time("step");
-        const double accumulation = static_cast<double>(cfg_.gradient_accumulation_steps);
-        g = check_gradients(1.0 / (scaler_.scale() * accumulation));
-      }
-      const loss_scaler_state scaler_before = scaler_.state();
-      applied = scaler_.update(g.overflow).applied;
-      end_early(applied, g.norm);
-      r.overflow = g.overflow;
-      r.grad_norm = g.norm;
-      r.lr = scheduler_.group_lr(cfg_.optimizer->lr);
-      if (applied) {
-        auto t = log_.time("step");
-        try {
-          apply(g.norm);
-        } catch (const io_error&) {
-          // NVMe: some rank could not write its state; every rank is back at the previous step.
-          scaler_.load_state(scaler_before);
-          residency_([](auto& p) { p.end_step(false); });
-          end_accumulation(false);
-          begin_micro_step();
-          throw;
-        }
-        r.applied = true;
-        r.step = counters_.applied_steps;
-      }
-    }
-    residency_([&](auto& p) { p.end_step(applied); });
-    if (r.boundary) {
-      end_accumulation(applied);
-    }
-    r.next_loss_scale = scaler_.scale();
-    begin_micro_step();
-    if (applied_error_) {
-      std::rethrow_exception(std::exchange(applied_error_, nullptr));
-    }
-    return r;
+    grad_check g;
+    step_result r = check_step(g);
+    return finish_step(r, g);
   }
+
+  template <class... Engines>
+  friend std::array<step_result, sizeof...(Engines)> step_together(Engines&... engines); // NOLINT
 
   // ---- checkpoints: defined in zero/checkpoint/ (include zero/checkpoint/checkpoint.hpp, and
   // zero/checkpoint/safetensors.hpp for the safetensors pair; link zero::checkpoint) ----
@@ -338,6 +314,64 @@ private:
           backend_, stream_, buffer_alloc_, count, reinterpret_cast<P*>(dst),
           [&](std::size_t done, std::span<float> out) { fn(p, first + done, out); });
     });
+  }
+
+  /// `step()` up to the gradients' check: the reductions finished and, on the last micro-step of an
+  /// accumulation, `g` their check (this engine's parameters only). \returns the step's result so far.
+  step_result check_step(grad_check& g) {
+    check_final("step");
+    finish_gathers(); // the optimizer rewrites the parameters the last step's all-gathers wrote
+    step_result r{.boundary = is_boundary(), .loss_scale = scaler_.scale(), .step = counters_.applied_steps};
+    {
+      auto t = log_.time("reduce");
+      reducer_->finish(cfg_.zero_optimization.ignore_unused_parameters);
+      gradients_landed();
+    }
+    check_reads();
+    ++counters_.micro_step;
+    if (r.boundary) {
+      auto t = log_.time("step");
+      g = check_gradients(this->unscale());
+    }
+    return r;
+  }
+  /// The rest of `step()`: the loss scale, the clip of norm `g.norm`, AdamW and the parameters made
+  /// whole again, `g` being this engine's check (`step`) or that of the engines stepped together.
+  step_result finish_step(step_result r, const grad_check& g) {
+    bool applied = false;
+    if (r.boundary) {
+      const loss_scaler_state scaler_before = scaler_.state();
+      applied = scaler_.update(g.overflow).applied;
+      end_early(applied, g.norm);
+      r.overflow = g.overflow;
+      r.grad_norm = g.norm;
+      r.lr = scheduler_.group_lr(cfg_.optimizer->lr);
+      if (applied) {
+        auto t = log_.time("step");
+        try {
+          apply(g.norm);
+        } catch (const io_error&) {
+          // NVMe: some rank could not write its state; every rank is back at the previous step.
+          scaler_.load_state(scaler_before);
+          residency_([](auto& p) { p.end_step(false); });
+          end_accumulation(false);
+          begin_micro_step();
+          throw;
+        }
+        r.applied = true;
+        r.step = counters_.applied_steps;
+      }
+    }
+    residency_([&](auto& p) { p.end_step(applied); });
+    if (r.boundary) {
+      end_accumulation(applied);
+    }
+    r.next_loss_scale = scaler_.scale();
+    begin_micro_step();
+    if (applied_error_) {
+      std::rethrow_exception(std::exchange(applied_error_, nullptr));
+    }
+    return r;
   }
 
   /// AdamW over the rank's part with the clip of gradient norm `norm`: segment by segment on the
@@ -465,6 +499,52 @@ private:
     }
   }
 };
+
+/// Steps the engines of one rank that hold its model between them as one optimizer: the dense
+/// parameters' engine over the data group and a mixture-of-experts layer's engine over the
+/// expert-data group (docs/parallelism.md). Each finishes its reductions and checks its gradients;
+/// then every engine clips by the norm of them all (the square root of the sum of their squared
+/// norms, each already summed over its own group and model group) and an fp16 overflow in any skips
+/// the step in all. Every rank steps the same engines in the same order. \returns each engine's
+/// result, with that joint norm. \throws usage_error, before any engine has done anything, when
+/// they differ in accumulation steps, gradient clipping or loss scale.
+template <class... Engines> std::array<step_result, sizeof...(Engines)> step_together(Engines&... engines) { // NOLINT
+  static_assert(sizeof...(Engines) >= 1, "zero::step_together: give it the engines to step");
+  const auto& first = std::get<0>(std::tie(engines...));
+  const auto same = [&](const auto& e, std::size_t k) {
+    const auto say = [&](const std::string& what, const std::string& mine, const std::string& theirs) {
+      throw usage_error("step_together: engine " + std::to_string(k) + " has " + what + " " + mine + ", engine 0 has " +
+                        theirs + "; engines stepped together take one setting");
+    };
+    if (e.cfg().gradient_accumulation_steps != first.cfg().gradient_accumulation_steps) {
+      say("gradient_accumulation_steps", std::to_string(e.cfg().gradient_accumulation_steps),
+          std::to_string(first.cfg().gradient_accumulation_steps));
+    }
+    if (e.cfg().gradient_clipping != first.cfg().gradient_clipping) {
+      say("gradient_clipping", std::to_string(e.cfg().gradient_clipping),
+          std::to_string(first.cfg().gradient_clipping));
+    }
+    if (e.loss_scale() != first.loss_scale()) {
+      say("loss scale", std::to_string(e.loss_scale()), std::to_string(first.loss_scale()));
+    }
+  };
+  std::size_t k = 0;
+  (same(engines, k++), ...);
+  std::array<grad_check, sizeof...(Engines)> checks;
+  std::array<step_result, sizeof...(Engines)> results;
+  k = 0;
+  ((results[k] = engines.check_step(checks[k]), ++k), ...);
+  grad_check joint;
+  double squares = 0;
+  for (const auto& c : checks) {
+    joint.overflow = joint.overflow || c.overflow;
+    squares += c.norm * c.norm;
+  }
+  joint.norm = joint.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(squares);
+  k = 0;
+  ((results[k] = engines.finish_step(results[k], joint), ++k), ...);
+  return results;
+}
 
 /// The engine with the backend's allocator and POSIX storage: `zero::engine<zero::cpu_backend,
 /// zero::thread_communicator>`.

@@ -196,7 +196,7 @@ public:
       reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
         if (stats_in_take_ && reducer_boundary_) {
           // The slice is final on the device (no accumulation follows): check it there, as in memory.
-          stats_->check_range(segment, slice, 1.0 / scaler_.scale());
+          stats_->check_range(segment, slice, unscale());
         }
         const auto& copied = streamed->take(segment, slice, stream_);
         if (stats_in_take_ && reducer_boundary_) {
@@ -483,13 +483,18 @@ protected:
     reducer_boundary_ = is_boundary();
     reducer_->begin_micro_step(reducer_boundary_);
     if (stats_in_take_ && reducer_boundary_) {
-      stats_->begin_ranges(scaler_.scale() != 1.0);
+      stats_->begin_ranges(unscale() != 1.0);
     }
   }
   auto reduced() {
     return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
   }
 
+  /// What the reduced gradients are multiplied by before their check and the update: the inverse of
+  /// the loss scale and of the accumulation, and the averaging group's correction.
+  [[nodiscard]] double unscale() const noexcept {
+    return average_ / (scaler_.scale() * static_cast<double>(cfg_.gradient_accumulation_steps));
+  }
   /// The reduced gradients' check (`grad_stats`): on the device, or on the host's copy when streamed.
   grad_check check_gradients(double unscale) {
     if (!streamed_) {
@@ -579,6 +584,8 @@ protected:
   bool reducer_boundary_ = true;
   /// The rest of the model replica (`set_model_group`), or null.
   Comm* model_group_ = nullptr;
+  /// The communicator's size over the ranks gradients average over (`set_gradient_average`).
+  double average_ = 1.0;
   /// This rank's coordinate on the tensor axis (`set_model_group`).
   int tensor_rank_ = 0;
   /// The rates of `set_offload_rates`, and the split made at finalize.
