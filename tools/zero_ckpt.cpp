@@ -5,6 +5,10 @@
 //   zero-ckpt export DIR --out FILE [--dtype bf16|fp32]  consolidated weights as one safetensors file
 //                                                        (a regular file outside DIR, replaced atomically)
 //
+// DIR is one engine's checkpoint folder, or the root of a model-parallel job's (its pipe-PP-tensor-TT
+// folders): show and verify then go through every stage's slices, and export joins the tensor slices
+// into whole tensors.
+//
 // Exit status: 0 when all is well, 1 when the checkpoint is missing, damaged or cannot be written
 // out (the message names the file and what was expected), 2 for a command-line error.
 
@@ -45,7 +49,11 @@ void show(const zero::checkpoint::reader& r) {
   std::cout << "checkpoint " << r.path().string() << "\n"
             << "  tag                 " << m.tag << "\n"
             << "  format version      " << m.version << "\n"
-            << "  saved by            world size " << m.world_size << ", stage " << m.stage << "\n"
+            << "  saved by            world size " << m.world_size << ", stage " << m.stage;
+  if (m.model) {
+    std::cout << ", pipe " << m.model->pipe << ", tensor slice " << m.model->tensor << " of " << m.model->tensor_size;
+  }
+  std::cout << "\n"
             << "  dtypes              params " << zero::name_of(m.param_dtype) << ", grads "
             << zero::name_of(m.grad_dtype) << ", optimizer state fp32\n"
             << "  steps               " << m.global_steps << " optimizer steps, " << m.micro_steps << " micro-steps, "
@@ -94,24 +102,31 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    zero::checkpoint::reader r(dir, tag);
+    // One engine's checkpoint, or a model-parallel job's root: one checkpoint per stage and tensor slice.
+    zero::checkpoint::model_reader mr(dir, tag);
     if (show_cmd->parsed()) {
-      show(r);
-    } else if (verify_cmd->parsed()) {
-      const auto& m = r.info();
-      // The reader checked the manifest against its marker (and latest against its checksum) on opening.
-      std::cout << "ok   " << (r.path() / zero::checkpoint::manifest_name).string() << "  xxh64 as "
-                << zero::checkpoint::checksum_name << " records\n";
-      for (std::size_t f = 0; f < m.files.size(); ++f) {
-        r.verify_file(f);
-        std::cout << "ok   " << (r.path() / m.files[f].name).string() << "  " << bytes_text(m.files[f].size)
-                  << "  xxh64 " << zero::checkpoint::hex64(m.files[f].xxh64) << "\n";
+      for (const auto* r : mr.parts()) {
+        show(*r);
       }
-      std::cout << "verified " << m.files.size() << " files of checkpoint \"" << m.tag << "\"\n";
+    } else if (verify_cmd->parsed()) {
+      std::size_t files = 0;
+      for (auto* r : mr.parts()) {
+        const auto& m = r->info();
+        // The reader checked the manifest against its marker (and latest against its checksum) on opening.
+        std::cout << "ok   " << (r->path() / zero::checkpoint::manifest_name).string() << "  xxh64 as "
+                  << zero::checkpoint::checksum_name << " records\n";
+        for (std::size_t f = 0; f < m.files.size(); ++f) {
+          r->verify_file(f);
+          std::cout << "ok   " << (r->path() / m.files[f].name).string() << "  " << bytes_text(m.files[f].size)
+                    << "  xxh64 " << zero::checkpoint::hex64(m.files[f].xxh64) << "\n";
+        }
+        files += m.files.size();
+      }
+      std::cout << "verified " << files << " files of checkpoint \"" << mr.info().tag << "\"\n";
     } else {
-      zero::checkpoint::export_safetensors(r, out, zero::parse_dtype(dtype));
-      std::cout << "wrote " << out << ": " << r.info().params.size() << " tensors in " << dtype << " from checkpoint \""
-                << r.info().tag << "\"\n";
+      zero::checkpoint::export_safetensors(mr, out, zero::parse_dtype(dtype));
+      std::cout << "wrote " << out << ": " << mr.info().params.size() << " tensors in " << dtype
+                << " from checkpoint \"" << mr.info().tag << "\"\n";
     }
   } catch (const std::exception& e) {
     std::cerr << "zero-ckpt: " << e.what() << "\n";

@@ -5,7 +5,9 @@
 
 #include "../engine/engine_harness.hpp"
 #include "zero/checkpoint/checkpoint.hpp"
+#include "zero/io/safetensors_reader.hpp"
 
+#include <cstring>
 #include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +42,26 @@ inline fs::path scratch(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
+}
+
+/// Every tensor of a safetensors file as fp32.
+inline std::map<std::string, std::vector<float>> read_safetensors(const fs::path& f) {
+  safetensors::reader r(f);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& t : r.tensors()) {
+    const std::size_t es = size_of(t.type);
+    std::vector<std::byte> raw(t.end - t.begin);
+    r.read(t, 0, raw);
+    auto& v = out[t.name];
+    visit_float(t.type, [&]<class T>(type_tag<T>) {
+      for (std::size_t i = 0; i < raw.size() / es; ++i) {
+        T x;
+        std::memcpy(&x, raw.data() + i * es, es);
+        v.push_back(to_float(x));
+      }
+    });
+  }
+  return out;
 }
 
 /// Options of the checkpoint tests' runs beside `run_spec`.

@@ -11,30 +11,6 @@ namespace zt = zero::testing;
 namespace fs = std::filesystem;
 using zero::dtype;
 
-namespace {
-
-/// Every tensor of a safetensors file as fp32.
-std::map<std::string, std::vector<float>> read_all(const fs::path& f) {
-  zero::safetensors::reader r(f);
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& t : r.tensors()) {
-    const std::size_t es = zero::size_of(t.type);
-    std::vector<std::byte> raw(t.end - t.begin);
-    r.read(t, 0, raw);
-    auto& v = out[t.name];
-    zero::visit_float(t.type, [&]<class T>(zero::type_tag<T>) {
-      for (std::size_t i = 0; i < raw.size() / es; ++i) {
-        T x;
-        std::memcpy(&x, raw.data() + i * es, es);
-        v.push_back(zero::to_float(x));
-      }
-    });
-  }
-  return out;
-}
-
-} // namespace
-
 TEST_CASE("export_safetensors streams the fp32 masters under the registered names, at every stage") {
   for (int stage : {0, 1, 3}) {
     CAPTURE(stage);
@@ -48,8 +24,8 @@ TEST_CASE("export_safetensors streams the fp32 masters under the registered name
                       eng.export_safetensors(dir / "bf16.safetensors", dtype::bf16);
                     });
     const auto saved = zt::read_snapshot(dir);
-    const auto fp32 = read_all(dir / "fp32.safetensors");
-    const auto bf16 = read_all(dir / "bf16.safetensors");
+    const auto fp32 = zt::read_safetensors(dir / "fp32.safetensors");
+    const auto bf16 = zt::read_safetensors(dir / "bf16.safetensors");
     REQUIRE(fp32.size() == 6);
     for (const auto& tensor : fp32) {
       const std::string& name = tensor.first; // not a structured binding: CAPTURE is a lambda (Clang 14)
@@ -66,7 +42,7 @@ TEST_CASE("export_safetensors streams the fp32 masters under the registered name
     zero::checkpoint::reader rd(dir);
     const auto offline = dir.parent_path() / ("export-" + std::to_string(stage) + "-offline.safetensors");
     zero::checkpoint::export_safetensors(rd, offline, dtype::f32);
-    CHECK(read_all(offline) == fp32);
+    CHECK(zt::read_safetensors(offline) == fp32);
   }
 }
 
@@ -78,7 +54,7 @@ TEST_CASE("init_from_safetensors fills every parameter, at another world size an
                     zt::init_and_train(eng, mh, comm, s, 2);
                     eng.export_safetensors(dir / "w.safetensors", dtype::f32);
                   });
-  const auto want = read_all(dir / "w.safetensors");
+  const auto want = zt::read_safetensors(dir / "w.safetensors");
   zt::run_spec b{.stage = 3, .world = 4, .steps = 1, .batch = 64};
   zt::with_engine(b, {.frozen = true},
                   [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
@@ -149,7 +125,7 @@ TEST_CASE("save_16bit_model writes the parameters as the framework sees them, in
       for (const auto& t : r.tensors()) {
         CHECK(t.type == dtype::bf16);
       }
-      CHECK(read_all(file) == held);
+      CHECK(zt::read_safetensors(file) == held);
     }
   }
 }

@@ -103,3 +103,35 @@ TEST_CASE("hostile manifests are refused with the field named") {
                                    "a zero checkpoint manifest");
   }
 }
+
+TEST_CASE("a model-parallel manifest records its coordinates and split dimensions, and refuses bad ones") {
+  manifest m = sample();
+  m.model = zero::checkpoint::model_entry{1, 1, 2};
+  m.params[0].tensor_split = 1;
+  const auto j = m.to_json();
+  CHECK(j["model"] == nlohmann::json{{"pipe", 1}, {"tensor", 1}, {"tensor_size", 2}});
+  CHECK(j["params"][0]["tensor_split"] == 1);
+  CHECK_FALSE(j["params"][1].contains("tensor_split")); // a whole tensor: no key
+  const auto back = manifest::parse(j.dump(), "m.json");
+  CHECK(back.to_json() == j);
+  REQUIRE(back.model.has_value());
+  CHECK(back.model->tensor == 1);
+  CHECK(back.params[0].tensor_split == 1);
+  CHECK(back.params[1].tensor_split == -1);
+  CHECK_FALSE(manifest::parse(sample().to_json().dump(), "m.json").model.has_value());
+  auto bad = j;
+  bad["model"]["tensor"] = 2;
+  CHECK(error_of(bad).find("m.json: model.tensor: found 2, expected at most 1") != std::string::npos);
+  bad = j;
+  bad["model"]["tensor_size"] = 0;
+  CHECK(error_of(bad).find("m.json: model.tensor_size: found 0") != std::string::npos);
+  bad = j;
+  bad["model"] = "pipe 0";
+  CHECK(error_of(bad).find("m.json: model: expected an object") != std::string::npos);
+  bad = j;
+  bad["params"][0]["tensor_split"] = 2; // w is 2-dimensional
+  CHECK(error_of(bad).find("m.json: params[0].tensor_split: found 2, expected at most 1") != std::string::npos);
+  bad = j;
+  bad["params"][0]["tensor_split"] = -1;
+  CHECK(error_of(bad).find("params[0].tensor_split: found -1, expected a value in [0, 1]") != std::string::npos);
+}

@@ -268,7 +268,7 @@ TEST_CASE("tensor parallelism: a replicated parameter counts once in the clippin
         const int t = topo.coord(world.rank(), "tensor");
         zero::cpu_backend backend({.threads = 1});
         mg_engine eng(tp_config(set.stage, set.top, set.zero_keys), data, backend);
-        eng.set_model_group(tensor, t);
+        eng.set_model_group(tensor, {.tensor = t, .tensor_size = 2});
         auto r = tp_train(eng, data.rank(), t * (tp_rows / 2), tp_rows / 2, replicated, set.micro);
         if (data.rank() == 0) {
           const std::lock_guard lock(mu);
@@ -292,11 +292,28 @@ TEST_CASE("tensor parallelism: a replicated parameter counts once in the clippin
   }
 }
 
-TEST_CASE("set_model_group refuses a negative tensor rank") {
+TEST_CASE("set_model_group refuses coordinates outside their axes; add_param a tensor_split outside the shape") {
   zero::run_ranks(1, [](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});
     mg_engine eng(mg_config(1, 1, 0), comm, backend);
-    CHECK_THROWS_WITH_AS(eng.set_model_group(comm, -1), doctest::Contains("tensor rank -1 is negative"),
+    const auto refused = [&](zero::model_coords at, const std::string& what) {
+      CHECK_THROWS_WITH_AS(eng.set_model_group(comm, at), doctest::Contains(what.c_str()), zero::usage_error);
+    };
+    refused({.tensor = -1, .tensor_size = 2},
+            "pipe 0, tensor -1 of 2; expected pipe >= 0 and 0 <= tensor < tensor_size");
+    refused({.tensor = 2, .tensor_size = 2}, "tensor 2 of 2");
+    refused({.pipe = -1}, "pipe -1, tensor 0 of 1");
+    refused({.tensor_size = 0}, "tensor 0 of 0");
+    CHECK(eng.model_place() == nullptr);
+    eng.set_model_group(comm, {.pipe = 1, .tensor = 1, .tensor_size = 2});
+    REQUIRE(eng.model_place() != nullptr);
+    CHECK(eng.model_place()->pipe == 1);
+    const int m = eng.add_module("m");
+    CHECK_THROWS_WITH_AS(eng.add_param(m, "w", {4, 6}, {.tensor_split = 2}),
+                         doctest::Contains("add_param(\"w\"): tensor_split 2 is not a dimension of its 2-dimensional "
+                                           "shape (expected -1 for a whole parameter, or 0 to 1)"),
                          zero::usage_error);
+    CHECK_THROWS_AS(eng.add_param(m, "w", {4, 6}, {.tensor_split = -2}), zero::usage_error);
+    eng.add_param(m, "w", {4, 6}, {.tensor_split = 1});
   });
 }

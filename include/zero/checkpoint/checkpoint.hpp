@@ -27,6 +27,7 @@
 
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
+#include "zero/checkpoint/model_reader.hpp"
 #include "zero/checkpoint/reader.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dispatch.hpp"
@@ -81,13 +82,17 @@ template <class Engine> struct checkpoint_access {
   /// `op` over ranks of `n` host elements, in place; collective. Host memory as it is when the
   /// engine's memory is host accessible, otherwise through a staging buffer of the engine's buffer
   /// allocator (NCCL needs device memory).
-  template <class T> static void all_reduce(Engine& e, T* host, std::size_t n, reduce_op op) {
+  /// Over the engine's communicator, or over `group` (its model group) when given.
+  template <class T>
+  static void all_reduce(Engine& e, T* host, std::size_t n, reduce_op op,
+                         typename Engine::communicator_type* group = nullptr) {
+    auto& c = group != nullptr ? *group : e.communicator();
     if constexpr (host_accessible) {
-      e.communicator().all_reduce(host, host, n, op).wait();
+      c.all_reduce(host, host, n, op).wait();
     } else {
       buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
       write(e, host, dev.data(), n);
-      e.communicator().all_reduce(dev.data(), dev.data(), n, op).wait();
+      c.all_reduce(dev.data(), dev.data(), n, op).wait();
       download<host_accessible>(e.backend(), e.stream(), dev.data(), host, n);
     }
   }
@@ -119,11 +124,17 @@ namespace detail {
 
 /// After a phase that may have failed on some ranks: one all-reduce so that every rank knows.
 /// The rank that failed rethrows its own exception; the others throw an error naming it.
+/// In a model-parallel job the engines of the other stages and tensor slices learn it too (one more
+/// all-reduce over the model group), so that the job's coordinates load or save together.
 template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, std::string_view phase) {
   auto& comm = checkpoint_access<Engine>::comm(eng);
   std::int32_t failed = mine ? comm.rank() + 1 : 0;
   if (comm.size() > 1) {
     checkpoint_access<Engine>::all_reduce(eng, &failed, 1, reduce_op::max);
+  }
+  std::int32_t elsewhere = failed != 0 ? 1 : 0;
+  if (auto* model = eng.model_group(); model != nullptr && model->size() > 1) {
+    checkpoint_access<Engine>::all_reduce(eng, &elsewhere, 1, reduce_op::max, model);
   }
   if (mine) {
     std::rethrow_exception(mine);
@@ -132,16 +143,21 @@ template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, 
     throw as_echo(checkpoint_error(cat(phase, " failed on rank ", std::to_string(failed - 1),
                                        " (its exception names the cause); nothing was changed on this rank")));
   }
+  if (elsewhere != 0) {
+    throw as_echo(checkpoint_error(cat(phase, " failed on another pipeline stage or tensor slice of the job (its "
+                                              "exception names the cause); nothing was changed on this rank")));
+  }
 }
 
 } // namespace detail
 
-/// Saves `eng` as checkpoint `tag` of `dir`; collective over the engine's communicator. Call it
-/// between optimizer steps (at an accumulation boundary).
+/// Saves `eng` as checkpoint `tag` of `root` (of `root/pipe-PP-tensor-TT` for an engine in a
+/// model-parallel job: `model_dir`); collective over the engine's communicator. Call it between
+/// optimizer steps (at an accumulation boundary).
 /// \throws usage_error for a bad tag, an engine not finalized, or a call inside an accumulation;
 /// io_error naming the file when writing fails (the previous checkpoint and `latest` are untouched).
 template <class Engine>
-void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag, const save_options& opt = {}) {
+void save(Engine& eng, const std::filesystem::path& root, const std::string& tag, const save_options& opt = {}) {
   using access = checkpoint_access<Engine>;
   using detail::cat;
   namespace fs = std::filesystem;
@@ -149,6 +165,7 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   if (!access::finalized(eng)) {
     throw usage_error("save before finalize(); register and finalize the parameters first");
   }
+  const fs::path dir = model_dir(eng, root);
   auto& comm = access::comm(eng);
   const int rank = comm.rank();
   const int world = comm.size();
@@ -182,6 +199,9 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   m.scaler = eng.scaler().state();
   m.lr_last_batch_iteration = eng.scheduler().last_batch_iteration();
   m.modules = frozen.modules();
+  if (const auto* at = eng.model_place()) {
+    m.model = model_entry{at->pipe, at->tensor, at->tensor_size};
+  }
   for (const auto& g : eng.optimizer().groups()) {
     m.groups.emplace_back(g.lr, g.weight_decay);
   }
@@ -191,7 +211,8 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
     (r.trainable ? index_of_layout_id
                  : index_of_frozen_id)[r.trainable ? *layout.find(r.info->name) : *frozen.find(r.info->name)] =
         m.params.size();
-    m.params.push_back({r.info->name, r.info->shape, r.info->type, r.module, r.trainable, r.group, r.info->numel});
+    m.params.push_back(
+        {r.info->name, r.info->shape, r.info->type, r.module, r.trainable, r.group, r.info->numel, r.tensor_split});
   }
   std::vector<std::vector<typename access::owned>> owned(static_cast<std::size_t>(world));
   for (int q = 0; q < world; ++q) {
@@ -244,7 +265,9 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   std::exception_ptr err;
   try {
     if (rank == 0) {
-      fs::create_directories(dir);
+      if (!fs::is_directory(dir) && fs::create_directories(dir) && dir != root) {
+        detail::sync_dir(root); // the coordinates' folder is durable in the job's
+      }
       fs::remove_all(tmp); // what a crashed save of this tag left
       fs::create_directory(tmp);
       detail::sync_dir(dir);
@@ -374,15 +397,19 @@ void save(Engine& eng, const std::filesystem::path& dir, const std::string& tag,
   event("done");
 }
 
-/// Loads checkpoint `tag` of `dir` ("latest": the one `dir/latest` names) into `eng`, which may run
-/// at another world size or stage than the saving run; collective over the engine's communicator.
-/// Parameters are matched by name, and must have the same shapes and be trainable or frozen alike.
-/// Optimizer state, step counts, the loss scaler and the LR scheduler are restored.
+/// Loads checkpoint `tag` of `root` ("latest": the one `latest` names) into `eng`, which may run at
+/// another world size or stage than the saving run; collective over the engine's communicator.
+/// Parameters are matched by name, and must have the same (whole) shapes and be trainable or frozen
+/// alike. Optimizer state, step counts, the loss scaler and the LR scheduler are restored.
+/// Model-parallel checkpoints (`model_reader`): an engine with `set_model_group` reads its stage of
+/// the job's root, its tensor slices cut from the saved ones whatever tensor size saved them; an
+/// engine without reads every stage, each tensor whole.
 /// \throws usage_error for an unsafe tag (the check save makes); checkpoint_error naming the file
 /// and what was expected (missing directory, tag or latest; a checksum that does not match; a
-/// file that is a symbolic link; unknown format version; a parameter missing, extra or of another shape; a truncated or
-/// corrupt file); the engine is unchanged on every rank then.
-template <class Engine> void load(Engine& eng, const std::filesystem::path& dir, const std::string& tag = "latest") {
+/// file that is a symbolic link; unknown format version; a parameter missing, extra or of another
+/// shape; slices that do not belong together; a truncated or corrupt file); the engine is unchanged
+/// on every rank then.
+template <class Engine> void load(Engine& eng, const std::filesystem::path& root, const std::string& tag = "latest") {
   using access = checkpoint_access<Engine>;
   using detail::cat;
   if (!access::finalized(eng)) {
@@ -397,9 +424,10 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   const flat_layout& layout = eng.layout();
   const flat_layout& frozen = access::frozen_layout(eng);
   const auto mine = access::owned_by(eng, comm.rank());
+  const model_coords* at = eng.model_place();
 
   // Staging: everything this rank will hold, read and verified before anything changes.
-  std::optional<reader> rd;
+  std::optional<model_reader> rd;
   std::size_t total = 0;
   for (const auto& o : mine) {
     total += o.count;
@@ -408,23 +436,32 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
   std::vector<std::vector<float>> frozen_values(frozen.param_count());
   std::exception_ptr err;
   try {
-    rd.emplace(dir, tag);
+    rd.emplace(root, tag, at != nullptr ? at->pipe : -1);
     const manifest& m = rd->info();
-    const std::string source = (rd->path() / "manifest.json").string();
+    const std::string source = (rd->parts().front()->path() / manifest_name).string();
+    // Per layout id: the saved parameter, and the cut of it this engine holds.
     std::vector<std::size_t> saved_index_of_layout(layout.param_count());
     std::vector<std::size_t> saved_index_of_frozen(frozen.param_count());
+    std::vector<detail::tensor_cut> cut_of_layout(layout.param_count()), cut_of_frozen(frozen.param_count());
     std::vector<bool> matched(m.params.size(), false);
     for (const auto& r : access::params(eng)) {
       const auto& p = *r.info;
+      const int slices = at != nullptr && r.tensor_split >= 0 ? at->tensor_size : 1;
+      const detail::tensor_cut cut{detail::whole_shape(p.shape, r.tensor_split, slices), r.tensor_split, slices};
+      const std::string registered =
+          slices > 1
+              ? cat(detail::shape_text(p.shape), " (slice ", std::to_string(at->tensor), " of ", std::to_string(slices),
+                    " along dimension ", std::to_string(r.tensor_split), ": whole ", detail::shape_text(cut.whole), ")")
+              : detail::shape_text(p.shape);
       const std::ptrdiff_t i = m.find(p.name);
       if (i < 0) {
-        throw checkpoint_error(cat(source, ": has no parameter \"", p.name, "\"; the model registered it with shape ",
-                                   detail::shape_text(p.shape)));
+        throw checkpoint_error(
+            cat(source, ": has no parameter \"", p.name, "\"; the model registered it with shape ", registered));
       }
       const auto& s = m.params[static_cast<std::size_t>(i)];
-      if (s.shape != p.shape) {
+      if (s.shape != cut.whole) {
         throw checkpoint_error(cat(source, ": parameter \"", p.name, "\" has shape ", detail::shape_text(s.shape),
-                                   "; the model registered ", detail::shape_text(p.shape)));
+                                   "; the model registered ", registered));
       }
       if (s.trainable != r.trainable) {
         throw checkpoint_error(cat(source, ": parameter \"", p.name, "\" was saved ",
@@ -432,55 +469,60 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& dir,
                                    r.trainable ? "trainable" : "frozen"));
       }
       matched[static_cast<std::size_t>(i)] = true;
-      (r.trainable ? saved_index_of_layout[*layout.find(p.name)] : saved_index_of_frozen[*frozen.find(p.name)]) =
-          static_cast<std::size_t>(i);
+      const std::size_t id = r.trainable ? *layout.find(p.name) : *frozen.find(p.name);
+      (r.trainable ? saved_index_of_layout : saved_index_of_frozen)[id] = static_cast<std::size_t>(i);
+      (r.trainable ? cut_of_layout : cut_of_frozen)[id] = cut;
     }
-    for (std::size_t i = 0; i < m.params.size(); ++i) {
+    // An engine of one stage reading a checkpoint of the whole model leaves the other stages' parameters.
+    for (std::size_t i = 0; i < m.params.size() && (at == nullptr || rd->one_stage()); ++i) {
       if (!matched[i]) {
         throw checkpoint_error(cat(source, ": has parameter \"", m.params[i].name, "\" (shape ",
                                    detail::shape_text(m.params[i].shape), ") which the model did not register"));
       }
     }
-    std::size_t at = 0;
+    const auto index_in = [&](const detail::tensor_cut& c) { return c.slices > 1 ? at->tensor : 0; };
+    std::size_t next = 0;
     for (const auto& o : mine) {
       const std::size_t s = saved_index_of_layout[o.id];
-      rd->read(s, tensor_kind::master, o.param_offset, {master.data() + at, o.count});
-      rd->read(s, tensor_kind::exp_avg, o.param_offset, {m1.data() + at, o.count});
-      rd->read(s, tensor_kind::exp_avg_sq, o.param_offset, {m2.data() + at, o.count});
-      at += o.count;
+      const auto& c = cut_of_layout[o.id];
+      rd->read_slice(s, tensor_kind::master, c, index_in(c), o.param_offset, {master.data() + next, o.count});
+      rd->read_slice(s, tensor_kind::exp_avg, c, index_in(c), o.param_offset, {m1.data() + next, o.count});
+      rd->read_slice(s, tensor_kind::exp_avg_sq, c, index_in(c), o.param_offset, {m2.data() + next, o.count});
+      next += o.count;
     }
     for (std::size_t id = 0; id < frozen.param_count(); ++id) {
       frozen_values[id].resize(frozen.param(id).numel);
-      rd->read(saved_index_of_frozen[id], tensor_kind::master, 0, frozen_values[id]);
+      const auto& c = cut_of_frozen[id];
+      rd->read_slice(saved_index_of_frozen[id], tensor_kind::master, c, index_in(c), 0, frozen_values[id]);
     }
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(eng, err, cat("load of checkpoint \"", tag, "\" from ", dir.string()));
+  detail::agree(eng, err, cat("load of checkpoint \"", tag, "\" from ", root.string()));
 
   // Commit: nothing below reads a file.
   const manifest& m = rd->info();
   const auto st = eng.stores();
   auto& optim = eng.optimizer();
   std::byte* store = st.params;
-  std::size_t at = 0;
+  std::size_t next = 0;
   // Every write goes through the engine (the backend's copy when the state lives on a device).
   visit_float(layout.type(), [&]<class P>(type_tag<P>) {
     P* ps = reinterpret_cast<P*>(store);
     std::vector<P> rounded;
     for (const auto& o : mine) {
-      optim.write_state(state_tensor::exp_avg, o.state, {m1.data() + at, o.count});
-      optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + at, o.count});
+      optim.write_state(state_tensor::exp_avg, o.state, {m1.data() + next, o.count});
+      optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + next, o.count});
       // The master (for fp32 training the optimizer's own copy of the parameters, when offloaded).
-      optim.write_state(state_tensor::master, o.state, {master.data() + at, o.count});
+      optim.write_state(state_tensor::master, o.state, {master.data() + next, o.count});
       if (ps != nullptr) { // null: stage 3 keeps no 16-bit shard, the gathers cast the master
         rounded.resize(o.count);
         for (std::size_t i = 0; i < o.count; ++i) {
-          rounded[i] = from_float<P>(master[at + i]);
+          rounded[i] = from_float<P>(master[next + i]);
         }
         access::write(eng, rounded.data(), ps + o.store, o.count);
       }
-      at += o.count;
+      next += o.count;
     }
   });
   for (std::size_t id = 0; id < frozen.param_count(); ++id) {

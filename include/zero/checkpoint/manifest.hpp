@@ -11,8 +11,9 @@
 ///                      "cur_hysteresis": 1},
 ///      "lr_scheduler": {"last_batch_iteration": 99},
 ///      "modules": ["fc1", "fc2"], "groups": [{"lr": 0.001, "weight_decay": 0.01}],
+///      "model": {"pipe": 0, "tensor": 1, "tensor_size": 2},         (model-parallel jobs only)
 ///      "params": [{"name": "fc1.weight", "shape": [256, 784], "dtype": "bf16", "module": "fc1",
-///                  "trainable": true, "group": 0}, …],
+///                  "trainable": true, "group": 0, "tensor_split": 0}, …],  (a tensor slice only)
 ///      "files": [{"name": "rank-00000.bin", "kind": "shard", "rank": 0, "size": 123, "xxh64": "…",
 ///                 "pieces": [{"param": "fc1.weight", "offset": 0, "count": 1000, "byte_offset": 0}, …]},
 ///                {"name": "frozen.bin", "kind": "frozen", "rank": 0, …}]}
@@ -32,6 +33,7 @@
 /// The manifest's own bytes are covered by `manifest.xxh64` beside it (see `checksum_name`), which
 /// `checkpoint::reader` checks before parsing.
 
+#include "zero/checkpoint/detail/manifest_fields.hpp"
 #include "zero/config/config.hpp"
 #include "zero/config/detail/reader.hpp"
 #include "zero/core/detail/text.hpp"
@@ -84,6 +86,9 @@ struct param_entry {
   std::size_t group = 0;
   /// Product of `shape` (not stored; computed by `parse`).
   std::uint64_t numel = 0;
+  /// In a model-parallel checkpoint: the dimension the saved tensor is a slice along (`shape` being
+  /// the slice's), or -1 for a whole tensor. Stored only when not -1.
+  int tensor_split = -1;
 };
 
 /// A contiguous run of one parameter's elements inside one file.
@@ -112,6 +117,14 @@ struct file_entry {
   std::vector<piece_entry> pieces;
 };
 
+/// Where the saving engines sat in a model-parallel job (`set_model_group`); the manifest's optional
+/// "model" block, `{"pipe": 0, "tensor": 1, "tensor_size": 2}`.
+struct model_entry {
+  int pipe = 0;
+  int tensor = 0;
+  int tensor_size = 1;
+};
+
 /// Everything in `manifest.json`; see the file comment.
 struct manifest {
   int version = format_version;
@@ -132,6 +145,8 @@ struct manifest {
   std::vector<std::string> modules;
   /// Parameter groups: (lr, weight decay).
   std::vector<std::pair<double, double>> groups;
+  /// Set when a model-parallel job saved this (one checkpoint per pipeline stage and tensor slice).
+  std::optional<model_entry> model;
   std::vector<param_entry> params;
   std::vector<file_entry> files;
 
@@ -152,141 +167,10 @@ struct manifest {
   [[nodiscard]] static manifest parse(std::string_view text, const std::string& source);
 };
 
-/// `v` as 16 lowercase hex digits.
-[[nodiscard]] inline std::string hex64(std::uint64_t v) {
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i) {
-    s[static_cast<std::size_t>(i)] = digits[v & 0xfu];
-    v >>= 4;
-  }
-  return s;
-}
-
-/// The value of exactly 16 lowercase hex digits, or nothing for any other text.
-[[nodiscard]] inline std::optional<std::uint64_t> parse_hex64(std::string_view s) {
-  if (s.size() != 16) {
-    return std::nullopt;
-  }
-  std::uint64_t v = 0;
-  for (char c : s) {
-    int d = -1;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    }
-    if (d < 0) {
-      return std::nullopt;
-    }
-    v = v << 4 | static_cast<std::uint64_t>(d);
-  }
-  return v;
-}
-
 namespace detail {
 
 using zero::detail::cat;
 using json = nlohmann::json;
-
-/// Reads the fields of one JSON object, naming the source and the path in every error.
-class fields {
-public:
-  fields(const json& j, const std::string& source, std::string path) : j_(j), source_(source), path_(std::move(path)) {
-    if (!j.is_object()) {
-      fail("", cat("expected an object, found ", zero::detail::kind_of(j)));
-    }
-  }
-
-  [[noreturn]] void fail(std::string_view key, const std::string& what) const {
-    std::string where = path_;
-    if (!key.empty()) {
-      where = zero::detail::join_path(path_, key);
-    }
-    throw checkpoint_error(cat(source_, ": ", where.empty() ? "manifest" : where, ": ", what));
-  }
-
-  const json& at(std::string_view key) const {
-    auto it = j_.find(key);
-    if (it == j_.end()) {
-      fail(key, "missing");
-    }
-    return *it;
-  }
-  std::string str(std::string_view key) const {
-    const json& v = at(key);
-    if (!v.is_string()) {
-      fail(key, cat("expected a string, found ", zero::detail::kind_of(v)));
-    }
-    return v.get<std::string>();
-  }
-  std::int64_t integer(std::string_view key, std::int64_t lo, std::int64_t hi) const {
-    const json& v = at(key);
-    if (!v.is_number_integer()) {
-      fail(key, cat("expected an integer, found ", zero::detail::kind_of(v)));
-    }
-    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
-      fail(key, cat("found ", zero::detail::show(v), ", expected at most ", std::to_string(hi)));
-    }
-    const auto x = v.get<std::int64_t>();
-    if (x < lo || x > hi) {
-      fail(key, cat("found ", std::to_string(x), ", expected a value in [", std::to_string(lo), ", ",
-                    std::to_string(hi), "]"));
-    }
-    return x;
-  }
-  std::uint64_t count(std::string_view key, std::uint64_t hi) const {
-    return static_cast<std::uint64_t>(integer(key, 0, static_cast<std::int64_t>(hi)));
-  }
-  double number(std::string_view key) const {
-    const json& v = at(key);
-    if (!v.is_number()) {
-      fail(key, cat("expected a number, found ", zero::detail::kind_of(v)));
-    }
-    return v.get<double>();
-  }
-  bool boolean(std::string_view key) const {
-    const json& v = at(key);
-    if (!v.is_boolean()) {
-      fail(key, cat("expected true or false, found ", zero::detail::kind_of(v)));
-    }
-    return v.get<bool>();
-  }
-  const json& array(std::string_view key) const {
-    const json& v = at(key);
-    if (!v.is_array()) {
-      fail(key, cat("expected an array, found ", zero::detail::kind_of(v)));
-    }
-    return v;
-  }
-  std::uint64_t hash(std::string_view key) const {
-    const std::string s = str(key);
-    const auto v = parse_hex64(s);
-    if (!v) {
-      fail(key, cat("found \"", s.substr(0, 40), "\", expected 16 lowercase hex digits"));
-    }
-    return *v;
-  }
-  dtype type(std::string_view key) const {
-    const std::string s = str(key);
-    if (s == "fp32") {
-      return dtype::f32;
-    }
-    if (s == "fp16") {
-      return dtype::f16;
-    }
-    if (s == "bf16") {
-      return dtype::bf16;
-    }
-    fail(key, cat("found \"", s.substr(0, 40), "\", expected \"fp32\", \"fp16\" or \"bf16\""));
-  }
-  const std::string& path() const noexcept { return path_; }
-
-private:
-  const json& j_;
-  const std::string& source_;
-  std::string path_;
-};
 
 /// A file name that stays inside the tag directory.
 inline bool plain_file_name(std::string_view n) {
@@ -327,6 +211,9 @@ inline nlohmann::json manifest::to_json() const {
     g.push_back({{"lr", lr}, {"weight_decay", wd}});
   }
   j["groups"] = std::move(g);
+  if (model) {
+    j["model"] = {{"pipe", model->pipe}, {"tensor", model->tensor}, {"tensor_size", model->tensor_size}};
+  }
   json ps = json::array();
   for (const auto& p : params) {
     ps.push_back({{"name", p.name},
@@ -335,6 +222,9 @@ inline nlohmann::json manifest::to_json() const {
                   {"module", p.module},
                   {"trainable", p.trainable},
                   {"group", p.group}});
+    if (p.tensor_split >= 0) {
+      ps.back()["tensor_split"] = p.tensor_split;
+    }
   }
   j["params"] = std::move(ps);
   json fs = json::array();
@@ -420,6 +310,14 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
     const fields g(v, source, cat("groups[", std::to_string(gi++), "]"));
     m.groups.emplace_back(g.number("lr"), g.number("weight_decay"));
   }
+  if (top.has("model")) {
+    const fields f(top.at("model"), source, "model");
+    model_entry e;
+    e.pipe = static_cast<int>(f.integer("pipe", 0, max_world_size));
+    e.tensor_size = static_cast<int>(f.integer("tensor_size", 1, max_world_size));
+    e.tensor = static_cast<int>(f.integer("tensor", 0, e.tensor_size - 1));
+    m.model = e;
+  }
   std::map<std::string, std::size_t, std::less<>> by_name;
   std::size_t pi = 0;
   for (const json& v : top.array("params")) {
@@ -457,6 +355,9 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
     if (p.trainable && p.group >= m.groups.size()) {
       f.fail("group",
              cat("found ", std::to_string(p.group), ", but there are ", std::to_string(m.groups.size()), " groups"));
+    }
+    if (f.has("tensor_split")) {
+      p.tensor_split = static_cast<int>(f.integer("tensor_split", 0, static_cast<std::int64_t>(p.shape.size()) - 1));
     }
     by_name.emplace(p.name, m.params.size());
     m.params.push_back(std::move(p));

@@ -91,16 +91,25 @@ inline void check_outside(const std::filesystem::path& out, const std::filesyste
 
 } // namespace detail
 
-/// Writes the parameters of checkpoint `r` to the safetensors file `out` in `type`, one chunk at a
-/// time, atomically (`<out>.tmp`, then a rename in `out`'s folder).
-/// \throws checkpoint_error for a bad checkpoint file (verified as it is read); io_error when `out`
-/// is inside the checkpoint's folder, is not a regular file or a new name (a device node, a FIFO, a
-/// symbolic link, a folder), or cannot be written (a file already at `out` stays as it was).
-inline void export_safetensors(reader& r, const std::filesystem::path& out, dtype type = dtype::f32) {
-  detail::check_export_type(type);
-  // r.path() is dir/tag (or dir/.old-tag): the checkpoint's folder is the one above it.
-  detail::check_outside(out, r.path().parent_path());
-  detail::check_export_target(out);
+namespace detail {
+
+/// An engine of a model-parallel job holds one stage's tensor slices: a file of the whole model is
+/// written from the job's checkpoint instead. \throws usage_error saying so.
+template <class Engine> void refuse_model_part(const Engine& eng, const char* what) {
+  if (const auto* at = eng.model_place()) {
+    throw usage_error(cat(what, ": this engine holds pipe ", std::to_string(at->pipe), ", tensor slice ",
+                          std::to_string(at->tensor), " of ", std::to_string(at->tensor_size),
+                          " of a model-parallel job; save a checkpoint and export the whole model from it "
+                          "(checkpoint::model_reader and export_safetensors, or zero-ckpt export)"));
+  }
+}
+
+/// `export_safetensors` of a reader `r` (a `reader` or a `model_reader`) of the checkpoint folder `folder`.
+template <class Reader>
+void export_from(Reader& r, const std::filesystem::path& folder, const std::filesystem::path& out, dtype type) {
+  check_export_type(type);
+  check_outside(out, folder);
+  check_export_target(out);
   const manifest& m = r.info();
   std::vector<safetensors::tensor_decl> decls;
   for (const auto& p : m.params) {
@@ -115,11 +124,29 @@ inline void export_safetensors(reader& r, const std::filesystem::path& out, dtyp
       chunk.resize(static_cast<std::size_t>(std::min<std::uint64_t>(export_chunk_elements, m.params[i].numel - off)));
       r.read(i, tensor_kind::master, off, chunk);
       bytes.clear();
-      detail::append_as(type, chunk, bytes);
+      append_as(type, chunk, bytes);
       w.write(bytes);
     }
   }
   w.close();
+}
+
+} // namespace detail
+
+/// Writes the parameters of checkpoint `r` to the safetensors file `out` in `type`, one chunk at a
+/// time, atomically (`<out>.tmp`, then a rename in `out`'s folder).
+/// \throws checkpoint_error for a bad checkpoint file (verified as it is read); io_error when `out`
+/// is inside the checkpoint's folder, is not a regular file or a new name (a device node, a FIFO, a
+/// symbolic link, a folder), or cannot be written (a file already at `out` stays as it was).
+inline void export_safetensors(reader& r, const std::filesystem::path& out, dtype type = dtype::f32) {
+  // r.path() is dir/tag (or dir/.old-tag): the checkpoint's folder is the one above it.
+  detail::export_from(r, r.path().parent_path(), out, type);
+}
+/// The same for a model-parallel job's checkpoint: every stage's parameters, each tensor whole (its
+/// tensor slices joined along their split dimension), as one engine holding the whole model would
+/// export them. \throws as above, and io_error for `out` inside the job's root.
+inline void export_safetensors(model_reader& r, const std::filesystem::path& out, dtype type = dtype::f32) {
+  detail::export_from(r, r.root(), out, type);
 }
 
 /// Writes the consolidated parameters of `eng` to `path` in `type`; collective (rank 0 writes).
@@ -133,6 +160,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   if (!access::finalized(eng)) {
     throw usage_error("export_safetensors before finalize()");
   }
+  detail::refuse_model_part(eng, "export_safetensors");
   auto& comm = access::comm(eng);
   using comm_type = std::remove_reference_t<decltype(comm)>;
   const int rank = comm.rank();
@@ -259,6 +287,7 @@ bool save_16bit_model(Engine& eng, const std::filesystem::path& dir, const std::
   if (!access::finalized(eng)) {
     throw usage_error("save_16bit_model before finalize()");
   }
+  detail::refuse_model_part(eng, "save_16bit_model");
   if (eng.cfg().stage() == 3 && !eng.cfg().zero_optimization.stage3_gather_16bit_weights_on_model_save) {
     return false;
   }

@@ -59,8 +59,8 @@ class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
       base::end_early, base::finish_gathers, base::gradients_landed, base::join_update, base::reduced,
       base::zero_gradients;
   using base::average_, base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_,
-      base::frozen_, base::host_async_, base::log_, base::optimizer_, base::overlap_, base::reducer_, base::reg_,
-      base::residency_, base::scaler_, base::scheduler_, base::stream_;
+      base::frozen_, base::host_async_, base::log_, base::model_at_, base::model_group_, base::optimizer_,
+      base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_, base::scheduler_, base::stream_;
   using base::param_file;
   using typename base::stream_type;
 
@@ -121,6 +121,12 @@ public:
     average_ = static_cast<double>(comm_.size()) / ranks;
   }
 
+  /// The rest of this rank's model replica (`set_model_group`), or null.
+  [[nodiscard]] Comm* model_group() const noexcept { return model_group_; }
+  /// Where this rank sits in its model-parallel job, or null without `set_model_group`.
+  [[nodiscard]] const model_coords* model_place() const noexcept {
+    return model_group_ != nullptr ? &model_at_ : nullptr;
+  }
   /// The parameter as the framework computes with it: whole, in the config's dtype.
   [[nodiscard]] tensor_view param(param_handle h) const {
     check_final("param");

@@ -218,7 +218,7 @@ public:
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     stats_->set_model_group(model_group_, buffer_alloc_);
     if (auto replicated = reg_.tensor_replicated_extents();
-        model_group_ != nullptr && tensor_rank_ != 0 && !replicated.empty()) {
+        model_group_ != nullptr && model_at_.tensor != 0 && !replicated.empty()) {
       // Tensor rank 0 counts the replicated parameters; this rank leaves them out of the norm.
       std::vector<flat_range> extent;
       for (std::size_t k = 0; k < optimizer_.ranges().size(); ++k) {
@@ -318,20 +318,20 @@ public:
   }
   /// In a model-parallel job, the ranks that hold the rest of this rank's model replica (its other
   /// pipeline stages or tensor slices; `topology::split(world, {"pipe", "tensor"})`), this
-  /// communicator being the replica's data-parallel group: the gradient norm that clipping uses is
-  /// the whole model's, summed over `group` too, and an fp16 overflow on any rank of it skips the
-  /// step on every rank. Kept by reference; before finalize. A parameter is counted on every rank of
-  /// `group` that registers it: slices of a split parameter and different stages' layers each once,
-  /// and a parameter registered `tensor_replicated` (the same on every tensor slice) only where
-  /// `tensor_rank`, this rank's coordinate on the tensor axis, is 0.
-  /// \throws usage_error for a negative `tensor_rank`.
-  void set_model_group(Comm& group, int tensor_rank = 0) {
+  /// communicator being the replica's data-parallel group, and where this rank sits (`at`): the
+  /// clipping norm is the whole model's, summed over `group` too, and an fp16 overflow on any rank of
+  /// it skips the step on every rank. A parameter counts on every rank of `group` that registers it,
+  /// but one registered `tensor_replicated` only on tensor rank 0. Checkpoints go to
+  /// `dir/pipe-PP-tensor-TT` and record `at` (docs/parallelism.md). Kept by reference; before finalize.
+  /// \throws usage_error for coordinates outside their axes.
+  void set_model_group(Comm& group, model_coords at = {}) {
     check_open("set_model_group");
-    if (tensor_rank < 0) {
-      throw usage_error("set_model_group: tensor rank " + std::to_string(tensor_rank) + " is negative");
+    if (at.pipe < 0 || at.tensor_size < 1 || at.tensor < 0 || at.tensor >= at.tensor_size) {
+      throw usage_error("set_model_group: pipe " + std::to_string(at.pipe) + ", tensor " + std::to_string(at.tensor) +
+                        " of " + std::to_string(at.tensor_size) + "; expected pipe >= 0 and 0 <= tensor < tensor_size");
     }
     model_group_ = &group;
-    tensor_rank_ = tensor_rank;
+    model_at_ = at;
   }
   /// The update rates `offload_optimizer.ratio: "auto"` picks its ratio from at `finalize` instead of
   /// measuring them then (`measure_update_rates`); unused with any other ratio. Before finalize.
@@ -586,8 +586,8 @@ protected:
   Comm* model_group_ = nullptr;
   /// The communicator's size over the ranks gradients average over (`set_gradient_average`).
   double average_ = 1.0;
-  /// This rank's coordinate on the tensor axis (`set_model_group`).
-  int tensor_rank_ = 0;
+  /// Where this rank sits in its model-parallel job (`set_model_group`).
+  model_coords model_at_{};
   /// The rates of `set_offload_rates`, and the split made at finalize.
   std::optional<update_rates> offload_rates_;
   offload_split split_;

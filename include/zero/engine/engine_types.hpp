@@ -36,9 +36,22 @@ struct param_options {
   bool trainable = true;
   /// Tensor parallelism: the parameter is the same on every rank of the tensor group, gradients too
   /// (a layer norm's weight, the bias of a row-parallel layer), so the gradient norm for clipping
-  /// counts it on tensor rank 0 only (`set_model_group`'s `tensor_rank`). A slice of a split
+  /// counts it on tensor rank 0 only (`set_model_group`'s `model_coords::tensor`). A slice of a split
   /// parameter is registered as any parameter: its own shape, summed over the group like a stage's.
   bool tensor_replicated = false;
+  /// Tensor parallelism: the registered tensor is this rank's slice of a parameter split evenly along
+  /// dimension `tensor_split` over the tensor group (`model_coords`), -1 for a whole one. Only
+  /// checkpoints use it: they record it, join the slices into whole tensors on export, and split
+  /// them again when loading at another tensor size.
+  int tensor_split = -1;
+};
+
+/// Where a rank's engine sits in a model-parallel job (`set_model_group`): its pipeline stage, and
+/// its slice `tensor` of `tensor_size` on the tensor axis. Checkpoints record it.
+struct model_coords {
+  int pipe = 0;
+  int tensor = 0;
+  int tensor_size = 1;
 };
 
 /// What one call of `step()` did.
@@ -89,6 +102,8 @@ struct registered_param {
   std::size_t group = 0;
   /// Name of its module.
   std::string module;
+  /// `param_options::tensor_split`.
+  int tensor_split = -1;
 };
 
 /// Elements `[param_offset, param_offset + count)` of trainable parameter `id` (an id of

@@ -30,6 +30,7 @@ public:
   struct entry {
     bool trainable = true;
     bool tensor_replicated = false;
+    int tensor_split = -1;
     std::size_t id = 0;
     std::size_t group = 0;
     int module = 0;
@@ -60,7 +61,16 @@ public:
       throw usage_error("add_param(\"" + name + "\"): module id " + std::to_string(module) +
                         " was not made by add_module (" + std::to_string(names_.size()) + " modules are registered)");
     }
-    entry e{.trainable = opt.trainable, .tensor_replicated = opt.tensor_replicated, .module = module};
+    if (opt.tensor_split < -1 || opt.tensor_split >= static_cast<int>(shape.size())) {
+      throw usage_error("add_param(\"" + name + "\"): tensor_split " + std::to_string(opt.tensor_split) +
+                        " is not a dimension of its " + std::to_string(shape.size()) +
+                        "-dimensional shape (expected -1 for a whole parameter, or 0 to " +
+                        std::to_string(static_cast<int>(shape.size()) - 1) + ")");
+    }
+    entry e{.trainable = opt.trainable,
+            .tensor_replicated = opt.tensor_replicated,
+            .tensor_split = opt.tensor_split,
+            .module = module};
     if (opt.trainable) {
       int layout_module = layout_module_[static_cast<std::size_t>(module)];
       if (numel_of(shape) < persistence_) {
@@ -133,7 +143,7 @@ public:
   [[nodiscard]] std::vector<registered_param> registered() const {
     std::vector<registered_param> out;
     for (const auto& e : entries_) {
-      out.push_back({&info(e), e.trainable, e.group, names_[static_cast<std::size_t>(e.module)]});
+      out.push_back({&info(e), e.trainable, e.group, names_[static_cast<std::size_t>(e.module)], e.tensor_split});
     }
     return out;
   }
