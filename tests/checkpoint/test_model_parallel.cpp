@@ -87,6 +87,8 @@ struct mp_plan {
   int stage = 2;
   int from = 0, to = 0;
   std::optional<fs::path> load_from{}, save_to{}, export_to{};
+  /// A whole model's safetensors file to initialise from (init_from_safetensors), before any load.
+  std::optional<fs::path> init_from{};
   /// When set, a load that fails is caught and its message kept here (each rank's), and the run goes on.
   std::vector<std::string>* load_errors = nullptr;
 };
@@ -143,6 +145,9 @@ whole_values mp_run(int pipe, int tensor, int data, const mp_plan& plan, bool mo
         v[i] = static_cast<float>((w + info.name.size()) % 13) / 16.0F - 0.25F;
       }
     });
+    if (plan.init_from) {
+      eng.init_from_safetensors(*plan.init_from);
+    }
     if (plan.load_from) {
       try {
         eng.load(*plan.load_from, "ckpt");
@@ -224,6 +229,9 @@ TEST_CASE("a model-parallel checkpoint saved at (pipe 2, tensor 2, data 2) loads
     zero::checkpoint::export_safetensors(mr, out / "joined.safetensors");
     CHECK(zt::read_safetensors(out / "joined.safetensors") == zt::read_safetensors(out / "whole.safetensors"));
     CHECK(zt::read_safetensors(out / "joined.safetensors") == want2);
+  }
+  SUBCASE("a job at (pipe 2, tensor 2, data 1) initialised from the whole model's file cuts its slices from it") {
+    CHECK(mp_run(2, 2, 1, {.init_from = out / "whole.safetensors"}) == want2);
   }
   SUBCASE("(pipe 2, tensor 2, data 1) at stage 3") {
     CHECK(mp_run(2, 2, 1, {.stage = 3, .from = 2, .to = 3, .load_from = root}) == want3);

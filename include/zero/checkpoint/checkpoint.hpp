@@ -442,26 +442,20 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
     // Per layout id: the saved parameter, and the cut of it this engine holds.
     std::vector<std::size_t> saved_index_of_layout(layout.param_count());
     std::vector<std::size_t> saved_index_of_frozen(frozen.param_count());
-    std::vector<detail::tensor_cut> cut_of_layout(layout.param_count()), cut_of_frozen(frozen.param_count());
+    std::vector<detail::held_slice> held_of_layout(layout.param_count()), held_of_frozen(frozen.param_count());
     std::vector<bool> matched(m.params.size(), false);
     for (const auto& r : access::params(eng)) {
       const auto& p = *r.info;
-      const int slices = at != nullptr && r.tensor_split >= 0 ? at->tensor_size : 1;
-      const detail::tensor_cut cut{detail::whole_shape(p.shape, r.tensor_split, slices), r.tensor_split, slices};
-      const std::string registered =
-          slices > 1
-              ? cat(detail::shape_text(p.shape), " (slice ", std::to_string(at->tensor), " of ", std::to_string(slices),
-                    " along dimension ", std::to_string(r.tensor_split), ": whole ", detail::shape_text(cut.whole), ")")
-              : detail::shape_text(p.shape);
+      auto held = detail::held_slice_of(eng, r);
       const std::ptrdiff_t i = m.find(p.name);
       if (i < 0) {
         throw checkpoint_error(
-            cat(source, ": has no parameter \"", p.name, "\"; the model registered it with shape ", registered));
+            cat(source, ": has no parameter \"", p.name, "\"; the model registered it with shape ", held.text));
       }
       const auto& s = m.params[static_cast<std::size_t>(i)];
-      if (s.shape != cut.whole) {
+      if (s.shape != held.cut.whole) {
         throw checkpoint_error(cat(source, ": parameter \"", p.name, "\" has shape ", detail::shape_text(s.shape),
-                                   "; the model registered ", registered));
+                                   "; the model registered ", held.text));
       }
       if (s.trainable != r.trainable) {
         throw checkpoint_error(cat(source, ": parameter \"", p.name, "\" was saved ",
@@ -471,7 +465,7 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
       matched[static_cast<std::size_t>(i)] = true;
       const std::size_t id = r.trainable ? *layout.find(p.name) : *frozen.find(p.name);
       (r.trainable ? saved_index_of_layout : saved_index_of_frozen)[id] = static_cast<std::size_t>(i);
-      (r.trainable ? cut_of_layout : cut_of_frozen)[id] = cut;
+      (r.trainable ? held_of_layout : held_of_frozen)[id] = std::move(held);
     }
     // An engine of one stage reading a checkpoint of the whole model leaves the other stages' parameters.
     for (std::size_t i = 0; i < m.params.size() && (at == nullptr || rd->one_stage()); ++i) {
@@ -480,20 +474,19 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
                                    detail::shape_text(m.params[i].shape), ") which the model did not register"));
       }
     }
-    const auto index_in = [&](const detail::tensor_cut& c) { return c.slices > 1 ? at->tensor : 0; };
     std::size_t next = 0;
     for (const auto& o : mine) {
       const std::size_t s = saved_index_of_layout[o.id];
-      const auto& c = cut_of_layout[o.id];
-      rd->read_slice(s, tensor_kind::master, c, index_in(c), o.param_offset, {master.data() + next, o.count});
-      rd->read_slice(s, tensor_kind::exp_avg, c, index_in(c), o.param_offset, {m1.data() + next, o.count});
-      rd->read_slice(s, tensor_kind::exp_avg_sq, c, index_in(c), o.param_offset, {m2.data() + next, o.count});
+      const auto& h = held_of_layout[o.id];
+      rd->read_slice(s, tensor_kind::master, h.cut, h.index, o.param_offset, {master.data() + next, o.count});
+      rd->read_slice(s, tensor_kind::exp_avg, h.cut, h.index, o.param_offset, {m1.data() + next, o.count});
+      rd->read_slice(s, tensor_kind::exp_avg_sq, h.cut, h.index, o.param_offset, {m2.data() + next, o.count});
       next += o.count;
     }
     for (std::size_t id = 0; id < frozen.param_count(); ++id) {
       frozen_values[id].resize(frozen.param(id).numel);
-      const auto& c = cut_of_frozen[id];
-      rd->read_slice(saved_index_of_frozen[id], tensor_kind::master, c, index_in(c), 0, frozen_values[id]);
+      const auto& h = held_of_frozen[id];
+      rd->read_slice(saved_index_of_frozen[id], tensor_kind::master, h.cut, h.index, 0, frozen_values[id]);
     }
   } catch (...) {
     err = std::current_exception();

@@ -124,6 +124,29 @@ struct slice_run {
   return shape;
 }
 
+/// The cut of its whole tensor that `eng` holds of registered parameter `r`, and which slice: its
+/// `tensor_split` over the tensor size of `eng`'s model coordinates (none without them).
+struct held_slice {
+  tensor_cut cut;
+  int index = 0;
+  /// "[4, 6]", or "[4, 6] (slice 1 of 2 along dimension 0: whole [8, 6])", for messages.
+  std::string text;
+};
+template <class Engine, class Registered>
+[[nodiscard]] held_slice held_slice_of(const Engine& eng, const Registered& r) {
+  const auto& shape = r.info->shape;
+  const auto* at = eng.model_place();
+  const int slices = at != nullptr && r.tensor_split >= 0 ? at->tensor_size : 1;
+  held_slice h{{whole_shape(shape, r.tensor_split, slices), r.tensor_split, slices},
+               slices > 1 ? at->tensor : 0,
+               shape_text(shape)};
+  if (slices > 1) {
+    h.text += cat(" (slice ", std::to_string(h.index), " of ", std::to_string(slices), " along dimension ",
+                  std::to_string(r.tensor_split), ": whole ", shape_text(h.cut.whole), ")");
+  }
+  return h;
+}
+
 } // namespace detail
 
 /// A checkpoint read as one model; see the file comment.

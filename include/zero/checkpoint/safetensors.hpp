@@ -330,20 +330,23 @@ template <class Engine> void init_from_safetensors(Engine& eng, const std::files
   using access = checkpoint_access<Engine>;
   using detail::cat;
   std::optional<safetensors::reader> st;
+  std::map<std::string, detail::held_slice, std::less<>> held; // by name: the slice this engine holds
   std::exception_ptr err;
   try {
     st.emplace(path);
     for (const auto& r : access::params(eng)) {
       const auto& p = *r.info;
       const auto* t = st->find(p.name);
+      auto h = detail::held_slice_of(eng, r);
       if (t == nullptr) {
-        throw checkpoint_error(cat(path.string(), ": has no tensor \"", p.name,
-                                   "\"; the model registered it with shape ", detail::shape_text(p.shape)));
+        throw checkpoint_error(
+            cat(path.string(), ": has no tensor \"", p.name, "\"; the model registered it with shape ", h.text));
       }
-      if (t->shape != p.shape) {
+      if (t->shape != h.cut.whole) {
         throw checkpoint_error(cat(path.string(), ": tensor \"", p.name, "\" has shape ", detail::shape_text(t->shape),
-                                   "; the model registered ", detail::shape_text(p.shape)));
+                                   "; the model registered ", h.text));
       }
+      held.emplace(p.name, std::move(h));
       if (t->type != dtype::f32 && t->type != dtype::bf16 && t->type != dtype::f16) {
         throw checkpoint_error(
             cat(path.string(), ": tensor \"", p.name, "\" is ", name_of(t->type), "; expected fp32, bf16 or fp16"));
@@ -357,15 +360,19 @@ template <class Engine> void init_from_safetensors(Engine& eng, const std::files
   eng.init_params([&](const param_info& p, std::size_t first, std::span<float> out) {
     const auto* t = st->find(p.name);
     const std::size_t es = size_of(t->type);
-    raw.resize(out.size() * es);
-    st->read(*t, first * es, raw);
-    visit_float(t->type, [&]<class T>(type_tag<T>) {
-      for (std::size_t i = 0; i < out.size(); ++i) {
-        T v;
-        std::memcpy(&v, raw.data() + i * es, es);
-        out[i] = to_float(v);
-      }
-    });
+    const auto& h = held.find(p.name)->second;
+    // A tensor slice's elements lie in runs of the whole tensor in the file.
+    for (const auto& run : detail::map_runs(h.cut, h.index, first, out.size(), {h.cut.whole, -1, 1})) {
+      raw.resize(run.count * es);
+      st->read(*t, run.offset * es, raw);
+      visit_float(t->type, [&]<class T>(type_tag<T>) {
+        for (std::size_t i = 0; i < run.count; ++i) {
+          T v;
+          std::memcpy(&v, raw.data() + i * es, es);
+          out[run.out + i] = to_float(v);
+        }
+      });
+    }
   });
 }
 

@@ -114,9 +114,8 @@ public:
     check_open("set_gradient_average");
     if (ranks < comm_.size() || ranks % comm_.size() != 0) {
       throw usage_error("set_gradient_average: " + std::to_string(ranks) +
-                        " ranks; expected a multiple of this "
-                        "engine's " +
-                        std::to_string(comm_.size()) + " ranks (the data group's size)");
+                        " ranks; expected a multiple of this engine's " + std::to_string(comm_.size()) +
+                        " ranks (the data group's size)");
     }
     average_ = static_cast<double>(comm_.size()) / ranks;
   }
@@ -127,6 +126,7 @@ public:
   [[nodiscard]] const model_coords* model_place() const noexcept {
     return model_group_ != nullptr ? &model_at_ : nullptr;
   }
+
   /// The parameter as the framework computes with it: whole, in the config's dtype.
   [[nodiscard]] tensor_view param(param_handle h) const {
     check_final("param");
@@ -231,6 +231,7 @@ public:
     return finish_step(r, g);
   }
 
+  /// Steps engines that hold one rank's model between them as one optimizer (defined below).
   template <class... Engines>
   friend std::array<step_result, sizeof...(Engines)> step_together(Engines&... engines); // NOLINT
 
