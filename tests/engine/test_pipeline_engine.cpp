@@ -163,13 +163,16 @@ pp_weights pp_pipelined(int stage) {
       // Per micro-batch: the stage's input and output, and the gradients of its output and input.
       std::vector<std::vector<float>> in(pp_micro), outp(pp_micro), dout(pp_micro), din(pp_micro);
       std::vector<handle> sends;
+      const auto receive = [&](std::vector<float>& into, int peer) {
+        into.resize(pp_width);
+        pipe.recv(into.data(), pp_width, peer).wait();
+      };
       int micro_step = 0;
       for (const auto& op : zero::one_f_one_b(2, s, pp_micro)) {
         const auto mb = static_cast<std::size_t>(op.micro_batch);
         switch (op.op) {
         case zero::pipe_op::recv_activation:
-          in[mb].resize(pp_width);
-          pipe.recv(in[mb].data(), pp_width, op.peer).wait();
+          receive(in[mb], op.peer);
           break;
         case zero::pipe_op::forward: {
           if (s == 0) {
@@ -183,8 +186,7 @@ pp_weights pp_pipelined(int stage) {
           sends.push_back(pipe.send(outp[mb].data(), pp_width, op.peer));
           break;
         case zero::pipe_op::recv_gradient:
-          dout[mb].resize(pp_width);
-          pipe.recv(dout[mb].data(), pp_width, op.peer).wait();
+          receive(dout[mb], op.peer);
           break;
         case zero::pipe_op::backward: {
           if (s == 1) {
