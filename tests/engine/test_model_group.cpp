@@ -314,6 +314,8 @@ TEST_CASE("set_model_group refuses coordinates outside their axes; add_param a t
                                            "shape (expected -1 for a whole parameter, or 0 to 1)"),
                          zero::usage_error);
     CHECK_THROWS_AS(eng.add_param(m, "w", {4, 6}, {.tensor_split = -2}), zero::usage_error);
+    CHECK_THROWS_WITH_AS(eng.add_param(m, "w", {4, 6}, {.tensor_replicated = true, .tensor_split = 0}),
+                         doctest::Contains("tensor_split 0 and tensor_replicated together"), zero::usage_error);
     eng.add_param(m, "w", {4, 6}, {.tensor_split = 1});
   });
 }

@@ -67,6 +67,11 @@ public:
                         "-dimensional shape (expected -1 for a whole parameter, or 0 to " +
                         std::to_string(static_cast<int>(shape.size()) - 1) + ")");
     }
+    if (opt.tensor_split >= 0 && opt.tensor_replicated) {
+      throw usage_error("add_param(\"" + name + "\"): tensor_split " + std::to_string(opt.tensor_split) +
+                        " and tensor_replicated together; a slice of a split parameter differs between tensor "
+                        "ranks, a replicated one is the same on all: expected one of the two");
+    }
     entry e{.trainable = opt.trainable,
             .tensor_replicated = opt.tensor_replicated,
             .tensor_split = opt.tensor_split,
