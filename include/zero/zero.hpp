@@ -18,6 +18,7 @@
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/engine.hpp"
+#include "zero/engine/parallel_config.hpp"
 #include "zero/engine/static_engine.hpp"
 #include "zero/memory/allocator.hpp"
 #include "zero/memory/buffer.hpp"

@@ -577,7 +577,7 @@ TEST_CASE("the check every key table passes to compile: names once, aliases of a
   static_assert(!d::well_formed(two_aliases));
   static_assert(!d::well_formed(alias_and_input));
   static_assert(d::key_names<good>[1] == "intra_op_parallelism");
-  CHECK(zero::config_blocks.size() == 13); // every table, and bf16's once more as bfloat16
+  CHECK(zero::config_blocks.size() == 15); // every table, and bf16's once more as bfloat16
 }
 
 TEST_CASE("docs/config.md documents every key zero reads and every key it refuses") {
@@ -712,4 +712,53 @@ TEST_CASE("offload_optimizer.ratio: a share in [0, 1] or \"auto\", written back 
                        doctest::Contains("zero_optimization.offload_optimizer.ratio: found -0.1; expected a number >= "
                                          "0 and <= 1"),
                        zero::config_error);
+}
+
+TEST_CASE("pipeline and tensor_parallel: the sizes are read, the framework's keys noted, AutoTP's sharding refused") {
+  zero::config_inputs in;
+  in.world_size = 2; // the data axis: 8 ranks as 2 stages x 2 data x 2 tensor slices
+  // DeepSpeed's pipeline block with every key of its defaults, and AutoTP's training block.
+  const config c = config::from_string(R"({"train_batch_size": 16, "gradient_accumulation_steps": 4,
+      "pipeline": {"stages": 2, "partition": "parameters", "seed_layers": false, "activation_checkpoint_interval": 0,
+                   "pipe_partitioned": true, "grad_partitioned": true},
+      "tensor_parallel": {"autotp_size": 2, "tp_overlap_comm": true}})",
+                                       in);
+  CHECK(c.pipeline.stages == 2);
+  CHECK(c.tensor_parallel.autotp_size == 2);
+  CHECK(c.train_micro_batch_size_per_gpu == 2);
+  for (std::string_view key :
+       {"pipeline.partition", "pipeline.seed_layers", "pipeline.pipe_partitioned", "pipeline.grad_partitioned"}) {
+    CHECK(has_note(c, std::string(key) + ": no effect: the framework places its layers on the stages"));
+  }
+  CHECK(has_note(c, "tensor_parallel.tp_overlap_comm: true has no effect: the framework runs its tensor-parallel"));
+  check_round_trip(c);
+  CHECK(c.to_json()["pipeline"] == nlohmann::json{{"stages", 2}});
+  CHECK(c.to_json()["tensor_parallel"] == nlohmann::json{{"autotp_size", 2}});
+
+  // "auto" (DeepSpeed's default) leaves the stages to the framework, and is written back as "auto".
+  const config framework = config::from_string(R"({"train_batch_size": 2, "pipeline": {"stages": "auto"}})");
+  CHECK_FALSE(framework.pipeline.stages.has_value());
+  CHECK(framework.to_json()["pipeline"]["stages"] == "auto");
+  check_round_trip(framework);
+  // Absent blocks: no pipeline, no tensor parallelism.
+  const config plain = config::from_string(R"({"train_batch_size": 2})");
+  CHECK_FALSE(plain.pipeline.stages.has_value());
+  CHECK(plain.tensor_parallel.autotp_size == 0);
+  CHECK(plain.notes.size() == 1); // only the missing world size
+
+  using zero_test::error_of;
+  CHECK(has(error_of(R"({"pipeline": {"stages": 0}})"), "pipeline.stages: found 0; expected an integer >= 1"));
+  CHECK(has(error_of(R"({"tensor_parallel": {"autotp_size": -1}})"),
+            "tensor_parallel.autotp_size: found -1; expected an integer >= 0"));
+  CHECK(has(error_of(R"({"pipeline": {"stages": "two"}})"), "pipeline.stages: found \"two\""));
+  CHECK(has(error_of(R"({"tensor_parallel": {"autotp_sise": 2}})"),
+            "tensor_parallel.autotp_sise: unknown key (did you mean \"autotp_size\"?)"));
+  CHECK(has(error_of(R"({"autotp_size": 2})"), "it belongs in tensor_parallel.autotp_size"));
+  CHECK(has(error_of(R"({"pipeline": {"activation_checkpoint_interval": 1}})"),
+            "pipeline.activation_checkpoint_interval: found 1; this needs activation checkpointing in the pipeline"));
+  CHECK(has(error_of(R"({"tensor_parallel": {"autotp_size": 2, "preset_model": "llama"}})"),
+            "tensor_parallel.preset_model: found \"llama\"; this needs AutoTP's automatic partitioning of a model's "
+            "layers"));
+  CHECK(has(error_of(R"({"tensor_parallel": {"tp": {"tp_size": 2}}})"),
+            "the tensor-parallel size goes in tensor_parallel.autotp_size"));
 }

@@ -196,7 +196,8 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
               "activation_checkpointing: found {\"partition_activations\":true}; this needs DeepSpeed activation "
               "checkpointing"));
     CHECK(has(error_of(R"({"tensorboard": {"enabled": true, "output_path": "runs"}})"), "TensorBoard monitoring"));
-    CHECK(has(error_of(R"({"pipeline": {"stages": "auto"}})"), "pipeline parallelism"));
+    CHECK(has(error_of(R"({"tensor_parallel": {"tensor_parallel": {"tp_size": 2}}})"),
+              "the inference engine's tensor-parallel settings"));
     CHECK(has(error_of(R"({"checkpoint": {"tag_validation": "Warn"}})"), "planned with checkpoints"));
   }
   SUBCASE("non-default values of refused keys") {

@@ -319,3 +319,76 @@ TEST_CASE("set_model_group refuses coordinates outside their axes; add_param a t
     eng.add_param(m, "w", {4, 6}, {.tensor_split = 1});
   });
 }
+
+TEST_CASE("the config's pipeline.stages and tensor_parallel.autotp_size: the job's layout, and each engine's place "
+          "checked at finalize") {
+  const auto sized = [](int data_ranks, const std::string& parallel) {
+    zero::config_inputs in;
+    in.world_size = data_ranks;
+    return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, )" + parallel +
+                                         R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+                                          "zero_optimization": {"stage": 2}})",
+                                     in);
+  };
+  const zero::config cfg = sized(1, R"("pipeline": {"stages": 2}, "tensor_parallel": {"autotp_size": 2})");
+
+  // DeepSpeed's layout: (pipe, data, tensor), tensor peers neighbours.
+  const zero::topology eight = zero::topology_from_config(cfg, 8);
+  CHECK(eight.axis_size("pipe") == 2);
+  CHECK(eight.axis_size("data") == 2);
+  CHECK(eight.axis_size("tensor") == 2);
+  CHECK(eight.coords(5) == std::vector<int>{1, 0, 1});
+  CHECK(zero::topology_from_config(sized(8, R"("pipeline": {"stages": "auto"})"), 8).axis_size("data") == 8);
+  CHECK_THROWS_WITH_AS(static_cast<void>(zero::topology_from_config(cfg, 6)),
+                       doctest::Contains("pipeline.stages 2 x tensor_parallel.autotp_size 2 does not divide the 6 "
+                                         "ranks of the job"),
+                       zero::config_error);
+
+  // On 4 ranks (pipe 2, data 1, tensor 2), each engine over its data group, placed by the topology.
+  zero::run_ranks(4, [&](zero::thread_communicator& world) {
+    const zero::topology topo = zero::topology_from_config(cfg, world.size());
+    auto data = topo.split(world, {"data"});
+    auto model = topo.split(world, {"pipe", "tensor"});
+    zero::cpu_backend backend({.threads = 1});
+    mg_engine eng(cfg, data, backend);
+    eng.set_model_group(
+        model,
+        {.pipe = topo.coord(world.rank(), "pipe"), .tensor = topo.coord(world.rank(), "tensor"), .tensor_size = 2});
+    eng.add_param(eng.add_module("m"), "w", {8}, {.tensor_split = 0});
+    eng.finalize();
+    CHECK(eng.finalized());
+  });
+
+  // A place that disagrees with the config is refused at finalize, naming the key.
+  zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    const auto refused = [&](const zero::config& c, const zero::model_coords* at, const std::string& what) {
+      mg_engine eng(c, comm, backend);
+      if (at != nullptr) {
+        eng.set_model_group(comm, *at);
+      }
+      eng.add_param(eng.add_module("m"), "w", {8});
+      CHECK_THROWS_WITH_AS(eng.finalize(), doctest::Contains(what.c_str()), zero::config_error);
+    };
+    const zero::config tensor_only = sized(1, R"("tensor_parallel": {"autotp_size": 2})");
+    const zero::config pipe_only = sized(1, R"("pipeline": {"stages": 2})");
+    refused(tensor_only, nullptr,
+            "tensor_parallel.autotp_size is 2, but this engine has no model group; expected "
+            "set_model_group(group, {.tensor = t, .tensor_size = autotp_size})");
+    refused(pipe_only, nullptr, "pipeline.stages is 2, but this engine has no model group");
+    const zero::model_coords one_slice{.tensor = 0, .tensor_size = 1};
+    refused(tensor_only, &one_slice,
+            "tensor_parallel.autotp_size is 2, but set_model_group gave pipe 0, tensor 0 of 1; expected the same "
+            "tensor size in model_coords::tensor_size");
+    const zero::model_coords third_stage{.pipe = 2};
+    refused(pipe_only, &third_stage, "pipeline.stages is 2, but set_model_group gave pipe 2");
+    const zero::model_coords first_stage{.pipe = 0};
+    refused(pipe_only, &first_stage,
+            "expected a model group of a multiple of stages x tensor size = 2 ranks (it has 1)");
+    // Sizes of 1, or "auto", ask for no model group.
+    mg_engine plain(sized(1, R"("pipeline": {"stages": 1}, "tensor_parallel": {"autotp_size": 1})"), comm, backend);
+    plain.add_param(plain.add_module("m"), "w", {8});
+    plain.finalize();
+    CHECK(plain.finalized());
+  });
+}

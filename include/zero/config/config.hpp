@@ -297,6 +297,29 @@ struct aio_config {
   friend bool operator==(const aio_config&, const aio_config&) = default;
 };
 
+/// `pipeline`: DeepSpeed's pipeline engine. zero reads the number of stages, which the engine checks
+/// against its place in the job (`set_model_group`) and `topology_from_config` lays the ranks out
+/// by; the framework places its layers on the stages and runs the schedule
+/// (`zero/comm/pipeline_schedule.hpp`), so the block's other keys are noted as having no effect here
+/// (docs/parallelism.md).
+struct pipeline_config {
+  /// `stages`: the job's pipeline stages; empty for `"auto"`, DeepSpeed's default (the framework's
+  /// model decides, and the engine takes its place as `set_model_group` gives it).
+  std::optional<std::int64_t> stages{};
+  friend bool operator==(const pipeline_config&, const pipeline_config&) = default;
+};
+
+/// `tensor_parallel`: DeepSpeed's AutoTP training block. zero reads the tensor-parallel size, which
+/// the engine checks against `set_model_group`'s `model_coords::tensor_size`; the framework cuts its
+/// own slices and registers them (`param_options::tensor_split`), so AutoTP's automatic sharding
+/// keys are refused (docs/parallelism.md).
+struct tensor_parallel_config {
+  /// `autotp_size`: the ranks a tensor-parallel parameter is split over; 0 (DeepSpeed's default): no
+  /// tensor parallelism.
+  std::int64_t autotp_size = 0;
+  friend bool operator==(const tensor_parallel_config&, const tensor_parallel_config&) = default;
+};
+
 /// The three batch keys as the config and the inputs give them, before DeepSpeed's rule
 /// train = micro x accumulation x world fills in the missing ones. Empty means not given (absent,
 /// or `"auto"` with no input to resolve it).
@@ -402,6 +425,10 @@ struct config {
   zero_optimization_config zero_optimization;
   /// `aio`.
   aio_config aio;
+  /// `pipeline`.
+  pipeline_config pipeline;
+  /// `tensor_parallel`.
+  tensor_parallel_config tensor_parallel;
   /// Settings accepted but without effect here, and aliases read under their new name, one line
   /// each, e.g. "zero_optimization.stage3_max_live_parameters: no effect at stage 2". Tools print them.
   std::vector<std::string> notes;

@@ -56,6 +56,8 @@ inline json write_offload_ratio(const offload_optimizer_config&);
 inline void read_gather_16bit_weights(const key_read<zero_optimization_config>&);
 inline void read_schedule_param(const key_read<scheduler_config>&);
 inline void read_total_num_steps(const key_read<scheduler_config>&);
+inline std::optional<json> auto_unset(const parse_context&, std::string_view, const config_inputs&);
+inline json write_pipeline_stages(const pipeline_config&);
 
 // ---- the top level -------------------------------------------------------------------------------
 
@@ -81,6 +83,8 @@ inline constexpr key_row<config> top_keys[] = {
     hand<config>("scheduler"),
     hand<config>("zero_optimization"),
     hand<config>("aio"),
+    hand<config>("pipeline"),
+    hand<config>("tensor_parallel"),
     checked<config, bool>("zero_allow_untested_optimizer").noted_if("true", "no effect: zero runs its own Adam/AdamW"),
     checked<config, bool>("zero_force_ds_cpu_optimizer")
         .noted_if("false", "no effect: zero's CPU optimizer is its own"),
@@ -313,6 +317,30 @@ inline constexpr key_row<aio_config> aio_keys[] = {
     alias<aio_config>("intra_op_parallelism", "thread_count"), // newer DeepSpeed's name
 };
 
+// ---- model parallelism ---------------------------------------------------------------------------
+
+// The framework runs its pipeline: these keys of DeepSpeed's pipeline engine are read and noted.
+inline constexpr std::string_view framework_pipeline =
+    "no effect: the framework places its layers on the stages and sends their activations and "
+    "gradients; zero's engine of a stage holds the parameters registered there (docs/parallelism.md)";
+
+inline constexpr key_row<pipeline_config> pipeline_keys[] = {
+    // A number of stages, or "auto" (DeepSpeed's default): "auto" leaves it to the framework.
+    key<&pipeline_config::stages>("stages").at_least(1).on_auto(auto_unset).written_by(write_pipeline_stages),
+    checked<pipeline_config, std::string>("partition").noted_if("", framework_pipeline),
+    checked<pipeline_config, bool>("seed_layers").noted_if("", framework_pipeline),
+    checked<pipeline_config, bool>("pipe_partitioned").noted_if("", framework_pipeline),
+    checked<pipeline_config, bool>("grad_partitioned").noted_if("", framework_pipeline),
+};
+
+inline constexpr key_row<tensor_parallel_config> tensor_parallel_keys[] = {
+    key<&tensor_parallel_config::autotp_size>("autotp_size").at_least(0),
+    checked<tensor_parallel_config, bool>("tp_overlap_comm")
+        .noted_if("true", "true has no effect: the framework runs its tensor-parallel all-reduces"),
+    checked<tensor_parallel_config, std::string>("dtype").noted_if(
+        "", "no effect: the fp16 and bf16 blocks give the parameters' dtype (the framework converts its model)"),
+};
+
 /// Calls `f.template operator()<Table>(path)` for every key table, with the JSON path of its block.
 template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<top_keys>("");
@@ -327,6 +355,8 @@ template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<offload_optimizer_keys>("zero_optimization.offload_optimizer");
   f.template operator()<offload_param_keys>("zero_optimization.offload_param");
   f.template operator()<aio_keys>("aio");
+  f.template operator()<pipeline_keys>("pipeline");
+  f.template operator()<tensor_parallel_keys>("tensor_parallel");
 }
 
 static_assert(
@@ -348,7 +378,7 @@ struct config_block {
 /// Every block zero reads and the keys it reads there, from the key tables above. `bfloat16` is
 /// DeepSpeed's old name of `bf16`.
 inline constexpr auto config_blocks = [] {
-  std::array<config_block, 13> out{};
+  std::array<config_block, 15> out{};
   std::size_t i = 0;
   detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
     out.at(i++) = {path, detail::key_names<Table>};

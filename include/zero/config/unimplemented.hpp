@@ -133,12 +133,32 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
     {"expert_parallel", unimplemented_when::active, "", "expert parallelism set in the config", "not planned",
      "the block left out: the framework builds the groups and gives each engine its own (zero::topology, "
      "docs/parallelism.md)"},
-    {"tensor_parallel", unimplemented_when::active, "", "tensor parallelism set in the config", "not planned",
-     "the block left out: the framework builds the groups and gives each engine its own (zero::topology, "
+    // AutoTP's automatic sharding of a model: the framework cuts its own slices (tensor_split).
+    {"tensor_parallel.tp", unimplemented_when::active, "",
+     "the inference engine's tensor-parallel settings (DeepSpeed's TPConfig)", "not planned",
+     "the block left out; the tensor-parallel size goes in tensor_parallel.autotp_size"},
+    {"tensor_parallel.tensor_parallel", unimplemented_when::active, "",
+     "the inference engine's tensor-parallel settings (DeepSpeed's TPConfig)", "not planned",
+     "the block left out; the tensor-parallel size goes in tensor_parallel.autotp_size"},
+    {"tensor_parallel.partition_config", unimplemented_when::differs_from, "null",
+     "AutoTP's automatic partitioning of a model's layers", "not planned",
+     "null, or the key left out: the framework registers its own slices (param_options::tensor_split, "
      "docs/parallelism.md)"},
-    {"pipeline", unimplemented_when::active, "", "pipeline parallelism set in the config", "not planned",
-     "the block left out: the framework builds the groups and gives each engine its own (zero::topology, "
+    {"tensor_parallel.preset_model", unimplemented_when::differs_from, "null",
+     "AutoTP's automatic partitioning of a model's layers", "not planned",
+     "null, or the key left out: the framework registers its own slices (param_options::tensor_split, "
      "docs/parallelism.md)"},
+    {"tensor_parallel.injection_policy_tuple", unimplemented_when::differs_from, "null",
+     "AutoTP's automatic partitioning of a model's layers", "not planned", ""},
+    {"tensor_parallel.keep_module_on_host", unimplemented_when::differs_from, "false",
+     "AutoTP's loading of a model's weights", "not planned", ""},
+    {"tensor_parallel.replace_with_kernel_inject", unimplemented_when::differs_from, "false",
+     "DeepSpeed's inference kernels", "not planned", ""},
+    {"tensor_parallel.kernel_inject", unimplemented_when::differs_from, "false", "DeepSpeed's inference kernels",
+     "not planned", ""},
+    // The framework runs the pipeline and checkpoints its own activations.
+    {"pipeline.activation_checkpoint_interval", unimplemented_when::differs_from, "0",
+     "activation checkpointing in the pipeline (the framework checkpoints its own activations)", "not planned", ""},
     // ---- training features outside ZeRO ------------------------------------------------------
     {"activation_checkpointing", unimplemented_when::active, "",
      "DeepSpeed activation checkpointing (the framework checkpoints its own activations)", "not planned", ""},

@@ -19,6 +19,7 @@
 #include "zero/engine/grad_stats.hpp"
 #include "zero/engine/memory_report.hpp"
 #include "zero/engine/optimizer_step.hpp"
+#include "zero/engine/parallel_config.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/residency.hpp"
 #include "zero/engine/schedule_from_config.hpp"
@@ -121,9 +122,11 @@ public:
 
   /// Lays out and allocates everything: parameters, gradients and the rank's optimizer state.
   /// \throws usage_error when no trainable parameter was registered; memory_error when memory runs out
-  /// (nothing allocated so far leaks).
+  /// (nothing allocated so far leaks); config_error when the place `set_model_group` gave disagrees
+  /// with the config's `pipeline.stages` or `tensor_parallel.autotp_size` (`check_model_place`).
   void finalize() {
     check_open("finalize");
+    detail::check_model_place(cfg_, model_group_ ? &model_at_ : nullptr, model_group_ ? model_group_->size() : 0);
     const auto& z = cfg_.zero_optimization;
     const int stage = cfg_.stage();
     const std::size_t esize = size_of(cfg_.param_dtype());

@@ -219,4 +219,11 @@ inline void read_total_num_steps(const key_read<scheduler_config>& k) {
   }
 }
 
+/// `"auto"` that leaves the key unset (its member's empty optional), for the framework to decide.
+inline std::optional<json> auto_unset(const parse_context&, std::string_view, const config_inputs&) {
+  return std::nullopt;
+}
+
+inline json write_pipeline_stages(const pipeline_config& p) { return p.stages ? json(*p.stages) : json("auto"); }
+
 } // namespace zero::detail

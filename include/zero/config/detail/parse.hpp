@@ -306,6 +306,22 @@ inline void parse_aio(parse_context& ctx, const json* block, const config_inputs
   r.finish();
 }
 
+// ---- model parallelism ---------------------------------------------------------------------------
+
+/// A block of keys read by their rows alone, each noted where its row says so: `pipeline` and
+/// `tensor_parallel`.
+template <const auto& Table, class S>
+void parse_plain_block(parse_context& ctx, const json* block, const std::string& name, const config_inputs& in,
+                       S& out) {
+  if (block == nullptr || block->is_null()) {
+    return;
+  }
+  object_reader r = open_block<Table>(ctx, *block, name);
+  read_keys(r, Table, out, in);
+  note_values(r, Table, 0);
+  r.finish();
+}
+
 // ---- the whole config ----------------------------------------------------------------------------------
 
 inline config parse_config(const json& root, const config_inputs& in, std::string_view source) {
@@ -363,6 +379,8 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
   parse_aio(ctx, top.get("aio"), in, c.aio,
             c.zero_optimization.offload_optimizer.device == offload_device::nvme ||
                 c.zero_optimization.offload_param.device == offload_device::nvme);
+  parse_plain_block<pipeline_keys>(ctx, top.get("pipeline"), "pipeline", in, c.pipeline);
+  parse_plain_block<tensor_parallel_keys>(ctx, top.get("tensor_parallel"), "tensor_parallel", in, c.tensor_parallel);
   note_values(top, top_keys, 0);
 
   // The batch rule comes last: it needs the world size and is the least specific error.
@@ -449,6 +467,8 @@ inline nlohmann::json config::to_json() const {
   j["zero_optimization"]["offload_optimizer"] = write_keys(offload_optimizer_keys, zero_optimization.offload_optimizer);
   j["zero_optimization"]["offload_param"] = write_keys(offload_param_keys, zero_optimization.offload_param);
   j["aio"] = write_keys(aio_keys, aio);
+  j["pipeline"] = write_keys(pipeline_keys, pipeline);
+  j["tensor_parallel"] = write_keys(tensor_parallel_keys, tensor_parallel);
   return j;
 }
 
