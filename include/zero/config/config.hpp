@@ -268,6 +268,11 @@ struct zero_optimization_config {
   /// optimizer on the device keeps none: each gather casts the rank's slice from the fp32 master copy,
   /// which saves P psi / n bytes per rank (docs/gpu.md). Default false.
   bool stage3_keep_param_shard = false;
+  /// `zero_hpz_partition_size`: ZeRO++'s hierarchical partitioning (hpZ) at stage 3: the ranks of a
+  /// node group (consecutive ranks of the data group) that each keep a secondary 1/H partition of the
+  /// 16-bit parameters, so that backward's all-gathers stay inside the node (docs/zeropp.md). Must
+  /// divide the data group's size. Default 1 (none).
+  std::int64_t zero_hpz_partition_size = 1;
   /// `stage3_gather_16bit_weights_on_model_save` (alias `stage3_gather_fp16_weights_on_model_save`):
   /// gather the whole 16-bit model when saving it. Default false.
   bool stage3_gather_16bit_weights_on_model_save = false;

@@ -278,6 +278,7 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
         .on_auto(auto_persistence)
         .at_stages(0b1000),
     key<&zero_optimization_config::stage3_keep_param_shard>("stage3_keep_param_shard").at_stages(0b1000),
+    key<&zero_optimization_config::zero_hpz_partition_size>("zero_hpz_partition_size").at_least(1).at_stages(0b1000),
     key<&zero_optimization_config::stage3_gather_16bit_weights_on_model_save>(
         "stage3_gather_16bit_weights_on_model_save")
         .at_stages(0b1000)

@@ -120,10 +120,9 @@ public:
     return reg_.add_param(module, name, shape, opt);
   }
 
-  /// Lays out and allocates everything: parameters, gradients and the rank's optimizer state.
-  /// \throws usage_error when no trainable parameter was registered; memory_error when memory runs out
-  /// (nothing allocated so far leaks); config_error when the place `set_model_group` gave disagrees
-  /// with the config's `pipeline.stages` or `tensor_parallel.autotp_size` (`check_model_place`).
+  /// Lays out and allocates everything: parameters, gradients and the rank's optimizer state. \throws usage_error
+  /// when no trainable parameter was registered; memory_error when memory runs out (nothing allocated so far
+  /// leaks); config_error for a model place the config refuses (`check_model_place`) or an hpZ size.
   void finalize() {
     check_open("finalize");
     detail::check_model_place(cfg_, model_group_ ? &model_at_ : nullptr, model_group_ ? model_group_->size() : 0);
@@ -275,7 +274,9 @@ public:
       add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes(), streamed_);
     }
     if constexpr (can_all_gather<Comm>) {
-      if (const auto* c = residency_.coordinator(); c != nullptr && c->params_from_master()) {
+      const auto* c = residency_.coordinator();
+      add_secondary(m, c != nullptr ? c->secondary_bytes() : 0, cfg_.zero_optimization.zero_hpz_partition_size);
+      if (c != nullptr && c->params_from_master()) {
         drop_param_shard(m);
       } else if (c != nullptr && c->file() != nullptr) {
         add_nvme_params(m, c->file()->host_memory(), c->file()->file_bytes(), c->file()->resident_elements());
@@ -583,8 +584,7 @@ protected:
   /// The host's AdamW runs beside the next forward (`offload_optimizer.forward_overlap`, docs/offload.md).
   bool host_async_ = false;
   /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
-  bool stats_in_take_ = false;
-  bool reducer_boundary_ = true;
+  bool stats_in_take_ = false, reducer_boundary_ = true;
   /// The rest of the model replica (`set_model_group`), or null.
   Comm* model_group_ = nullptr;
   /// The communicator's size over the ranks gradients average over (`set_gradient_average`).

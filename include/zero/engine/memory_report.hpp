@@ -8,6 +8,7 @@
 #include "zero/memory/allocator.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -97,6 +98,9 @@ struct memory_report {
   /// (`offload_param.device: nvme`) `nvme` adds their file, `nvme_params` (two slots of the part of
   /// P Ψ / N beyond `max_in_cpu`), and `host_buffers` their bounce buffers.
   std::size_t nvme = 0, host_buffers = 0, nvme_params = 0;
+  /// hpZ (`zero_hpz_partition_size` H above 1, stage 3): bytes of the secondary partition, counted in
+  /// `params`; the formula gains its P psi / H.
+  std::size_t secondary = 0;
 
   /// model_state_peak / formula.
   [[nodiscard]] double ratio() const noexcept {
@@ -121,6 +125,10 @@ struct memory_report {
       std::snprintf(buf, sizeof buf,
                     "  offloaded to host: params %zu B, grads %zu B, optimizer %zu B (peak %zu B, formula %.0f B)\n",
                     host_params, host_grads, host_optimizer, host_peak, host_formula);
+      out += buf;
+    }
+    if (secondary > 0) {
+      std::snprintf(buf, sizeof buf, "  hpZ secondary partition %zu B (in params and the formula)\n", secondary);
       out += buf;
     }
     if (offload_ratio > 0 && offload_ratio < 1) {
@@ -223,6 +231,15 @@ template <class Counting> void add_host_params(memory_report& m, const Counting&
 
 /// Stage 3 without a kept 16-bit shard (the gathers cast from the fp32 master): the shard, P psi / n,
 /// leaves the formula, which becomes (G + K) psi / n.
+/// Adds hpZ's secondary partition (`bytes`, in `params` already; `node_size` H) to the formula: P psi / H.
+inline void add_secondary(memory_report& m, std::size_t bytes, std::int64_t node_size) {
+  if (bytes > 0 && node_size > 1) {
+    m.secondary = bytes;
+    m.formula +=
+        static_cast<double>(m.parameters) * static_cast<double>(size_of(m.param_type)) / static_cast<double>(node_size);
+  }
+}
+
 inline void drop_param_shard(memory_report& m) {
   m.formula -= offloaded_params_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type);
 }

@@ -2,35 +2,36 @@
 /// \file
 /// `param_coordinator`: stage 3's parameters, partitioned between steps and gathered on demand.
 ///
-/// The flat layout is split into *units*, one segment per module (parameters below
-/// stage3_param_persistence_threshold go to persistent units instead). Between steps a rank holds
-/// only its slice of every unit (the shard) plus whole copies of the persistent units. `gather(m)`
-/// all-gathers module m's unit into a working buffer; `release(m)` gives it back.
+/// The flat layout is split into *units*, one segment per module (parameters below stage3_param_persistence_threshold
+/// go to persistent units instead). Between steps a rank holds only its slice of every unit (the shard) plus whole
+/// copies of the persistent units. `gather(m)` all-gathers module m's unit into a working buffer; `release(m)` gives it
+/// back.
 ///
-/// Prefetch follows a trace: the first step records the order in which modules are gathered; later
-/// steps replay it, starting the all-gathers of the next units while earlier modules compute, up to
-/// stage3_prefetch_bucket_size elements ahead and never more than stage3_max_live_parameters
-/// elements gathered at once. A released unit that the trace uses again within
-/// stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the
-/// first backward one). When the order of a step differs from the trace, prefetching stops for the
-/// rest of that step, a log line says where, and the trace is recorded again. Evaluation passes
-/// (forward only) keep a trace of their own and leave the training trace intact; an evaluation pass
-/// may instead gather the whole model once at its start (`begin_eval(true)`), after which its
-/// gathers issue no collective, so ranks may run different numbers of evaluation batches.
+/// Prefetch follows a trace: the first step records the order in which modules are gathered; later steps replay it,
+/// starting the all-gathers of the next units while earlier modules compute, up to stage3_prefetch_bucket_size elements
+/// ahead and never more than stage3_max_live_parameters elements gathered at once. A released unit that the trace uses
+/// again within stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the first
+/// backward one). When the order of a step differs from the trace, prefetching stops for the rest of that step, a log
+/// line says where, and the trace is recorded again. Evaluation passes (forward only) keep a trace of their own and
+/// leave the training trace intact; an evaluation pass may instead gather the whole model once at its start
+/// (`begin_eval(true)`), after which its gathers issue no collective, so ranks may run different numbers of evaluation
+/// batches.
 ///
-/// Every rank must gather the same modules in the same order, as every rank must issue the same
-/// collectives; a module gathered by some ranks and not others ends in the communicator's timeout,
-/// whose error names the module.
+/// Every rank must gather the same modules in the same order, as every rank must issue the same collectives; a module
+/// gathered by some ranks and not others ends in the communicator's timeout, whose error names the module.
 ///
-/// With 16-bit parameters and nothing offloaded no shard is kept (`params_from_master`): a gather
-/// casts the rank's slice of the optimizer's fp32 master into the unit, which a kept shard (the
-/// master rounded, `stage3_keep_param_shard`) would hold anyway; P psi / n bytes less per rank.
+/// With 16-bit parameters and nothing offloaded no shard is kept (`params_from_master`): a gather casts the rank's
+/// slice of the optimizer's fp32 master into the unit, which a kept shard (the master rounded,
+/// `stage3_keep_param_shard`) would hold anyway; P psi / n bytes less per rank.
 ///
-/// With a host allocator (`zero_optimization.offload_param.device: cpu`) the shard lives in host
-/// memory (`detail::param_shard`): a gather uploads the rank's slice into the unit's device memory at
-/// the rank's position on an upload stream, then all-gathers in place, and a prefetch posts both.
-/// Persistent units stay whole in device memory. With `offload_param.device: nvme` the shard is in a
-/// file of the storage policy: a gather reads the slice first, and the prefetcher reads ahead.
+/// With a host allocator (`zero_optimization.offload_param.device: cpu`) the shard lives in host memory
+/// (`detail::param_shard`): a gather uploads the rank's slice into the unit's device memory at the rank's position on
+/// an upload stream, then all-gathers in place, and a prefetch posts both. Persistent units stay whole in device
+/// memory. With `offload_param.device: nvme` the shard is in a file of the storage policy: a gather reads the slice
+/// first, and the prefetcher reads ahead.
+///
+/// With hpZ (`use_secondary`, `zero_hpz_partition_size`) a rank also keeps its node slice of each gathered unit, and
+/// gathers the unit over its node group from those slices until the shards change (docs/zeropp.md).
 
 #include "zero/backend/backend.hpp"
 #include "zero/comm/communicator.hpp"
@@ -38,6 +39,7 @@
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/detail/param_shard.hpp"
+#include "zero/engine/detail/secondary_partition.hpp"
 #include "zero/engine/gather_stats.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -142,6 +144,7 @@ public:
     backend_.record(*unit.updated, s);
     unit.update_pending = true;
     shard_.updated(u, s);
+    forget_secondary();
   }
   /// `f(u)` is called once the coordinator's stream is ordered after the update of unit `u`'s shard
   /// slice (a gather of a shard in model-state memory waits for it there), so whatever that update
@@ -156,6 +159,7 @@ public:
   /// After the shard was rewritten (initialisation, loading, a step): the persistent units again.
   /// \throws io_error when an image of a shard in a file could not be written back (it stays).
   void refresh() {
+    forget_secondary();
     const auto e = shard_.flush();
     refresh_persistent();
     if (e) {
@@ -224,6 +228,7 @@ public:
     drop_all();
     finish_pass(train_);
     if (params_changed) {
+      forget_secondary();
       refresh_persistent();
     }
   }
@@ -295,6 +300,7 @@ public:
   }
   void release_everything(int modifier_rank) {
     if (modifier_rank >= 0) {
+      forget_secondary();
       backend_.synchronize(stream_);
       for (std::size_t u = 0; u < units_.size(); ++u) {
         const auto& s = layout_.segments()[u];
@@ -325,6 +331,14 @@ public:
   [[nodiscard]] std::size_t peak_live_elements() const noexcept { return peak_live_; }
   /// Where log lines go (trace changes).
   void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
+  /// hpZ: keeps a secondary partition of every unit over `node` (this rank's node group, kept by
+  /// reference), and gathers a unit over it while it is fresh (`detail::secondary_partition`). Before
+  /// the first gather.
+  void use_secondary(Comm& node, counting state) {
+    secondary_.emplace(layout_, comm_.size(), node, backend_, std::move(state), stream_);
+  }
+  /// Bytes of the secondary partition (0 without hpZ).
+  [[nodiscard]] std::size_t secondary_bytes() const noexcept { return secondary_ ? secondary_->bytes() : 0; }
 
 private:
   enum class unit_state : std::uint8_t { idle, in_flight, live };
@@ -342,11 +356,7 @@ private:
     bool update_pending = false;
   };
 
-  struct pass {
-    std::vector<int> trace;   // the recorded order
-    std::vector<int> current; // this pass's order so far
-    bool diverged = false;    // this pass left the trace
-  };
+  using pass = detail::gather_pass;
 
   pass& ctx() noexcept { return in_eval_ ? eval_ : train_; }
 
@@ -359,25 +369,8 @@ private:
   }
 
   void note_use(int m) {
-    if (whole_eval_) {
-      return; // everything is gathered: nothing to trace or prefetch
-    }
-    auto& p = ctx();
-    const std::size_t pos = p.current.size();
-    p.current.push_back(m);
-    if (!p.diverged && !p.trace.empty() && (pos >= p.trace.size() || p.trace[pos] != m)) {
-      p.diverged = true;
-      ++stats_.trace_changes;
-      if (log_) {
-        const std::string expected = pos < p.trace.size()
-                                         ? "\"" + module_names_[static_cast<std::size_t>(p.trace[pos])] + "\""
-                                         : "the end of the trace";
-        log_("[zero] stage 3: module order changed at gather #" + std::to_string(pos) + " (" +
-             std::string(in_eval_ ? "evaluation" : "training") + "): expected " + expected + ", got \"" +
-             module_names_[static_cast<std::size_t>(m)] +
-             "\"; prefetch is off for this pass and the trace will "
-             "be recorded again");
-      }
+    if (!whole_eval_) { // with everything gathered there is nothing to trace or prefetch
+      ctx().note(m, stats_, module_names_, log_, in_eval_ ? "evaluation" : "training");
     }
   }
 
@@ -393,6 +386,10 @@ private:
   handle_type start_gather(std::size_t u, std::byte* whole) {
     const auto& s = layout_.segments()[u];
     ++stats_.all_gathers;
+    if (secondary_ && secondary_->holds(u)) {
+      ++stats_.node_gathers;
+      return secondary_->gather(u, whole, stream_);
+    }
     return visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
       P* dst = reinterpret_cast<P*>(whole);
       // The shard slice is copied into place first (uploaded, when offloaded), so the all-gather runs
@@ -458,6 +455,9 @@ private:
       }
       unit.pending.reset();
       unit.state = unit_state::live;
+      if (secondary_ && !secondary_->holds(u)) {
+        secondary_->keep(u, unit.data.data(), stream_);
+      }
     }
   }
 
@@ -548,6 +548,12 @@ private:
     return false;
   }
 
+  void forget_secondary() noexcept {
+    if (secondary_) {
+      secondary_->forget();
+    }
+  }
+
   void drop_all() {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       free_unit(u);
@@ -555,14 +561,7 @@ private:
   }
 
   void finish_pass(pass& p) {
-    if (p.trace.empty() || p.diverged || p.current.size() != p.trace.size()) {
-      if (!p.trace.empty() && !p.diverged) {
-        ++stats_.trace_changes; // the pass ended early: fewer gathers than the trace
-      }
-      p.trace = p.current;
-    }
-    p.current.clear();
-    p.diverged = false;
+    p.finish(stats_);
     if (&p == &train_) {
       last_stats_ = stats_;
       stats_ = {};
@@ -589,7 +588,8 @@ private:
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;
   std::function<void(const std::string&)> log_;
-  std::function<void(std::size_t)> on_joined_; // see `on_joined`
+  std::function<void(std::size_t)> on_joined_;                             // see `on_joined`
+  std::optional<detail::secondary_partition<Backend, Comm, A>> secondary_; // hpZ
 };
 
 } // namespace zero

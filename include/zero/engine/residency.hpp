@@ -23,6 +23,7 @@
 #include "zero/storage/posix_storage.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -96,6 +97,7 @@ public:
         }
         // The host allocator is made in each branch, not kept in one std::optional that may or may not hold
         // it: GCC 13 takes the destruction of such a moved-from optional for a use of uninitialized memory.
+        const counting state_for_hpz = state;
         auto make = [&](std::optional<counting_allocator<host_alloc>> host) {
           v_.template emplace<coordinator_type>(
                 reg.layout(), std::move(units.first), std::move(units.second), reg.module_names(), backend, comm,
@@ -111,6 +113,9 @@ public:
           make(counting_allocator<host_alloc>(host_alloc{}));
         } else {
           make(std::nullopt);
+        }
+        if (z.zero_hpz_partition_size > 1) {
+          use_secondary(z.zero_hpz_partition_size, comm, state_for_hpz);
         }
         return;
       }
@@ -145,10 +150,28 @@ public:
   }
 
 private:
+  /// hpZ: this rank's node group (`size` consecutive ranks of `comm`), split from `comm`, and the
+  /// coordinator's secondary partition over it (in `state`).
+  void use_secondary(std::int64_t size, Comm& comm, counting state) {
+    const std::string key = "zero_optimization.zero_hpz_partition_size " + std::to_string(size);
+    if constexpr (can_split<Comm>) {
+      if (size > comm.size() || comm.size() % size != 0) {
+        throw config_error(key + " does not divide the " + std::to_string(comm.size()) +
+                           " ranks of the data group; expected the ranks of a node, a divisor of the group's size");
+      }
+      node_.emplace(comm.split(comm.rank() / static_cast<int>(size), comm.rank()));
+      std::get<coordinator_type>(v_).use_secondary(*node_, std::move(state));
+    } else {
+      throw config_error(key + " needs a communicator that can split(color, key) (zero::can_split) to make the node "
+                               "groups; use one that can, or set it to 1");
+    }
+  }
+
   template <class V, class F> static decltype(auto) visit(V& v, F& f) {
     return detail::visit_made<replicated>(v, f, "the engine has no parameters before finalize()");
   }
 
+  std::optional<Comm> node_; // hpZ's node group; outlives the coordinator that keeps it
   typename detail::residency_of<Backend, Comm, A, Storage>::type v_;
 };
 

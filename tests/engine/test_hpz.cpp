@@ -1,0 +1,169 @@
+// ZeRO++'s hierarchical partitioning (hpZ, `zero_hpz_partition_size`) at stage 3: 8 in-process ranks
+// as 2 "nodes" of 4, every communicator counted (`counting_communicator`). Backward's all-gathers run
+// over the node group from the secondary partition, none over the whole group; the weights are those
+// of the same run without hpZ, bit for bit; each rank's model state is the formula plus the
+// secondary partition, P psi / 4.
+
+#include "zero/comm/counting_communicator.hpp"
+#include "zero/comm/thread_communicator.hpp"
+#include "zero/zero.hpp"
+
+#include <cstddef>
+#include <doctest/doctest.h>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using hpz_comm = zero::counting_communicator<zero::thread_communicator>;
+using hpz_engine = zero::engine<zero::cpu_backend, hpz_comm>;
+
+constexpr int hpz_layers = 4;
+constexpr std::int64_t hpz_rows = 64, hpz_cols = 96; // 6144 elements a layer
+constexpr int hpz_steps = 3;
+
+zero::config hpz_config(int ranks, const std::string& zero_keys, int stage = 3) {
+  zero::config_inputs in;
+  in.world_size = ranks;
+  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+      "bf16": {"enabled": true},
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
+      "zero_optimization": {"stage": )" +
+                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0,
+          "stage3_prefetch_bucket_size": 6144, "stage3_max_reuse_distance": 0)" +
+                                       zero_keys + "}}",
+                                   in);
+}
+
+struct hpz_run {
+  std::vector<std::vector<float>> weights; // rank 0's layers after training
+  zero::comm_traffic world, node;          // the last step's all-gathers on rank 0, by group
+  std::size_t node_gathers = 0;            // the last step's, rank 0
+  zero::memory_report memory;              // rank 0
+};
+
+/// Trains `hpz_layers` linear layers on 8 ranks: forward gathers them in order, backward in reverse
+/// and adds a gradient that depends on the rank, the step and the layer. One layer is prefetched and
+/// none is kept from forward for backward but the last (reuse distance 0), so of a step's 7 gathers
+/// 4 are forward's and 3 backward's.
+hpz_run hpz_train(const std::string& zero_keys) {
+  hpz_run out;
+  std::mutex mu;
+  zero::run_ranks(8, [&](zero::thread_communicator& raw) {
+    hpz_comm world(raw);
+    zero::cpu_backend backend({.threads = 1});
+    hpz_engine eng(hpz_config(8, zero_keys), world, backend);
+    std::vector<int> modules;
+    std::vector<zero::param_handle> params;
+    for (int l = 0; l < hpz_layers; ++l) {
+      modules.push_back(eng.add_module("layer" + std::to_string(l)));
+      params.push_back(eng.add_param(modules.back(), "layer" + std::to_string(l) + ".w", {hpz_rows, hpz_cols}));
+    }
+    eng.finalize();
+    eng.init_params([](const zero::param_info& p, std::size_t first, std::span<float> v) {
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        v[i] = static_cast<float>((first + i + p.name.size() * 5) % 29) / 32.0F - 0.4375F;
+      }
+    });
+    for (int step = 0; step < hpz_steps; ++step) {
+      world.ledger().reset();
+      std::vector<float> sums(static_cast<std::size_t>(hpz_layers));
+      for (int l = 0; l < hpz_layers; ++l) {
+        auto on = eng.gather(modules[static_cast<std::size_t>(l)]);
+        const auto* w = eng.param(params[static_cast<std::size_t>(l)]).as<zero::bf16>();
+        sums[static_cast<std::size_t>(l)] = static_cast<float>(w[static_cast<std::size_t>(step * 7 + l)]);
+      }
+      for (int l = hpz_layers - 1; l >= 0; --l) {
+        const auto li = static_cast<std::size_t>(l);
+        auto on = eng.gather(modules[li]);
+        // The gradient reads every element backward gathered, as a linear layer's input gradient would.
+        const auto* w = eng.param(params[li]).as<zero::bf16>();
+        auto* g = eng.grad(params[li]).as<zero::bf16>();
+        for (std::size_t i = 0; i < static_cast<std::size_t>(hpz_rows * hpz_cols); ++i) {
+          const int k = static_cast<int>((i * 3 + li * 5 + static_cast<std::size_t>(step + world.rank())) % 15) - 7;
+          g[i] = zero::bf16(static_cast<float>(k) / 64.0F + sums[li] / 256.0F + static_cast<float>(w[i]) / 8.0F);
+        }
+        eng.grad_ready(params[li]);
+      }
+      // The world group is "world"; the node groups, split from it, "world/0" and "world/1".
+      const auto world_gathers = world.ledger().of("world", "all_gather");
+      const auto node_traffic = world.ledger().of("world/" + std::to_string(world.rank() / 4), "all_gather");
+      const std::size_t node_gathers = eng.coordinator()->stats().node_gathers;
+      CHECK(eng.step().applied);
+      if (world.rank() == 0 && step == hpz_steps - 1) {
+        const std::lock_guard lock(mu);
+        out.world = world_gathers;
+        out.node = node_traffic;
+        out.node_gathers = node_gathers;
+      }
+    }
+    auto all = eng.gather_all();
+    if (world.rank() == 0) {
+      const std::lock_guard lock(mu);
+      out.memory = eng.memory();
+      for (const auto& p : params) {
+        const auto* w = eng.param(p).as<zero::bf16>();
+        std::vector<float> v(static_cast<std::size_t>(hpz_rows * hpz_cols));
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          v[i] = static_cast<float>(w[i]);
+        }
+        out.weights.push_back(std::move(v));
+      }
+    }
+  });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("hpZ: backward gathers inside the node from the secondary partition; the same weights; formula + P psi / H") {
+  const hpz_run flat = hpz_train("");
+  const hpz_run hpz = hpz_train(R"(, "zero_hpz_partition_size": 4)");
+
+  // The same training, bit for bit: a gather from the secondary partition gives the gathered values.
+  REQUIRE(hpz.weights.size() == flat.weights.size());
+  for (std::size_t l = 0; l < hpz.weights.size(); ++l) {
+    CAPTURE(l);
+    CHECK(hpz.weights[l] == flat.weights[l]);
+  }
+
+  // Without hpZ every gather crosses the nodes: 4 forward, 3 backward, each rank sending 1/8 of a
+  // layer. With it, forward's 4 do the same, and backward's 3 run on the node group, each rank
+  // sending 1/4 of the layer: no byte of backward's gathers crosses a node.
+  const std::size_t layer_bytes = static_cast<std::size_t>(hpz_rows * hpz_cols) * 2;
+  CHECK(flat.world == zero::comm_traffic{.calls = 7, .sent = 7 * layer_bytes / 8, .received = 7 * layer_bytes});
+  CHECK(flat.node == zero::comm_traffic{});
+  CHECK(flat.node_gathers == 0);
+  CHECK(hpz.world == zero::comm_traffic{.calls = 4, .sent = 4 * layer_bytes / 8, .received = 4 * layer_bytes});
+  CHECK(hpz.node == zero::comm_traffic{.calls = 3, .sent = 3 * layer_bytes / 4, .received = 3 * layer_bytes});
+  CHECK(hpz.node_gathers == 3);
+
+  // Memory: the secondary partition is each rank's quarter of the bf16 model, counted in the model
+  // state, and the formula gains P psi / H.
+  const std::size_t psi = static_cast<std::size_t>(hpz_layers * hpz_rows * hpz_cols);
+  CHECK(hpz.memory.secondary == psi * 2 / 4);
+  CHECK(flat.memory.secondary == 0);
+  CHECK(hpz.memory.formula == doctest::Approx(flat.memory.formula + static_cast<double>(psi) * 2 / 4));
+  CHECK(hpz.memory.ratio() == doctest::Approx(1.0).epsilon(0.02));
+  CHECK(hpz.memory.model_state_peak - flat.memory.model_state_peak == psi * 2 / 4);
+}
+
+TEST_CASE("hpZ: a size that does not divide the data group is refused at finalize; below stage 3 it is noted") {
+  zero::run_ranks(2, [](zero::thread_communicator& raw) {
+    hpz_comm world(raw);
+    zero::cpu_backend backend({.threads = 1});
+    hpz_engine eng(hpz_config(2, R"(, "zero_hpz_partition_size": 3)"), world, backend);
+    eng.add_param(eng.add_module("m"), "w", {64});
+    CHECK_THROWS_WITH_AS(eng.finalize(),
+                         doctest::Contains("zero_optimization.zero_hpz_partition_size 3 does not divide the 2 ranks "
+                                           "of the data group"),
+                         zero::config_error);
+  });
+  const zero::config two = hpz_config(8, R"(, "zero_hpz_partition_size": 4)", 2);
+  bool noted = false;
+  for (const auto& n : two.notes) {
+    noted = noted || n.find("zero_optimization.zero_hpz_partition_size: no effect at stage 2") != std::string::npos;
+  }
+  CHECK(noted);
+}
