@@ -545,7 +545,7 @@ template <class... Engines> std::array<step_result, sizeof...(Engines)> step_tog
   double squares = 0;
   for (const auto& c : checks) {
     joint.overflow = joint.overflow || c.overflow;
-    squares += c.norm * c.norm;
+    squares += c.squared_norm;
   }
   joint.norm = joint.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(squares);
   k = 0;

@@ -45,6 +45,9 @@ struct grad_check {
   bool overflow = false;
   /// Global L2 norm of the averaged, unscaled gradients; inf on overflow.
   double norm = 0;
+  /// Its square as summed (before the square root): `step_together` adds these, so the joint norm is
+  /// one rounded square root, as one engine holding everything computes it.
+  double squared_norm = 0;
 };
 
 /// The overflow flag, norm and clip of one step's gradients; see the file comment.
@@ -189,6 +192,7 @@ private:
     grad_check r;
     r.overflow = overflow || !std::isfinite(sq);
     r.norm = r.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(sq);
+    r.squared_norm = sq;
     return r;
   }
 
