@@ -12,6 +12,7 @@
 ///   ratio      GB/s / copy_GB/s, the fraction of copy bandwidth the step reaches (target >= 0.9)
 /// Works with --benchmark_format=json and --benchmark_out.
 
+#include "bench_support.hpp"
 #include "zero/backend/cuda_kernels.hpp"
 #include "zero/core/cuda_check.hpp"
 #include "zero/memory/device_allocator.hpp"
@@ -24,38 +25,9 @@
 
 namespace {
 
-// A device buffer for the length of one benchmark.
-class buffer {
-public:
-  buffer(zero::device_allocator& alloc, std::size_t bytes) : alloc_(alloc), bytes_(bytes), p_(alloc.allocate(bytes)) {}
-  ~buffer() { alloc_.deallocate(p_, bytes_); }
-  buffer(const buffer&) = delete;
-  buffer& operator=(const buffer&) = delete;
-  template <class T> [[nodiscard]] T* as() const noexcept { return static_cast<T*>(p_); }
-
-private:
-  zero::device_allocator& alloc_;
-  std::size_t bytes_;
-  void* p_;
-};
-
-class event {
-public:
-  event() { ZERO_CHECK_CUDA(cudaEventCreate(&e_)); }
-  ~event() { ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e_)); }
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
-
-private:
-  cudaEvent_t e_ = nullptr;
-};
-
-double seconds_between(const event& a, const event& b) {
-  float ms = 0.0f;
-  ZERO_CHECK_CUDA(cudaEventElapsedTime(&ms, a.get(), b.get()));
-  return static_cast<double>(ms) * 1e-3;
-}
+using zero::bench::buffer;
+using zero::bench::event;
+using zero::bench::seconds_between;
 
 template <class G, class P, bool WithParam> void run(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));

@@ -102,6 +102,7 @@
 #include "zero/backend/detail/cpu_kernels_avx512.hpp"
 #include "zero/backend/detail/cpu_kernels_scalar.hpp"
 #include "zero/backend/detail/thread_pool.hpp"
+#include "zero/backend/quantize.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
@@ -423,7 +424,40 @@ public:
     });
   }
 
+  /// ZeRO++'s block quantization of `x` (n elements) into `codes` and `scales` (zero/backend/quantize.hpp;
+  /// the reference's codes). \throws usage_error for a format other than 8 or 4 bits.
+  template <backend_float T>
+  void quantize(const T* x, std::size_t n, quant_format f, std::uint8_t* codes, float* scales,
+                const stream_type& /*s*/) {
+    f.check("quantize");
+    if (n > 0) {
+      require(x != nullptr && codes != nullptr && scales != nullptr, "quantize", "x, codes or scales");
+      for_blocks(n, f, [&](std::size_t b) noexcept { quantize_block(x, n, f, b, codes, scales); });
+    }
+  }
+  /// The values of `dequantize`d codes and scales into `out` (n elements).
+  template <backend_float T>
+  void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, quant_format f, T* out,
+                  const stream_type& /*s*/) {
+    f.check("dequantize");
+    if (n > 0) {
+      require(out != nullptr && codes != nullptr && scales != nullptr, "dequantize", "out, codes or scales");
+      for_blocks(n, f, [&](std::size_t b) noexcept { dequantize_block(codes, scales, n, f, b, out); });
+    }
+  }
+
 private:
+  /// Runs `fn(block)` for the blocks of `n` elements in format `f`, about a chunk's elements per task.
+  template <class F> void for_blocks(std::size_t n, quant_format f, F&& fn) {
+    const std::size_t blocks = f.blocks(n);
+    const std::size_t per_task = std::max<std::size_t>(1, chunk_elements / f.block);
+    pool_->parallel_for((blocks + per_task - 1) / per_task, [&](std::size_t t) noexcept {
+      for (std::size_t b = t * per_task; b < std::min(blocks, (t + 1) * per_task); ++b) {
+        fn(b);
+      }
+    });
+  }
+
   /// Calls `fn(kernels{})` with the chunk kernels of the SIMD level in use: `detail::cpu::scalar`'s,
   /// `avx2`'s or `avx512`'s `kernels`, which share one static interface.
   template <class F> void dispatch(F&& fn) const noexcept {
@@ -493,5 +527,6 @@ using cpu_backend = basic_cpu_backend<>;
 
 static_assert(backend<cpu_backend>, "cpu_backend must satisfy zero::backend");
 static_assert(check_backend<cpu_backend>());
+static_assert(can_quantize<cpu_backend>);
 
 } // namespace zero

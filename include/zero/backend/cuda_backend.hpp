@@ -14,6 +14,7 @@
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cuda_kernels.hpp"
+#include "zero/backend/quantize.hpp"
 #include "zero/core/cuda_check.hpp"
 #include "zero/memory/device_allocator.hpp"
 #include "zero/memory/pinned_allocator.hpp"
@@ -233,6 +234,18 @@ public:
   template <backend_float T> void scale(T* x, std::size_t n, float factor, const stream_type& s) const {
     cuda::scale(x, n, factor, s.get());
   }
+  /// See zero::cuda::quantize.
+  template <backend_float T>
+  void quantize(const T* x, std::size_t n, quant_format f, std::uint8_t* codes, float* scales,
+                const stream_type& s) const {
+    cuda::quantize(x, n, f, codes, scales, s.get());
+  }
+  /// See zero::cuda::dequantize.
+  template <backend_float T>
+  void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, quant_format f, T* out,
+                  const stream_type& s) const {
+    cuda::dequantize(codes, scales, n, f, out, s.get());
+  }
 
 private:
   static int current_device() {
@@ -252,5 +265,6 @@ private:
 
 static_assert(backend<cuda_backend>);
 static_assert(can_copy<cuda_backend>);
+static_assert(can_quantize<cuda_backend>);
 
 } // namespace zero

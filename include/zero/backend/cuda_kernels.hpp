@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// Host launchers of the CUDA kernels ZeRO needs: fill, cast, accumulate, scale, unscale-and-check, squared
-/// norm and the fused AdamW step over a flat shard. Compiles with a plain C++20 compiler; the kernels are compiled
-/// once into `zero::cuda` for `float`, `zero::f16` and `zero::bf16` (bit-compatible with `__half` and
+/// norm, the fused AdamW step over a flat shard, and ZeRO++'s block quantization. Compiles with a plain C++20 compiler;
+/// the kernels are compiled once into `zero::cuda` for `float`, `zero::f16` and `zero::bf16` (bit-compatible with
+/// `__half` and
 /// `__nv_bfloat16`). A `.cu` of the user's own that needs another element type includes the kernel
 /// templates from `<zero/kernels/*.cuh>` instead.
 ///
@@ -26,10 +27,12 @@
 ///   no fast-math), which is what a plain fp32 C++ implementation of the same expression computes.
 
 #include "zero/backend/adamw_args.hpp"
+#include "zero/backend/quantize.hpp"
 #include "zero/core/dtype.hpp"
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cuda_runtime_api.h>
 
 namespace zero::cuda {
@@ -136,5 +139,17 @@ void squared_norm(const T* x, std::size_t n, float* out, void* workspace, std::s
 template <float_element G, float_element P>
 void adamw_step(float* master, float* m, float* v, const G* grad, P* param_out, std::size_t n,
                 const adamw_step_args& args, cudaStream_t stream);
+
+/// ZeRO++'s block quantization of `x` (n elements) into `codes` (`f.code_bytes(n)` bytes) and `scales`
+/// (`f.blocks(n)` floats): the codes of `zero::quantize_block` (zero/backend/quantize.hpp), bit for bit.
+/// One thread block per quantization block. \throws usage_error for a bad format or a null buffer with
+/// n > 0; cuda_error if the launch fails.
+template <float_element T>
+void quantize(const T* x, std::size_t n, quant_format f, std::uint8_t* codes, float* scales, cudaStream_t stream);
+
+/// `out[i] = T(float(code_i) * scale)`: `zero::dequantize_block`'s values, bit for bit.
+template <float_element T>
+void dequantize(const std::uint8_t* codes, const float* scales, std::size_t n, quant_format f, T* out,
+                cudaStream_t stream);
 
 } // namespace zero::cuda
