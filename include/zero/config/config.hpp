@@ -273,6 +273,13 @@ struct zero_optimization_config {
   /// 16-bit parameters, so that backward's all-gathers stay inside the node (docs/zeropp.md). Must
   /// divide the data group's size. Default 1 (none).
   std::int64_t zero_hpz_partition_size = 1;
+  /// `zero_quantized_weights`: ZeRO++'s qwZ at stage 3: the all-gathers over the data group carry int8
+  /// codes with an fp32 scale per block (about half of a 16-bit gather) and are dequantized on arrival;
+  /// persistent parameters and hpZ's node gathers stay exact (docs/zeropp.md). Default false.
+  bool zero_quantized_weights = false;
+  /// `zero_quantization_block_size` (zero-specific, not a DeepSpeed key): elements per fp32 scale of
+  /// ZeRO++'s quantized all-gathers (DeepSpeed picks groups of a few thousand itself). Default 4096.
+  std::int64_t zero_quantization_block_size = 4096;
   /// `stage3_gather_16bit_weights_on_model_save` (alias `stage3_gather_fp16_weights_on_model_save`):
   /// gather the whole 16-bit model when saving it. Default false.
   bool stage3_gather_16bit_weights_on_model_save = false;

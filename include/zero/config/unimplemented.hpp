@@ -52,8 +52,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "rebuilding fp32 master weights from 16-bit weights when loading", "planned with checkpoints", ""},
     {"zero_optimization.legacy_stage1", unimplemented_when::differs_from, "false", "DeepSpeed's legacy stage 1",
      "not planned", ""},
-    {"zero_optimization.zero_quantized_weights", unimplemented_when::differs_from, "false",
-     "ZeRO++ quantized weight all-gather", "not planned", ""},
     {"zero_optimization.zero_quantized_nontrainable_weights", unimplemented_when::differs_from, "false",
      "ZeRO++ quantized non-trainable weights", "not planned", ""},
     {"zero_optimization.zero_quantized_gradients", unimplemented_when::differs_from, "false",

@@ -36,6 +36,7 @@ struct gather_stats {
   std::size_t reused = 0;               ///< gathers served by a unit kept for reuse
   std::size_t trace_changes = 0;        ///< steps whose module order differed from the trace
   std::size_t persistent_refreshes = 0; ///< all-gathers of persistent units after optimizer steps
+  std::size_t quantized_gathers = 0;    ///< all-gathers of int8 codes and scales (qwZ)
   std::size_t node_gathers = 0;         ///< all-gathers over the node group from the secondary partition (hpZ)
 };
 

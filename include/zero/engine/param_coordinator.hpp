@@ -39,7 +39,7 @@
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/detail/param_shard.hpp"
-#include "zero/engine/detail/secondary_partition.hpp"
+#include "zero/engine/detail/unit_gather.hpp"
 #include "zero/engine/gather_stats.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -90,7 +90,7 @@ public:
                     std::optional<typename shard_type::on_file> file = std::nullopt)
       : layout_(layout), module_units_(std::move(module_units)), module_names_(std::move(module_names)),
         backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
-        esize_(size_of(layout.type())),
+        esize_(size_of(layout.type())), gather_(layout_, backend_, comm_, stream_),
         shard_(backend, stream, state, std::move(host), layout_.shard_size() * size_of(layout.type()), std::move(file),
                opt.params_from_master) {
     require_all_gather<Comm>();
@@ -332,13 +332,12 @@ public:
   /// Where log lines go (trace changes).
   void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
   /// hpZ: keeps a secondary partition of every unit over `node` (this rank's node group, kept by
-  /// reference), and gathers a unit over it while it is fresh (`detail::secondary_partition`). Before
-  /// the first gather.
-  void use_secondary(Comm& node, counting state) {
-    secondary_.emplace(layout_, comm_.size(), node, backend_, std::move(state), stream_);
-  }
+  /// reference), and gathers a unit over it while it is fresh (`detail::unit_gather`). Before the first gather.
+  void use_secondary(Comm& node, counting state) { gather_.use_secondary(node, std::move(state)); }
+  /// qwZ: gathers the units (not the persistent ones) as block-quantized codes of format `f`.
+  void use_quantized(quant_format f) { gather_.use_quantized(f, work_); }
   /// Bytes of the secondary partition (0 without hpZ).
-  [[nodiscard]] std::size_t secondary_bytes() const noexcept { return secondary_ ? secondary_->bytes() : 0; }
+  [[nodiscard]] std::size_t secondary_bytes() const noexcept { return gather_.secondary_bytes(); }
 
 private:
   enum class unit_state : std::uint8_t { idle, in_flight, live };
@@ -349,6 +348,7 @@ private:
     bool prefetched = false; // brought in ahead of use and not yet used
     int refs = 0;
     buffer<std::byte, counting> data;
+    buffer<std::byte, counting> packed; // a quantized gather's codes and scales (qwZ)
     std::optional<handle_type> pending;
     /// The point the update stream passed this unit's optimizer update, and whether the
     /// coordinator's stream still has to wait for it before the shard slice is read.
@@ -384,30 +384,15 @@ private:
   }
 
   handle_type start_gather(std::size_t u, std::byte* whole) {
-    const auto& s = layout_.segments()[u];
     ++stats_.all_gathers;
-    if (secondary_ && secondary_->holds(u)) {
-      ++stats_.node_gathers;
-      return secondary_->gather(u, whole, stream_);
-    }
-    return visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
-      P* dst = reinterpret_cast<P*>(whole);
-      // The shard slice is copied into place first (uploaded, when offloaded), so the all-gather runs
-      // in place, in device memory; the unit's optimizer update comes before the copy.
-      P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
-      const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
-      units_[u].update_pending = false;
-      const auto& on = shard_.stage_unit(u, s.shard_offset, slot, s.slice, update);
-      if (update != nullptr && &on == &stream_ && on_joined_) {
-        on_joined_(u); // the copy waited for the update on the coordinator's stream
-      }
-      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
-        backend_.synchronize(on);
-        return comm_.all_gather(slot, dst, s.slice);
-      } else {
-        return detail::all_gather_after(comm_, on, stream_, slot, dst, s.slice);
-      }
-    });
+    const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
+    units_[u].update_pending = false;
+    return gather_.start(u, whole, update, units_[u].persistent, units_[u].packed, stats_, shard_,
+                         [this](std::size_t k) {
+                           if (on_joined_) {
+                             on_joined_(k);
+                           }
+                         });
   }
 
   void make_room(std::size_t n) {
@@ -455,9 +440,7 @@ private:
       }
       unit.pending.reset();
       unit.state = unit_state::live;
-      if (secondary_ && !secondary_->holds(u)) {
-        secondary_->keep(u, unit.data.data(), stream_);
-      }
+      gather_.land(u, unit.data.data(), unit.packed);
     }
   }
 
@@ -482,6 +465,7 @@ private:
       unit.prefetched = false;
     }
     unit.data.release();
+    unit.packed.release();
     unit.state = unit_state::idle;
     live_ -= layout_.segments()[u].range.size();
   }
@@ -548,11 +532,7 @@ private:
     return false;
   }
 
-  void forget_secondary() noexcept {
-    if (secondary_) {
-      secondary_->forget();
-    }
-  }
+  void forget_secondary() noexcept { gather_.forget(); }
 
   void drop_all() {
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -578,6 +558,7 @@ private:
   typename Backend::stream_type& stream_;
   std::size_t esize_;
   std::vector<unit> units_;
+  detail::unit_gather<Backend, Comm, A> gather_; // stages, gathers and lands one unit (hpZ, qwZ)
   // After units_: destroyed first, it waits for uploads into their memory.
   shard_type shard_;
   std::vector<int> module_refs_;
@@ -588,8 +569,7 @@ private:
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;
   std::function<void(const std::string&)> log_;
-  std::function<void(std::size_t)> on_joined_;                             // see `on_joined`
-  std::optional<detail::secondary_partition<Backend, Comm, A>> secondary_; // hpZ
+  std::function<void(std::size_t)> on_joined_; // see `on_joined`
 };
 
 } // namespace zero

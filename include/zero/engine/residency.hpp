@@ -117,6 +117,10 @@ public:
         if (z.zero_hpz_partition_size > 1) {
           use_secondary(z.zero_hpz_partition_size, comm, state_for_hpz);
         }
+        if (z.zero_quantized_weights) {
+          std::get<coordinator_type>(v_).use_quantized(
+              quant_format{.bits = 8, .block = static_cast<std::size_t>(z.zero_quantization_block_size)});
+        }
         return;
       }
     }

@@ -1,9 +1,11 @@
-// ZeRO++'s hierarchical partitioning (hpZ, `zero_hpz_partition_size`) at stage 3: 8 in-process ranks
-// as 2 "nodes" of 4, every communicator counted (`counting_communicator`). Backward's all-gathers run
-// over the node group from the secondary partition, none over the whole group; the weights are those
-// of the same run without hpZ, bit for bit; each rank's model state is the formula plus the
-// secondary partition, P psi / 4.
+// ZeRO++ at stage 3 on 8 in-process ranks as 2 "nodes" of 4, every communicator counted
+// (`counting_communicator`). hpZ (`zero_hpz_partition_size`): backward's all-gathers run over the node
+// group from the secondary partition, none over the whole group; the weights are those of the same
+// run without hpZ, bit for bit; each rank's model state is the formula plus the secondary partition,
+// P psi / 4. qwZ (`zero_quantized_weights`): the gathers over the whole group carry int8 codes and
+// block scales, half the bytes, and forward sees exactly the reference's dequantized weights.
 
+#include "zero/backend/quantize.hpp"
 #include "zero/comm/counting_communicator.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/zero.hpp"
@@ -39,9 +41,28 @@ zero::config hpz_config(int ranks, const std::string& zero_keys, int stage = 3) 
 struct hpz_run {
   std::vector<std::vector<float>> weights; // rank 0's layers after training
   zero::comm_traffic world, node;          // the last step's all-gathers on rank 0, by group
-  std::size_t node_gathers = 0;            // the last step's, rank 0
+  zero::gather_stats stats;                // the last step's, rank 0
   zero::memory_report memory;              // rank 0
+  std::vector<float> forward0, backward0;  // layer 0 as the first step's forward and backward saw it
 };
+
+/// A layer's bf16 values as floats.
+std::vector<float> hpz_floats(const zero::bf16* w) {
+  std::vector<float> v(static_cast<std::size_t>(hpz_rows * hpz_cols));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<float>(w[i]);
+  }
+  return v;
+}
+
+/// Layer 0's values as `init_params` below sets them (multiples of 1/32: exact in bf16).
+std::vector<float> hpz_initial_layer0() {
+  std::vector<float> v(static_cast<std::size_t>(hpz_rows * hpz_cols));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<float>((i + std::string("layer0.w").size() * 5) % 29) / 32.0F - 0.4375F;
+  }
+  return v;
+}
 
 /// Trains `hpz_layers` linear layers on 8 ranks: forward gathers them in order, backward in reverse
 /// and adds a gradient that depends on the rank, the step and the layer. One layer is prefetched and
@@ -73,6 +94,9 @@ hpz_run hpz_train(const std::string& zero_keys) {
         auto on = eng.gather(modules[static_cast<std::size_t>(l)]);
         const auto* w = eng.param(params[static_cast<std::size_t>(l)]).as<zero::bf16>();
         sums[static_cast<std::size_t>(l)] = static_cast<float>(w[static_cast<std::size_t>(step * 7 + l)]);
+        if (step == 0 && l == 0 && world.rank() == 0) {
+          out.forward0 = hpz_floats(w);
+        }
       }
       for (int l = hpz_layers - 1; l >= 0; --l) {
         const auto li = static_cast<std::size_t>(l);
@@ -80,6 +104,9 @@ hpz_run hpz_train(const std::string& zero_keys) {
         // The gradient reads every element backward gathered, as a linear layer's input gradient would.
         const auto* w = eng.param(params[li]).as<zero::bf16>();
         auto* g = eng.grad(params[li]).as<zero::bf16>();
+        if (step == 0 && l == 0 && world.rank() == 0) {
+          out.backward0 = hpz_floats(w);
+        }
         for (std::size_t i = 0; i < static_cast<std::size_t>(hpz_rows * hpz_cols); ++i) {
           const int k = static_cast<int>((i * 3 + li * 5 + static_cast<std::size_t>(step + world.rank())) % 15) - 7;
           g[i] = zero::bf16(static_cast<float>(k) / 64.0F + sums[li] / 256.0F + static_cast<float>(w[i]) / 8.0F);
@@ -89,13 +116,13 @@ hpz_run hpz_train(const std::string& zero_keys) {
       // The world group is "world"; the node groups, split from it, "world/0" and "world/1".
       const auto world_gathers = world.ledger().of("world", "all_gather");
       const auto node_traffic = world.ledger().of("world/" + std::to_string(world.rank() / 4), "all_gather");
-      const std::size_t node_gathers = eng.coordinator()->stats().node_gathers;
+      const zero::gather_stats stats = eng.coordinator()->stats();
       CHECK(eng.step().applied);
       if (world.rank() == 0 && step == hpz_steps - 1) {
         const std::lock_guard lock(mu);
         out.world = world_gathers;
         out.node = node_traffic;
-        out.node_gathers = node_gathers;
+        out.stats = stats;
       }
     }
     auto all = eng.gather_all();
@@ -103,12 +130,7 @@ hpz_run hpz_train(const std::string& zero_keys) {
       const std::lock_guard lock(mu);
       out.memory = eng.memory();
       for (const auto& p : params) {
-        const auto* w = eng.param(p).as<zero::bf16>();
-        std::vector<float> v(static_cast<std::size_t>(hpz_rows * hpz_cols));
-        for (std::size_t i = 0; i < v.size(); ++i) {
-          v[i] = static_cast<float>(w[i]);
-        }
-        out.weights.push_back(std::move(v));
+        out.weights.push_back(hpz_floats(eng.param(p).as<zero::bf16>()));
       }
     }
   });
@@ -134,10 +156,10 @@ TEST_CASE("hpZ: backward gathers inside the node from the secondary partition; t
   const std::size_t layer_bytes = static_cast<std::size_t>(hpz_rows * hpz_cols) * 2;
   CHECK(flat.world == zero::comm_traffic{.calls = 7, .sent = 7 * layer_bytes / 8, .received = 7 * layer_bytes});
   CHECK(flat.node == zero::comm_traffic{});
-  CHECK(flat.node_gathers == 0);
+  CHECK(flat.stats.node_gathers == 0);
   CHECK(hpz.world == zero::comm_traffic{.calls = 4, .sent = 4 * layer_bytes / 8, .received = 4 * layer_bytes});
   CHECK(hpz.node == zero::comm_traffic{.calls = 3, .sent = 3 * layer_bytes / 4, .received = 3 * layer_bytes});
-  CHECK(hpz.node_gathers == 3);
+  CHECK(hpz.stats.node_gathers == 3);
 
   // Memory: the secondary partition is each rank's quarter of the bf16 model, counted in the model
   // state, and the formula gains P psi / H.
@@ -166,4 +188,60 @@ TEST_CASE("hpZ: a size that does not divide the data group is refused at finaliz
     noted = noted || n.find("zero_optimization.zero_hpz_partition_size: no effect at stage 2") != std::string::npos;
   }
   CHECK(noted);
+}
+
+TEST_CASE("qwZ: the gathers over the data group carry int8 codes, half a bf16 gather; forward sees the quantized "
+          "weights; with hpZ, backward's node gathers give forward's values") {
+  const hpz_run flat = hpz_train("");
+  const hpz_run qwz = hpz_train(R"(, "zero_quantized_weights": true, "zero_quantization_block_size": 256)");
+  const hpz_run both = hpz_train(
+      R"(, "zero_quantized_weights": true, "zero_quantization_block_size": 256, "zero_hpz_partition_size": 4)");
+
+  // A rank's piece of a layer: 768 codes, then 3 fp32 scales padded to 16 bytes: 784 bytes against
+  // 1536 of bf16, 0.51 of the bytes.
+  const std::size_t layer_bytes = static_cast<std::size_t>(hpz_rows * hpz_cols) * 2;
+  const std::size_t piece = 768 + 16;
+  CHECK(flat.world.sent == 7 * layer_bytes / 8);
+  CHECK(qwz.world == zero::comm_traffic{.calls = 7, .sent = 7 * piece, .received = 7 * 8 * piece});
+  CHECK(static_cast<double>(qwz.world.sent) / static_cast<double>(flat.world.sent) <= 0.52);
+  CHECK(qwz.stats.quantized_gathers == 7);
+  CHECK(flat.stats.quantized_gathers == 0);
+
+  // Forward saw each rank's slice of the bf16 weights quantized in blocks of 256 and dequantized: the
+  // CPU reference's values, element for element.
+  const std::vector<float> initial = hpz_initial_layer0();
+  std::vector<zero::bf16> exact(initial.size()), expected(initial.size());
+  for (std::size_t i = 0; i < initial.size(); ++i) {
+    exact[i] = zero::bf16(initial[i]);
+  }
+  const zero::quant_format f{.bits = 8, .block = 256};
+  const std::size_t slice = initial.size() / 8;
+  std::vector<std::uint8_t> codes(slice);
+  std::vector<float> scales(f.blocks(slice));
+  for (std::size_t r = 0; r < 8; ++r) {
+    for (std::size_t b = 0; b < f.blocks(slice); ++b) {
+      zero::quantize_block(exact.data() + r * slice, slice, f, b, codes.data(), scales.data());
+      zero::dequantize_block(codes.data(), scales.data(), slice, f, b, expected.data() + r * slice);
+    }
+  }
+  REQUIRE(qwz.forward0.size() == initial.size());
+  std::size_t wrong = 0, changed = 0;
+  for (std::size_t i = 0; i < initial.size(); ++i) {
+    wrong += qwz.forward0[i] != static_cast<float>(expected[i]) ? 1 : 0;
+    changed += qwz.forward0[i] != initial[i] ? 1 : 0;
+  }
+  CHECK(wrong == 0);
+  CHECK(changed > 0);                   // the quantization is lossy here
+  CHECK(flat.forward0 == initial);      // without qwZ the gather is exact
+  CHECK(qwz.backward0 == qwz.forward0); // backward regathers the same codes
+  CHECK(qwz.weights != flat.weights);
+
+  // With hpZ too: forward's 4 gathers quantized over the data group, backward's 3 exact over the node
+  // group from the slices kept of forward's (dequantized) values.
+  CHECK(both.world == zero::comm_traffic{.calls = 4, .sent = 4 * piece, .received = 4 * 8 * piece});
+  CHECK(both.node == zero::comm_traffic{.calls = 3, .sent = 3 * layer_bytes / 4, .received = 3 * layer_bytes});
+  CHECK(both.stats.quantized_gathers == 4);
+  CHECK(both.backward0 == both.forward0);
+  CHECK(both.forward0 == qwz.forward0);
+  CHECK(both.weights == qwz.weights);
 }
