@@ -206,8 +206,8 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
               "implemented in this version (not planned); accepted here: only false (DeepSpeed's default)"));
     CHECK(has(error_of(R"({"bfloat16": {"enabled": true, "immediate_grad_update": true}})"),
               "bfloat16.immediate_grad_update: found true; this needs immediate bf16 gradient updates"));
-    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})"),
-              "ZeRO++ quantized gradient reduction"));
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "zeropp_loco_param": {"err_beta": 0.8}}})"),
+              "ZeRO++ LoCo error feedback"));
     CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})"), "MiCS sharding"));
     CHECK(has(error_of(R"({"prescale_gradients": true})"), "pre-scaling gradients before all-reduce"));
     CHECK(has(error_of(R"({"gradient_predivide_factor": 2.0})"),

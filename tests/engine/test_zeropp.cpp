@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <doctest/doctest.h>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,11 +40,14 @@ zero::config hpz_config(int ranks, const std::string& zero_keys, int stage = 3) 
 }
 
 struct hpz_run {
-  std::vector<std::vector<float>> weights; // rank 0's layers after training
-  zero::comm_traffic world, node;          // the last step's all-gathers on rank 0, by group
-  zero::gather_stats stats;                // the last step's, rank 0
-  zero::memory_report memory;              // rank 0
-  std::vector<float> forward0, backward0;  // layer 0 as the first step's forward and backward saw it
+  std::vector<std::vector<float>> weights;       // rank 0's layers after training
+  zero::comm_traffic world, node;                // the last step's all-gathers on rank 0, by group
+  zero::gather_stats stats;                      // the last step's, rank 0
+  zero::memory_report memory;                    // rank 0
+  std::vector<float> forward0, backward0;        // layer 0 as the first step's forward and backward saw it
+  zero::comm_traffic reduce_scatter, all_to_all; // the last step's gradient reductions, rank 0
+  std::vector<double> norms;                     // every step's gradient norm
+  std::vector<bool> applied;                     // every step's
 };
 
 /// A layer's bf16 values as floats.
@@ -68,13 +72,13 @@ std::vector<float> hpz_initial_layer0() {
 /// and adds a gradient that depends on the rank, the step and the layer. One layer is prefetched and
 /// none is kept from forward for backward but the last (reuse distance 0), so of a step's 7 gathers
 /// 4 are forward's and 3 backward's.
-hpz_run hpz_train(const std::string& zero_keys) {
+hpz_run hpz_train(const std::string& zero_keys, int stage = 3, int inf_step = -1) {
   hpz_run out;
   std::mutex mu;
   zero::run_ranks(8, [&](zero::thread_communicator& raw) {
     hpz_comm world(raw);
     zero::cpu_backend backend({.threads = 1});
-    hpz_engine eng(hpz_config(8, zero_keys), world, backend);
+    hpz_engine eng(hpz_config(8, zero_keys, stage), world, backend);
     std::vector<int> modules;
     std::vector<zero::param_handle> params;
     for (int l = 0; l < hpz_layers; ++l) {
@@ -111,18 +115,30 @@ hpz_run hpz_train(const std::string& zero_keys) {
           const int k = static_cast<int>((i * 3 + li * 5 + static_cast<std::size_t>(step + world.rank())) % 15) - 7;
           g[i] = zero::bf16(static_cast<float>(k) / 64.0F + sums[li] / 256.0F + static_cast<float>(w[i]) / 8.0F);
         }
+        if (step == inf_step && world.rank() == 3 && l == 1) {
+          g[5] = zero::bf16(std::numeric_limits<float>::infinity());
+        }
         eng.grad_ready(params[li]);
       }
       // The world group is "world"; the node groups, split from it, "world/0" and "world/1".
       const auto world_gathers = world.ledger().of("world", "all_gather");
       const auto node_traffic = world.ledger().of("world/" + std::to_string(world.rank() / 4), "all_gather");
-      const zero::gather_stats stats = eng.coordinator()->stats();
-      CHECK(eng.step().applied);
-      if (world.rank() == 0 && step == hpz_steps - 1) {
+      const zero::gather_stats stats = eng.coordinator() != nullptr ? eng.coordinator()->stats() : zero::gather_stats{};
+      const auto reduce_scatters = world.ledger().of("world", "reduce_scatter");
+      const auto all_to_alls = world.ledger().of("world", "all_to_all");
+      const zero::step_result r = eng.step();
+      CHECK(r.applied == (step != inf_step));
+      if (world.rank() == 0) {
         const std::lock_guard lock(mu);
-        out.world = world_gathers;
-        out.node = node_traffic;
-        out.stats = stats;
+        out.norms.push_back(r.grad_norm);
+        out.applied.push_back(r.applied);
+        if (step == hpz_steps - 1) {
+          out.world = world_gathers;
+          out.node = node_traffic;
+          out.stats = stats;
+          out.reduce_scatter = reduce_scatters;
+          out.all_to_all = all_to_alls;
+        }
       }
     }
     auto all = eng.gather_all();
@@ -244,4 +260,58 @@ TEST_CASE("qwZ: the gathers over the data group carry int8 codes, half a bf16 ga
   CHECK(both.backward0 == both.forward0);
   CHECK(both.forward0 == qwz.forward0);
   CHECK(both.weights == qwz.weights);
+}
+
+TEST_CASE("qgZ: gradients reduced as int4 or int8 codes by all_to_all, a quarter or half of the bytes; norms "
+          "near the exact reduction's; an inf anywhere still skips the step") {
+  for (const int stage : {2, 3}) {
+    CAPTURE(stage);
+    // One bucket per layer at stage 2 too.
+    const hpz_run flat = hpz_train(R"(, "reduce_bucket_size": 6144)", stage);
+    const std::string block = R"(, "zero_quantization_block_size": 256, "reduce_bucket_size": 6144)";
+    const hpz_run int4 = hpz_train(R"(, "zero_quantized_gradients": true)" + block, stage);
+    const hpz_run int8 =
+        hpz_train(R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_bits": 8)" + block, stage);
+
+    // Per layer, a rank's bucket is 8 chunks of 768 bf16 gradients (12288 bytes); as int4 each chunk is
+    // 384 bytes of codes and 3 scales padded to 16: 400 bytes, 0.26 of the bytes; as int8 784, 0.51.
+    const std::size_t layer_bytes = static_cast<std::size_t>(hpz_rows * hpz_cols) * 2;
+    CHECK(flat.reduce_scatter ==
+          zero::comm_traffic{.calls = 4, .sent = 4 * layer_bytes, .received = 4 * layer_bytes / 8});
+    CHECK(flat.all_to_all == zero::comm_traffic{});
+    CHECK(int4.reduce_scatter == zero::comm_traffic{});
+    CHECK(int4.all_to_all == zero::comm_traffic{.calls = 4, .sent = 4 * 8 * 400, .received = 4 * 8 * 400});
+    CHECK(int8.all_to_all == zero::comm_traffic{.calls = 4, .sent = 4 * 8 * 784, .received = 4 * 8 * 784});
+    CHECK(static_cast<double>(int4.all_to_all.sent) / static_cast<double>(flat.reduce_scatter.sent) <= 0.27);
+    CHECK(static_cast<double>(int8.all_to_all.sent) / static_cast<double>(flat.reduce_scatter.sent) <= 0.52);
+
+    // The reduced gradients are close to the exact ones: each step's norm (taken after the reduction).
+    REQUIRE(int4.norms.size() == flat.norms.size());
+    for (std::size_t k = 0; k < flat.norms.size(); ++k) {
+      CAPTURE(k);
+      CHECK(int8.norms[k] == doctest::Approx(flat.norms[k]).epsilon(0.01));
+      CHECK(int4.norms[k] == doctest::Approx(flat.norms[k]).epsilon(0.05));
+      CHECK(int4.norms[k] != flat.norms[k]); // and not the same: the codes are lossy
+    }
+
+    // An inf in one rank's gradients poisons its block's scale: the sum is NaN and every rank skips.
+    const hpz_run inf = hpz_train(R"(, "zero_quantized_gradients": true)" + block, stage, 1);
+    CHECK(inf.applied == std::vector<bool>{true, false, true});
+  }
+}
+
+TEST_CASE("qgZ is refused with the optimizer offloaded and with codes of other than 4 or 8 bits, naming the key") {
+  zero::run_ranks(1, [](zero::thread_communicator& raw) {
+    hpz_comm world(raw);
+    zero::cpu_backend backend({.threads = 1});
+    CHECK_THROWS_WITH_AS(
+        hpz_engine(hpz_config(1, R"(, "zero_quantized_gradients": true, "offload_optimizer": {"device": "cpu"})", 2),
+                   world, backend),
+        doctest::Contains("zero_optimization.zero_quantized_gradients with offload_optimizer.device \"cpu\""),
+        zero::config_error);
+    CHECK_THROWS_WITH_AS(
+        hpz_engine(hpz_config(1, R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_bits": 6)", 3), world,
+                   backend),
+        doctest::Contains("zero_optimization.zero_quantized_gradients_bits: 6; expected 4 or 8"), zero::config_error);
+  });
 }

@@ -277,8 +277,16 @@ struct zero_optimization_config {
   /// codes with an fp32 scale per block (about half of a 16-bit gather) and are dequantized on arrival;
   /// persistent parameters and hpZ's node gathers stay exact (docs/zeropp.md). Default false.
   bool zero_quantized_weights = false;
+  /// `zero_quantized_gradients`: ZeRO++'s qgZ at stages 2-3: a bucket's chunk for each rank goes as
+  /// block-quantized codes by all-to-all, and each rank sums the dequantized chunks in fp32 (one level,
+  /// over the data group; docs/zeropp.md). Not with offload_optimizer. Default false.
+  bool zero_quantized_gradients = false;
+  /// `zero_quantized_gradients_bits` (zero-specific, not a DeepSpeed key): 4 (DeepSpeed's qgZ) or 8 bits
+  /// per gradient code. Default 4.
+  std::int64_t zero_quantized_gradients_bits = 4;
   /// `zero_quantization_block_size` (zero-specific, not a DeepSpeed key): elements per fp32 scale of
-  /// ZeRO++'s quantized all-gathers (DeepSpeed picks groups of a few thousand itself). Default 4096.
+  /// ZeRO++'s quantized all-gathers and gradient chunks (DeepSpeed picks groups of a few thousand
+  /// itself). Default 4096.
   std::int64_t zero_quantization_block_size = 4096;
   /// `stage3_gather_16bit_weights_on_model_save` (alias `stage3_gather_fp16_weights_on_model_save`):
   /// gather the whole 16-bit model when saving it. Default false.

@@ -280,9 +280,13 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
     key<&zero_optimization_config::stage3_keep_param_shard>("stage3_keep_param_shard").at_stages(0b1000),
     key<&zero_optimization_config::zero_hpz_partition_size>("zero_hpz_partition_size").at_least(1).at_stages(0b1000),
     key<&zero_optimization_config::zero_quantized_weights>("zero_quantized_weights").at_stages(0b1000),
+    key<&zero_optimization_config::zero_quantized_gradients>("zero_quantized_gradients").at_stages(0b1100),
+    key<&zero_optimization_config::zero_quantized_gradients_bits>("zero_quantized_gradients_bits")
+        .range(std::int64_t{4}, std::int64_t{8})
+        .at_stages(0b1100),
     key<&zero_optimization_config::zero_quantization_block_size>("zero_quantization_block_size")
         .range(std::int64_t{2}, std::int64_t{1} << 30)
-        .at_stages(0b1000),
+        .at_stages(0b1100),
     key<&zero_optimization_config::stage3_gather_16bit_weights_on_model_save>(
         "stage3_gather_16bit_weights_on_model_save")
         .at_stages(0b1000)

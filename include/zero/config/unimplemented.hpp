@@ -54,8 +54,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "not planned", ""},
     {"zero_optimization.zero_quantized_nontrainable_weights", unimplemented_when::differs_from, "false",
      "ZeRO++ quantized non-trainable weights", "not planned", ""},
-    {"zero_optimization.zero_quantized_gradients", unimplemented_when::differs_from, "false",
-     "ZeRO++ quantized gradient reduction (qgZ)", "planned", ""},
     {"zero_optimization.zeropp_loco_param", unimplemented_when::active, "", "ZeRO++ LoCo error feedback", "not planned",
      ""},
     {"zero_optimization.mics_shard_size", unimplemented_when::differs_from, "-1", "MiCS sharding", "not planned", ""},

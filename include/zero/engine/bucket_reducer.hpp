@@ -32,6 +32,7 @@
 /// parameter that one rank never used cannot make ranks issue collectives in different orders.
 
 #include "zero/backend/backend.hpp"
+#include "zero/backend/quantize.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
@@ -41,6 +42,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -63,6 +65,10 @@ struct reducer_options {
   bool overlap = true;
   /// `reduce_mode::reduce_scatter` only: no gradient shard; reduced slices go to `stream_to`'s sink.
   bool streamed = false;
+  /// `reduce_mode::reduce_scatter` only, not streamed (ZeRO++'s qgZ): a bucket's chunk for each rank
+  /// goes as block-quantized codes of this format by `all_to_all`, and each rank dequantizes the
+  /// chunks it receives and sums them in fp32 (docs/zeropp.md). Empty: a plain reduce-scatter.
+  std::optional<quant_format> quantized{};
 };
 
 /// Reduces gradients bucket by bucket; see the file comment. `Backend` runs the accumulate and fill
@@ -103,6 +109,9 @@ public:
     }
     if (opt_.streamed && opt_.mode != reduce_mode::reduce_scatter) {
       throw usage_error("bucket_reducer: streamed reduced slices need reduce_mode::reduce_scatter (stages 2-3)");
+    }
+    if (opt_.quantized) {
+      check_quantized();
     }
     if (opt_.mode == reduce_mode::all_reduce) {
       grads_ = buffer<std::byte, counting>(state, layout_.total_size() * esize_, memory_tag::grads);
@@ -374,7 +383,11 @@ private:
       } else if constexpr (can_reduce_scatter<Comm>) { // the constructor refused the mode otherwise
         T* st = reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[seg])].data());
         T* mine = st + static_cast<std::size_t>(comm_.rank()) * s.slice;
-        in_flight_.push_back({seg, comm_.reduce_scatter(st, mine, s.slice, reduce_op::avg)});
+        if (opt_.quantized) {
+          launch_quantized(seg, st, s.slice);
+        } else {
+          in_flight_.push_back({seg, comm_.reduce_scatter(st, mine, s.slice, reduce_op::avg)});
+        }
       }
     });
     if (!opt_.overlap) {
@@ -403,6 +416,10 @@ private:
             &sink_(f.segment, pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_);
       } else {
         visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+          if (opt_.quantized) {
+            land_quantized(f, s.slice, reinterpret_cast<T*>(slice_of(f.segment)));
+            return;
+          }
           const T* mine =
               reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
           backend_.accumulate(mine, reinterpret_cast<T*>(slice_of(f.segment)), s.slice, stream_);
@@ -416,7 +433,70 @@ private:
   struct flight {
     std::size_t segment;
     handle_type handle;
+    buffer<std::byte, counting> sent{}, got{}; // qgZ: the rank's quantized chunks, and those it received
   };
+
+  /// qgZ needs quantize kernels and all_to_all, and the reduced slices kept here.
+  void check_quantized() {
+    if constexpr (!can_quantize<Backend> || !can_all_to_all<Comm>) {
+      throw config_error("zero_optimization.zero_quantized_gradients needs a backend with quantize kernels "
+                         "(zero::can_quantize) and a communicator with all_to_all (zero::can_all_to_all)");
+    }
+    if (opt_.mode != reduce_mode::reduce_scatter || opt_.streamed) {
+      throw usage_error("bucket_reducer: quantized gradients need reduce_mode::reduce_scatter, not streamed");
+    }
+    opt_.quantized->check("zero_optimization.zero_quantized_gradients");
+  }
+  static constexpr std::size_t pad16(std::size_t bytes) noexcept { return (bytes + 15) / 16 * 16; }
+  /// Bytes of one chunk of `n` elements as codes (padded) then scales (padded).
+  [[nodiscard]] std::size_t piece_bytes(std::size_t n) const noexcept {
+    return pad16(opt_.quantized->code_bytes(n)) + pad16(opt_.quantized->blocks(n) * sizeof(float));
+  }
+  /// qgZ: quantizes the staging buffer's chunk for each rank and sends them with one all_to_all.
+  template <class T> void launch_quantized(std::size_t seg, const T* st, std::size_t slice) {
+    if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
+      const auto n = static_cast<std::size_t>(comm_.size());
+      const std::size_t piece = piece_bytes(slice);
+      buffer<std::byte, counting> sent(buffers_alloc_, n * piece, memory_tag::buffers);
+      buffer<std::byte, counting> got(buffers_alloc_, n * piece, memory_tag::buffers);
+      auto* out = reinterpret_cast<std::uint8_t*>(sent.data());
+      for (std::size_t r = 0; r < n; ++r) {
+        std::uint8_t* p = out + r * piece;
+        const auto scales = reinterpret_cast<float*>(p + pad16(opt_.quantized->code_bytes(slice)));
+        backend_.quantize(st + r * slice, slice, *opt_.quantized, p, scales, stream_);
+      }
+      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+        backend_.synchronize(stream_);
+      }
+      auto h = comm_.all_to_all(out, reinterpret_cast<std::uint8_t*>(got.data()), piece);
+      in_flight_.push_back(flight{seg, std::move(h), std::move(sent), std::move(got)});
+    }
+  }
+  /// qgZ: the received chunks dequantized, summed in fp32 in rank order, averaged, and added to `dst`.
+  template <class T> void land_quantized(flight& f, std::size_t slice, T* dst) {
+    if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
+      if (acc_.size() < 2 * slice * sizeof(float)) {
+        acc_ = buffer<std::byte, counting>(buffers_alloc_,
+                                           2 * max_segment_ / static_cast<std::size_t>(comm_.size()) * sizeof(float),
+                                           memory_tag::buffers);
+      }
+      auto* acc = reinterpret_cast<float*>(acc_.data());
+      float* tmp = acc + slice;
+      const std::size_t piece = piece_bytes(slice);
+      const auto* in = reinterpret_cast<const std::uint8_t*>(f.got.data());
+      for (std::size_t q = 0; q < static_cast<std::size_t>(comm_.size()); ++q) {
+        const std::uint8_t* p = in + q * piece;
+        const auto scales = reinterpret_cast<const float*>(p + pad16(opt_.quantized->code_bytes(slice)));
+        backend_.dequantize(p, scales, slice, *opt_.quantized, q == 0 ? acc : tmp, stream_);
+        if (q > 0) {
+          backend_.accumulate(tmp, acc, slice, stream_);
+        }
+      }
+      backend_.scale(acc, slice, 1.0F / static_cast<float>(comm_.size()), stream_);
+      backend_.accumulate(acc, dst, slice, stream_);
+      backend_.synchronize(stream_); // the received chunks and the sums are read before they go or are reused
+    }
+  }
 
   const flat_layout& layout_;
   Backend& backend_;
@@ -435,6 +515,7 @@ private:
   sink sink_;
   std::vector<int> free_;
   std::deque<flight> in_flight_;
+  buffer<std::byte, counting> acc_; // qgZ: a slice's fp32 sum and one dequantized chunk
   std::vector<std::size_t> seg_ready_;
   std::vector<bool> seg_launched_;
   std::vector<int> seg_staging_;

@@ -189,11 +189,7 @@ public:
       streamed_ = true;
     }
     reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
-                     reducer_options{.mode = stage >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
-                                     .grad_type = cfg_.grad_accum_dtype,
-                                     .overlap = z.overlap_comm,
-                                     .streamed = streamed != nullptr},
-                     stream_);
+                     reducer_options_from(cfg_, streamed != nullptr), stream_);
     if (streamed != nullptr) {
       reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
         if (stats_in_take_ && reducer_boundary_) {

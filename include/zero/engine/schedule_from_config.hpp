@@ -6,6 +6,7 @@
 #include "zero/backend/adamw_args.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/bucket_reducer.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
 
@@ -88,6 +89,20 @@ namespace zero {
   return coef < 1.0 ? coef : 1.0;
 }
 
+/// The gradient reducer's options for `c` at its stage (`streamed`: reduced slices go to the host).
+[[nodiscard]] inline reducer_options reducer_options_from(const config& c, bool streamed) {
+  const auto& z = c.zero_optimization;
+  reducer_options r{.mode = c.stage() >= 2 ? reduce_mode::reduce_scatter : reduce_mode::all_reduce,
+                    .grad_type = c.grad_accum_dtype,
+                    .overlap = z.overlap_comm,
+                    .streamed = streamed};
+  if (z.zero_quantized_gradients && c.stage() >= 2) {
+    r.quantized = quant_format{.bits = static_cast<int>(z.zero_quantized_gradients_bits),
+                               .block = static_cast<std::size_t>(z.zero_quantization_block_size)};
+  }
+  return r;
+}
+
 namespace detail {
 /// Refuses `what` (an overlap key and its value) unless the host holds the whole optimizer state:
 /// device cpu and ratio 1. `does` says what the host then does, `off` the setting that turns it off.
@@ -158,6 +173,19 @@ inline void check_engine_config(const config& c) {
   if (o.forward_overlap) {
     detail::require_whole_state_on_cpu(o, "zero_optimization.offload_optimizer.forward_overlap true",
                                        "steps beside the forward", "forward_overlap false");
+  }
+  const auto& zq = c.zero_optimization;
+  if (zq.zero_quantized_gradients && c.stage() >= 2) {
+    if (zq.zero_quantized_gradients_bits != 4 && zq.zero_quantized_gradients_bits != 8) {
+      throw config_error("zero_optimization.zero_quantized_gradients_bits: " +
+                         std::to_string(zq.zero_quantized_gradients_bits) + "; expected 4 or 8");
+    }
+    if (o.device != offload_device::none) {
+      throw config_error("zero_optimization.zero_quantized_gradients with offload_optimizer.device \"" +
+                         std::string(name_of(o.device)) +
+                         "\": the quantized reduction keeps the reduced gradients on the device; expected device "
+                         "\"none\", or zero_quantized_gradients false");
+    }
   }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
