@@ -98,3 +98,15 @@ TEST_CASE("counting_communicator forwards every operation and counts its buffers
     CHECK(pair.size() == 2);
   });
 }
+
+TEST_CASE("counting_communicator counts only the calls the wrapped communicator started") {
+  zero::run_ranks(1, [](zero::thread_communicator& raw) {
+    counted world(raw);
+    std::vector<float> buf(4, 1.0F);
+    // all_to_all has no in-place form: thread_communicator refuses overlapping buffers.
+    CHECK_THROWS_AS(static_cast<void>(world.all_to_all(buf.data(), buf.data(), 4)), zero::usage_error);
+    CHECK(world.ledger().of("world", "all_to_all") == zero::comm_traffic{});
+    CHECK_THROWS_AS(static_cast<void>(world.split(-1, 0)), zero::usage_error);
+    CHECK(world.ledger().of("world", "split").calls == 0);
+  });
+}

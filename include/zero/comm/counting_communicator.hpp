@@ -7,7 +7,8 @@
 /// collectives, docs/zeropp.md).
 ///
 /// The bytes of a call are its buffers' sizes as `communicator.hpp`'s table gives them, counted by
-/// the rank that makes the call:
+/// the rank that makes the call, once the wrapped communicator has started it (a call it refuses is
+/// not counted):
 ///
 /// | operation | sent | received |
 /// |---|---|---|
@@ -133,55 +134,63 @@ public:
   template <class T, class C = Comm>
   [[nodiscard]] auto all_reduce(const T* send, T* recv, std::size_t count, reduce_op op)
       -> decltype(std::declval<C&>().all_reduce(send, recv, count, op)) {
+    auto h = inner_.all_reduce(send, recv, count, op);
     count_op("all_reduce", bytes<T>(count), bytes<T>(count));
-    return inner_.all_reduce(send, recv, count, op);
+    return h;
   }
   template <class T, class C = Comm>
   [[nodiscard]] auto reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op)
       -> decltype(std::declval<C&>().reduce_scatter(send, recv, count, op)) {
+    auto h = inner_.reduce_scatter(send, recv, count, op);
     count_op("reduce_scatter", bytes<T>(count) * group_size(), bytes<T>(count));
-    return inner_.reduce_scatter(send, recv, count, op);
+    return h;
   }
   template <class T, class C = Comm>
   [[nodiscard]] auto all_gather(const T* send, T* recv, std::size_t count)
       -> decltype(std::declval<C&>().all_gather(send, recv, count)) {
+    auto h = inner_.all_gather(send, recv, count);
     count_op("all_gather", bytes<T>(count), bytes<T>(count) * group_size());
-    return inner_.all_gather(send, recv, count);
+    return h;
   }
   template <class T, class C = Comm>
   [[nodiscard]] auto broadcast(const T* send, T* recv, std::size_t count, int root)
       -> decltype(std::declval<C&>().broadcast(send, recv, count, root)) {
     const bool is_root = root == inner_.rank();
+    auto h = inner_.broadcast(send, recv, count, root);
     count_op("broadcast", is_root ? bytes<T>(count) : 0, is_root ? 0 : bytes<T>(count));
-    return inner_.broadcast(send, recv, count, root);
+    return h;
   }
   template <class C = Comm> [[nodiscard]] auto barrier() -> decltype(std::declval<C&>().barrier()) {
+    auto h = inner_.barrier();
     count_op("barrier", 0, 0);
-    return inner_.barrier();
+    return h;
   }
   template <class T, class C = Comm>
   [[nodiscard]] auto all_to_all(const T* send, T* recv, std::size_t count)
       -> decltype(std::declval<C&>().all_to_all(send, recv, count)) {
+    auto h = inner_.all_to_all(send, recv, count);
     count_op("all_to_all", bytes<T>(count) * group_size(), bytes<T>(count) * group_size());
-    return inner_.all_to_all(send, recv, count);
+    return h;
   }
   template <class T, class C = Comm>
   [[nodiscard]] auto send(const T* buf, std::size_t count, int peer)
       -> decltype(std::declval<C&>().send(buf, count, peer)) {
+    auto h = inner_.send(buf, count, peer);
     count_op("send", bytes<T>(count), 0);
-    return inner_.send(buf, count, peer);
+    return h;
   }
   template <class T, class C = Comm>
   [[nodiscard]] auto recv(T* buf, std::size_t count, int peer) -> decltype(std::declval<C&>().recv(buf, count, peer)) {
+    auto h = inner_.recv(buf, count, peer);
     count_op("recv", 0, bytes<T>(count));
-    return inner_.recv(buf, count, peer);
+    return h;
   }
   /// The split of the wrapped communicator, counting into the same ledger as "<label>/<color>".
   template <class C = Comm>
   [[nodiscard]] auto split(int color, int key) -> counting_communicator<decltype(std::declval<C&>().split(color, key))>
   requires std::same_as<decltype(std::declval<C&>().split(color, key)), Comm> {
-    count_op("split", 0, 0);
     counting_communicator out(inner_.split(color, key), ledger_);
+    count_op("split", 0, 0);
     out.label_ = label_ + "/" + std::to_string(color);
     return out;
   }
