@@ -433,7 +433,7 @@ private:
   struct flight {
     std::size_t segment;
     handle_type handle;
-    buffer<std::byte, counting> sent{}, got{}; // qgZ: the rank's quantized chunks, and those it received
+    buffer<std::byte, counting> codes{}; // qgZ: the rank's quantized chunks, then those it received
   };
 
   /// qgZ needs quantize kernels and all_to_all, and the reduced slices kept here.
@@ -457,9 +457,14 @@ private:
     if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
       const auto n = static_cast<std::size_t>(comm_.size());
       const std::size_t piece = piece_bytes(slice);
-      buffer<std::byte, counting> sent(buffers_alloc_, n * piece, memory_tag::buffers);
-      buffer<std::byte, counting> got(buffers_alloc_, n * piece, memory_tag::buffers);
-      auto* out = reinterpret_cast<std::uint8_t*>(sent.data());
+      buffer<std::byte, counting> codes;
+      if (spare_codes_.empty()) { // room for the largest segment's chunks, sent and received
+        codes = buffer<std::byte, counting>(buffers_alloc_, 2 * n * piece_bytes(max_segment_ / n), memory_tag::buffers);
+      } else {
+        codes = std::move(spare_codes_.back());
+        spare_codes_.pop_back();
+      }
+      auto* out = reinterpret_cast<std::uint8_t*>(codes.data());
       for (std::size_t r = 0; r < n; ++r) {
         std::uint8_t* p = out + r * piece;
         const auto scales = reinterpret_cast<float*>(p + pad16(opt_.quantized->code_bytes(slice)));
@@ -468,8 +473,8 @@ private:
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(stream_);
       }
-      auto h = comm_.all_to_all(out, reinterpret_cast<std::uint8_t*>(got.data()), piece);
-      in_flight_.push_back(flight{seg, std::move(h), std::move(sent), std::move(got)});
+      auto h = comm_.all_to_all(out, out + n * piece, piece);
+      in_flight_.push_back(flight{seg, std::move(h), std::move(codes)});
     }
   }
   /// qgZ: the received chunks dequantized, summed in fp32 in rank order, averaged, and added to `dst`.
@@ -483,7 +488,7 @@ private:
       auto* acc = reinterpret_cast<float*>(acc_.data());
       float* tmp = acc + slice;
       const std::size_t piece = piece_bytes(slice);
-      const auto* in = reinterpret_cast<const std::uint8_t*>(f.got.data());
+      const auto* in = reinterpret_cast<const std::uint8_t*>(f.codes.data()) + static_cast<std::size_t>(comm_.size()) * piece;
       for (std::size_t q = 0; q < static_cast<std::size_t>(comm_.size()); ++q) {
         const std::uint8_t* p = in + q * piece;
         const auto scales = reinterpret_cast<const float*>(p + pad16(opt_.quantized->code_bytes(slice)));
@@ -494,7 +499,10 @@ private:
       }
       backend_.scale(acc, slice, 1.0F / static_cast<float>(comm_.size()), stream_);
       backend_.accumulate(acc, dst, slice, stream_);
-      backend_.synchronize(stream_); // the received chunks and the sums are read before they go or are reused
+      // Reused by a later bucket without waiting: its quantize runs on this stream after these kernels,
+      // and its all_to_all starts after this stream's work (the communicator orders itself after it, or
+      // the launch synchronizes first).
+      spare_codes_.push_back(std::move(f.codes));
     }
   }
 
@@ -515,7 +523,8 @@ private:
   sink sink_;
   std::vector<int> free_;
   std::deque<flight> in_flight_;
-  buffer<std::byte, counting> acc_; // qgZ: a slice's fp32 sum and one dequantized chunk
+  buffer<std::byte, counting> acc_;                      // qgZ: a slice's fp32 sum and one dequantized chunk
+  std::vector<buffer<std::byte, counting>> spare_codes_; // qgZ: code buffers of landed buckets, for the next
   std::vector<std::size_t> seg_ready_;
   std::vector<bool> seg_launched_;
   std::vector<int> seg_staging_;
