@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
   std::optional<std::string> allgather_bucket;
   double buffer_factor = 1.5;
   double offload_ratio = 1.0;
+  std::int64_t hpz_partition_size = 1;
   bool json_out = false;
 
   auto* params_opt = app.add_option("--params", params_text, "parameter count, e.g. 7e9, 6.7B, 125M");
@@ -172,6 +173,11 @@ int main(int argc, char** argv) {
                  "optimizer state in host memory, the rest on the GPU")
       ->capture_default_str()
       ->check(zero::tools::number_in(0.0, 1.0));
+  app.add_option("--hpz-partition-size", hpz_partition_size,
+                 "zero_optimization.zero_hpz_partition_size: with H > 1 the stage 3 rows count hpZ's secondary "
+                 "partition of the 16-bit parameters on each GPU (P params / H bytes); H must divide the ranks")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   app.add_option("--additional-buffer-factor", buffer_factor, "DeepSpeed's additional_buffer_factor (its tables only)")
       ->capture_default_str()
       ->check(zero::tools::number_in(0.0, 100.0));
@@ -254,6 +260,14 @@ int main(int argc, char** argv) {
     o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
     o.sub_group_size = zero::tools::parse_count(sub_group);
     o.offload_ratio = offload_ratio;
+    if (o.ranks() % hpz_partition_size != 0) {
+      throw zero::usage_error(cat("--hpz-partition-size (zero_optimization.zero_hpz_partition_size) ",
+                                  std::to_string(hpz_partition_size), " does not divide the ",
+                                  std::to_string(o.ranks()),
+                                  " ranks (--nodes x --gpus-per-node); expected the ranks of a node group, a divisor "
+                                  "of the ranks"));
+    }
+    o.hpz_partition_size = hpz_partition_size;
     if (plan.plan) {
       std::tie(budget, probe) = plan_inputs(plan);
     }
@@ -271,6 +285,10 @@ int main(int argc, char** argv) {
             << (largest_name.empty() ? "" : cat(" (", largest_name, ")")) << "\n";
   std::cout << "hardware: " << o.nodes << (o.nodes > 1 ? " nodes" : " node") << " x " << o.gpus_per_node
             << (o.gpus_per_node > 1 ? " GPUs" : " GPU") << " = " << o.ranks() << " data-parallel ranks\n";
+  if (o.hpz_partition_size > 1) {
+    std::cout << "hpZ: zero_hpz_partition_size " << o.hpz_partition_size
+              << ", the stage 3 rows count a secondary partition of the parameters on each GPU\n";
+  }
   const std::string grads =
       o.grad_dtype ? std::string(zero::name_of(*o.grad_dtype))
                    : std::string(zero::name_of(zero::default_grad_accum_dtype(o.param_dtype, 0))) + " at stage 0, " +

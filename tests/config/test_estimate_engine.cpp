@@ -24,9 +24,10 @@ constexpr std::int64_t largest_layer = 250'500;
 
 /// One step of 8 layers of 500 x 500 + 500 (psi = 2,004,000) on `world` ranks; rank 0's memory report.
 /// `precision` is e.g. `"bf16": {"enabled": true},` (empty: fp32); `offload`: the offload_optimizer block's
-/// keys (empty: none); `offload_param`: the offload_param block's keys (stage 3; empty: none).
+/// keys (empty: none); `offload_param`: the offload_param block's keys (stage 3; empty: none); `zero_keys`: more
+/// zero_optimization keys, each after a comma.
 zero::memory_report measure(int stage, int world, const std::string& precision, const std::string& offload = "",
-                            const std::string& offload_param = "") {
+                            const std::string& offload_param = "", const std::string& zero_keys = "") {
   std::vector<zero::memory_report> reports(static_cast<std::size_t>(world));
   zero::run_ranks(world, [&](zero::thread_communicator& comm) {
     zero::config_inputs inputs;
@@ -35,7 +36,7 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
         R"({"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 4096, "queue_depth": 1}, )" + precision +
             R"( "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": )" +
             std::to_string(stage) + (offload.empty() ? "" : R"(, "offload_optimizer": {)" + offload + "}") +
-            (offload_param.empty() ? "" : R"(, "offload_param": {)" + offload_param + "}") +
+            (offload_param.empty() ? "" : R"(, "offload_param": {)" + offload_param + "}") + zero_keys +
             R"(, "reduce_bucket_size": 300000, "stage3_param_persistence_threshold": 100}})",
         inputs);
     zero::cpu_backend backend({.threads = 1});
@@ -64,11 +65,13 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
 
 /// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, parameter
 /// offload `par` (on NVMe: `max_in_cpu` elements in host memory, `param_buffers` bounce buffers); gradients in the
-/// config's default dtype (fp32 for bf16 at stage 0).
+/// config's default dtype (fp32 for bf16 at stage 0); `hpz`: zero_hpz_partition_size.
 zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
                                    zero::offload_device par = zero::offload_device::none, double ratio = 1.0,
-                                   std::int64_t max_in_cpu = 1'000'000'000, std::int64_t param_buffers = 5) {
+                                   std::int64_t max_in_cpu = 1'000'000'000, std::int64_t param_buffers = 5,
+                                   std::int64_t hpz = 1) {
   zero::tools::estimate_options o;
+  o.hpz_partition_size = hpz;
   o.offload_ratio = ratio;
   o.offload_param_max_in_cpu = max_in_cpu;
   o.offload_param_buffer_count = param_buffers;
@@ -258,4 +261,53 @@ TEST_CASE("zero-estimate's stage 3 offload_param=nvme rows are within 2% of the 
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("zero-estimate's stage 3 rows with hpZ count the secondary partition within 2% of the engine") {
+  // zero_hpz_partition_size H: each rank keeps P psi / H more bytes of model state on the device (the
+  // secondary partition, memory_report::secondary), with or without the optimizer and parameters
+  // offloaded; the rows of the other stages do not change.
+  struct setting {
+    int world;
+    std::int64_t hpz;
+    zero::offload_device opt, par;
+  };
+  const auto none = zero::offload_device::none;
+  const auto cpu = zero::offload_device::cpu;
+  for (const setting s : {setting{2, 2, none, none}, setting{4, 2, none, none}, setting{4, 4, none, none},
+                          setting{8, 4, none, none}, setting{4, 2, cpu, none}, setting{4, 2, cpu, cpu}}) {
+    CAPTURE(s.world);
+    CAPTURE(s.hpz);
+    CAPTURE(zero::name_of(s.opt));
+    CAPTURE(zero::name_of(s.par));
+    const std::string device = R"("device": "cpu")";
+    const auto m = measure(3, s.world, R"("bf16": {"enabled": true},)", s.opt == cpu ? device : "",
+                           s.par == cpu ? device : "", R"(, "zero_hpz_partition_size": )" + std::to_string(s.hpz));
+    const auto row = estimate(3, s.world, zero::dtype::bf16, s.opt, s.par, 1.0, 1'000'000'000, 5, s.hpz);
+    const auto flat = estimate(3, s.world, zero::dtype::bf16, s.opt, s.par);
+    const std::int64_t secondary = row.gpu_model_state_bytes - flat.gpu_model_state_bytes;
+    CAPTURE(secondary);
+    CAPTURE(m.secondary);
+    CAPTURE(row.gpu_model_state_bytes);
+    CAPTURE(m.model_state_peak);
+    REQUIRE(m.secondary > 0);
+    CHECK(relative(secondary, m.secondary) <= 0.02);
+    CHECK(relative(secondary, static_cast<std::size_t>(2 * model_params / s.hpz)) <= 0.02); // P psi / H
+    CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+    CHECK(row.host_bytes_per_rank == flat.host_bytes_per_rank);
+    CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+    // Below stage 3 the key has no effect.
+    CHECK(estimate(2, s.world, zero::dtype::bf16, s.opt, none, 1.0, 1'000'000'000, 5, s.hpz).gpu_bytes_per_rank ==
+          estimate(2, s.world, zero::dtype::bf16, s.opt).gpu_bytes_per_rank);
+  }
+  // A size that does not divide the ranks is an error naming the key and what it expects, as the engine's.
+  zero::tools::estimate_options o;
+  o.params = model_params;
+  o.gpus_per_node = 4;
+  o.hpz_partition_size = 3;
+  CHECK_THROWS_WITH_AS(static_cast<void>(zero::tools::estimate_memory(o)),
+                       doctest::Contains("zero_hpz_partition_size is 3; expected a divisor of the 4 ranks"),
+                       zero::usage_error);
+  o.hpz_partition_size = 0;
+  CHECK_THROWS_AS(static_cast<void>(zero::tools::estimate_memory(o)), zero::usage_error);
 }

@@ -302,4 +302,32 @@ TEST_CASE("estimate_options_from takes the sizes of a config") {
   const auto d = zero::config::from_string(
       R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})");
   CHECK_FALSE(zt::estimate_options_from(d, zt::summarize_modules({{100}}), 1).grad_dtype);
+  CHECK(zt::estimate_options_from(d, zt::summarize_modules({{100}}), 1).hpz_partition_size == 1);
+}
+
+TEST_CASE("a config's zero_hpz_partition_size is counted in the plan's stage 3 rows and carried by its block") {
+  const auto c = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}})",
+                                           {.world_size = 6});
+  const auto m = zt::summarize_modules({{600'000, 600}, {6'000, 60}});
+  const auto o = zt::estimate_options_from(c, m, 3, 2);
+  CHECK(o.hpz_partition_size == 3);
+  auto flat = o;
+  flat.hpz_partition_size = 1;
+  const auto with = zt::plan_settings(o);
+  const auto without = zt::plan_settings(flat);
+  REQUIRE(with.size() == without.size());
+  for (std::size_t i = 0; i < with.size(); ++i) {
+    CAPTURE(zt::setting_name(with[i]));
+    // Stage 3 keeps the rank's slice of each unit's node part: ceil(606660 / 6) x 6 / 3 x 2 bytes.
+    CHECK(with[i].gpu_bytes_per_rank - without[i].gpu_bytes_per_rank == (with[i].stage == 3 ? 101'110 * 2 * 2 : 0));
+    CHECK(with[i].host_bytes_per_node == without[i].host_bytes_per_node);
+    const auto block = zt::plan_config_block(with[i], o, "/mnt/nvme");
+    CHECK(block.at("zero_optimization").contains("zero_hpz_partition_size") == (with[i].stage == 3));
+  }
+  // A size that does not divide the ranks: the key, the ranks and what was expected.
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_options_from(c, m, 2, 2)),
+                       doctest::Contains("zero_optimization.zero_hpz_partition_size 3 does not divide the 4 ranks of "
+                                         "the data group; expected the ranks of a node"),
+                       zero::config_error);
 }

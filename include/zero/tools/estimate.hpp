@@ -212,6 +212,10 @@ struct estimate_options {
   std::int64_t offload_param_buffer_count = 5;           ///< offload_param.buffer_count
   std::int64_t offload_param_buffer_size = 100'000'000;  ///< offload_param.buffer_size
   std::int64_t offload_param_max_in_cpu = 1'000'000'000; ///< offload_param.max_in_cpu
+  /// zero_optimization.zero_hpz_partition_size H (ZeRO++'s hpZ, docs/zeropp.md): at stage 3 each rank
+  /// keeps a secondary partition of the 16-bit parameters over its node group of H ranks, about P Ψ / H
+  /// bytes of device model state; 1: none. Must divide the ranks.
+  std::int64_t hpz_partition_size = 1;
 
   /// Data-parallel ranks: nodes x gpus_per_node.
   [[nodiscard]] std::int64_t ranks() const noexcept { return nodes * gpus_per_node; }
@@ -232,6 +236,9 @@ struct estimate_row {
   /// true where this version's engine runs the row: every row does (no offload, the optimizer
   /// offloaded to the CPU or NVMe at stages 1-3, the parameters to the CPU or NVMe at stage 3)
   bool implemented = true;
+  /// the share of the optimizer state offloaded: 0 without offload, 1 on NVMe, the options'
+  /// offload_ratio for the CPU rows (partial offload below 1)
+  double offload_ratio = 0;
 };
 
 /// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
@@ -257,6 +264,9 @@ struct estimate_row {
 /// so the host holds S(m + 8 + p + g); with NVMe the shard is on NVMe in two slots, 2p(S - R), where
 /// R = min(max_in_cpu, S) elements stay in host memory, beside buffer_count bounce buffers of a
 /// layer's slice (at most buffer_size elements) when R < S, and the optimizer keeps its staged copy.
+/// With hpZ (hpz_partition_size H > 1) every stage 3 row keeps, beside its model state, the secondary
+/// partition on the GPU: the rank's slice of each unit's node part, (N / H) S p, about P Ψ / H bytes
+/// (`memory_report::secondary`, in the engine's `memory_tag::params`), whatever is offloaded.
 /// Buffers (what the engine's counting allocator reports under `memory_tag::buffers`, and the
 /// stage-3 working set):
 /// - stage 2 reduces bucket by bucket through one staging buffer of the largest segment's gradient,
@@ -274,7 +284,8 @@ struct estimate_row {
 /// The engine's few other buffers (an overflow flag, the norm partials) are a few hundred bytes. Optimizer NVMe rows
 /// keep offload_optimizer_buffer_count chunks of nvme_chunk_elements (at most one owned range) per state tensor in
 /// host memory; parameter NVMe rows buffer_count x min(buffer_size, a layer's slice) elements. \throws usage_error when
-/// params, ranks or dtypes are out of range.
+/// params, ranks or dtypes are out of range, and naming zero_optimization.zero_hpz_partition_size when it is below
+/// 1 or does not divide the ranks.
 [[nodiscard]] inline std::vector<estimate_row> estimate_memory(const estimate_options& o) {
   // The byte counts below stay far inside int64 for up to 1e15 parameters and 2^20 GPUs per node.
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
@@ -284,6 +295,12 @@ struct estimate_row {
     throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20, "
                       "0 <= largest_layer_params, largest_param_params, persistent_params <= params and "
                       "0 <= offload_ratio <= 1");
+  }
+  if (o.hpz_partition_size < 1 || o.ranks() % o.hpz_partition_size != 0) {
+    throw usage_error(cat("estimate_memory: zero_optimization.zero_hpz_partition_size is ",
+                          std::to_string(o.hpz_partition_size), "; expected a divisor of the ",
+                          std::to_string(o.ranks()),
+                          " ranks (the ranks of a node group), or 1 for no secondary partition"));
   }
   for (dtype t : {o.param_dtype, o.grad_dtype.value_or(o.param_dtype)}) {
     if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
@@ -302,6 +319,8 @@ struct estimate_row {
   // The largest segment of stages 1-2: a bucket, or a parameter larger than one.
   const std::int64_t largest_bucket = std::max(std::min(psi, o.reduce_bucket_size), o.largest_param_params);
   const std::int64_t stage3_staging_buffers = o.persistent_params > 0 ? 2 : 1;
+  // hpZ: the rank keeps its slice of each unit's node part, N / H of its primary shards.
+  const std::int64_t secondary = o.hpz_partition_size > 1 ? shard * (n / o.hpz_partition_size) * p : 0;
 
   std::vector<estimate_row> rows;
   auto add = [&](int stage, offload_device opt, offload_device par) {
@@ -313,6 +332,7 @@ struct estimate_row {
     r.offload_param = par;
     // The engine runs every row.
     r.implemented = true;
+    r.offload_ratio = opt == offload_device::none ? 0.0 : opt == offload_device::nvme ? 1.0 : o.offload_ratio;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
     // With the optimizer on the CPU, the elements of the shard it offloads (all but for a ratio < 1).
@@ -379,7 +399,7 @@ struct estimate_row {
           (par == offload_device::none && (opt != offload_device::none || p == 4 || o.stage3_keep_param_shard)
                ? shard * p
                : 0) +
-          on_gpu_grads + on_gpu_state;
+          on_gpu_grads + on_gpu_state + secondary;
       r.gpu_buffer_bytes = streamed_staging(stage3_staging_buffers) * o.largest_layer_params * g + working;
       break;
     }
@@ -410,8 +430,8 @@ struct estimate_row {
 }
 
 /// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
-/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "rows": [{"stage", "offload_optimizer", "offload_param",
-/// "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
+/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "hpz_partition_size", "rows": [{"stage", "offload_optimizer",
+/// "offload_param", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
 [[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
   nlohmann::json j = {{"params", o.params},
                       {"largest_layer_params", o.largest_layer_params},
@@ -421,6 +441,7 @@ struct estimate_row {
                       {"param_dtype", name_of(o.param_dtype)},
                       {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
                       {"offload_ratio", o.offload_ratio},
+                      {"hpz_partition_size", o.hpz_partition_size},
                       {"rows", nlohmann::json::array()}};
   for (const estimate_row& r : rows) {
     j["rows"].push_back({{"stage", r.stage},

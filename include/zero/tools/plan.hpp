@@ -307,7 +307,8 @@ struct plan_result {
 /// The DeepSpeed config block of row `r` for the model of `o`: `zero_optimization` with the stage,
 /// the `offload_optimizer` and `offload_param` blocks (`nvme_path` and `buffer_count` for NVMe), and
 /// the sizes the estimate assumed (`reduce_bucket_size`, `allgather_bucket_size` when set, and at
-/// stage 3 `stage3_prefetch_bucket_size` and `stage3_max_live_parameters`); the precision block of
+/// stage 3 `stage3_prefetch_bucket_size`, `stage3_max_live_parameters` and, with hpZ, the
+/// `zero_hpz_partition_size` its bytes counted); the precision block of
 /// `o.param_dtype` (`bf16` or `fp16` enabled; neither for fp32). Merge it into a ds_config.json
 /// (`nlohmann::json::merge_patch`). \throws usage_error for an NVMe row without `nvme_path`.
 [[nodiscard]] inline nlohmann::json plan_config_block(const estimate_row& r, const estimate_options& o,
@@ -319,6 +320,9 @@ struct plan_result {
   if (r.stage == 3) {
     z["stage3_prefetch_bucket_size"] = o.stage3_prefetch_bucket_size;
     z["stage3_max_live_parameters"] = o.stage3_max_live_parameters;
+    if (o.hpz_partition_size > 1) {
+      z["zero_hpz_partition_size"] = o.hpz_partition_size;
+    }
   }
   auto offload = [&](offload_device d) {
     nlohmann::json b = {{"device", name_of(d)}};
@@ -369,10 +373,20 @@ struct plan_result {
 /// `summarize_modules`) on `ranks_per_node` x `nodes` ranks: the sizes the config sets, the parameters
 /// below its `stage3_param_persistence_threshold` as persistent. The gradient dtype is left to each
 /// stage's default unless `c`'s differs from its stage's default (a config that sets the default
-/// explicitly is estimated with the defaults, fp32 for bf16 at stage 0: on the safe side).
+/// explicitly is estimated with the defaults, fp32 for bf16 at stage 0: on the safe side). The config's
+/// `zero_hpz_partition_size` is counted in the stage 3 rows whatever its stage (a plan's block merged into
+/// it keeps the key). \throws config_error naming zero_optimization.zero_hpz_partition_size when it does
+/// not divide ranks_per_node x nodes.
 [[nodiscard]] inline estimate_options estimate_options_from(const config& c, const model_summary& m,
                                                             std::int64_t ranks_per_node, std::int64_t nodes = 1) {
+  const std::int64_t hpz = c.zero_optimization.zero_hpz_partition_size;
+  if (hpz < 1 || (ranks_per_node * nodes) % hpz != 0) {
+    throw config_error(cat("zero_optimization.zero_hpz_partition_size ", std::to_string(hpz), " does not divide the ",
+                           std::to_string(ranks_per_node * nodes),
+                           " ranks of the data group; expected the ranks of a node, a divisor of the group's size"));
+  }
   estimate_options o;
+  o.hpz_partition_size = hpz;
   o.params = m.params;
   o.largest_layer_params = m.largest_layer_params;
   o.largest_param_params = m.largest_param;
