@@ -6,10 +6,11 @@
 //   zero-estimate --model gpt2.json --dtype fp16 --json
 //
 // With --plan it prints the fastest setting that fits the memory given, and its DeepSpeed config block
-// (zero/tools/plan.hpp): the candidates are the rows below that this version runs, their memory the
-// estimate's, their speed the time the optimizer state's placement costs per step by this machine's
-// rates, measured now by zero-report's probes (zero/tools/probes.hpp) or read from zero-report
-// --save-rates' file.
+// (zero/tools/plan.hpp): the candidates are the rows below that this version runs, and at stages 1-3
+// the partial optimizer offload with the largest device share that fits --gpu-memory (its ratio in the
+// config block), their memory the estimate's, their speed the time the optimizer state's placement costs
+// per step by this machine's rates, measured now by zero-report's probes (zero/tools/probes.hpp) or read
+// from zero-report --save-rates' file.
 //
 //   zero-estimate --plan --gpu-memory 80GiB --host-memory 1TiB --params 7e9 --gpus-per-node 8
 //   zero-estimate --plan --gpu-memory 24GiB --host-memory 256GiB --nvme 3TB --nvme-path /mnt/nvme/zero
@@ -168,11 +169,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-live-parameters", max_live, "zero_optimization.stage3_max_live_parameters")
       ->capture_default_str();
   app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size (NVMe rows)")->capture_default_str();
-  app.add_option("--offload-ratio", offload_ratio,
-                 "zero_optimization.offload_optimizer.ratio of the offload_optimizer=cpu rows: the share of the "
-                 "optimizer state in host memory, the rest on the GPU")
-      ->capture_default_str()
-      ->check(zero::tools::number_in(0.0, 1.0));
+  auto* ratio_opt =
+      app.add_option("--offload-ratio", offload_ratio,
+                     "zero_optimization.offload_optimizer.ratio of the offload_optimizer=cpu rows: the share of the "
+                     "optimizer state in host memory, the rest on the GPU")
+          ->capture_default_str()
+          ->check(zero::tools::number_in(0.0, 1.0));
   app.add_option("--hpz-partition-size", hpz_partition_size,
                  "zero_optimization.zero_hpz_partition_size: with H > 1 the stage 3 rows count hpZ's secondary "
                  "partition of the 16-bit parameters on each GPU (P params / H bytes); H must divide the ranks")
@@ -194,6 +196,8 @@ int main(int argc, char** argv) {
   auto* plan_opt = app.add_flag("--plan", plan.plan,
                                 "print the fastest stage and offload setting that fits --gpu-memory, --host-memory and "
                                 "--nvme, by this machine's measured rates, as a DeepSpeed config block");
+  // The plan chooses its own ratios (the partial offloads that fit --gpu-memory).
+  ratio_opt->excludes(plan_opt);
   auto* plans = app.add_option_group("Plan", "with --plan");
   plans->add_option("--gpu-memory", plan.gpu_memory, "bytes zero may use on each GPU, e.g. 80GiB")->needs(plan_opt);
   plans->add_option("--host-memory", plan.host_memory, "bytes zero may use on each node's host, e.g. 1TiB")

@@ -168,9 +168,66 @@ TEST_CASE("the step cost of each placement, worked by hand") {
   r.nvme_read = r.nvme_write = 0;
   CHECK(zt::estimate_step_cost(row(2, offload_device::nvme, offload_device::none), o, r).total ==
         std::numeric_limits<double>::infinity());
+  // A partial offload at stage 2, ratio 0.25: the host's 1e6 elements take 2 ms of AdamW, 2e6 B down (0.1 ms)
+  // and 2e6 B up (0.2 ms) in series, 2.3 ms, beside the device's 3e6 (0.75 ms); never less than the whole
+  // shard on the device (1 ms), which ratio 0.1 (0.8 + 0.12 ms on the host) costs.
+  auto partial = [&](double ratio, offload_device par = offload_device::none) {
+    auto at = o;
+    at.offload_ratio = ratio;
+    for (const auto& x : zt::estimate_memory(at)) {
+      if (x.stage == (par == offload_device::none ? 2 : 3) && x.offload_optimizer == offload_device::cpu &&
+          x.offload_param == par) {
+        return x;
+      }
+    }
+    FAIL("no row");
+    return zt::estimate_row{};
+  };
+  const auto quarter = zt::estimate_step_cost(partial(0.25), o, r);
+  CHECK(quarter.device_adamw == doctest::Approx(0.75e-3));
+  CHECK(quarter.host_adamw == doctest::Approx(2e-3));
+  CHECK(quarter.transfer == doctest::Approx(0.3e-3));
+  CHECK(quarter.total == doctest::Approx(2.3e-3));
+  CHECK(zt::estimate_step_cost(partial(0.1), o, r).total == doctest::Approx(1e-3));
+  // On the CPU backend the two parts share the cores: 0.9 ms + 0.92 ms.
+  auto on_cpu = r;
+  on_cpu.device = "cpu";
+  CHECK(zt::estimate_step_cost(partial(0.1), o, on_cpu).total == doctest::Approx(1.82e-3));
+  // With the parameters offloaded the device's part writes them across to the host: no cost for that.
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_step_cost(partial(0.25, offload_device::cpu), o, r)),
+                       doctest::Contains("partial offload with the parameters offloaded"), zero::usage_error);
   r.device_adamw = 0;
   CHECK_THROWS_AS(static_cast<void>(zt::estimate_step_cost(row(1, offload_device::none, offload_device::none), o, r)),
                   zero::usage_error);
+}
+
+TEST_CASE("the partial offload of a stage: the largest device share of the state that fits the device budget") {
+  const auto o = seven_b();
+  // Stage 3 keeps 2 x 875e6 (16-bit shard) + 2 x 875e6 (gradient shard) + 2 x 131072000 (staging) + 2 x 181072000
+  // (working set) = 4124288000 bytes and 12 x 875e6 = 10.5e9 of state; in 8 GiB less 0.5% (8546984919) the
+  // device keeps at most 4422696919 of state, 0.42121 of it: ratio 0.5788 (0.5787 is 953081 bytes over).
+  const std::int64_t budget = 8 * gib;
+  const auto r = zt::partial_offload_setting(o, 3, budget);
+  REQUIRE(r);
+  CHECK(r->stage == 3);
+  CHECK(r->offload_optimizer == offload_device::cpu);
+  CHECK(r->offload_param == offload_device::none);
+  CHECK(r->offload_ratio == doctest::Approx(0.5788));
+  const std::int64_t target = 8'546'984'919;
+  CHECK(r->gpu_bytes_per_rank == std::int64_t{4'124'288'000} + 10'500'000'000 - 12 * std::int64_t{506'450'000});
+  CHECK(r->gpu_bytes_per_rank <= target);
+  auto under = o;
+  under.offload_ratio = 0.5787;
+  for (const auto& x : zt::estimate_memory(under)) {
+    if (x.stage == 3 && x.offload_optimizer == offload_device::cpu && x.offload_param == offload_device::none) {
+      CHECK(x.gpu_bytes_per_rank - target == 953'081);
+    }
+  }
+  // None where the stage fits in memory (13.62 GiB at stage 3), nor where even 0.9999 does not (stage 2 keeps
+  // its 14e9 bytes of parameters), nor below stage 1.
+  CHECK_FALSE(zt::partial_offload_setting(o, 3, 14 * gib));
+  CHECK_FALSE(zt::partial_offload_setting(o, 2, budget));
+  CHECK_THROWS_AS(static_cast<void>(zt::partial_offload_setting(o, 0, budget)), zero::usage_error);
 }
 
 TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits, and why faster ones do not") {
@@ -206,7 +263,7 @@ TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits,
     CHECK(has(t, "  * stage 3, offload_optimizer none, offload_param none: 17.500 ms;"));
     CHECK(has(t, "plan: stage 3, offload_optimizer none, offload_param none"));
   }
-  SUBCASE("8 GiB per GPU: the optimizer on the CPU at stage 3, before the parameters too") {
+  SUBCASE("8 GiB per GPU: part of the optimizer on the CPU at stage 3, before all of it, before the parameters too") {
     const auto plan = zt::make_plan(o, r, {.device_bytes = 8 * gib, .host_bytes = 4096 * gib});
     REQUIRE(plan.chosen);
     const auto& c = plan.ranked[*plan.chosen];
@@ -216,6 +273,26 @@ TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits,
     for (std::size_t i = 0; i < *plan.chosen; ++i) {
       CHECK_FALSE(plan.ranked[i].fits());
     }
+    // Ratio 0.5788: the host's 506.45e6 elements at 5e8 per rank (1012.9 ms) and their 2 x 1012.9e6 bytes of
+    // copies (40.516 ms), against 1750 ms for the whole state on the host.
+    CHECK(c.row.offload_ratio == doctest::Approx(0.5788));
+    const std::string t = text_of(plan);
+    CHECK(has(t, "  * stage 3, offload_optimizer cpu ratio 0.5788, offload_param none: 1053.416 ms;"));
+    CHECK(has(t, "    stage 3, offload_optimizer cpu, offload_param none: 1750.000 ms;"));
+    CHECK(has(t, "plan: stage 3, offload_optimizer cpu ratio 0.5788, offload_param none"));
+    const auto block = zt::plan_config_block(c.row, o, "");
+    CHECK(block.at("zero_optimization").at("offload_optimizer").at("ratio") == 0.5788);
+    auto full = nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}})");
+    full.merge_patch(block);
+    CHECK(zero::config::from_json(full, {.world_size = 8}).zero_optimization.offload_optimizer.ratio == 0.5788);
+    // With the CPU backend's rates (device and host the same cores) no partial offload is listed.
+    auto on_cpu = r;
+    on_cpu.device = "cpu";
+    const auto cpu_plan = zt::make_plan(o, on_cpu, {.device_bytes = 8 * gib, .host_bytes = 4096 * gib});
+    CHECK(cpu_plan.ranked.size() == zt::plan_settings(o).size());
+    REQUIRE(cpu_plan.chosen);
+    CHECK(zt::setting_name(cpu_plan.ranked[*cpu_plan.chosen].row) ==
+          "stage 3, offload_optimizer cpu, offload_param none");
   }
   SUBCASE("2 GiB per GPU and 90 GiB of host: the parameters go to the host, the optimizer state to NVMe") {
     const auto plan = zt::make_plan(o, r, {.device_bytes = 2 * gib, .host_bytes = 90 * gib, .nvme_bytes = 1024 * gib});

@@ -1,8 +1,10 @@
 // zero-estimate --plan against engines: for the fashion-mnist example's model and config, every
 // setting the plan may choose is run on the CPU backend and its peak measured (memory_report); with
 // budgets just above a setting's peak the plan chooses it or a faster setting, and that setting's
-// measured peak fits while every faster one's does not; just below, it does not choose it. And the
-// probes that measure the rates the plan ranks by.
+// measured peak fits while every faster one's does not; just below, it does not choose it. The partial
+// offloads, whose ratio follows the device budget, are run at the ratio each plan gives them, and at a
+// slightly smaller one (more on the device: faster) that must not fit. And the probes that measure the
+// rates the plan ranks by.
 
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
@@ -46,6 +48,9 @@ std::string fmnist_config(const zt::estimate_row& r, bool allgather_bucket, cons
   auto& z = j["zero_optimization"];
   z["stage"] = r.stage;
   z["offload_optimizer"] = {{"device", zero::name_of(r.offload_optimizer)}, {"nvme_path", nvme_path}};
+  if (r.offload_optimizer == zero::offload_device::cpu && r.offload_ratio < 1) {
+    z["offload_optimizer"]["ratio"] = r.offload_ratio;
+  }
   z["offload_param"] = {{"device", zero::name_of(r.offload_param)}};
   return j.dump();
 }
@@ -126,46 +131,70 @@ std::filesystem::path scratch(const char* what) {
   return dir;
 }
 
+/// The fashion-mnist model's estimate options on `world` ranks, from the example's config.
+zt::estimate_options fmnist_options(int world, bool allgather_bucket, const std::filesystem::path& dir) {
+  const auto cfg = zero::config::from_string(fmnist_config(zt::estimate_row{}, allgather_bucket, dir.string()),
+                                             {.world_size = world});
+  const auto model = zt::summarize_modules({{256 * 784, 256}, {128 * 256, 128}, {10 * 128, 10}});
+  return zt::estimate_options_from(cfg, model, world);
+}
+
+/// Each setting's measured peak, run once (a partial offload's name carries its ratio).
+class peaks {
+public:
+  peaks(int world, bool allgather_bucket, std::filesystem::path dir)
+      : world_(world), allgather_bucket_(allgather_bucket), dir_(std::move(dir)) {}
+  const peak& of(const zt::estimate_row& r) {
+    const std::string name = zt::setting_name(r);
+    auto it = seen_.find(name);
+    if (it == seen_.end()) {
+      it = seen_.emplace(name, measure(r, world_, allgather_bucket_, dir_)).first;
+    }
+    return it->second;
+  }
+
+private:
+  int world_;
+  bool allgather_bucket_;
+  std::filesystem::path dir_;
+  std::map<std::string, peak> seen_;
+};
+
 /// Runs the plan for the fashion-mnist model on `world` ranks against budgets around each setting's
 /// measured peak (see the file comment). `above` and `below` are the factors "just above" and "just
 /// below" apply to the peaks: the estimate is within them of what the engine holds.
 void check_plans(int world, bool allgather_bucket, double above, double below) {
   const auto dir = scratch("zero-plan-engine-");
-  const auto cfg = zero::config::from_string(fmnist_config(zt::estimate_row{}, allgather_bucket, dir.string()),
-                                             {.world_size = world});
-  const auto model = zt::summarize_modules({{256 * 784, 256}, {128 * 256, 128}, {10 * 128, 10}});
-  const auto o = zt::estimate_options_from(cfg, model, world);
+  const auto o = fmnist_options(world, allgather_bucket, dir);
   CHECK(o.persistent_params == 256 + 128 + 10);
   const auto rates = test_rates(dir.string());
-  // Every candidate's real peak, in the plan's order.
+  peaks real(world, allgather_bucket, dir);
+  // The settings of every budget, in the plan's order (no partial offload: with no device budget none fits).
   const auto ranked = zt::make_plan(o, rates, {}).ranked;
-  std::vector<peak> real;
-  for (const auto& c : ranked) {
-    real.push_back(measure(c.row, world, allgather_bucket, dir));
-  }
-  auto index_of = [&](const zt::plan_result& p) { return *p.chosen; };
   for (std::size_t i = 0; i < ranked.size(); ++i) {
+    const peak at = real.of(ranked[i].row);
     CAPTURE(world);
     CAPTURE(zt::setting_name(ranked[i].row));
-    CAPTURE(real[i].device);
-    CAPTURE(real[i].host);
-    CAPTURE(real[i].nvme);
-    // Just above: the plan takes this setting or a faster one; what it takes fits, and nothing faster does.
-    const zt::memory_budget up{scaled(real[i].device, above), scaled(real[i].host, above), scaled(real[i].nvme, above)};
+    CAPTURE(at.device);
+    CAPTURE(at.host);
+    CAPTURE(at.nvme);
+    // Just above: the plan takes this setting or a faster one; what it takes fits, and nothing faster does
+    // (a partial offload among them at the ratio this budget gives it).
+    const zt::memory_budget up{scaled(at.device, above), scaled(at.host, above), scaled(at.nvme, above)};
     const auto plan = zt::make_plan(o, rates, up);
     REQUIRE(plan.chosen);
-    const std::size_t k = index_of(plan);
+    const std::size_t k = *plan.chosen;
     CAPTURE(zt::setting_name(plan.ranked[k].row));
-    CHECK(k <= i);
-    CHECK(fits(real[k], up));
+    CHECK(plan.ranked[k].cost.total <= ranked[i].cost.total);
+    CHECK(fits(real.of(plan.ranked[k].row), up));
     for (std::size_t f = 0; f < k; ++f) {
-      CAPTURE(zt::setting_name(ranked[f].row));
-      CHECK_FALSE(fits(real[f], up));
+      CAPTURE(zt::setting_name(plan.ranked[f].row));
+      CHECK_FALSE(fits(real.of(plan.ranked[f].row), up));
     }
     // Just below in each memory it uses (the others generous): the plan does not take it, and what it
     // takes instead fits.
     for (int memory = 0; memory < 3; ++memory) {
-      const std::int64_t used = memory == 0 ? real[i].device : memory == 1 ? real[i].host : real[i].nvme;
+      const std::int64_t used = memory == 0 ? at.device : memory == 1 ? at.host : at.nvme;
       if (used == 0) {
         continue;
       }
@@ -175,7 +204,7 @@ void check_plans(int world, bool allgather_bucket, double above, double below) {
       const auto under = zt::make_plan(o, rates, down);
       if (under.chosen) {
         CHECK(zt::setting_name(under.ranked[*under.chosen].row) != zt::setting_name(ranked[i].row));
-        CHECK(fits(real[index_of(under)], down));
+        CHECK(fits(real.of(under.ranked[*under.chosen].row), down));
       }
     }
   }
@@ -198,6 +227,63 @@ TEST_CASE("with the example's allgather_bucket_size the plan stays on the safe s
   // (its first layer is a bucket of its own), so the estimate is up to 11% over there: the plan still
   // takes only what fits, with budgets 11% above the peaks.
   check_plans(2, true, 1.11, 0.995);
+}
+
+TEST_CASE("a partial offload's plan fits what the engine holds, and a larger device share does not") {
+  // A device budget between a stage's peak in memory and with the whole state offloaded (the engine's peak
+  // with half of the state on the host): the plan takes the partial offload at the smallest ratio whose
+  // estimate fits the budget less 0.5%. The engine at that ratio fits; at a ratio 0.02 smaller (more of the
+  // state on the device: by the plan's cost as fast or faster) it does not, so the margin costs the plan
+  // less than 0.02 of the state.
+  const auto dir = scratch("zero-plan-partial-");
+  for (int world : {1, 2}) {
+    const auto o = fmnist_options(world, false, dir);
+    const auto rates = test_rates(dir.string());
+    peaks real(world, false, dir);
+    for (int stage : {1, 2, 3}) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      auto setting = [&](zero::offload_device opt, double ratio) {
+        auto r = zt::estimate_row{};
+        r.stage = stage;
+        r.offload_optimizer = opt;
+        r.offload_ratio = ratio;
+        return r;
+      };
+      const peak in_memory = real.of(setting(zero::offload_device::none, 0));
+      const peak half = real.of(setting(zero::offload_device::cpu, 0.5));
+      CAPTURE(in_memory.device);
+      CAPTURE(half.device);
+      // The stage's peak with half of the state on the host: the plan's partial offload is near 0.5.
+      const zt::memory_budget budget{half.device, std::int64_t{1} << 40, 0};
+      const auto partial = zt::partial_offload_setting(o, stage, budget.device_bytes);
+      REQUIRE(partial);
+      CAPTURE(partial->offload_ratio);
+      CHECK(partial->offload_ratio == doctest::Approx(0.5).epsilon(0.02));
+      CHECK(partial->offload_ratio < 1);
+      CHECK(fits(real.of(*partial), budget));
+      CHECK_FALSE(fits(real.of(setting(zero::offload_device::cpu, partial->offload_ratio - 0.02)), budget));
+      CHECK_FALSE(fits(in_memory, budget));
+      const auto plan = zt::make_plan(o, rates, budget);
+      REQUIRE(plan.chosen);
+      const auto& chosen = plan.ranked[*plan.chosen];
+      CAPTURE(zt::setting_name(chosen.row));
+      CHECK(fits(real.of(chosen.row), budget));
+      bool listed = false;
+      for (std::size_t f = 0; f < plan.ranked.size(); ++f) {
+        listed = listed || zt::setting_name(plan.ranked[f].row) == zt::setting_name(*partial);
+        if (f < *plan.chosen) {
+          CAPTURE(zt::setting_name(plan.ranked[f].row));
+          CHECK_FALSE(fits(real.of(plan.ranked[f].row), budget));
+        }
+      }
+      CHECK(listed);
+      // The block the plan prints carries the ratio.
+      CHECK(zt::plan_config_block(*partial, o, "").at("zero_optimization").at("offload_optimizer").at("ratio") ==
+            partial->offload_ratio);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("the probes measure positive rates and leave no file behind") {

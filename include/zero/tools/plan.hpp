@@ -14,6 +14,9 @@
 ///                           gradients down and parameters up over the measured copy rates)
 ///     optimizer on NVMe the same, and K n bytes read plus K n written at the storage's rates / ranks
 ///                       per node (K: 12 bytes of fp32 master, m and v; 8 for fp32 training)
+///     partial offload   the host's share h = ratio x n: max(AdamW over n on the device, host AdamW over h
+///                       + G h bytes down + P h bytes up); on the CPU backend (device "cpu", the same
+///                       cores) the device's n - h and the host's part one after the other
 ///
 /// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
 /// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
@@ -21,11 +24,19 @@
 /// that differs between stages, which no probe measures: of settings that cost the same, the one
 /// listed first by `estimate_memory` (lower stage, then less offloaded) ranks first.
 ///
-/// `offload_optimizer.ratio` below 1 (part of the step on the device, which the engine runs) is not a
-/// candidate: the planner offers the whole state on the host or none of it (`zero-estimate
-/// --offload-ratio` shows the memory of a partial offload's rows). Neither are the overlap keys
-/// (`backward_overlap`, `forward_overlap`): hiding the host's step behind forward and backward would
-/// need their time, which no probe measures.
+/// Partial offload (`offload_optimizer.ratio` below 1, `partial_offload_setting`) is a candidate at
+/// stages 1-3 where the stage's state does not fit on the device: the largest device share whose
+/// estimate fits the device budget less a margin of 0.5% (the smallest ratio, in steps of 1e-4).
+/// Its host part counts its copies in series with its update, as `balanced_offload_ratio` does (an
+/// upper bound where they overlap), and the split is not credited with beating the whole step on
+/// the device: on an H200 the engine's balanced share ("auto") measured 21.2 ms of optimizer time
+/// against 13.0 ms in memory (bench/README.md). So a partial offload never ranks before its stage
+/// in memory, and where it costs what another setting does (its host part hidden behind the
+/// device's), the other ranks first. Not on the CPU backend (rates of device "cpu"), whose device
+/// and host are the same cores and memory. Not with the parameters offloaded: there the device's
+/// part writes its parameters into host memory from the kernel, which no probe times. Neither are
+/// the overlap keys (`backward_overlap`, `forward_overlap`) candidates: hiding the host's step
+/// behind forward and backward would need their time, which no probe measures.
 
 #include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
@@ -194,22 +205,75 @@ struct step_cost {
   double host_adamw = 0;   ///< AdamW on the host
   double transfer = 0;     ///< gradients down and parameters up between host and device
   double nvme = 0;         ///< the state read from and written to NVMe
-  double total = 0;        ///< device_adamw + max(host_adamw, transfer, nvme): the host side overlaps
+  /// device_adamw + max(host_adamw, transfer, nvme): the host side overlaps; for a partial offload
+  /// max(the whole shard's AdamW on the device, host_adamw + transfer), or the sum of the three on the CPU
+  /// backend (file comment)
+  double total = 0;
 };
 
-/// The settings a plan chooses from: the rows of `estimate_memory(o)` the engine runs, in its order.
-/// The one list of candidates; a row the engine learns to run (its `implemented`) joins it.
+/// The settings a plan chooses from whatever its budgets: the rows of `estimate_memory(o)` the engine
+/// runs, in its order, with the whole optimizer state on the host in the CPU rows (`o.offload_ratio` is
+/// not used: `partial_offload_setting` gives the partial offloads, which depend on the device budget).
+/// A row the engine learns to run (its `implemented`) joins it.
 [[nodiscard]] inline std::vector<estimate_row> plan_settings(const estimate_options& o) {
-  std::vector<estimate_row> rows = estimate_memory(o);
+  estimate_options whole = o;
+  whole.offload_ratio = 1.0;
+  std::vector<estimate_row> rows = estimate_memory(whole);
   // Parameters on NVMe run, but the cost has no term for their reads and writes yet, nor the peak for
   // the image of the shard that init_params holds (docs/offload.md): not candidates.
   std::erase_if(rows, [](const estimate_row& r) { return !r.implemented || r.offload_param == offload_device::nvme; });
   return rows;
 }
 
+/// The share of the device budget a partial offload leaves free. A fixed setting's bytes fall where they
+/// fall, but a partial offload's ratio is chosen to fill the budget, so what the estimate does not count
+/// (the flat buffer's alignment padding, the rounding of the split to 64 elements, the engine's few small
+/// buffers: 0.05% for the fashion-mnist model) would land on the wrong side of it.
+inline constexpr double partial_offload_margin = 0.005;
+
+/// The partial optimizer offload a plan offers at `stage` (1-3) for `device_bytes` per rank: the row of
+/// `estimate_memory` with the optimizer on the CPU and the parameters not, at the smallest ratio, in steps
+/// of 1e-4, whose device bytes fit in `device_bytes` less `partial_offload_margin` of it (the largest
+/// device share of the state). Empty when the stage's row without offload fits (it keeps the whole
+/// state there and is as fast), and when not even ratio 0.9999 fits (then only the whole offload,
+/// which also streams the gradient shard to the host, can).
+/// \throws usage_error for a stage outside 1-3, and as `estimate_memory` does.
+[[nodiscard]] inline std::optional<estimate_row> partial_offload_setting(const estimate_options& o, int stage,
+                                                                         std::int64_t device_bytes) {
+  if (stage < 1 || stage > 3) {
+    throw usage_error(
+        cat("partial_offload_setting: stage ", std::to_string(stage), "; a partial offload runs at stages 1-3"));
+  }
+  constexpr std::int64_t steps = 10'000;
+  auto row_at = [&](std::int64_t k, offload_device opt) {
+    estimate_options at = o;
+    at.offload_ratio = static_cast<double>(k) / static_cast<double>(steps);
+    for (const estimate_row& r : estimate_memory(at)) {
+      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == offload_device::none) {
+        return r;
+      }
+    }
+    throw usage_error("partial_offload_setting: estimate_memory has no row for the stage");
+  };
+  const auto target =
+      static_cast<std::int64_t>(std::floor(static_cast<double>(device_bytes) * (1 - partial_offload_margin)));
+  const auto fits = [&](std::int64_t k) { return row_at(k, offload_device::cpu).gpu_bytes_per_rank <= target; };
+  if (row_at(0, offload_device::none).gpu_bytes_per_rank <= device_bytes || !fits(steps - 1)) {
+    return std::nullopt;
+  }
+  // The device bytes fall as the ratio grows: the smallest ratio that fits, between `over` and `fit`.
+  std::int64_t over = 0;
+  std::int64_t fit = steps - 1;
+  while (fit - over > 1) {
+    const std::int64_t mid = over + (fit - over) / 2;
+    (fits(mid) ? fit : over) = mid;
+  }
+  return row_at(fit, offload_device::cpu);
+}
+
 /// The cost of row `r` for the model of `o` by `rates` (file comment). A resource whose rate is 0
 /// (not measured) makes the cost infinite. \throws usage_error when device, host or copy rates are
-/// not positive.
+/// not positive, and for a partial offload (ratio below 1) with the parameters offloaded.
 [[nodiscard]] inline step_cost estimate_step_cost(const estimate_row& r, const estimate_options& o,
                                                   const machine_rates& rates) {
   if (!(rates.device_adamw > 0) || !(rates.host_adamw > 0) || !(rates.host_to_device > 0) ||
@@ -227,6 +291,19 @@ struct step_cost {
   const double g = static_cast<double>(size_of(r.grad_dtype));
   const double k = o.param_dtype == dtype::f32 ? 8.0 : 12.0; // fp32 master (unless the parameters are), m, v
   step_cost c;
+  if (r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1) {
+    if (r.offload_param != offload_device::none) {
+      throw usage_error("estimate_step_cost: a partial offload with the parameters offloaded has no cost here: the "
+                        "device's part writes its parameters into host memory, which no probe times");
+    }
+    const double h = std::round(r.offload_ratio * n);
+    c.device_adamw = per_second(n - h, rates.device_adamw);
+    c.host_adamw = per_second(h, rates.host_adamw / ranks_per_node);
+    c.transfer = per_second(h * g, rates.device_to_host) + per_second(h * p, rates.host_to_device);
+    c.total = rates.device == "cpu" ? c.device_adamw + c.host_adamw + c.transfer
+                                    : std::max(per_second(n, rates.device_adamw), c.host_adamw + c.transfer);
+    return c;
+  }
   if (r.offload_optimizer == offload_device::none) {
     c.device_adamw = per_second(n, rates.device_adamw);
   } else {
@@ -281,9 +358,11 @@ struct plan_result {
   std::optional<std::size_t> chosen; ///< index into `ranked`; empty when nothing fits
 };
 
-/// Ranks `plan_settings(o)` by `estimate_step_cost` (stable: equal costs keep the settings' order)
-/// and chooses the first that fits `budget`. \throws usage_error as `estimate_memory` and
-/// `estimate_step_cost` do, and for a negative budget.
+/// Ranks `plan_settings(o)`, then the partial offloads of stages 1-3 for `budget`
+/// (`partial_offload_setting`; none when `rates.device` is "cpu", the CPU backend), by
+/// `estimate_step_cost` (stable: equal costs keep that order) and chooses the first that fits
+/// `budget`. \throws usage_error as `estimate_memory` and `estimate_step_cost` do, and for a negative
+/// budget.
 [[nodiscard]] inline plan_result make_plan(const estimate_options& o, const machine_rates& rates,
                                            const memory_budget& budget) {
   if (budget.device_bytes < 0 || budget.host_bytes < 0 || budget.nvme_bytes < 0) {
@@ -292,6 +371,15 @@ struct plan_result {
   plan_result plan;
   for (const estimate_row& r : plan_settings(o)) {
     plan.ranked.push_back({r, estimate_step_cost(r, o, rates), shortfalls(r, budget)});
+  }
+  // On the CPU backend the device and the host are the same cores and the same memory: a partial offload
+  // would only move state between two budgets of one memory, at no gain in speed.
+  if (rates.device != "cpu") {
+    for (int stage : {1, 2, 3}) {
+      if (const auto r = partial_offload_setting(o, stage, budget.device_bytes)) {
+        plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
+      }
+    }
   }
   std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
                    [](const plan_candidate& a, const plan_candidate& b) { return a.cost.total < b.cost.total; });
@@ -305,12 +393,13 @@ struct plan_result {
 }
 
 /// The DeepSpeed config block of row `r` for the model of `o`: `zero_optimization` with the stage,
-/// the `offload_optimizer` and `offload_param` blocks (`nvme_path` and `buffer_count` for NVMe), and
-/// the sizes the estimate assumed (`reduce_bucket_size`, `allgather_bucket_size` when set, and at
-/// stage 3 `stage3_prefetch_bucket_size`, `stage3_max_live_parameters` and, with hpZ, the
-/// `zero_hpz_partition_size` its bytes counted); the precision block of
-/// `o.param_dtype` (`bf16` or `fp16` enabled; neither for fp32). Merge it into a ds_config.json
-/// (`nlohmann::json::merge_patch`). \throws usage_error for an NVMe row without `nvme_path`.
+/// the `offload_optimizer` (with its `ratio` for a partial offload) and `offload_param` blocks
+/// (`nvme_path` and `buffer_count` for NVMe), and the sizes the estimate assumed
+/// (`reduce_bucket_size`, `allgather_bucket_size` when set, and at stage 3
+/// `stage3_prefetch_bucket_size`, `stage3_max_live_parameters` and, with hpZ, the
+/// `zero_hpz_partition_size` its bytes counted); the precision block of `o.param_dtype` (`bf16` or
+/// `fp16` enabled; neither for fp32). Merge it into a ds_config.json (`nlohmann::json::merge_patch`).
+/// \throws usage_error for an NVMe row without `nvme_path`.
 [[nodiscard]] inline nlohmann::json plan_config_block(const estimate_row& r, const estimate_options& o,
                                                       const std::string& nvme_path) {
   nlohmann::json z = {{"stage", r.stage}, {"reduce_bucket_size", o.reduce_bucket_size}};
@@ -340,6 +429,9 @@ struct plan_result {
   z["offload_optimizer"] = offload(r.offload_optimizer);
   if (r.offload_optimizer == offload_device::nvme) {
     z["offload_optimizer"]["buffer_count"] = o.offload_optimizer_buffer_count;
+  }
+  if (r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1) {
+    z["offload_optimizer"]["ratio"] = r.offload_ratio;
   }
   z["offload_param"] = offload(r.offload_param);
   nlohmann::json block = {{"zero_optimization", z}};
@@ -440,10 +532,13 @@ inline std::string plan_ms(double seconds) {
 }
 } // namespace detail
 
-/// A setting in words: "stage 2, offload_optimizer cpu, offload_param none".
+/// A setting in words: "stage 2, offload_optimizer cpu, offload_param none", or for a partial offload
+/// "stage 2, offload_optimizer cpu ratio 0.5751, offload_param none".
 [[nodiscard]] inline std::string setting_name(const estimate_row& r) {
+  const bool partial = r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1;
   return cat("stage ", std::to_string(r.stage), ", offload_optimizer ", name_of(r.offload_optimizer),
-             ", offload_param ", name_of(r.offload_param));
+             partial ? cat(" ratio ", zero::detail::show_number(r.offload_ratio)) : std::string(), ", offload_param ",
+             name_of(r.offload_param));
 }
 
 /// The plan as lines of text: the candidates fastest first with cost, bytes and verdict ("fits", or
