@@ -59,8 +59,8 @@ __device__ __forceinline__ void block_amax(float& amax, int& finite) {
   __syncthreads(); // the shared words are read by all before the next block's writes
 }
 
-/// Writes the block's scale (from the thread that is `writer`) and returns the factor of its codes, qmax / amax (0 for a block
-/// of zeros or one poisoned by an inf or NaN, whose scale is NaN).
+/// Writes the block's scale (from the thread that is `writer`) and returns the factor of its codes, qmax / amax (0 for
+/// a block of zeros or one poisoned by an inf or NaN, whose scale is NaN).
 __device__ __forceinline__ float block_scale(float amax, float qmax, bool finite, float* scale, bool writer) {
   if (writer) {
     *scale = finite ? __fdiv_rn(amax, qmax) : __int_as_float(0x7fc00000);
@@ -162,14 +162,13 @@ template <class T> __device__ __forceinline__ raw8<T> load8_raw(const T* p) {
 }
 
 /// Packs `first + k stride` (k < K) of a block at `x` (16-byte aligned) of `len` elements, as they are, and
-/// their amax and finiteness (an amax that keeps an inf or NaN, tested once at the end). The whole packs are loaded first, each by one unconditional access (a pack
-/// beyond the block reads the block's first one instead, and is then zeroed), so the K loads are all in
-/// flight at once; a pack the block's end cuts is then read element by element. Zeros beyond the block
-/// leave the amax as it is.
+/// their amax and finiteness (an amax that keeps an inf or NaN, tested once at the end). The whole packs are loaded
+/// first, each by one unconditional access (a pack beyond the block reads the block's first one instead, and is then
+/// zeroed), so the K loads are all in flight at once; a pack the block's end cuts is then read element by element.
+/// Zeros beyond the block leave the amax as it is.
 template <class T, int K>
 __device__ __forceinline__ void load_block_packs(const T* x, ::cuda::std::size_t first, ::cuda::std::size_t stride,
-                                                 ::cuda::std::size_t len, raw8<T> (&raw)[K], float& amax,
-                                                 int& finite) {
+                                                 ::cuda::std::size_t len, raw8<T> (&raw)[K], float& amax, int& finite) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const ::cuda::std::size_t at = (first + static_cast<::cuda::std::size_t>(k) * stride) * 8;
@@ -338,8 +337,8 @@ __device__ __forceinline__ void dequantize_pack(uint2 word, int bits, float scal
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const unsigned nibble = (word.x >> (4U * static_cast<unsigned>(j))) & 0x0FU;
-      v[j] = __fmul_rn(static_cast<float>(nibble >= 8 ? static_cast<int>(nibble) - 16 : static_cast<int>(nibble)),
-                       scale);
+      v[j] =
+          __fmul_rn(static_cast<float>(nibble >= 8 ? static_cast<int>(nibble) - 16 : static_cast<int>(nibble)), scale);
     }
   }
 }
@@ -414,8 +413,7 @@ void launch_quantize(const T* x, std::size_t n, quant_format f, std::uint8_t* co
   } else if (packed && f.block <= 8 * per_warp) {
     quantize_warp_kernel<T, 8><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
   } else if (packed && warp_packs == 16 && f.block <= 16 * per_warp) {
-    quantize_warp_kernel<T, warp_packs><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes,
-                                                                                  scales);
+    quantize_warp_kernel<T, warp_packs><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
   } else if (packed && f.block <= 2 * per_pass) {
     quantize_packed_kernel<T, 2><<<grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
   } else if (packed && f.block <= 4 * per_pass) {
