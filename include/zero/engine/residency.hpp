@@ -14,6 +14,7 @@
 #include "zero/comm/communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/detail/node_groups.hpp"
 #include "zero/engine/detail/visit_made.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
 #include "zero/engine/param_coordinator.hpp"
@@ -145,6 +146,10 @@ public:
   template <class F> decltype(auto) operator()(F&& f) { return visit(v_, f); }
   template <class F> decltype(auto) operator()(F&& f) const { return visit(v_, f); }
 
+  /// ZeRO++'s node and cross groups of the data group (hpZ's node group once `make` made it), for the
+  /// gradient reducer's two-level qgZ too; they live as long as the residency.
+  [[nodiscard]] detail::node_groups<Comm>& nodes() noexcept { return nodes_; }
+
   /// Stage 3's coordinator, or null.
   [[nodiscard]] const coordinator_type* coordinator() const noexcept requires can_all_gather<Comm> {
     return std::get_if<coordinator_type>(&v_);
@@ -154,28 +159,18 @@ public:
   }
 
 private:
-  /// hpZ: this rank's node group (`size` consecutive ranks of `comm`), split from `comm`, and the
-  /// coordinator's secondary partition over it (in `state`).
+  /// hpZ: this rank's node group (`size` consecutive ranks of `comm`, `nodes_`) and the coordinator's
+  /// secondary partition over it (in `state`).
   void use_secondary(std::int64_t size, Comm& comm, counting state) {
-    const std::string key = "zero_optimization.zero_hpz_partition_size " + std::to_string(size);
-    if constexpr (can_split<Comm>) {
-      if (size > comm.size() || comm.size() % size != 0) {
-        throw config_error(key + " does not divide the " + std::to_string(comm.size()) +
-                           " ranks of the data group; expected the ranks of a node, a divisor of the group's size");
-      }
-      node_.emplace(comm.split(comm.rank() / static_cast<int>(size), comm.rank()));
-      std::get<coordinator_type>(v_).use_secondary(*node_, std::move(state));
-    } else {
-      throw config_error(key + " needs a communicator that can split(color, key) (zero::can_split) to make the node "
-                               "groups; use one that can, or set it to 1");
-    }
+    Comm& node = nodes_.node(comm, size, "zero_optimization.zero_hpz_partition_size " + std::to_string(size));
+    std::get<coordinator_type>(v_).use_secondary(node, std::move(state));
   }
 
   template <class V, class F> static decltype(auto) visit(V& v, F& f) {
     return detail::visit_made<replicated>(v, f, "the engine has no parameters before finalize()");
   }
 
-  std::optional<Comm> node_; // hpZ's node group; outlives the coordinator that keeps it
+  detail::node_groups<Comm> nodes_; // ZeRO++'s node and cross groups; outlive the coordinator that keeps one
   typename detail::residency_of<Backend, Comm, A, Storage>::type v_;
 };
 
