@@ -277,13 +277,27 @@ struct zero_optimization_config {
   /// codes with an fp32 scale per block (about half of a 16-bit gather) and are dequantized on arrival;
   /// persistent parameters and hpZ's node gathers stay exact (docs/zeropp.md). Default false.
   bool zero_quantized_weights = false;
-  /// `zero_quantized_gradients`: ZeRO++'s qgZ at stages 2-3: a bucket's chunk for each rank goes as
-  /// block-quantized codes by all-to-all, and each rank sums the dequantized chunks in fp32 (one level,
-  /// over the data group; docs/zeropp.md). Not with offload_optimizer. Default false.
+  /// `zero_quantized_gradients`: ZeRO++'s qgZ at stages 2-3: a bucket's chunks go as block-quantized
+  /// codes by all-to-all and each rank sums the dequantized chunks in fp32; in two levels (inside the
+  /// node, then across nodes on the node's partial sums) when the node size
+  /// (`zero_quantized_gradients_node_size`) is above 1 and below the data group's, else in one over the
+  /// data group (docs/zeropp.md). Not with offload_optimizer. Default false.
   bool zero_quantized_gradients = false;
   /// `zero_quantized_gradients_bits` (zero-specific, not a DeepSpeed key): 4 (DeepSpeed's qgZ) or 8 bits
   /// per gradient code. Default 4.
   std::int64_t zero_quantized_gradients_bits = 4;
+  /// `zero_quantized_gradients_node_size` (zero-specific, not a DeepSpeed key; DeepSpeed takes the
+  /// node's local size): the ranks of a node for qgZ's two levels, consecutive ranks of the data group;
+  /// must divide its size, and equal `zero_hpz_partition_size` when both are set at stage 3. Empty (the
+  /// default): `zero_hpz_partition_size` at stage 3, else 1. 1 or the whole group: one level.
+  std::optional<std::int64_t> zero_quantized_gradients_node_size;
+  /// The node size qgZ's two levels run over at this stage (see `zero_quantized_gradients_node_size`).
+  [[nodiscard]] std::int64_t quantized_gradients_node_size() const noexcept {
+    if (zero_quantized_gradients_node_size) {
+      return *zero_quantized_gradients_node_size;
+    }
+    return stage == 3 ? zero_hpz_partition_size : 1;
+  }
   /// `zero_quantization_block_size` (zero-specific, not a DeepSpeed key): elements per fp32 scale of
   /// ZeRO++'s quantized all-gathers and gradient chunks (DeepSpeed picks groups of a few thousand
   /// itself). Default 4096.

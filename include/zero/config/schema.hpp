@@ -284,6 +284,10 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
     key<&zero_optimization_config::zero_quantized_gradients_bits>("zero_quantized_gradients_bits")
         .range(std::int64_t{4}, std::int64_t{8})
         .at_stages(0b1100),
+    key<&zero_optimization_config::zero_quantized_gradients_node_size>("zero_quantized_gradients_node_size")
+        .at_least(1)
+        .or_null()
+        .at_stages(0b1100),
     key<&zero_optimization_config::zero_quantization_block_size>("zero_quantization_block_size")
         .range(std::int64_t{2}, std::int64_t{1} << 30)
         .at_stages(0b1100),

@@ -164,6 +164,21 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
     ctx.fail("zero_optimization.offload_param.nvme_path",
              "missing; device \"nvme\" keeps the parameter shard in a file under this folder");
   }
+  // qgZ's node: consecutive ranks of the data group, so a divisor of its size; one node size with hpZ.
+  if (z.zero_quantized_gradients_node_size && stage >= 2) {
+    const std::int64_t h = *z.zero_quantized_gradients_node_size;
+    const std::string path = "zero_optimization.zero_quantized_gradients_node_size";
+    if (!z.zero_quantized_gradients) {
+      ctx.note(path, "no effect: zero_quantized_gradients is false");
+    } else if (stage == 3 && z.zero_hpz_partition_size > 1 && z.zero_hpz_partition_size != h) {
+      ctx.fail(path, cat("found ", std::to_string(h), ", but zero_hpz_partition_size is ",
+                         std::to_string(z.zero_hpz_partition_size),
+                         "; both name the ranks of a node, expected the same size (or leave this key out)"));
+    } else if (in.world_size && *in.world_size >= 1 && *in.world_size % h != 0) {
+      ctx.fail(path, cat("found ", std::to_string(h), ", which does not divide the ", std::to_string(*in.world_size),
+                         " ranks of the data group; expected the ranks of a node, a divisor of the group's size"));
+    }
+  }
   note_stages(r, zero_optimization_keys, stage);
   note_values(r, zero_optimization_keys, stage);
   r.finish();
