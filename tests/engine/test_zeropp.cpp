@@ -10,6 +10,7 @@
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/zero.hpp"
 
+#include <cmath>
 #include <cstddef>
 #include <doctest/doctest.h>
 #include <limits>
@@ -40,14 +41,15 @@ zero::config hpz_config(int ranks, const std::string& zero_keys, int stage = 3) 
 }
 
 struct hpz_run {
-  std::vector<std::vector<float>> weights;       // rank 0's layers after training
-  zero::comm_traffic world, node;                // the last step's all-gathers on rank 0, by group
-  zero::gather_stats stats;                      // the last step's, rank 0
-  zero::memory_report memory;                    // rank 0
-  std::vector<float> forward0, backward0;        // layer 0 as the first step's forward and backward saw it
-  zero::comm_traffic reduce_scatter, all_to_all; // the last step's gradient reductions, rank 0
-  std::vector<double> norms;                     // every step's gradient norm
-  std::vector<bool> applied;                     // every step's
+  std::vector<std::vector<float>> weights;              // rank 0's layers after training
+  zero::comm_traffic world, node;                       // the last step's all-gathers on rank 0, by group
+  zero::gather_stats stats;                             // the last step's, rank 0
+  zero::memory_report memory;                           // rank 0
+  std::vector<float> forward0, backward0;               // layer 0 as the first step's forward and backward saw it
+  zero::comm_traffic reduce_scatter, all_to_all;        // the last step's gradient reductions, rank 0
+  zero::comm_traffic node_all_to_all, cross_all_to_all; // two-level qgZ's, on rank 0's node and cross groups
+  std::vector<double> norms;                            // every step's gradient norm
+  std::vector<bool> applied;                            // every step's
 };
 
 /// A layer's bf16 values as floats.
@@ -120,13 +122,19 @@ hpz_run hpz_train(const std::string& zero_keys, int stage = 3, int inf_step = -1
         }
         eng.grad_ready(params[li]);
       }
-      // The world group is "world"; the node groups, split from it, "world/0" and "world/1".
+      // The world group is "world"; the node groups, split from it, "world/0" and "world/1"; the cross
+      // groups (the ranks of one local index, one per node) "world/2" to "world/5".
       const auto world_gathers = world.ledger().of("world", "all_gather");
-      const auto node_traffic = world.ledger().of("world/" + std::to_string(world.rank() / 4), "all_gather");
+      const std::string node_group = "world/" + std::to_string(world.rank() / 4);
+      const std::string cross_group = "world/" + std::to_string(2 + world.rank() % 4);
+      const auto node_traffic = world.ledger().of(node_group, "all_gather");
       const zero::gather_stats stats = eng.coordinator() != nullptr ? eng.coordinator()->stats() : zero::gather_stats{};
       const auto reduce_scatters = world.ledger().of("world", "reduce_scatter");
       const auto all_to_alls = world.ledger().of("world", "all_to_all");
       const zero::step_result r = eng.step();
+      // Two-level qgZ's groups carry nothing else; the last bucket's second level may run in step().
+      const auto node_all_to_alls = world.ledger().of(node_group, "all_to_all");
+      const auto cross_all_to_alls = world.ledger().of(cross_group, "all_to_all");
       CHECK(r.applied == (step != inf_step));
       if (world.rank() == 0) {
         const std::lock_guard lock(mu);
@@ -138,6 +146,8 @@ hpz_run hpz_train(const std::string& zero_keys, int stage = 3, int inf_step = -1
           out.stats = stats;
           out.reduce_scatter = reduce_scatters;
           out.all_to_all = all_to_alls;
+          out.node_all_to_all = node_all_to_alls;
+          out.cross_all_to_all = cross_all_to_alls;
         }
       }
     }
@@ -298,6 +308,138 @@ TEST_CASE("qgZ: gradients reduced as int4 or int8 codes by all_to_all, a quarter
     const hpz_run inf = hpz_train(R"(, "zero_quantized_gradients": true)" + block, stage, 1);
     CHECK(inf.applied == std::vector<bool>{true, false, true});
   }
+}
+
+/// The share of `run`'s weights more than 1/512 away from `exact`'s (a step moves a weight by lr = 1/100).
+double moved_apart(const hpz_run& run, const hpz_run& exact) {
+  std::size_t far = 0, all = 0;
+  for (std::size_t l = 0; l < exact.weights.size(); ++l) {
+    for (std::size_t i = 0; i < exact.weights[l].size(); ++i) {
+      far += std::abs(run.weights[l][i] - exact.weights[l][i]) > 1.0F / 512 ? 1 : 0;
+      ++all;
+    }
+  }
+  return static_cast<double>(far) / static_cast<double>(all);
+}
+
+TEST_CASE("qgZ in two levels: int4 codes send a quarter of a bf16 reduce-scatter's partials across nodes, int8 "
+          "half, a quarter of one level's; each rank ends with its own shard; an inf still skips the step") {
+  for (const int stage : {2, 3}) {
+    CAPTURE(stage);
+    const std::string block = R"(, "zero_quantization_block_size": 256, "reduce_bucket_size": 6144)";
+    const std::string qgz = R"(, "zero_quantized_gradients": true)" + block;
+    const std::string nodes = R"(, "zero_quantized_gradients_node_size": 4)";
+    const hpz_run flat = hpz_train(R"(, "reduce_bucket_size": 6144)", stage);
+    const hpz_run one4 = hpz_train(qgz, stage);
+    const hpz_run two4 = hpz_train(qgz + nodes, stage);
+    const hpz_run two8 = hpz_train(qgz + nodes + R"(, "zero_quantized_gradients_bits": 8)", stage);
+
+    // One bucket a layer: 8 chunks of s = 768 gradients, one per rank; P = 2 nodes of H = 4 ranks. A
+    // chunk as codes is 400 bytes (int4: 384 + 3 scales padded to 16) or 784 (int8); as bf16 1536.
+    constexpr std::size_t buckets = 4, n = 8, h = 4, p = 2, s = 768, bf16_chunk = 2 * s;
+    constexpr std::size_t piece4 = 400, piece8 = 784;
+    // What crosses the nodes, per rank and bucket:
+    // - the exact reduce-scatter, as the ledger counts it (each chunk sent to its owner): the chunks of
+    //   the H ranks of the other node, (P - 1) H bf16 chunks = 6144 bytes; a hierarchical bf16
+    //   reduce-scatter (inside the node first) still sends the node's partial of each chunk across
+    //   once: (P - 1) bf16 chunks per rank = 1536 bytes, the least a 16-bit reduce-scatter sends;
+    // - one-level qgZ: its all_to_all over the world sends the H chunks of the other node's ranks;
+    // - two-level qgZ: the cross group's all_to_all sends P pieces, P - 1 of them to another node.
+    const std::size_t exact_direct = (p - 1) * h * bf16_chunk, exact_hierarchical = (p - 1) * bf16_chunk;
+    CHECK(flat.reduce_scatter.sent == buckets * n * bf16_chunk);
+    CHECK(one4.all_to_all ==
+          zero::comm_traffic{.calls = buckets, .sent = buckets * n * piece4, .received = buckets * n * piece4});
+    const std::size_t one4_across = one4.all_to_all.sent / buckets / n * (n - h);
+    CHECK(one4_across == (p - 1) * h * piece4); // 1600
+
+    // Two levels: the node group carries all the codes (8 pieces: P for each of the H node ranks), the
+    // cross group one piece per node, and nothing runs on the whole group.
+    for (const auto* two : {&two4, &two8}) {
+      const std::size_t piece = two == &two4 ? piece4 : piece8;
+      CHECK(two->reduce_scatter == zero::comm_traffic{});
+      CHECK(two->all_to_all == zero::comm_traffic{});
+      CHECK(two->node_all_to_all ==
+            zero::comm_traffic{.calls = buckets, .sent = buckets * h * p * piece, .received = buckets * h * p * piece});
+      CHECK(two->cross_all_to_all ==
+            zero::comm_traffic{.calls = buckets, .sent = buckets * p * piece, .received = buckets * p * piece});
+    }
+    const std::size_t two4_across = two4.cross_all_to_all.sent / buckets / p * (p - 1); // 400
+    const std::size_t two8_across = two8.cross_all_to_all.sent / buckets / p * (p - 1); // 784
+    const auto ratio = [](std::size_t a, std::size_t b) { return static_cast<double>(a) / static_cast<double>(b); };
+    MESSAGE("across nodes per rank and bucket: bf16 reduce-scatter ", exact_direct, " (direct) or ", exact_hierarchical,
+            " (hierarchical); qgZ int4 one level ", one4_across, ", two levels ", two4_across, " (",
+            ratio(two4_across, exact_hierarchical), "); int8 two levels ", two8_across, " (",
+            ratio(two8_across, exact_hierarchical), ")");
+    CHECK(ratio(two4_across, exact_hierarchical) == doctest::Approx(0.26).epsilon(0.01)); // 400 / 1536
+    CHECK(ratio(two8_across, exact_hierarchical) == doctest::Approx(0.51).epsilon(0.01)); // 784 / 1536
+    CHECK(ratio(two4_across, exact_direct) < 0.07);
+    CHECK(two4_across * h == one4_across); // one level sends every chunk of the other node across
+
+    // Each rank ends with its own shard: the norms are the exact reduction's within one level's
+    // tolerances, and the weights after 3 steps stay by the exact run's (a rank holding another rank's
+    // chunk, or its chunk summed from the wrong pieces, moves most of them the other way).
+    REQUIRE(two4.norms.size() == flat.norms.size());
+    for (std::size_t k = 0; k < flat.norms.size(); ++k) {
+      CAPTURE(k);
+      CHECK(two8.norms[k] == doctest::Approx(flat.norms[k]).epsilon(0.01));
+      CHECK(two4.norms[k] == doctest::Approx(flat.norms[k]).epsilon(0.05));
+      CHECK(two4.norms[k] != flat.norms[k]);
+    }
+    const hpz_run one8 = hpz_train(qgz + R"(, "zero_quantized_gradients_bits": 8)", stage);
+    MESSAGE("weights apart from the exact run's: int4 one level ", moved_apart(one4, flat), ", two levels ",
+            moved_apart(two4, flat), "; int8 one level ", moved_apart(one8, flat), ", two levels ",
+            moved_apart(two8, flat));
+    CHECK(moved_apart(two8, flat) < 0.02);
+    CHECK(moved_apart(two4, flat) < 2 * moved_apart(one4, flat) + 0.01);
+
+    // An inf on rank 3 poisons its node's partial and then every node's sum: every rank skips.
+    const hpz_run inf = hpz_train(qgz + nodes, stage, 1);
+    CHECK(inf.applied == std::vector<bool>{true, false, true});
+  }
+
+  // At stage 3 the node size defaults to hpZ's, whose node groups the reducer shares; a node of the
+  // whole group is one level.
+  const std::string block =
+      R"(, "zero_quantized_gradients": true, "zero_quantization_block_size": 256, "reduce_bucket_size": 6144)";
+  const hpz_run with_hpz = hpz_train(block + R"(, "zero_hpz_partition_size": 4)");
+  CHECK(with_hpz.node_all_to_all.calls == 4);
+  CHECK(with_hpz.cross_all_to_all.calls == 4);
+  CHECK(with_hpz.all_to_all == zero::comm_traffic{});
+  const hpz_run whole = hpz_train(block + R"(, "zero_quantized_gradients_node_size": 8)", 2);
+  CHECK(whole.all_to_all.calls == 4);
+  CHECK(whole.node_all_to_all == zero::comm_traffic{});
+}
+
+TEST_CASE("qgZ's node size must divide the data group and match hpZ's, naming the key") {
+  CHECK_THROWS_WITH_AS(
+      hpz_config(8, R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_node_size": 3)", 2),
+      doctest::Contains("zero_optimization.zero_quantized_gradients_node_size: found 3, which does not divide the 8 "
+                        "ranks of the data group; expected the ranks of a node"),
+      zero::config_error);
+  CHECK_THROWS_WITH_AS(hpz_config(8,
+                                  R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_node_size": 2,
+                                     "zero_hpz_partition_size": 4)"),
+                       doctest::Contains("zero_optimization.zero_quantized_gradients_node_size: found 2, but "
+                                         "zero_hpz_partition_size is 4"),
+                       zero::config_error);
+  const zero::config unused = hpz_config(8, R"(, "zero_quantized_gradients_node_size": 4)", 2);
+  bool noted = false;
+  for (const auto& note : unused.notes) {
+    noted = noted || note.find("zero_quantized_gradients_node_size: no effect") != std::string::npos;
+  }
+  CHECK(noted);
+  // The engine checks its own data group too (a config read for another world size).
+  zero::run_ranks(2, [](zero::thread_communicator& raw) {
+    hpz_comm world(raw);
+    zero::cpu_backend backend({.threads = 1});
+    hpz_engine eng(hpz_config(4, R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_node_size": 4)", 2),
+                   world, backend);
+    eng.add_param(eng.add_module("m"), "w", {64});
+    CHECK_THROWS_WITH_AS(eng.finalize(),
+                         doctest::Contains("zero_optimization.zero_quantized_gradients_node_size 4 does not divide "
+                                           "the 2 ranks of the data group"),
+                         zero::config_error);
+  });
 }
 
 TEST_CASE("qgZ is refused with the optimizer offloaded and with codes of other than 4 or 8 bits, naming the key") {

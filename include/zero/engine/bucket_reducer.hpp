@@ -138,6 +138,28 @@ public:
   /// The sink of a streamed reducer (`reducer_options::streamed`); before the first reduction.
   void stream_to(sink s) { sink_ = std::move(s); }
 
+  /// qgZ in two levels (docs/zeropp.md): each bucket's codes go by all_to_all over `node` (the rank's
+  /// H consecutive ranks of the data group), each rank sums its node's partial of the chunks of the N / H
+  /// ranks sharing its local index, and those partials, quantized again, go by all_to_all over
+  /// `cross` (those N / H ranks, in node order). Both are kept by reference; before the first
+  /// reduction. \throws usage_error unless quantized, or when the groups are not the data group's
+  /// consecutive nodes and their cross sections (rank = cross rank x node size + node rank).
+  void use_nodes(Comm& node, Comm& cross) {
+    const int h = node.size(), p = cross.size();
+    if (!opt_.quantized || h * p != comm_.size() || comm_.rank() != cross.rank() * h + node.rank()) {
+      throw usage_error("bucket_reducer::use_nodes: expected quantized gradients and a node group of H consecutive "
+                        "ranks with a cross group of the N / H ranks of the same local index (N = " +
+                        std::to_string(comm_.size()) + ", got H = " + std::to_string(h) + " and " + std::to_string(p) +
+                        " nodes at rank " + std::to_string(comm_.rank()) + ")");
+    }
+    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+      node.set_compute_stream(stream_.get());
+      cross.set_compute_stream(stream_.get());
+    }
+    node_ = &node;
+    cross_ = &cross;
+  }
+
   /// Starts a micro-step; `boundary` is true for the last micro-step of an accumulation (the one
   /// after which the optimizer steps).
   void begin_micro_step(bool boundary) {
@@ -329,7 +351,9 @@ private:
     }
     if (seg_staging_[seg] < 0) {
       // Streamed, two buffers: a bucket's slice travels to the host while backward fills the other.
-      if (free_.empty() && !in_flight_.empty() && (!opt_.streamed || pool_.size() >= 2)) {
+      // A two-level qgZ bucket frees its buffer at its first level's completion, so one completion may
+      // free none: complete until one is free.
+      while (free_.empty() && !in_flight_.empty() && (!opt_.streamed || pool_.size() >= 2)) {
         complete_oldest();
       }
       if (free_.empty()) {
@@ -391,7 +415,9 @@ private:
       }
     });
     if (!opt_.overlap) {
-      complete_oldest();
+      while (!in_flight_.empty()) { // one bucket, in one or two levels
+        complete_oldest();
+      }
     } else if (opt_.streamed) {
       // Hand the bucket before over now (its reduction has had a bucket's backward to finish): its copy
       // to the host then runs while backward fills this bucket's staging buffer's twin.
@@ -401,10 +427,18 @@ private:
     }
   }
 
+  /// Completes the oldest reduction in flight; with two-level qgZ, a bucket whose node all_to_all is
+  /// the oldest advances to the cross group instead (and frees its staging buffer).
   void complete_oldest() {
+    in_flight_.front().handle.wait();
+    if (node_ != nullptr && !in_flight_.front().crossing) {
+      // The node's partials go across while backward goes on; the bucket stays the oldest in flight.
+      cross_nodes(in_flight_.front());
+      free_staging(in_flight_.front().segment);
+      return;
+    }
     auto f = std::move(in_flight_.front());
     in_flight_.pop_front();
-    f.handle.wait();
     if (opt_.mode == reduce_mode::reduce_scatter) {
       const auto& s = layout_.segments()[f.segment];
       const auto slot = static_cast<std::size_t>(seg_staging_[f.segment]);
@@ -425,8 +459,15 @@ private:
           backend_.accumulate(mine, reinterpret_cast<T*>(slice_of(f.segment)), s.slice, stream_);
         });
       }
-      free_.push_back(seg_staging_[f.segment]);
-      seg_staging_[f.segment] = -1;
+      free_staging(f.segment);
+    }
+  }
+
+  /// Segment `seg`'s staging buffer goes back to the pool (once; two-level qgZ frees it before landing).
+  void free_staging(std::size_t seg) {
+    if (seg_staging_[seg] >= 0) {
+      free_.push_back(seg_staging_[seg]);
+      seg_staging_[seg] = -1;
     }
   }
 
@@ -434,6 +475,7 @@ private:
     std::size_t segment;
     handle_type handle;
     buffer<std::byte, counting> codes{}; // qgZ: the rank's quantized chunks, then those it received
+    bool crossing = false;               // two-level qgZ: the handle is the cross group's all_to_all
   };
 
   /// qgZ needs quantize kernels and all_to_all, and the reduced slices kept here.
@@ -452,52 +494,115 @@ private:
   [[nodiscard]] std::size_t piece_bytes(std::size_t n) const noexcept {
     return pad16(opt_.quantized->code_bytes(n)) + pad16(opt_.quantized->blocks(n) * sizeof(float));
   }
-  /// qgZ: quantizes the staging buffer's chunk for each rank and sends them with one all_to_all.
+  /// qgZ: quantizes the staging buffer's chunk for each rank and sends them with one all_to_all: over
+  /// the data group (one level), or over the node group with the chunks in the order `chunk_at` gives.
   template <class T> void launch_quantized(std::size_t seg, const T* st, std::size_t slice) {
     if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
       const auto n = static_cast<std::size_t>(comm_.size());
       const std::size_t piece = piece_bytes(slice);
       buffer<std::byte, counting> codes;
-      if (spare_codes_.empty()) { // room for the largest segment's chunks, sent and received
-        codes = buffer<std::byte, counting>(buffers_alloc_, 2 * n * piece_bytes(max_segment_ / n), memory_tag::buffers);
+      if (spare_codes_.empty()) { // room for the largest segment's chunks, sent and received, at each level
+        const std::size_t pieces = 2 * n + (cross_ != nullptr ? 2 * static_cast<std::size_t>(cross_->size()) : 0);
+        codes =
+            buffer<std::byte, counting>(buffers_alloc_, pieces * piece_bytes(max_segment_ / n), memory_tag::buffers);
       } else {
         codes = std::move(spare_codes_.back());
         spare_codes_.pop_back();
       }
       auto* out = reinterpret_cast<std::uint8_t*>(codes.data());
-      for (std::size_t r = 0; r < n; ++r) {
-        std::uint8_t* p = out + r * piece;
+      for (std::size_t j = 0; j < n; ++j) {
+        std::uint8_t* p = out + j * piece;
         const auto scales = reinterpret_cast<float*>(p + pad16(opt_.quantized->code_bytes(slice)));
-        backend_.quantize(st + r * slice, slice, *opt_.quantized, p, scales, stream_);
+        backend_.quantize(st + chunk_at(j) * slice, slice, *opt_.quantized, p, scales, stream_);
       }
       if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
         backend_.synchronize(stream_);
       }
-      auto h = comm_.all_to_all(out, out + n * piece, piece);
+      auto h = node_ != nullptr
+                   ? node_->all_to_all(out, out + n * piece, static_cast<std::size_t>(cross_->size()) * piece)
+                   : comm_.all_to_all(out, out + n * piece, piece);
       in_flight_.push_back(flight{seg, std::move(h), std::move(codes)});
     }
   }
-  /// qgZ: the received chunks dequantized, summed in fp32 in rank order, averaged, and added to `dst`.
+  /// The chunk (the rank of the data group whose shard it is) that goes at position `j` of the first
+  /// all_to_all's send buffer. One level: chunk j, to rank j. Two levels, nodes of H ranks and P nodes:
+  /// node rank q's part of the buffer (positions q P .. q P + P - 1) holds the chunks of the ranks of
+  /// local index q, node by node: position q P + m holds chunk m H + q. Node rank q then sums, for each
+  /// node m, its node's partial of chunk m H + q, and its cross group (the ranks m H + q) exchanges them
+  /// so that each rank ends with the whole sum of its own chunk: its shard in the engine's partition.
+  [[nodiscard]] std::size_t chunk_at(std::size_t j) const noexcept {
+    if (node_ == nullptr) {
+      return j;
+    }
+    const auto h = static_cast<std::size_t>(node_->size()), p = static_cast<std::size_t>(cross_->size());
+    return (j % p) * h + j / p;
+  }
+  /// Two-level qgZ's second level: the node's partial of each chunk this rank gathers (one per node:
+  /// the node ranks' dequantized pieces summed in fp32 in node-rank order) quantized again and sent by
+  /// all_to_all over the cross group; `f`'s handle becomes that all_to_all's.
+  void cross_nodes(flight& f) {
+    if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
+      const std::size_t slice = layout_.segments()[f.segment].slice;
+      const auto n = static_cast<std::size_t>(comm_.size()), h = static_cast<std::size_t>(node_->size()),
+                 p = static_cast<std::size_t>(cross_->size());
+      const std::size_t piece = piece_bytes(slice);
+      float* partial = fp32_scratch(p + 1); // a partial per node, then one dequantized piece
+      float* tmp = partial + p * slice;
+      auto* codes = reinterpret_cast<std::uint8_t*>(f.codes.data());
+      for (std::size_t m = 0; m < p; ++m) {
+        for (std::size_t q = 0; q < h; ++q) {
+          dequantize_piece(codes + (n + q * p + m) * piece, slice, q == 0 ? partial + m * slice : tmp);
+          if (q > 0) {
+            backend_.accumulate(tmp, partial + m * slice, slice, stream_);
+          }
+        }
+      }
+      std::uint8_t* out = codes + 2 * n * piece;
+      for (std::size_t m = 0; m < p; ++m) {
+        std::uint8_t* at = out + m * piece;
+        const auto scales = reinterpret_cast<float*>(at + pad16(opt_.quantized->code_bytes(slice)));
+        backend_.quantize(partial + m * slice, slice, *opt_.quantized, at, scales, stream_);
+      }
+      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
+        backend_.synchronize(stream_);
+      }
+      f.handle = cross_->all_to_all(out, out + p * piece, piece);
+      f.crossing = true;
+    }
+  }
+  /// Dequantizes the chunk of `slice` elements whose codes start at `at` into `out`.
+  void dequantize_piece(const std::uint8_t* at, std::size_t slice, float* out) {
+    if constexpr (can_quantize<Backend>) {
+      const auto scales = reinterpret_cast<const float*>(at + pad16(opt_.quantized->code_bytes(slice)));
+      backend_.dequantize(at, scales, slice, *opt_.quantized, out, stream_);
+    }
+  }
+  /// fp32 scratch of `slices` of the largest segment's slices (qgZ's sums; stream-ordered reuse).
+  float* fp32_scratch(std::size_t slices) {
+    const std::size_t bytes = slices * (max_segment_ / static_cast<std::size_t>(comm_.size())) * sizeof(float);
+    if (acc_.size() < bytes) {
+      acc_ = buffer<std::byte, counting>(buffers_alloc_, bytes, memory_tag::buffers);
+    }
+    return reinterpret_cast<float*>(acc_.data());
+  }
+  /// qgZ: the received chunks (one level: from every rank; two: every node's partial) dequantized,
+  /// summed in fp32 in rank (node) order, averaged over the data group, and added to `dst`.
   template <class T> void land_quantized(flight& f, std::size_t slice, T* dst) {
     if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
-      if (acc_.size() < 2 * slice * sizeof(float)) {
-        acc_ = buffer<std::byte, counting>(buffers_alloc_,
-                                           2 * max_segment_ / static_cast<std::size_t>(comm_.size()) * sizeof(float),
-                                           memory_tag::buffers);
-      }
-      auto* acc = reinterpret_cast<float*>(acc_.data());
+      float* acc = fp32_scratch(2);
       float* tmp = acc + slice;
+      const auto n = static_cast<std::size_t>(comm_.size());
       const std::size_t piece = piece_bytes(slice);
-      const auto* in = reinterpret_cast<const std::uint8_t*>(f.codes.data()) + static_cast<std::size_t>(comm_.size()) * piece;
-      for (std::size_t q = 0; q < static_cast<std::size_t>(comm_.size()); ++q) {
-        const std::uint8_t* p = in + q * piece;
-        const auto scales = reinterpret_cast<const float*>(p + pad16(opt_.quantized->code_bytes(slice)));
-        backend_.dequantize(p, scales, slice, *opt_.quantized, q == 0 ? acc : tmp, stream_);
+      const std::size_t from = cross_ != nullptr ? static_cast<std::size_t>(cross_->size()) : n;
+      const auto* in =
+          reinterpret_cast<const std::uint8_t*>(f.codes.data()) + (cross_ != nullptr ? 2 * n + from : n) * piece;
+      for (std::size_t q = 0; q < from; ++q) {
+        dequantize_piece(in + q * piece, slice, q == 0 ? acc : tmp);
         if (q > 0) {
           backend_.accumulate(tmp, acc, slice, stream_);
         }
       }
-      backend_.scale(acc, slice, 1.0F / static_cast<float>(comm_.size()), stream_);
+      backend_.scale(acc, slice, 1.0F / static_cast<float>(n), stream_);
       backend_.accumulate(acc, dst, slice, stream_);
       // Reused by a later bucket without waiting: its quantize runs on this stream after these kernels,
       // and its all_to_all starts after this stream's work (the communicator orders itself after it, or
@@ -523,7 +628,9 @@ private:
   sink sink_;
   std::vector<int> free_;
   std::deque<flight> in_flight_;
-  buffer<std::byte, counting> acc_;                      // qgZ: a slice's fp32 sum and one dequantized chunk
+  buffer<std::byte, counting> acc_;                      // qgZ: fp32 sums and one dequantized chunk
+  Comm* node_ = nullptr;                                 // two-level qgZ: the node group (use_nodes)
+  Comm* cross_ = nullptr;                                // and the cross group
   std::vector<buffer<std::byte, counting>> spare_codes_; // qgZ: code buffers of landed buckets, for the next
   std::vector<std::size_t> seg_ready_;
   std::vector<bool> seg_launched_;

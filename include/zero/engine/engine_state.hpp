@@ -190,6 +190,7 @@ public:
     }
     reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
                      reducer_options_from(cfg_, streamed != nullptr), stream_);
+    use_quantized_nodes();
     if (streamed != nullptr) {
       reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
         if (stats_in_take_ && reducer_boundary_) {
@@ -389,6 +390,24 @@ public:
 
 protected:
   using counting = counting_allocator<Allocator>;
+
+  /// qgZ in two levels when its node size (`zero_quantized_gradients_node_size`, else hpZ's at stage
+  /// 3) is above 1 and not the whole data group: the reducer reduces over the residency's node groups,
+  /// hpZ's own when it has them. \throws config_error when the size does not divide the data group.
+  void use_quantized_nodes() {
+    const auto& z = cfg_.zero_optimization;
+    const std::int64_t h = z.quantized_gradients_node_size();
+    if (!z.zero_quantized_gradients || cfg_.stage() < 2 || h == 1 || h == comm_.size()) {
+      return;
+    }
+    const std::string key =
+        std::string("zero_optimization.") +
+        (z.zero_quantized_gradients_node_size ? "zero_quantized_gradients_node_size " : "zero_hpz_partition_size ") +
+        std::to_string(h);
+    auto& nodes = residency_.nodes();
+    Comm& node = nodes.node(comm_, h, key);
+    reducer_->use_nodes(node, nodes.cross(comm_, h, key));
+  }
 
   /// Makes the optimizer of `offload_optimizer.device: cpu`: in host memory, split with the device by
   /// the config's ratio (or auto's, from the given or measured rates), or on the device for ratio 0.
