@@ -37,6 +37,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/detail/quantized_exchange.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 
@@ -79,6 +80,7 @@ template <backend Backend, communicator Comm, allocator A> class bucket_reducer 
   using handle_type = decltype(std::declval<Comm&>().all_reduce(static_cast<const float*>(nullptr),
                                                                 static_cast<float*>(nullptr), 0, reduce_op::sum));
   using event_type = typename Backend::event_type;
+  static constexpr bool quantizes = can_quantize<Backend> && can_all_to_all<Comm>;
 
 public:
   /// Where a streamed reducer's reduced slices go: `(segment, slice)` with the rank's reduced slice
@@ -129,6 +131,9 @@ public:
     for (const auto& s : segs) {
       max_segment_ = std::max(max_segment_, s.range.size());
     }
+    if (opt_.quantized) {
+      q_.emplace(backend_, comm_, *opt_.quantized, buffers_alloc_, stream_, max_segment_);
+    }
     begin_micro_step(true);
   }
 
@@ -145,19 +150,11 @@ public:
   /// reduction. \throws usage_error unless quantized, or when the groups are not the data group's
   /// consecutive nodes and their cross sections (rank = cross rank x node size + node rank).
   void use_nodes(Comm& node, Comm& cross) {
-    const int h = node.size(), p = cross.size();
-    if (!opt_.quantized || h * p != comm_.size() || comm_.rank() != cross.rank() * h + node.rank()) {
-      throw usage_error("bucket_reducer::use_nodes: expected quantized gradients and a node group of H consecutive "
-                        "ranks with a cross group of the N / H ranks of the same local index (N = " +
-                        std::to_string(comm_.size()) + ", got H = " + std::to_string(h) + " and " + std::to_string(p) +
-                        " nodes at rank " + std::to_string(comm_.rank()) + ")");
+    if (!q_) {
+      throw usage_error("bucket_reducer::use_nodes: two-level qgZ needs quantized gradients "
+                        "(reducer_options::quantized)");
     }
-    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
-      node.set_compute_stream(stream_.get());
-      cross.set_compute_stream(stream_.get());
-    }
-    node_ = &node;
-    cross_ = &cross;
+    q_->use_nodes(node, cross);
   }
 
   /// Starts a micro-step; `boundary` is true for the last micro-step of an accumulation (the one
@@ -408,7 +405,11 @@ private:
         T* st = reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[seg])].data());
         T* mine = st + static_cast<std::size_t>(comm_.rank()) * s.slice;
         if (opt_.quantized) {
-          launch_quantized(seg, st, s.slice);
+          if constexpr (quantizes) {
+            buffer<std::byte, counting> codes;
+            auto h = q_->launch(st, s.slice, codes);
+            in_flight_.push_back(flight{seg, std::move(h), std::move(codes)});
+          }
         } else {
           in_flight_.push_back({seg, comm_.reduce_scatter(st, mine, s.slice, reduce_op::avg)});
         }
@@ -431,11 +432,14 @@ private:
   /// the oldest advances to the cross group instead (and frees its staging buffer).
   void complete_oldest() {
     in_flight_.front().handle.wait();
-    if (node_ != nullptr && !in_flight_.front().crossing) {
-      // The node's partials go across while backward goes on; the bucket stays the oldest in flight.
-      cross_nodes(in_flight_.front());
-      free_staging(in_flight_.front().segment);
-      return;
+    if constexpr (quantizes) {
+      if (auto& f = in_flight_.front(); q_ && q_->two_level() && !f.crossing) {
+        // The node's partials go across while backward goes on; the bucket stays the oldest in flight.
+        f.handle = q_->cross(layout_.segments()[f.segment].slice, f.codes);
+        f.crossing = true;
+        free_staging(f.segment);
+        return;
+      }
     }
     auto f = std::move(in_flight_.front());
     in_flight_.pop_front();
@@ -450,9 +454,11 @@ private:
             &sink_(f.segment, pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_);
       } else {
         visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
-          if (opt_.quantized) {
-            land_quantized(f, s.slice, reinterpret_cast<T*>(slice_of(f.segment)));
-            return;
+          if constexpr (quantizes) {
+            if (q_) {
+              q_->land(s.slice, std::move(f.codes), reinterpret_cast<T*>(slice_of(f.segment)));
+              return;
+            }
           }
           const T* mine =
               reinterpret_cast<const T*>(pool_[slot].data()) + static_cast<std::size_t>(comm_.rank()) * s.slice;
@@ -489,128 +495,6 @@ private:
     }
     opt_.quantized->check("zero_optimization.zero_quantized_gradients");
   }
-  static constexpr std::size_t pad16(std::size_t bytes) noexcept { return (bytes + 15) / 16 * 16; }
-  /// Bytes of one chunk of `n` elements as codes (padded) then scales (padded).
-  [[nodiscard]] std::size_t piece_bytes(std::size_t n) const noexcept {
-    return pad16(opt_.quantized->code_bytes(n)) + pad16(opt_.quantized->blocks(n) * sizeof(float));
-  }
-  /// qgZ: quantizes the staging buffer's chunk for each rank and sends them with one all_to_all: over
-  /// the data group (one level), or over the node group with the chunks in the order `chunk_at` gives.
-  template <class T> void launch_quantized(std::size_t seg, const T* st, std::size_t slice) {
-    if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
-      const auto n = static_cast<std::size_t>(comm_.size());
-      const std::size_t piece = piece_bytes(slice);
-      buffer<std::byte, counting> codes;
-      if (spare_codes_.empty()) { // room for the largest segment's chunks, sent and received, at each level
-        const std::size_t pieces = 2 * n + (cross_ != nullptr ? 2 * static_cast<std::size_t>(cross_->size()) : 0);
-        codes =
-            buffer<std::byte, counting>(buffers_alloc_, pieces * piece_bytes(max_segment_ / n), memory_tag::buffers);
-      } else {
-        codes = std::move(spare_codes_.back());
-        spare_codes_.pop_back();
-      }
-      auto* out = reinterpret_cast<std::uint8_t*>(codes.data());
-      for (std::size_t j = 0; j < n; ++j) {
-        std::uint8_t* p = out + j * piece;
-        const auto scales = reinterpret_cast<float*>(p + pad16(opt_.quantized->code_bytes(slice)));
-        backend_.quantize(st + chunk_at(j) * slice, slice, *opt_.quantized, p, scales, stream_);
-      }
-      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
-        backend_.synchronize(stream_);
-      }
-      auto h = node_ != nullptr
-                   ? node_->all_to_all(out, out + n * piece, static_cast<std::size_t>(cross_->size()) * piece)
-                   : comm_.all_to_all(out, out + n * piece, piece);
-      in_flight_.push_back(flight{seg, std::move(h), std::move(codes)});
-    }
-  }
-  /// The chunk (the rank of the data group whose shard it is) that goes at position `j` of the first
-  /// all_to_all's send buffer. One level: chunk j, to rank j. Two levels, nodes of H ranks and P nodes:
-  /// node rank q's part of the buffer (positions q P .. q P + P - 1) holds the chunks of the ranks of
-  /// local index q, node by node: position q P + m holds chunk m H + q. Node rank q then sums, for each
-  /// node m, its node's partial of chunk m H + q, and its cross group (the ranks m H + q) exchanges them
-  /// so that each rank ends with the whole sum of its own chunk: its shard in the engine's partition.
-  [[nodiscard]] std::size_t chunk_at(std::size_t j) const noexcept {
-    if (node_ == nullptr) {
-      return j;
-    }
-    const auto h = static_cast<std::size_t>(node_->size()), p = static_cast<std::size_t>(cross_->size());
-    return (j % p) * h + j / p;
-  }
-  /// Two-level qgZ's second level: the node's partial of each chunk this rank gathers (one per node:
-  /// the node ranks' dequantized pieces summed in fp32 in node-rank order) quantized again and sent by
-  /// all_to_all over the cross group; `f`'s handle becomes that all_to_all's.
-  void cross_nodes(flight& f) {
-    if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
-      const std::size_t slice = layout_.segments()[f.segment].slice;
-      const auto n = static_cast<std::size_t>(comm_.size()), h = static_cast<std::size_t>(node_->size()),
-                 p = static_cast<std::size_t>(cross_->size());
-      const std::size_t piece = piece_bytes(slice);
-      float* partial = fp32_scratch(p + 1); // a partial per node, then one dequantized piece
-      float* tmp = partial + p * slice;
-      auto* codes = reinterpret_cast<std::uint8_t*>(f.codes.data());
-      for (std::size_t m = 0; m < p; ++m) {
-        for (std::size_t q = 0; q < h; ++q) {
-          dequantize_piece(codes + (n + q * p + m) * piece, slice, q == 0 ? partial + m * slice : tmp);
-          if (q > 0) {
-            backend_.accumulate(tmp, partial + m * slice, slice, stream_);
-          }
-        }
-      }
-      std::uint8_t* out = codes + 2 * n * piece;
-      for (std::size_t m = 0; m < p; ++m) {
-        std::uint8_t* at = out + m * piece;
-        const auto scales = reinterpret_cast<float*>(at + pad16(opt_.quantized->code_bytes(slice)));
-        backend_.quantize(partial + m * slice, slice, *opt_.quantized, at, scales, stream_);
-      }
-      if constexpr (!stream_ordered<Comm, typename Backend::stream_type>) {
-        backend_.synchronize(stream_);
-      }
-      f.handle = cross_->all_to_all(out, out + p * piece, piece);
-      f.crossing = true;
-    }
-  }
-  /// Dequantizes the chunk of `slice` elements whose codes start at `at` into `out`.
-  void dequantize_piece(const std::uint8_t* at, std::size_t slice, float* out) {
-    if constexpr (can_quantize<Backend>) {
-      const auto scales = reinterpret_cast<const float*>(at + pad16(opt_.quantized->code_bytes(slice)));
-      backend_.dequantize(at, scales, slice, *opt_.quantized, out, stream_);
-    }
-  }
-  /// fp32 scratch of `slices` of the largest segment's slices (qgZ's sums; stream-ordered reuse).
-  float* fp32_scratch(std::size_t slices) {
-    const std::size_t bytes = slices * (max_segment_ / static_cast<std::size_t>(comm_.size())) * sizeof(float);
-    if (acc_.size() < bytes) {
-      acc_ = buffer<std::byte, counting>(buffers_alloc_, bytes, memory_tag::buffers);
-    }
-    return reinterpret_cast<float*>(acc_.data());
-  }
-  /// qgZ: the received chunks (one level: from every rank; two: every node's partial) dequantized,
-  /// summed in fp32 in rank (node) order, averaged over the data group, and added to `dst`.
-  template <class T> void land_quantized(flight& f, std::size_t slice, T* dst) {
-    if constexpr (can_quantize<Backend> && can_all_to_all<Comm>) {
-      float* acc = fp32_scratch(2);
-      float* tmp = acc + slice;
-      const auto n = static_cast<std::size_t>(comm_.size());
-      const std::size_t piece = piece_bytes(slice);
-      const std::size_t from = cross_ != nullptr ? static_cast<std::size_t>(cross_->size()) : n;
-      const auto* in =
-          reinterpret_cast<const std::uint8_t*>(f.codes.data()) + (cross_ != nullptr ? 2 * n + from : n) * piece;
-      for (std::size_t q = 0; q < from; ++q) {
-        dequantize_piece(in + q * piece, slice, q == 0 ? acc : tmp);
-        if (q > 0) {
-          backend_.accumulate(tmp, acc, slice, stream_);
-        }
-      }
-      backend_.scale(acc, slice, 1.0F / static_cast<float>(n), stream_);
-      backend_.accumulate(acc, dst, slice, stream_);
-      // Reused by a later bucket without waiting: its quantize runs on this stream after these kernels,
-      // and its all_to_all starts after this stream's work (the communicator orders itself after it, or
-      // the launch synchronizes first).
-      spare_codes_.push_back(std::move(f.codes));
-    }
-  }
-
   const flat_layout& layout_;
   Backend& backend_;
   Comm& comm_;
@@ -628,10 +512,7 @@ private:
   sink sink_;
   std::vector<int> free_;
   std::deque<flight> in_flight_;
-  buffer<std::byte, counting> acc_;                      // qgZ: fp32 sums and one dequantized chunk
-  Comm* node_ = nullptr;                                 // two-level qgZ: the node group (use_nodes)
-  Comm* cross_ = nullptr;                                // and the cross group
-  std::vector<buffer<std::byte, counting>> spare_codes_; // qgZ: code buffers of landed buckets, for the next
+  std::optional<detail::quantized_exchange<Backend, Comm, counting, handle_type>> q_; // qgZ's exchanges
   std::vector<std::size_t> seg_ready_;
   std::vector<bool> seg_launched_;
   std::vector<int> seg_staging_;

@@ -139,11 +139,10 @@ public:
       frozen_ =
           buffer<std::byte, counting>(state_alloc_, reg_.frozen_layout().total_size() * esize, memory_tag::params);
     }
-    const auto options = storage_options_from(cfg_.aio);
     const bool on_nvme = z.offload_optimizer.device == offload_device::nvme;
     if (on_nvme || (stage == 3 && z.offload_param.device == offload_device::nvme)) {
       if constexpr (std::constructible_from<Storage, storage_options>) {
-        storage_.emplace(options);
+        storage_.emplace(storage_options_from(cfg_.aio));
       } else {
         storage_.emplace();
       }
@@ -162,23 +161,11 @@ public:
       place.params = residency_([](auto& r) { return r.store(); });
       place.params_from_master = place.params == nullptr; // stage 3 without a kept shard
     }
-    const unsigned threads = offload_threads_ != 0 ? offload_threads_ : default_offload_threads();
-    if (on_nvme) {
-      optimizer_.make_on_nvme(layout, place, reg_.group_of(), reg_.groups(), backend_,
-                              typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type{}, stream_,
-                              *storage_, comm_.rank(),
-                              nvme_options{.dir = z.offload_optimizer.nvme_path,
-                                           .chunk_elements = options.block_size / sizeof(float) * options.queue_depth,
-                                           .buffer_count = static_cast<std::size_t>(z.offload_optimizer.buffer_count),
-                                           .threads = threads});
-    } else if (z.offload_optimizer.device == offload_device::cpu) {
-      make_cpu_offload(layout, place, threads);
-    } else {
-      optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
-      if constexpr (can_all_gather<Comm>) {
-        if (place.params_from_master) {
-          residency_.coordinator()->derive_from(optimizer_.device()->master());
-        }
+    split_ = optimizer_.make(cfg_, reg_, place, backend_, state_alloc_, stream_, storage_ ? &*storage_ : nullptr,
+                             offload_threads_ != 0 ? offload_threads_ : default_offload_threads(), offload_rates_);
+    if constexpr (can_all_gather<Comm>) {
+      if (optimizer_.device() != nullptr && place.params_from_master) {
+        residency_.coordinator()->derive_from(optimizer_.device()->master());
       }
     }
     // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard; each bucket's
@@ -208,11 +195,6 @@ public:
       // Stages 2-3 in memory: a segment's gradient slice goes back to the allocator once the engine's
       // stream is ordered after the update that read it (the next forward's wait for that segment).
       residency_([this](auto& r) { r.on_joined([this](std::size_t k) { reducer_->release(k); }); });
-    }
-    split_.state_elements = optimizer_.state_size();
-    if (z.offload_optimizer.device == offload_device::nvme) {
-      split_.ratio = 1.0;
-      split_.host_elements = split_.state_elements;
     }
     stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     stats_->set_model_group(model_group_, buffer_alloc_);
@@ -407,42 +389,6 @@ protected:
     auto& nodes = residency_.nodes();
     Comm& node = nodes.node(comm_, h, key);
     reducer_->use_nodes(node, nodes.cross(comm_, h, key));
-  }
-
-  /// Makes the optimizer of `offload_optimizer.device: cpu`: in host memory, split with the device by
-  /// the config's ratio (or auto's, from the given or measured rates), or on the device for ratio 0.
-  void make_cpu_offload(const flat_layout& layout, const adamw_placement& place, unsigned threads) {
-    const auto& o = cfg_.zero_optimization.offload_optimizer;
-    using host_alloc = typename optimizer_step<Backend, Allocator, Storage>::host_allocator_type;
-    const std::size_t state = owned_ranges(layout, place).second;
-    split_.ratio = o.ratio;
-    if (o.ratio_auto) {
-      split_.measured = !offload_rates_;
-      split_.rates = offload_rates_
-                         ? *offload_rates_
-                         : measure_update_rates(backend_, state_alloc_.inner(),
-                                                {.param = cfg_.param_dtype(),
-                                                 .grad = cfg_.grad_accum_dtype,
-                                                 .elements = std::clamp<std::size_t>(state, 1 << 16, 1 << 22),
-                                                 .host_threads = threads});
-      split_.ratio = balanced_offload_ratio(*split_.rates, cfg_.param_dtype(), cfg_.grad_accum_dtype);
-    }
-    split_.host_elements = offloaded_state_elements(split_.ratio, state);
-    auto opt = offload_options{.threads = threads};
-    if (split_.host_elements == state) {
-      // Updates during backward need the gradients streamed (stages 2-3) and final at their hand-over.
-      if (cfg_.stage() >= 2 && cfg_.gradient_accumulation_steps == 1) {
-        opt.backward_overlap = o.backward_overlap;
-      }
-      // The step beside the next forward needs the gradients on the host when it begins (streamed).
-      opt.forward_overlap = o.forward_overlap && cfg_.stage() >= 2;
-      optimizer_.make_on_host(layout, place, reg_.group_of(), reg_.groups(), backend_, host_alloc{}, stream_, opt);
-    } else if (split_.host_elements == 0) {
-      optimizer_.make_on_device(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, stream_);
-    } else {
-      optimizer_.make_partial(layout, place, reg_.group_of(), reg_.groups(), backend_, state_alloc_, host_alloc{},
-                              stream_, split_.host_elements, opt);
-    }
   }
 
   /// Stage 3's parameter shard in a file (offload_param nvme), after the uploads out of it; or null.

@@ -9,15 +9,22 @@
 /// `finish_step`, `commit`, `rollback`); the engine and checkpoints use it without asking which one
 /// it holds.
 
+#include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/detail/visit_made.hpp"
 #include "zero/engine/nvme_adamw.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
+#include "zero/engine/param_registry.hpp"
 #include "zero/engine/partial_adamw.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
+#include "zero/engine/update_rates.hpp"
+#include "zero/memory/counting_allocator.hpp"
+#include "zero/storage/storage.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -52,6 +59,69 @@ public:
   /// Makes the optimizer with its state in a file of the storage; arguments as `nvme_adamw`'s.
   template <class... Args> void make_on_nvme(Args&&... args) {
     v_.template emplace<on_nvme>(std::forward<Args>(args)...);
+  }
+
+  /// Makes the optimizer `cfg.zero_optimization.offload_optimizer` asks for (docs/offload.md) over
+  /// `reg`'s finalized layout: with `nvme`, in a file of `storage` (which must be given) cut by the
+  /// config's `aio` block; with `cpu`, in host memory, split with the backend by the config's ratio
+  /// (`"auto"`: balanced from `rates`, or from rates measured here when none are given); else on the
+  /// backend, in `device` memory. `threads` run the host AdamW. Returns how the state was split.
+  offload_split make(const config& cfg, const param_registry& reg, const adamw_placement& place, Backend& backend,
+                     counting_allocator<Allocator> device, typename Backend::stream_type& stream, Storage* storage,
+                     unsigned threads, const std::optional<update_rates>& rates) {
+    const auto& o = cfg.zero_optimization.offload_optimizer;
+    const flat_layout& layout = reg.layout();
+    offload_split split;
+    if (o.device == offload_device::nvme) {
+      if (storage == nullptr) {
+        throw usage_error("optimizer_step::make: offload_optimizer.device nvme needs a storage");
+      }
+      const auto io = storage_options_from(cfg.aio);
+      make_on_nvme(layout, place, reg.group_of(), reg.groups(), backend, host_allocator_type{}, stream, *storage,
+                   place.rank,
+                   nvme_options{.dir = o.nvme_path,
+                                .chunk_elements = io.block_size / sizeof(float) * io.queue_depth,
+                                .buffer_count = static_cast<std::size_t>(o.buffer_count),
+                                .threads = threads});
+      split.ratio = 1.0;
+    } else if (o.device == offload_device::cpu) {
+      const std::size_t state = owned_ranges(layout, place).second;
+      split.ratio = o.ratio;
+      if (o.ratio_auto) {
+        split.measured = !rates;
+        split.rates = rates ? *rates
+                            : measure_update_rates(backend, device.inner(),
+                                                   {.param = cfg.param_dtype(),
+                                                    .grad = cfg.grad_accum_dtype,
+                                                    .elements = std::clamp<std::size_t>(state, 1 << 16, 1 << 22),
+                                                    .host_threads = threads});
+        split.ratio = balanced_offload_ratio(*split.rates, cfg.param_dtype(), cfg.grad_accum_dtype);
+      }
+      const std::size_t host = offloaded_state_elements(split.ratio, state);
+      split.host_elements = host;
+      auto opt = offload_options{.threads = threads};
+      if (host == state) {
+        // Updates during backward need the gradients streamed (stages 2-3) and final at their hand-over.
+        if (cfg.stage() >= 2 && cfg.gradient_accumulation_steps == 1) {
+          opt.backward_overlap = o.backward_overlap;
+        }
+        // The step beside the next forward needs the gradients on the host when it begins (streamed).
+        opt.forward_overlap = o.forward_overlap && cfg.stage() >= 2;
+        make_on_host(layout, place, reg.group_of(), reg.groups(), backend, host_allocator_type{}, stream, opt);
+      } else if (host == 0) {
+        make_on_device(layout, place, reg.group_of(), reg.groups(), backend, device, stream);
+      } else {
+        make_partial(layout, place, reg.group_of(), reg.groups(), backend, device, host_allocator_type{}, stream, host,
+                     opt);
+      }
+    } else {
+      make_on_device(layout, place, reg.group_of(), reg.groups(), backend, device, stream);
+    }
+    split.state_elements = state_size();
+    if (o.device == offload_device::nvme) {
+      split.host_elements = split.state_elements;
+    }
+    return split;
   }
 
   /// True when AdamW runs on the host (the state in host memory or in a file), or part of it does.
