@@ -3,7 +3,10 @@
 
 #include "ckpt_harness.hpp"
 
+#include <algorithm>
 #include <doctest/doctest.h>
+#include <mutex>
+#include <vector>
 
 namespace zt = zero::testing;
 using zero::dtype;
@@ -265,6 +268,66 @@ TEST_CASE("offloaded parameters save and load as in memory, across world size, s
       CHECK(got.params == want.params);
       CHECK(got.norms == want.norms);
       CHECK(std::filesystem::is_empty(swap)); // each engine removed its files
+    }
+  }
+}
+
+TEST_CASE(
+    "HSDP: the first shard group writes the checkpoint; it loads into HSDP, a plain engine or another shard size") {
+  const zt::ckpt_spec c{.scheduler = true, .frozen = true};
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    zt::run_spec hsdp{.stage = stage, .world = 8, .steps = 4, .batch = 64, .zero_extra = R"("mics_shard_size": 4)"};
+    const auto want = zt::train_plain(hsdp, c);
+    const auto dir = zt::scratch("hsdp-" + std::to_string(stage));
+    CHECK(zt::train_with_break(hsdp, 2, hsdp, dir, c).params == want.params);
+    // Written once, by one shard group: a shard file per rank of a group of 4, every checksum right.
+    zero::checkpoint::reader r(dir);
+    r.verify();
+    CHECK(r.info().world_size == 4);
+    std::size_t shards = 0;
+    for (const auto& f : r.info().files) {
+      shards += f.kind == "shard" ? 1 : 0;
+    }
+    CHECK(shards == 4);
+    // Into an engine over 4 or 8 plain ranks, or shard groups of 2 (the reduction order differs).
+    for (const auto& to : {std::pair{4, std::string()}, std::pair{8, std::string()},
+                           std::pair{8, std::string(R"("mics_shard_size": 2)")}}) {
+      CAPTURE(to.first);
+      CAPTURE(to.second);
+      zt::run_spec b = hsdp;
+      b.world = to.first;
+      b.zero_extra = to.second;
+      const auto again = zt::scratch("hsdp-" + std::to_string(stage) + "-to-" + std::to_string(to.first) +
+                                     (to.second.empty() ? "" : "-2"));
+      CHECK(max_rel_diff(zt::train_with_break(hsdp, 2, b, again, c).params, want.params) <= 1e-6);
+    }
+    // Only the first group's ranks (world ranks 0-3) write shards and publish; the consolidated export
+    // is the first group's too, and holds the checkpoint's masters.
+    std::mutex mu;
+    std::vector<int> writers, publishers;
+    zt::with_engine(hsdp, c, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+      zt::init_and_train(eng, mh, comm, hsdp, 2);
+      const int world_rank = comm.rank();
+      eng.save(dir / "observed", "t",
+               zero::checkpoint::save_options{.observer = [&](const zero::checkpoint::save_event& e) {
+                 const std::lock_guard lock(mu);
+                 if (e.what == "shard_created") {
+                   writers.push_back(world_rank);
+                 } else if (e.what == "renamed") {
+                   publishers.push_back(world_rank);
+                 }
+               }});
+      eng.export_safetensors(dir / "fp32.safetensors", dtype::f32);
+    });
+    std::sort(writers.begin(), writers.end());
+    CHECK(writers == std::vector<int>{0, 1, 2, 3});
+    CHECK(publishers == std::vector<int>{0});
+    const auto saved = zt::read_snapshot(dir);
+    for (const auto& tensor : zt::read_safetensors(dir / "fp32.safetensors")) {
+      const std::string& name = tensor.first; // not a structured binding: CAPTURE is a lambda (Clang 14)
+      CAPTURE(name);
+      CHECK(tensor.second == saved.tensors.at(name + "/0"));
     }
   }
 }

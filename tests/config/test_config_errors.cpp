@@ -208,7 +208,8 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
               "bfloat16.immediate_grad_update: found true; this needs immediate bf16 gradient updates"));
     CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "zeropp_loco_param": {"err_beta": 0.8}}})"),
               "ZeRO++ LoCo error feedback"));
-    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})"), "MiCS sharding"));
+    CHECK(has(error_of(R"({"zero_optimization": {"stage": 3, "mics_hierarchical_params_gather": true}})"),
+              "MiCS hierarchical gather"));
     CHECK(has(error_of(R"({"prescale_gradients": true})"), "pre-scaling gradients before all-reduce"));
     CHECK(has(error_of(R"({"gradient_predivide_factor": 2.0})"),
               "gradient_predivide_factor: found 2.0; this needs a gradient pre-divide factor"));

@@ -24,6 +24,10 @@
 /// everything before anything in the engine changes; the ranks
 /// agree (one all-reduce) before any of them commits, so a failed load leaves every rank's engine
 /// as it was.
+///
+/// With HSDP (`mics_shard_size`) the checkpoint is the first shard group's: its ranks write, the
+/// other groups (which hold the same state) only agree, and every group loads from it, so it loads
+/// into any shard size or a plain engine like any other (docs/zeropp.md, "HSDP").
 
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
@@ -45,6 +49,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace zero {
@@ -59,6 +64,20 @@ template <class Engine> struct checkpoint_access {
   static constexpr bool host_accessible = Engine::allocator_type::host_accessible;
 
   static auto& comm(Engine& e) { return e.communicator(); }
+  /// HSDP: the ranks of this rank's shard in the other shard groups (`replica_group`), or null.
+  static auto* replicas(Engine& e) {
+    if constexpr (requires { e.replica_group(); }) {
+      return e.replica_group();
+    } else {
+      return static_cast<std::remove_reference_t<decltype(e.communicator())>*>(nullptr);
+    }
+  }
+  /// True on the ranks whose shard group writes files: the first shard group's with HSDP (the others
+  /// hold the same state), every rank without.
+  static bool writes(Engine& e) {
+    const auto* r = replicas(e);
+    return r == nullptr || r->rank() == 0;
+  }
   static const flat_layout& frozen_layout(const Engine& e) { return e.frozen_layout(); }
   static bool finalized(const Engine& e) { return e.finalized(); }
   static std::vector<registered> params(const Engine& e) { return e.registered(); }
@@ -136,6 +155,11 @@ template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, 
   if (auto* model = eng.model_group(); model != nullptr && model->size() > 1) {
     checkpoint_access<Engine>::all_reduce(eng, &elsewhere, 1, reduce_op::max, model);
   }
+  // HSDP: the shard groups learn it from each other (one of them writes, all of them load).
+  std::int32_t other_group = failed != 0 || elsewhere != 0 ? 1 : 0;
+  if (auto* replicas = checkpoint_access<Engine>::replicas(eng); replicas != nullptr && replicas->size() > 1) {
+    checkpoint_access<Engine>::all_reduce(eng, &other_group, 1, reduce_op::max, replicas);
+  }
   if (mine) {
     std::rethrow_exception(mine);
   }
@@ -145,6 +169,10 @@ template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, 
   }
   if (elsewhere != 0) {
     throw as_echo(checkpoint_error(cat(phase, " failed on another pipeline stage or tensor slice of the job (its "
+                                              "exception names the cause); nothing was changed on this rank")));
+  }
+  if (other_group != 0) {
+    throw as_echo(checkpoint_error(cat(phase, " failed in another shard group of the job (mics_shard_size; its "
                                               "exception names the cause); nothing was changed on this rank")));
   }
 }
@@ -169,6 +197,8 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
   auto& comm = access::comm(eng);
   const int rank = comm.rank();
   const int world = comm.size();
+  // With HSDP the first shard group writes; the others hold the same state and only agree.
+  const bool writes = access::writes(eng);
   const config& cfg = eng.cfg();
   if (eng.counters().micro_step % cfg.gradient_accumulation_steps != 0) {
     throw usage_error(cat(
@@ -261,10 +291,10 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
         fs::remove(latest_tmp, ec);
       }
     }
-  } on_failure{tmp, dir / ".latest.tmp", rank == 0};
+  } on_failure{tmp, dir / ".latest.tmp", rank == 0 && writes};
   std::exception_ptr err;
   try {
-    if (rank == 0) {
+    if (rank == 0 && writes) {
       if (!fs::is_directory(dir) && fs::create_directories(dir) && dir != root) {
         detail::sync_dir(root); // the coordinates' folder is durable in the job's
       }
@@ -284,7 +314,7 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
   std::vector<std::int64_t> sums(2 * static_cast<std::size_t>(world), 0);
   try {
     const auto& mine = owned[static_cast<std::size_t>(rank)];
-    if (!mine.empty()) {
+    if (!mine.empty() && writes) {
       (void)eng.stores(); // after every kernel and all-gather so far
       auto& optim = eng.optimizer();
       // Host copies of the rank's state, wherever it lives (the backend, host memory).
@@ -318,7 +348,7 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
   }
 
   try {
-    if (rank == 0) {
+    if (rank == 0 && writes) {
       for (std::size_t f = 0; f < shard_files; ++f) {
         auto& fe = m.files[f];
         const auto q = static_cast<std::size_t>(fe.rank);

@@ -179,8 +179,10 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
 
   std::optional<safetensors::writer> w;
   std::exception_ptr err;
+  // With HSDP the first shard group gathers and writes; the others hold the same values.
+  const bool writes = access::writes(eng);
   try {
-    if (rank == 0) {
+    if (rank == 0 && writes) {
       detail::check_export_target(path);
       std::vector<safetensors::tensor_decl> decls;
       for (const auto& r : registered) {
@@ -198,6 +200,9 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   std::vector<float> chunk;
   std::vector<std::byte> bytes;
   for (const auto& r : registered) {
+    if (!writes) {
+      break;
+    }
     const auto& p = *r.info;
     for (std::size_t c0 = 0; c0 < p.numel; c0 += export_chunk_elements) {
       const std::size_t c1 = std::min(p.numel, c0 + export_chunk_elements);
@@ -253,7 +258,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
                                                   "send and recv (each rank sends rank 0 the pieces it owns)");
         }
       }
-      if (rank == 0) {
+      if (w) {
         bytes.clear();
         detail::append_as(type, chunk, bytes);
         w->write(bytes);
@@ -262,7 +267,7 @@ template <class Engine> void export_safetensors(Engine& eng, const std::filesyst
   }
   err = nullptr;
   try {
-    if (rank == 0) {
+    if (w) {
       w->close();
     }
   } catch (...) {
@@ -296,7 +301,7 @@ bool save_16bit_model(Engine& eng, const std::filesystem::path& dir, const std::
   auto whole = eng.gather_all(); // stage 3 gathers every module; stages 1-2 finish the step-end all-gathers
   std::exception_ptr err;
   try {
-    if (access::comm(eng).rank() == 0) {
+    if (access::comm(eng).rank() == 0 && access::writes(eng)) { // HSDP: the first shard group writes
       std::vector<safetensors::tensor_decl> decls;
       for (const auto& r : registered) {
         decls.push_back({r.info->name, r.info->type, r.info->shape});

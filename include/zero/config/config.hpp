@@ -273,6 +273,16 @@ struct zero_optimization_config {
   /// 16-bit parameters, so that backward's all-gathers stay inside the node (docs/zeropp.md). Must
   /// divide the data group's size. Default 1 (none).
   std::int64_t zero_hpz_partition_size = 1;
+  /// `mics_shard_size`: DeepSpeed's MiCS, FSDP2's HSDP: stages 1-3 shard the model state over groups of
+  /// this many consecutive ranks of the communicator and replicate it across the groups; gradients
+  /// are reduce-scattered inside the group and the reduced shards all-reduced across the groups
+  /// (docs/zeropp.md, "HSDP"). Must divide the communicator's size; -1 (the default) or the whole
+  /// communicator: one group.
+  std::int64_t mics_shard_size = -1;
+  /// True when `mics_shard_size` cuts a communicator of `ranks` into more than one group.
+  [[nodiscard]] bool hsdp(int ranks) const noexcept {
+    return stage >= 1 && mics_shard_size > 0 && mics_shard_size < ranks;
+  }
   /// `zero_quantized_weights`: ZeRO++'s qwZ at stage 3: the all-gathers over the data group carry int8
   /// codes with an fp32 scale per block (about half of a 16-bit gather) and are dequantized on arrival;
   /// persistent parameters and hpZ's node gathers stay exact (docs/zeropp.md). Default false.

@@ -279,6 +279,7 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
         .at_stages(0b1000),
     key<&zero_optimization_config::stage3_keep_param_shard>("stage3_keep_param_shard").at_stages(0b1000),
     key<&zero_optimization_config::zero_hpz_partition_size>("zero_hpz_partition_size").at_least(1).at_stages(0b1000),
+    key<&zero_optimization_config::mics_shard_size>("mics_shard_size").at_least(std::int64_t{-1}).at_stages(0b1110),
     key<&zero_optimization_config::zero_quantized_weights>("zero_quantized_weights").at_stages(0b1000),
     key<&zero_optimization_config::zero_quantized_gradients>("zero_quantized_gradients").at_stages(0b1100),
     key<&zero_optimization_config::zero_quantized_gradients_bits>("zero_quantized_gradients_bits")

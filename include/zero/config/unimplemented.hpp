@@ -56,7 +56,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "ZeRO++ quantized non-trainable weights", "not planned", ""},
     {"zero_optimization.zeropp_loco_param", unimplemented_when::active, "", "ZeRO++ LoCo error feedback", "not planned",
      ""},
-    {"zero_optimization.mics_shard_size", unimplemented_when::differs_from, "-1", "MiCS sharding", "not planned", ""},
     {"zero_optimization.mics_hierarchical_params_gather", unimplemented_when::differs_from, "false",
      "MiCS hierarchical gather", "not planned", ""},
     {"zero_optimization.use_multi_rank_bucket_allreduce", unimplemented_when::differs_from, "true",

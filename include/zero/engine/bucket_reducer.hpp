@@ -157,6 +157,22 @@ public:
     q_->use_nodes(node, cross);
   }
 
+  /// HSDP (`mics_shard_size`): this communicator is a shard group, and `replicas` (kept by reference)
+  /// the ranks holding the same shard in the other groups. Each bucket's reduction over the shard group
+  /// is then all-reduced (averaged) over `replicas` before it is added to the shard (or, with
+  /// `reduce_mode::all_reduce`, kept): while backward goes on, as the bucket behind it reduces. Before
+  /// the first reduction. \throws usage_error with quantized gradients or streamed slices.
+  void use_replicas(Comm& replicas) {
+    if (opt_.quantized || opt_.streamed) {
+      throw usage_error("bucket_reducer::use_replicas: replica groups need plain, kept reductions (not quantized, "
+                        "not streamed)");
+    }
+    if constexpr (stream_ordered<Comm, typename Backend::stream_type>) {
+      replicas.set_compute_stream(stream_.get());
+    }
+    replicas_ = &replicas;
+  }
+
   /// Starts a micro-step; `boundary` is true for the last micro-step of an accumulation (the one
   /// after which the optimizer steps).
   void begin_micro_step(bool boundary) {
@@ -432,6 +448,11 @@ private:
   /// the oldest advances to the cross group instead (and frees its staging buffer).
   void complete_oldest() {
     in_flight_.front().handle.wait();
+    if (auto& first = in_flight_.front(); !first.crossing && replicas_ != nullptr) {
+      // HSDP: the shard group's result goes over the replicas; the bucket stays the oldest in flight.
+      across_replicas(first);
+      return;
+    }
     if constexpr (quantizes) {
       if (auto& f = in_flight_.front(); q_ && q_->two_level() && !f.crossing) {
         // The node's partials go across while backward goes on; the bucket stays the oldest in flight.
@@ -481,8 +502,23 @@ private:
     std::size_t segment;
     handle_type handle;
     buffer<std::byte, counting> codes{}; // qgZ: the rank's quantized chunks, then those it received
-    bool crossing = false;               // two-level qgZ: the handle is the cross group's all_to_all
+    bool crossing = false; // the handle is the second level's: two-level qgZ's cross all_to_all, HSDP's all_reduce
   };
+
+  /// HSDP's second level: `f`'s reduction over the shard group (the bucket's range of the whole
+  /// gradient, or the rank's slice in staging) averaged in place over the replicas.
+  void across_replicas(flight& f) {
+    const auto& s = layout_.segments()[f.segment];
+    visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+      T* p = opt_.mode == reduce_mode::all_reduce
+                 ? reinterpret_cast<T*>(grads_.data()) + s.range.begin
+                 : reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[f.segment])].data()) +
+                       static_cast<std::size_t>(comm_.rank()) * s.slice;
+      const std::size_t n = opt_.mode == reduce_mode::all_reduce ? s.range.size() : s.slice;
+      f.handle = replicas_->all_reduce(p, p, n, reduce_op::avg);
+    });
+    f.crossing = true;
+  }
 
   /// qgZ needs quantize kernels and all_to_all, and the reduced slices kept here.
   void check_quantized() {
@@ -513,6 +549,7 @@ private:
   std::vector<int> free_;
   std::deque<flight> in_flight_;
   std::optional<detail::quantized_exchange<Backend, Comm, counting, handle_type>> q_; // qgZ's exchanges
+  Comm* replicas_ = nullptr; // HSDP: the ranks of the same shard in the other groups (use_replicas)
   std::vector<std::size_t> seg_ready_;
   std::vector<bool> seg_launched_;
   std::vector<int> seg_staging_;

@@ -58,9 +58,10 @@ class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::check_open,
       base::end_early, base::finish_gathers, base::gradients_landed, base::join_update, base::reduced,
       base::zero_gradients;
-  using base::average_, base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_, base::deferred_,
-      base::frozen_, base::host_async_, base::log_, base::model_at_, base::model_group_, base::optimizer_,
-      base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_, base::scheduler_, base::stream_;
+  using base::average_, base::replicas_, base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_,
+      base::deferred_, base::frozen_, base::host_async_, base::log_, base::model_at_, base::model_group_,
+      base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_, base::scheduler_,
+      base::stream_;
   using base::param_file;
   using typename base::stream_type;
 
@@ -112,14 +113,18 @@ public:
   /// \throws usage_error unless `ranks` is a multiple of the communicator's size.
   void set_gradient_average(int ranks) {
     check_open("set_gradient_average");
-    if (ranks < comm_.size() || ranks % comm_.size() != 0) {
+    const int data = comm_.size() * (replicas_ != nullptr ? replicas_->size() : 1); // HSDP: both levels
+    if (ranks < data || ranks % data != 0) {
       throw usage_error("set_gradient_average: " + std::to_string(ranks) +
-                        " ranks; expected a multiple of this engine's " + std::to_string(comm_.size()) +
+                        " ranks; expected a multiple of this engine's " + std::to_string(data) +
                         " ranks (the data group's size)");
     }
-    average_ = static_cast<double>(comm_.size()) / ranks;
+    average_ = static_cast<double>(data) / ranks;
   }
 
+  /// HSDP (`mics_shard_size`): the ranks holding this rank's shard in the other shard groups, one per
+  /// group, in group order; null without HSDP. `communicator()` is then this rank's shard group.
+  [[nodiscard]] Comm* replica_group() const noexcept { return replicas_; }
   /// The rest of this rank's model replica (`set_model_group`), or null.
   [[nodiscard]] Comm* model_group() const noexcept { return model_group_; }
   /// Where this rank sits in its model-parallel job, or null without `set_model_group`.

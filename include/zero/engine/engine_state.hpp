@@ -15,6 +15,7 @@
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/bucket_reducer.hpp"
+#include "zero/engine/detail/node_groups.hpp"
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/grad_stats.hpp"
 #include "zero/engine/memory_report.hpp"
@@ -71,14 +72,15 @@ public:
   using storage_type = Storage;
 
   /// \param cfg     a resolved config; the batch rule is applied again for the communicator's size.
-  /// \param comm    the data-parallel group (kept by reference).
+  /// \param comm    the data-parallel group (kept by reference). With HSDP (`mics_shard_size` below its
+  ///                size) the engine splits it into shard groups and replica groups (a collective).
   /// \param backend the kernels (kept by reference).
   /// \param alloc   where model state lives (default: the backend's allocator).
   /// \throws config_error for settings this engine cannot honour, and for a stage the communicator
   /// cannot run (the sentence names the missing operation).
   engine_state(const config& cfg, Comm& comm, Backend& backend, Allocator alloc)
-      : cfg_(cfg.rebatched(comm.size())), comm_(comm), backend_(backend), state_alloc_(alloc), buffer_alloc_(alloc),
-        work_alloc_(alloc), stream_(backend.make_stream()),
+      : cfg_(cfg.rebatched(comm.size())), comm_(shard_group(comm)), backend_(backend), state_alloc_(alloc),
+        buffer_alloc_(alloc), work_alloc_(alloc), stream_(backend.make_stream()),
         reg_(cfg_.param_dtype(), cfg_.optimizer ? cfg_.optimizer->lr : 1e-3,
              cfg_.optimizer ? cfg_.optimizer->weight_decay : 0.0,
              cfg_.stage() == 3 ? static_cast<std::size_t>(cfg_.zero_optimization.stage3_param_persistence_threshold)
@@ -92,13 +94,18 @@ public:
                          std::string(missing));
     }
     check_engine_config(cfg_);
-    if (cfg_.comm_timeout) {
-      comm_.set_timeout(std::chrono::milliseconds(std::llround(*cfg_.comm_timeout * 1000.0)));
-    }
-    // A communicator with its own stream (NCCL's) orders each operation after the work enqueued on
-    // the engine's stream so far: a gradient bucket is reduced after the kernels that wrote it.
-    if constexpr (stream_ordered<Comm, stream_type>) {
-      comm_.set_compute_stream(stream_.get());
+    for (Comm* c : {&comm_, replicas_}) {
+      if (c == nullptr) {
+        continue;
+      }
+      if (cfg_.comm_timeout) {
+        c->set_timeout(std::chrono::milliseconds(std::llround(*cfg_.comm_timeout * 1000.0)));
+      }
+      // A communicator with its own stream (NCCL's) orders each operation after the work enqueued on
+      // the engine's stream so far: a gradient bucket is reduced after the kernels that wrote it.
+      if constexpr (stream_ordered<Comm, stream_type>) {
+        c->set_compute_stream(stream_.get());
+      }
     }
   }
   /// The same, with the backend's allocator.
@@ -178,6 +185,9 @@ public:
     reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
                      reducer_options_from(cfg_, streamed != nullptr), stream_);
     use_quantized_nodes();
+    if (replicas_ != nullptr) {
+      reducer_->use_replicas(*replicas_);
+    }
     if (streamed != nullptr) {
       reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
         if (stats_in_take_ && reducer_boundary_) {
@@ -373,6 +383,20 @@ public:
 protected:
   using counting = counting_allocator<Allocator>;
 
+  /// The group the state is sharded over: `comm`, or with HSDP its shard group (`replicas_` the
+  /// replica group). \throws config_error when the size does not divide `comm`'s or `Comm` cannot split.
+  Comm& shard_group(Comm& comm) {
+    if (!cfg_.zero_optimization.hsdp(comm.size())) {
+      return comm;
+    }
+    check_engine_config(cfg_); // before the split, a collective
+    const std::string key =
+        "zero_optimization.mics_shard_size " + std::to_string(cfg_.zero_optimization.mics_shard_size);
+    Comm& shard = hsdp_.node(comm, cfg_.zero_optimization.mics_shard_size, key);
+    replicas_ = &hsdp_.cross(comm, cfg_.zero_optimization.mics_shard_size, key);
+    return shard;
+  }
+
   /// qgZ in two levels when its node size (`zero_quantized_gradients_node_size`, else hpZ's at stage
   /// 3) is above 1 and not the whole data group: the reducer reduces over the residency's node groups,
   /// hpZ's own when it has them. \throws config_error when the size does not divide the data group.
@@ -516,6 +540,11 @@ protected:
   }
 
   config cfg_;
+  /// HSDP: the shard and replica groups split from the constructor's communicator.
+  detail::node_groups<Comm> hsdp_;
+  /// HSDP: the ranks holding this rank's shard in the other shard groups, or null.
+  Comm* replicas_ = nullptr;
+  /// The data-parallel group the model state is sharded over: the constructor's, or its shard group.
   Comm& comm_;
   Backend& backend_;
   counting state_alloc_;

@@ -187,6 +187,21 @@ inline void check_engine_config(const config& c) {
                          "\"none\", or zero_quantized_gradients false");
     }
   }
+  if (zq.mics_shard_size > 1 && c.stage() >= 1) {
+    // HSDP's replicas all-reduce the reduced shards the device keeps; its shard group is already a node.
+    const std::string what = "zero_optimization.mics_shard_size " + std::to_string(zq.mics_shard_size);
+    if (o.device != offload_device::none || zq.offload_param.device != offload_device::none) {
+      throw config_error(what + " with offload: HSDP all-reduces the reduced gradient shards on the device, which "
+                                "offload streams to the host; expected offload_optimizer and offload_param device "
+                                "\"none\", or mics_shard_size -1");
+    }
+    if (zq.zero_quantized_gradients || (c.stage() == 3 && zq.zero_hpz_partition_size > 1)) {
+      throw config_error(what + " with " +
+                         (zq.zero_quantized_gradients ? "zero_quantized_gradients" : "zero_hpz_partition_size") +
+                         ": ZeRO++'s node groups would split the shard group again; expected one of HSDP and "
+                         "ZeRO++'s hpZ / qgZ");
+    }
+  }
   if (!c.optimizer) {
     throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
                        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");

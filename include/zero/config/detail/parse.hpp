@@ -179,6 +179,17 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
                          " ranks of the data group; expected the ranks of a node, a divisor of the group's size"));
     }
   }
+  // HSDP (MiCS): groups of consecutive ranks, so a divisor of the communicator's size.
+  if (z.mics_shard_size != -1 && stage >= 1) {
+    const std::int64_t h = z.mics_shard_size;
+    const std::string path = "zero_optimization.mics_shard_size";
+    if (h == 0) {
+      ctx.fail(path, "found 0; expected -1 (no HSDP) or the ranks of a shard group, at least 1");
+    } else if (in.world_size && *in.world_size >= 1 && *in.world_size % h != 0) {
+      ctx.fail(path, cat("found ", std::to_string(h), ", which does not divide the ", std::to_string(*in.world_size),
+                         " ranks; expected the ranks of a shard group, a divisor of the communicator's size"));
+    }
+  }
   note_stages(r, zero_optimization_keys, stage);
   note_values(r, zero_optimization_keys, stage);
   r.finish();

@@ -1,0 +1,196 @@
+// HSDP (`mics_shard_size`, DeepSpeed's MiCS, FSDP2's hybrid sharding) on 8 in-process ranks as 2
+// shard groups of 4: stages 1-3 give the parameters of the plain 8-rank run, bit for bit where every
+// average is exact, and of the single-process oracle otherwise; each rank's memory is the formula at
+// the shard group's size; the replica groups carry one all-reduce of the rank's gradient shard a step
+// and nothing else, and the gathers stay inside the shard group; bad sizes and combinations are
+// refused naming the key.
+
+#include "engine_harness.hpp"
+#include "zero/comm/counting_communicator.hpp"
+
+#include <cstddef>
+#include <doctest/doctest.h>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+namespace {
+
+using zero::testing::max_rel_diff;
+using zero::testing::run_spec;
+using zero::testing::train_reference;
+using zero::testing::train_with_engine;
+using counted = zero::counting_communicator<zero::thread_communicator>;
+
+const std::string hsdp_key = R"("mics_shard_size": 4)";
+
+/// What rank 0 saw in the last step of an HSDP run over counted communicators.
+struct hsdp_traffic {
+  std::map<zero::comm_ledger::key, zero::comm_traffic> ledger; // the last step's, every group
+  std::size_t shard_elements = 0;   // the rank's gradient shard (stages 1-3: its slices of the segments)
+  std::size_t total_elements = 0;   // the layout's, padding included
+  std::size_t segments = 0;         // the layout's (the reduce buckets)
+  zero::memory_report memory;       // rank 0's
+  int shard_size = 0, replicas = 0; // the groups' sizes
+  int replica_rank = -1;
+};
+
+/// The traffic of `op` on `group` in `h`'s last step (every operation with `op` empty).
+zero::comm_traffic traffic(const hsdp_traffic& h, const std::string& group, const std::string& op = "") {
+  zero::comm_traffic t;
+  for (const auto& [k, v] : h.ledger) {
+    if (k.first == group && (op.empty() || k.second == op)) {
+      t += v;
+    }
+  }
+  return t;
+}
+
+hsdp_traffic train_counted(const run_spec& s) {
+  hsdp_traffic out;
+  std::mutex mu;
+  zero::testing::with_engine_group<zero::cpu_backend>(
+      s,
+      [](int world, auto&& fn) {
+        zero::run_ranks(world, [&](zero::thread_communicator& raw) {
+          counted c(raw);
+          fn(c);
+        });
+      },
+      [](counted&) { return zero::cpu_backend({.threads = 1}); },
+      [&](auto& eng, const zero::testing::model_handles& mh, counted& world) {
+        zero::testing::init_model(eng);
+        zero::testing::run_result r;
+        r.applied_by_rank.resize(static_cast<std::size_t>(s.world));
+        zero::testing::train_steps(eng, mh, world, s, 0, s.steps - 1, r);
+        world.ledger().reset();
+        zero::testing::train_steps(eng, mh, world, s, s.steps - 1, s.steps, r);
+        if (world.rank() == 0) {
+          const std::lock_guard lock(mu);
+          out.ledger = world.ledger().entries();
+          out.total_elements = eng.layout().total_size();
+          out.segments = eng.layout().segments().size();
+          for (const auto& seg : eng.layout().segments()) {
+            out.shard_elements += seg.slice;
+          }
+          out.memory = eng.memory();
+          out.shard_size = eng.communicator().size();
+          out.replicas = eng.replica_group() != nullptr ? eng.replica_group()->size() : 0;
+          out.replica_rank = eng.replica_group() != nullptr ? eng.replica_group()->rank() : -1;
+        }
+      });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("HSDP: stages 1-3 over shard groups of 4 give the plain 8-rank run's parameters, bit for bit when exact") {
+  // Batch 64 on 8 ranks and no coupling to the parameters: every mean and average is exact, so an
+  // average over the shard group then over the replicas equals the one over all 8 ranks.
+  for (int stage : {1, 2, 3}) {
+    for (int accumulation : {1, 2}) {
+      run_spec s{.stage = stage, .world = 8, .accumulation = accumulation, .batch = 64, .param_coupling = 0};
+      const auto plain = train_with_engine(s);
+      s.zero_extra = hsdp_key;
+      const auto hsdp = train_with_engine(s);
+      CAPTURE(stage);
+      CAPTURE(accumulation);
+      CHECK(hsdp.params == plain.params);
+      REQUIRE(hsdp.norms.size() == plain.norms.size());
+      for (std::size_t t = 0; t < plain.norms.size(); ++t) {
+        CHECK(hsdp.norms[t] == doctest::Approx(plain.norms[t]).epsilon(1e-6)); // partial norms summed in another order
+      }
+    }
+  }
+}
+
+TEST_CASE("HSDP: with clipping, bf16 and gradients that read the parameters, the single-process oracle's parameters") {
+  for (int stage : {1, 2, 3}) {
+    for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
+      run_spec s{.stage = stage, .world = 8, .type = type, .clip = 1.0, .zero_extra = hsdp_key};
+      CAPTURE(stage);
+      CAPTURE(zero::name_of(type));
+      const auto got = train_with_engine(s);
+      const auto want = train_reference(s);
+      // The tolerances of the plain engine's equivalence test.
+      CHECK(max_rel_diff(got.params, want.params) <= (type == zero::dtype::f32 ? 1e-6 : 1.0 / 256 + 0.1 * 5 * s.lr));
+      for (std::size_t t = 0; t < want.norms.size(); ++t) {
+        CHECK(got.norms[t] == doctest::Approx(want.norms[t]).epsilon(type == zero::dtype::f32 ? 1e-6 : 1e-2));
+      }
+    }
+  }
+}
+
+TEST_CASE("HSDP: the replicas carry one all-reduce of the gradient shard a step; the formula at the shard size") {
+  for (int stage : {1, 2, 3}) {
+    CAPTURE(stage);
+    run_spec s{.stage = stage, .world = 8, .steps = 2, .batch = 64, .zero_extra = hsdp_key};
+    const auto h = train_counted(s);
+    CHECK(h.shard_size == 4);
+    CHECK(h.replicas == 2);
+    CHECK(h.replica_rank == 0);
+    // The world group is "world"; the shard groups "world/0" and "world/1", rank 0's replica group
+    // (the ranks of local index 0 in each shard group) "world/2".
+    CHECK(traffic(h, "world").calls == 0);
+    const std::size_t e = sizeof(float); // fp32 gradients
+    // Stages 2-3 all-reduce the rank's reduced slices (its shard); stage 1 keeps the whole gradient
+    // and all-reduces every bucket whole over the replicas too.
+    const std::size_t reduced = stage == 1 ? h.total_elements : h.shard_elements;
+    const auto replicas = traffic(h, "world/2");
+    CHECK(traffic(h, "world/2", "all_reduce").sent == reduced * e);
+    CHECK(replicas == traffic(h, "world/2", "all_reduce")); // nothing else crosses the shard groups
+    CHECK(replicas.calls == h.segments);                    // one per bucket
+    CHECK(traffic(h, "world/0", "all_gather").calls > 0);   // the shard group gathers
+
+    // Memory: what an engine over 4 ranks holds, against the ZeRO formula of a 4-rank group (this small
+    // model's padding to the buffers' alignment keeps both above the formula alike).
+    run_spec four = s;
+    four.world = 4;
+    four.zero_extra.clear();
+    const auto plain4 = train_counted(four);
+    CHECK(h.memory.world_size == 4);
+    CHECK(h.memory.formula == doctest::Approx(plain4.memory.formula));
+    CHECK(h.memory.model_state_peak == plain4.memory.model_state_peak);
+    CHECK(h.memory.ratio() == doctest::Approx(plain4.memory.ratio()));
+  }
+}
+
+TEST_CASE("HSDP: a size that does not divide the ranks, or with offload, qgZ or hpZ, is refused naming the key") {
+  zero::config_inputs in;
+  in.world_size = 8;
+  const auto cfg = [&](const std::string& zero_keys, int stage = 2) {
+    return R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": )" +
+           std::to_string(stage) + ", " + zero_keys + "}}";
+  };
+  CHECK_THROWS_WITH_AS(zero::config::from_string(cfg(R"("mics_shard_size": 3)"), in),
+                       doctest::Contains("zero_optimization.mics_shard_size: found 3, which does not divide the 8"),
+                       zero::config_error);
+  CHECK_THROWS_WITH_AS(zero::config::from_string(cfg(R"("mics_shard_size": 0)"), in),
+                       doctest::Contains("zero_optimization.mics_shard_size: found 0"), zero::config_error);
+  // Without the world size the reader cannot tell; the engine refuses when it splits.
+  zero::run_ranks(8, [&](zero::thread_communicator& comm) {
+    zero::cpu_backend backend({.threads = 1});
+    const auto c = zero::config::from_string(cfg(R"("mics_shard_size": 3)"));
+    CHECK_THROWS_WITH_AS((zero::engine<zero::cpu_backend, zero::thread_communicator>(c, comm, backend)),
+                         doctest::Contains("zero_optimization.mics_shard_size 3 does not divide the 8 ranks"),
+                         zero::config_error);
+  });
+  for (const auto& refused :
+       {std::tuple{std::string(R"("mics_shard_size": 4, "offload_optimizer": {"device": "cpu"})"), 2, "with offload"},
+        std::tuple{std::string(R"("mics_shard_size": 4, "zero_quantized_gradients": true)"), 2,
+                   "with zero_quantized_gradients"},
+        std::tuple{std::string(R"("mics_shard_size": 4, "zero_hpz_partition_size": 2)"), 3,
+                   "with zero_hpz_partition_size"}}) {
+    const std::string& keys = std::get<0>(refused);
+    CAPTURE(keys);
+    const std::string named = std::string("zero_optimization.mics_shard_size 4 ") + std::get<2>(refused);
+    zero::run_ranks(8, [&](zero::thread_communicator& comm) {
+      zero::cpu_backend backend({.threads = 1});
+      const auto c = zero::config::from_string(cfg(keys, std::get<1>(refused)), in);
+      CHECK_THROWS_WITH_AS((zero::engine<zero::cpu_backend, zero::thread_communicator>(c, comm, backend)),
+                           doctest::Contains(named.c_str()), zero::config_error);
+    });
+  }
+}
