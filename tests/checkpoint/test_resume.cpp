@@ -2,6 +2,7 @@
 // after resharding to another world size or stage.
 
 #include "ckpt_harness.hpp"
+#include "zero/checkpoint/safetensors.hpp"
 
 #include <algorithm>
 #include <doctest/doctest.h>
