@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   double buffer_factor = 1.5;
   double offload_ratio = 1.0;
   std::int64_t hpz_partition_size = 1;
+  std::int64_t mics_shard_size = -1;
   bool json_out = false;
 
   auto* params_opt = app.add_option("--params", params_text, "parameter count, e.g. 7e9, 6.7B, 125M");
@@ -180,6 +181,12 @@ int main(int argc, char** argv) {
                  "partition of the 16-bit parameters on each GPU (P params / H bytes); H must divide the ranks")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--mics-shard-size", mics_shard_size,
+                 "zero_optimization.mics_shard_size (HSDP): stages 1-3 shard over groups of H ranks and replicate "
+                 "across them, so each GPU holds an H-rank group's share; the offload rows are not run with it; H must "
+                 "divide the ranks (-1: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{-1}, std::int64_t{1} << 40));
   app.add_option("--additional-buffer-factor", buffer_factor, "DeepSpeed's additional_buffer_factor (its tables only)")
       ->capture_default_str()
       ->check(zero::tools::number_in(0.0, 100.0));
@@ -272,6 +279,16 @@ int main(int argc, char** argv) {
                                   "of the ranks"));
     }
     o.hpz_partition_size = hpz_partition_size;
+    if (mics_shard_size == 0 || (mics_shard_size > 0 && o.ranks() % mics_shard_size != 0)) {
+      throw zero::usage_error(cat("--mics-shard-size (zero_optimization.mics_shard_size) ",
+                                  std::to_string(mics_shard_size), " does not divide the ", std::to_string(o.ranks()),
+                                  " ranks (--nodes x --gpus-per-node); expected the ranks of a shard group, a divisor "
+                                  "of the ranks, or -1"));
+    }
+    if (mics_shard_size > 1 && hpz_partition_size > 1) {
+      throw zero::usage_error("--mics-shard-size with --hpz-partition-size: the engine runs one of HSDP and hpZ");
+    }
+    o.mics_shard_size = mics_shard_size;
     if (plan.plan) {
       std::tie(budget, probe) = plan_inputs(plan);
     }
@@ -292,6 +309,11 @@ int main(int argc, char** argv) {
   if (o.hpz_partition_size > 1) {
     std::cout << "hpZ: zero_hpz_partition_size " << o.hpz_partition_size
               << ", the stage 3 rows count a secondary partition of the parameters on each GPU\n";
+  }
+  if (o.shard_ranks() < o.ranks()) {
+    std::cout << "HSDP: mics_shard_size " << o.mics_shard_size << ", stages 1-3 sharded over groups of "
+              << o.shard_ranks() << " GPUs and replicated " << o.ranks() / o.shard_ranks()
+              << " times; the offload rows are not run with it\n";
   }
   const std::string grads =
       o.grad_dtype ? std::string(zero::name_of(*o.grad_dtype))
@@ -318,7 +340,8 @@ int main(int argc, char** argv) {
   for (const auto& r : rows) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
-              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node) << "\n";
+              << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
+              << (r.implemented ? "" : "  (not run with HSDP)") << "\n";
   }
   std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
                "16-bit training):\n"

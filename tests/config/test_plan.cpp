@@ -408,3 +408,61 @@ TEST_CASE("a config's zero_hpz_partition_size is counted in the plan's stage 3 r
                                          "the data group; expected the ranks of a node"),
                        zero::config_error);
 }
+
+TEST_CASE("a config's mics_shard_size (HSDP): each rank holds a shard group's share; offload settings are not run") {
+  const auto c = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3, "mics_shard_size": 4}})",
+                                           {.world_size = 8});
+  const auto m = zt::summarize_modules({{600'000, 600}, {6'000, 60}});
+  const auto o = zt::estimate_options_from(c, m, 4, 2);
+  CHECK(o.mics_shard_size == 4);
+  CHECK(o.shard_ranks() == 4);
+  // The rows of 4 ranks without HSDP, but the offload rows, which the engine refuses with it.
+  auto four = o;
+  four.mics_shard_size = -1;
+  four.nodes = 1;
+  const auto with = zt::estimate_memory(o);
+  const auto without = zt::estimate_memory(four);
+  REQUIRE(with.size() == without.size());
+  for (std::size_t i = 0; i < with.size(); ++i) {
+    CAPTURE(with[i].stage);
+    CAPTURE(zero::name_of(with[i].offload_optimizer));
+    CAPTURE(zero::name_of(with[i].offload_param));
+    CHECK(with[i].gpu_bytes_per_rank == without[i].gpu_bytes_per_rank);
+    const bool offloaded =
+        with[i].offload_optimizer != offload_device::none || with[i].offload_param != offload_device::none;
+    CHECK(with[i].implemented == (with[i].stage == 0 || !offloaded));
+  }
+  // The plan chooses among the rows the engine runs, and its block carries the key at stages 1-3.
+  for (const auto& s : zt::plan_settings(o)) {
+    CAPTURE(zt::setting_name(s));
+    CHECK(s.offload_optimizer == offload_device::none);
+    CHECK(zt::plan_config_block(s, o, "").at("zero_optimization").contains("mics_shard_size") == (s.stage >= 1));
+  }
+  // Nor does a partial offload join the plan, whatever the budget.
+  const zt::machine_rates gpu{.device_adamw = 1e10,
+                              .host_adamw = 1e9,
+                              .host_threads = 8,
+                              .host_to_device = 2e10,
+                              .device_to_host = 2e10,
+                              .nvme_read = 1e9,
+                              .nvme_write = 1e9,
+                              .device = "NVIDIA H200",
+                              .nvme_path = ""};
+  const auto plan = zt::make_plan(o, gpu, {.device_bytes = 1, .host_bytes = std::int64_t{1} << 40});
+  CHECK_FALSE(plan.ranked.empty());
+  for (const auto& cand : plan.ranked) {
+    CHECK(cand.row.offload_optimizer == offload_device::none);
+  }
+  // A size that does not divide the ranks: the key, the ranks and what was expected.
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_options_from(c, m, 3, 2)),
+                       doctest::Contains("zero_optimization.mics_shard_size 4 does not divide the 6 ranks; expected "
+                                         "the ranks of a shard group"),
+                       zero::config_error);
+  auto bad = o;
+  bad.mics_shard_size = 3;
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_memory(bad)),
+                       doctest::Contains("zero_optimization.mics_shard_size is 3; expected -1 (no HSDP) or a divisor "
+                                         "of the 8 ranks"),
+                       zero::usage_error);
+}

@@ -216,7 +216,15 @@ struct estimate_options {
   /// keeps a secondary partition of the 16-bit parameters over its node group of H ranks, about P Ψ / H
   /// bytes of device model state; 1: none. Must divide the ranks.
   std::int64_t hpz_partition_size = 1;
+  /// zero_optimization.mics_shard_size H (HSDP, docs/zeropp.md): stages 1-3 shard over groups of H ranks
+  /// and replicate across them, so each rank holds what an H-rank group holds; the engine runs it without
+  /// offload only. -1 (or the ranks): one group. Must divide the ranks.
+  std::int64_t mics_shard_size = -1;
 
+  /// The ranks the model state is sharded over at stages 1-3: the shard group's with HSDP, else all.
+  [[nodiscard]] std::int64_t shard_ranks() const noexcept {
+    return mics_shard_size > 0 && mics_shard_size < ranks() ? mics_shard_size : ranks();
+  }
   /// Data-parallel ranks: nodes x gpus_per_node.
   [[nodiscard]] std::int64_t ranks() const noexcept { return nodes * gpus_per_node; }
 };
@@ -302,13 +310,23 @@ struct estimate_row {
                           std::to_string(o.ranks()),
                           " ranks (the ranks of a node group), or 1 for no secondary partition"));
   }
+  if (o.mics_shard_size != -1 && (o.mics_shard_size < 1 || o.ranks() % o.mics_shard_size != 0)) {
+    throw usage_error(cat("estimate_memory: zero_optimization.mics_shard_size is ", std::to_string(o.mics_shard_size),
+                          "; expected -1 (no HSDP) or a divisor of the ", std::to_string(o.ranks()),
+                          " ranks (the ranks of a shard group)"));
+  }
+  const bool hsdp = o.shard_ranks() < o.ranks();
+  if (hsdp && o.hpz_partition_size > 1) {
+    throw usage_error("estimate_memory: zero_optimization.mics_shard_size with zero_hpz_partition_size; the engine "
+                      "runs one of HSDP and hpZ");
+  }
   for (dtype t : {o.param_dtype, o.grad_dtype.value_or(o.param_dtype)}) {
     if (t != dtype::f32 && t != dtype::f16 && t != dtype::bf16) {
       throw usage_error(cat("estimate_memory: dtypes must be fp32, fp16 or bf16, not ", std::string(name_of(t))));
     }
   }
   const std::int64_t psi = o.params;
-  const std::int64_t n = o.ranks();
+  const std::int64_t n = o.shard_ranks();
   const std::int64_t shard = (psi + n - 1) / n;
   const auto p = static_cast<std::int64_t>(size_of(o.param_dtype));
 
@@ -330,8 +348,8 @@ struct estimate_row {
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
     r.offload_param = par;
-    // The engine runs every row.
-    r.implemented = true;
+    // The engine runs every row, but HSDP's with offload.
+    r.implemented = !(hsdp && stage >= 1 && (opt != offload_device::none || par != offload_device::none));
     r.offload_ratio = opt == offload_device::none ? 0.0 : opt == offload_device::nvme ? 1.0 : o.offload_ratio;
     std::int64_t host = 0;
     std::int64_t nvme = 0;
@@ -353,7 +371,7 @@ struct estimate_row {
         // (at most one owned range: a bucket's or, at stage 3, a layer's slice), and two slots of state.
         host += shard * p;
         const std::int64_t segment = stage == 3 ? o.largest_layer_params : largest_bucket;
-        const std::int64_t range = (segment + o.ranks() - 1) / o.ranks();
+        const std::int64_t range = (segment + n - 1) / n;
         host += o.offload_optimizer_buffer_count * std::min(o.nvme_chunk_elements, range) * (master + moments);
         nvme += 2 * optimizer_state;
       }
@@ -403,7 +421,7 @@ struct estimate_row {
       r.gpu_buffer_bytes = streamed_staging(stage3_staging_buffers) * o.largest_layer_params * g + working;
       break;
     }
-    if ((stage == 1 || stage == 2) && o.allgather_bucket_size && o.ranks() > 1) {
+    if ((stage == 1 || stage == 2) && o.allgather_bucket_size && n > 1) {
       r.gpu_buffer_bytes += std::min(*o.allgather_bucket_size, psi) * p;
     }
     r.gpu_bytes_per_rank = r.gpu_model_state_bytes + r.gpu_buffer_bytes;
@@ -430,8 +448,8 @@ struct estimate_row {
 }
 
 /// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
-/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "hpz_partition_size", "rows": [{"stage", "offload_optimizer",
-/// "offload_param", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
+/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "hpz_partition_size", "mics_shard_size", "rows": [{"stage",
+/// "offload_optimizer", "offload_param", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
 [[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
   nlohmann::json j = {{"params", o.params},
                       {"largest_layer_params", o.largest_layer_params},
@@ -442,6 +460,7 @@ struct estimate_row {
                       {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
                       {"offload_ratio", o.offload_ratio},
                       {"hpz_partition_size", o.hpz_partition_size},
+                      {"mics_shard_size", o.mics_shard_size},
                       {"rows", nlohmann::json::array()}};
   for (const estimate_row& r : rows) {
     j["rows"].push_back({{"stage", r.stage},

@@ -373,8 +373,9 @@ struct plan_result {
     plan.ranked.push_back({r, estimate_step_cost(r, o, rates), shortfalls(r, budget)});
   }
   // On the CPU backend the device and the host are the same cores and the same memory: a partial offload
-  // would only move state between two budgets of one memory, at no gain in speed.
-  if (rates.device != "cpu") {
+  // would only move state between two budgets of one memory, at no gain in speed. With HSDP the engine
+  // offloads nothing.
+  if (rates.device != "cpu" && o.shard_ranks() == o.ranks()) {
     for (int stage : {1, 2, 3}) {
       if (const auto r = partial_offload_setting(o, stage, budget.device_bytes)) {
         plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
@@ -405,6 +406,9 @@ struct plan_result {
   nlohmann::json z = {{"stage", r.stage}, {"reduce_bucket_size", o.reduce_bucket_size}};
   if (o.allgather_bucket_size && (r.stage == 1 || r.stage == 2)) {
     z["allgather_bucket_size"] = *o.allgather_bucket_size;
+  }
+  if (r.stage >= 1 && o.shard_ranks() < o.ranks()) {
+    z["mics_shard_size"] = o.mics_shard_size;
   }
   if (r.stage == 3) {
     z["stage3_prefetch_bucket_size"] = o.stage3_prefetch_bucket_size;
@@ -477,8 +481,15 @@ struct plan_result {
                            std::to_string(ranks_per_node * nodes),
                            " ranks of the data group; expected the ranks of a node, a divisor of the group's size"));
   }
+  const std::int64_t mics = c.zero_optimization.mics_shard_size;
+  if (mics != -1 && (mics < 1 || (ranks_per_node * nodes) % mics != 0)) {
+    throw config_error(cat("zero_optimization.mics_shard_size ", std::to_string(mics), " does not divide the ",
+                           std::to_string(ranks_per_node * nodes),
+                           " ranks; expected the ranks of a shard group, a divisor of the communicator's size"));
+  }
   estimate_options o;
   o.hpz_partition_size = hpz;
+  o.mics_shard_size = mics;
   o.params = m.params;
   o.largest_layer_params = m.largest_layer_params;
   o.largest_param_params = m.largest_param;
