@@ -24,9 +24,11 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 #endif
 }
 
-/// The code of `v` for the factor `inv` (qmax / amax), clamped to [-qmax, qmax]; 0 for a poisoned block.
-__device__ __forceinline__ int quant_code(float v, float inv, float qmax, bool finite) {
-  return finite ? static_cast<int>(fminf(fmaxf(rintf(__fmul_rn(v, inv)), -qmax), qmax)) : 0;
+/// The code of `v` for the factor `inv` (qmax / amax), clamped to [-qmax, qmax]; 0 for a poisoned block. When
+/// qmax / amax overflowed (amax below qmax / FLT_MAX), v / amax * qmax instead, as the CPU reference does.
+__device__ __forceinline__ int quant_code(float v, float inv, float amax, float qmax, bool finite) {
+  const float scaled = inv <= 3.4028234663852886e38F ? __fmul_rn(v, inv) : __fmul_rn(__fdiv_rn(v, amax), qmax);
+  return finite ? static_cast<int>(fminf(fmaxf(rintf(scaled), -qmax), qmax)) : 0;
 }
 
 /// The warp's amax and whether all of it is finite, from each lane's, by shuffles (a max and an and: exact
@@ -99,14 +101,15 @@ __global__ void __launch_bounds__(block_threads)
     const float inv = block_scale(amax, qmax, ok, scales + b, threadIdx.x == 0);
     if (bits == 8) {
       for (::cuda::std::size_t i = threadIdx.x; i < len; i += block_threads) {
-        const int q = quant_code(element_traits<T>::load(x[first + i]), inv, qmax, ok);
+        const int q = quant_code(element_traits<T>::load(x[first + i]), inv, amax, qmax, ok);
         codes[first + i] = static_cast<::cuda::std::uint8_t>(q);
       }
     } else {
       ::cuda::std::uint8_t* out = codes + first / 2;
       for (::cuda::std::size_t k = threadIdx.x; 2 * k < len; k += block_threads) {
-        const int lo = quant_code(element_traits<T>::load(x[first + 2 * k]), inv, qmax, ok);
-        const int hi = 2 * k + 1 < len ? quant_code(element_traits<T>::load(x[first + 2 * k + 1]), inv, qmax, ok) : 0;
+        const int lo = quant_code(element_traits<T>::load(x[first + 2 * k]), inv, amax, qmax, ok);
+        const int hi =
+            2 * k + 1 < len ? quant_code(element_traits<T>::load(x[first + 2 * k + 1]), inv, amax, qmax, ok) : 0;
         out[k] = static_cast<::cuda::std::uint8_t>((static_cast<unsigned>(lo) & 0x0FU) |
                                                    ((static_cast<unsigned>(hi) & 0x0FU) << 4U));
       }
@@ -238,7 +241,7 @@ __device__ __forceinline__ void load_block_packs(const T* x, ::cuda::std::size_t
 /// whose first `left` elements are in the block: one access (8 bytes, or 4 for 4-bit codes) when the pack
 /// is whole, bytewise at the block's end.
 template <class T>
-__device__ __forceinline__ void store_pack_codes(const raw8<T>& raw, float inv, float qmax, bool finite,
+__device__ __forceinline__ void store_pack_codes(const raw8<T>& raw, float inv, float amax, float qmax, bool finite,
                                                  ::cuda::std::uint8_t* codes, ::cuda::std::size_t e,
                                                  ::cuda::std::size_t left, int bits) {
   unsigned q[8];
@@ -255,7 +258,7 @@ __device__ __forceinline__ void store_pack_codes(const raw8<T>& raw, float inv, 
   } else { // a poisoned block, or an amax so small that qmax / amax overflowed
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      q[j] = static_cast<unsigned>(quant_code(raw[j], inv, qmax, finite));
+      q[j] = static_cast<unsigned>(quant_code(raw[j], inv, amax, qmax, finite));
     }
   }
   if (bits == 8) {
@@ -328,7 +331,7 @@ __global__ void __launch_bounds__(block_threads)
     for (int k = 0; k < K; ++k) {
       const ::cuda::std::size_t at = (threadIdx.x + static_cast<::cuda::std::size_t>(k) * block_threads) * 8;
       if (at < len) {
-        store_pack_codes(raw[k], inv, qmax, ok, codes, first + at, len - at, bits);
+        store_pack_codes(raw[k], inv, amax, qmax, ok, codes, first + at, len - at, bits);
       }
     }
   }
@@ -363,7 +366,7 @@ __global__ void __launch_bounds__(block_threads, 2) // 2 blocks an SM: 128 regis
     for (int k = 0; k < K; ++k) {
       const ::cuda::std::size_t at = (lane + 32 * static_cast<::cuda::std::size_t>(k)) * 8;
       if (at < len) {
-        store_pack_codes(raw[k], inv, qmax, ok, codes, first + at, len - at, bits);
+        store_pack_codes(raw[k], inv, amax, qmax, ok, codes, first + at, len - at, bits);
       }
     }
   }

@@ -70,6 +70,11 @@ TEST_CASE("quantize: every code in range, the error at most half a step, zeros s
     const std::size_t n = 5000; // the last block is shorter
     std::vector<float> x = wave(n);
     std::fill(x.begin() + 256, x.begin() + 512, 0.0F); // whole zero blocks
+    // A block so small that qmax / amax overflows (amax 1e-38 < 7 / FLT_MAX): its codes still within half
+    // a step, its zeros still zeros (x * inf made every value +-qmax, and 0 * inf a NaN code).
+    for (std::size_t i = 3072; i < 3072 + f.block; ++i) {
+      x[i] = i % 5 == 0 ? 0.0F : static_cast<float>(static_cast<int>(i % 7) - 3) * 1e-38F / 3.0F;
+    }
     x[1000] = std::numeric_limits<float>::infinity();
     x[2003] = std::numeric_limits<float>::quiet_NaN();
     std::vector<std::uint8_t> codes(f.code_bytes(n));

@@ -488,6 +488,11 @@ TEST_SUITE("kernels") {
           data[n / 2] = zero::from_float<T>(std::numeric_limits<float>::quiet_NaN());
           std::fill(data.begin() + static_cast<std::ptrdiff_t>(f.block * 10),
                     data.begin() + static_cast<std::ptrdiff_t>(f.block * 11), zero::from_float<T>(0.0f));
+          // A block whose qmax / amax overflows (amax 1e-38; fp16 holds none of it, a block of zeros there).
+          for (std::size_t i = f.block * 12; i < f.block * 13 && i < n; ++i) {
+            data[i] = zero::from_float<T>(i % 5 == 0 ? 0.0f
+                                                     : static_cast<float>(static_cast<int>(i % 7) - 3) * 1e-38f / 3.0f);
+          }
         }
         std::vector<std::uint8_t> ref_codes(f.code_bytes(n));
         std::vector<float> ref_scales(f.blocks(n));

@@ -9,7 +9,8 @@
 ///
 ///     amax     = max |x_i| over the block (as float)
 ///     scale    = amax / qmax                          qmax = 127 (8 bits) or 7 (4 bits)
-///     code_i   = clamp(rint(x_i * (qmax / amax)), -qmax, qmax)      (0 when amax is 0)
+///     code_i   = clamp(rint(x_i * (qmax / amax)), -qmax, qmax)      (0 when amax is 0;
+///                rint(x_i / amax * qmax) when qmax / amax overflows, amax below qmax / FLT_MAX)
 ///     x'_i     = T(float(code_i) * scale)
 ///
 /// A block holding an inf or a NaN gets the scale NaN and codes 0: it dequantizes to NaN, so a
@@ -99,8 +100,12 @@ void quantize_block(const T* x, std::size_t n, quant_format f, std::size_t b, st
   if (f.bits == 4) {
     std::fill_n(out, f.code_bytes(len), std::uint8_t{0}); // an odd block's last high nibble stays 0
   }
+  // When qmax / amax overflows (amax below qmax / FLT_MAX, as tiny gradients can be), v * inf would send
+  // every value to +-qmax and a zero to NaN: such a block scales by v / amax * qmax instead.
+  const bool huge = inv > std::numeric_limits<float>::max();
   for (std::size_t i = 0; i < len; ++i) {
-    const float q = finite ? std::clamp(std::nearbyint(static_cast<float>(x[first + i]) * inv), -qmax, qmax) : 0.0F;
+    const float v = static_cast<float>(x[first + i]);
+    const float q = finite ? std::clamp(std::nearbyint(huge ? v / amax * qmax : v * inv), -qmax, qmax) : 0.0F;
     detail::put_code(out, i, static_cast<int>(q), f.bits);
   }
 }
