@@ -137,9 +137,9 @@ TEST_CASE("HSDP: the replicas carry one all-reduce of the gradient shard a step;
     // (the ranks of local index 0 in each shard group) "world/2".
     CHECK(traffic(h, "world").calls == 0);
     const std::size_t e = sizeof(float); // fp32 gradients
-    // Stages 2-3 all-reduce the rank's reduced slices (its shard); stage 1 keeps the whole gradient
-    // and all-reduces every bucket whole over the replicas too.
-    const std::size_t reduced = stage == 1 ? h.total_elements : h.shard_elements;
+    // Every stage all-reduces only the rank's slices (its shard) over the replicas; stage 1, which keeps
+    // the whole gradient, leaves the rest of each bucket averaged over the shard group alone.
+    const std::size_t reduced = h.shard_elements;
     const auto replicas = traffic(h, "world/2");
     CHECK(traffic(h, "world/2", "all_reduce").sent == reduced * e);
     CHECK(replicas == traffic(h, "world/2", "all_reduce")); // nothing else crosses the shard groups

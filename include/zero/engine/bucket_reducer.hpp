@@ -505,17 +505,17 @@ private:
     bool crossing = false; // the handle is the second level's: two-level qgZ's cross all_to_all, HSDP's all_reduce
   };
 
-  /// HSDP's second level: `f`'s reduction over the shard group (the bucket's range of the whole
-  /// gradient, or the rank's slice in staging) averaged in place over the replicas.
+  /// HSDP's second level: the rank's slice of `f`'s reduction over the shard group (in the whole
+  /// gradient, or in staging) averaged in place over the replicas. Only the slice: the rank's update
+  /// reads nothing else (stage 1 keeps the rest of the bucket averaged over the shard group only).
   void across_replicas(flight& f) {
     const auto& s = layout_.segments()[f.segment];
+    const std::size_t mine = static_cast<std::size_t>(comm_.rank()) * s.slice;
     visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
       T* p = opt_.mode == reduce_mode::all_reduce
-                 ? reinterpret_cast<T*>(grads_.data()) + s.range.begin
-                 : reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[f.segment])].data()) +
-                       static_cast<std::size_t>(comm_.rank()) * s.slice;
-      const std::size_t n = opt_.mode == reduce_mode::all_reduce ? s.range.size() : s.slice;
-      f.handle = replicas_->all_reduce(p, p, n, reduce_op::avg);
+                 ? reinterpret_cast<T*>(grads_.data()) + s.range.begin + mine
+                 : reinterpret_cast<T*>(pool_[static_cast<std::size_t>(seg_staging_[f.segment])].data()) + mine;
+      f.handle = replicas_->all_reduce(p, p, s.slice, reduce_op::avg);
     });
     f.crossing = true;
   }
