@@ -572,10 +572,37 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     // state will live.
     const auto& z = c.zero_optimization;
     const auto& opt = z.offload_optimizer;
+    // The overlap keys act with the whole state on the host, or with a split one beside the next forward.
+    const auto report_overlaps = [&](bool split) {
+      if (opt.backward_overlap > 0) {
+        const bool acts = c.stage() >= 2 && c.gradient_accumulation_steps == 1 && c.param_dtype() != zero::dtype::f32 &&
+                          (!split || opt.forward_overlap);
+        std::cout << "  offload: " << opt.backward_overlap << " of each rank's "
+                  << (split ? "host share" : "optimizer state")
+                  << (acts ? " will be updated during backward, held twice in host memory"
+                           : " would be updated during backward, but this config has no such updates (they need "
+                             "stage 2 or 3, 16-bit parameters and no gradient accumulation)")
+                  << " (zero_optimization.offload_optimizer.backward_overlap; docs/offload.md)\n";
+      }
+      if (opt.forward_overlap) {
+        const bool acts = c.stage() >= 2 && z.offload_param.device != zero::offload_device::nvme;
+        std::cout << "  offload: "
+                  << (acts
+                          ? (split ? "step() will return while the host still runs AdamW on its share (whose gradients "
+                                     "go to the host during backward); the next forward's modules wait on the device "
+                                     "only for the ranges they read"
+                                   : "step() will return while the host still runs AdamW; the next forward's modules "
+                                     "wait on the device only for the ranges they read")
+                          : "the step would run beside the next forward, but not in this config (it needs stage 2 "
+                            "or 3 and no offload_param nvme)")
+                  << " (zero_optimization.offload_optimizer.forward_overlap; docs/offload.md)\n";
+      }
+    };
     if (opt.device == zero::offload_device::cpu && opt.ratio_auto) {
       std::cout << "  offload: partial; the engine measures host and device AdamW and copy rates at finalize and "
                    "offloads the share of the optimizer state that makes both parts of a step take equally long "
                    "(zero_optimization.offload_optimizer.ratio \"auto\"; docs/offload.md)\n";
+      report_overlaps(true);
     } else if (opt.device == zero::offload_device::cpu && opt.ratio == 0) {
       std::cout << "  offload: none; ratio 0 keeps the whole optimizer state on the device, as without offload"
                    " (zero_optimization.offload_optimizer.ratio; docs/offload.md)\n";
@@ -583,26 +610,11 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
       std::cout << "  offload: partial; " << opt.ratio
                 << " of each rank's optimizer state will be in host memory and stepped on the host, the rest on the "
                    "device (zero_optimization.offload_optimizer.ratio; docs/offload.md)\n";
+      report_overlaps(true);
     } else if (opt.device == zero::offload_device::cpu) {
       std::cout << "  offload: the optimizer state will be offloaded to host memory and stepped on the host"
                    " (zero_optimization.offload_optimizer.device \"cpu\"; docs/offload.md)\n";
-      if (opt.backward_overlap > 0) {
-        const bool acts = c.stage() >= 2 && c.gradient_accumulation_steps == 1 && c.param_dtype() != zero::dtype::f32;
-        std::cout << "  offload: " << opt.backward_overlap << " of each rank's optimizer state "
-                  << (acts ? "will be updated during backward, held twice in host memory"
-                           : "would be updated during backward, but this config has no such updates (they need "
-                             "stage 2 or 3, 16-bit parameters and no gradient accumulation)")
-                  << " (zero_optimization.offload_optimizer.backward_overlap; docs/offload.md)\n";
-      }
-      if (opt.forward_overlap) {
-        const bool acts = c.stage() >= 2 && z.offload_param.device != zero::offload_device::nvme;
-        std::cout << "  offload: "
-                  << (acts ? "step() will return while the host still runs AdamW; the next forward's modules wait on "
-                             "the device only for the ranges they read"
-                           : "the step would run beside the next forward, but not in this config (it needs stage 2 "
-                             "or 3 and no offload_param nvme)")
-                  << " (zero_optimization.offload_optimizer.forward_overlap; docs/offload.md)\n";
-      }
+      report_overlaps(false);
     } else if (z.offload_optimizer.device == zero::offload_device::nvme) {
       report_nvme(c, v);
     }

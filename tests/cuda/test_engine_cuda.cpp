@@ -92,8 +92,8 @@ TEST_SUITE("engine") {
       }
     }
   }
-  TEST_CASE("offload_optimizer cpu on GPUs, whole or partial (ratio 0.4), gives the bits of the in-memory GPU "
-            "engine") {
+  TEST_CASE("offload_optimizer cpu on GPUs, whole or partial (ratio 0.4, and 0.6 beside the next forward), gives the "
+            "bits of the in-memory GPU engine") {
     // The host's AdamW (cpu_backend) and the device's (cuda_backend) round every operation as written,
     // in the same order (docs/backends.md), and read the same reduced gradients: the same bits, but
     // for the norm of gradients accumulated on the host (`check_offloaded`). A partial offload steps
@@ -111,13 +111,18 @@ TEST_SUITE("engine") {
             const auto in_memory = zero::test::train_on_gpus(s);
             // backward_overlap: the host updates each range as its gradients land, during backward.
             // forward_overlap: the host steps beside the next forward, each upload waiting on the device
-            // for its range's word (cuStreamWaitValue32).
-            for (const char* extra :
-                 {R"("offload_optimizer": {"device": "cpu"})",
-                  R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})",
-                  R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})",
-                  R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1, "forward_overlap": true})"}) {
+            // for its range's word (cuStreamWaitValue32); with a ratio, the host's share so (its gradients
+            // streamed, the device's kept), which stages 2-3 refuse with accumulation.
+            for (
+                const char* extra :
+                {R"("offload_optimizer": {"device": "cpu"})", R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})",
+                 R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})",
+                 R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1, "forward_overlap": true})",
+                 R"("offload_optimizer": {"device": "cpu", "ratio": 0.6, "backward_overlap": 1, "forward_overlap": true})"}) {
               CAPTURE(extra);
+              if (std::string(extra).find("ratio\": 0.6") != std::string::npos && stage >= 2 && accumulation > 1) {
+                continue;
+              }
               s.zero_extra = extra;
               const bool partial = std::string(extra).find("ratio") != std::string::npos;
               check_offloaded(zero::test::train_on_gpus(s), in_memory, stage >= 2 && accumulation > 1 && !partial);

@@ -44,7 +44,7 @@ counted_run train_counting(const run_spec& s) {
         zt::init_model(eng);
         zt::train_steps(eng, mh, comm, s, 0, s.steps, out.run);
         if (comm.rank() == 0) {
-          const auto* host = eng.optimizer().host();
+          const auto* host = eng.optimizer().host_part();
           REQUIRE(host != nullptr);
           out.kept = host->early_updates().kept;
           out.dropped = host->early_updates().dropped;
@@ -164,8 +164,8 @@ TEST_CASE("the second home is host buffers of 12 bytes per element of its share 
   }
 }
 
-TEST_CASE("forward_overlap: the host steps on a thread of its own beside the next forward, with the bits of the "
-          "in-memory optimizer at stages 2-3") {
+TEST_CASE("forward_overlap: the host steps on a thread of its own beside the next forward, with the whole state or "
+          "its share of a split one (ratio below 1), with the bits of the in-memory optimizer at stages 2-3") {
   struct shape {
     int stage;
     int world;
@@ -173,27 +173,34 @@ TEST_CASE("forward_overlap: the host steps on a thread of its own beside the nex
     bool on_host;
     int accumulation;
     double backward;
+    double ratio = 1.0;
   };
   for (shape sh : {shape{2, 1, dtype::bf16, false, 1, 0.0}, shape{2, 3, dtype::f16, false, 1, 0.0},
                    shape{2, 2, dtype::bf16, false, 2, 0.0}, shape{2, 3, dtype::bf16, false, 1, 0.5},
                    shape{3, 1, dtype::bf16, true, 1, 1.0}, shape{3, 3, dtype::f16, false, 1, 1.0},
-                   shape{3, 2, dtype::bf16, true, 2, 0.0}, shape{3, 2, dtype::f32, false, 1, 0.0}}) {
+                   shape{3, 2, dtype::bf16, true, 2, 0.0}, shape{3, 2, dtype::f32, false, 1, 0.0},
+                   // The state split: the host's share streams its gradients and steps beside the forward.
+                   shape{2, 1, dtype::bf16, false, 1, 0.0, 0.5}, shape{2, 3, dtype::f16, false, 1, 1.0, 0.3},
+                   shape{2, 2, dtype::bf16, false, 1, 0.5, 0.8}, shape{3, 2, dtype::bf16, true, 1, 1.0, 0.6},
+                   shape{3, 3, dtype::bf16, false, 1, 0.0, 0.5}, shape{3, 1, dtype::f32, false, 1, 1.0, 0.4}}) {
     CAPTURE(sh.stage);
     CAPTURE(sh.world);
     CAPTURE(zero::name_of(sh.type));
     CAPTURE(sh.on_host);
     CAPTURE(sh.accumulation);
     CAPTURE(sh.backward);
+    CAPTURE(sh.ratio);
     run_spec s{.stage = sh.stage, .world = sh.world, .type = sh.type, .accumulation = sh.accumulation, .clip = 1e6};
     const auto want = train_with_engine(s);
     s.zero_extra = R"("offload_optimizer": {"device": "cpu", "forward_overlap": true, "backward_overlap": )" +
-                   std::to_string(sh.backward) + "}" + (sh.on_host ? R"(, "offload_param": {"device": "cpu"})" : "");
+                   std::to_string(sh.backward) + (sh.ratio < 1 ? R"(, "ratio": )" + std::to_string(sh.ratio) : "") +
+                   "}" + (sh.on_host ? R"(, "offload_param": {"device": "cpu"})" : "");
     const auto got = train_counting(s);
     check_same_run(got.run, want);
     const auto applied = static_cast<std::size_t>(std::count(want.applied.begin(), want.applied.end(), true));
     CHECK(applied > 0);
     CHECK(got.async_steps == applied); // every applied step ran on the host's thread
-    if (sh.backward > 0 && sh.accumulation == 1) {
+    if (sh.backward > 0 && sh.accumulation == 1 && sh.type != dtype::f32) {
       // Both overlaps at once: every update made during backward is kept, and those not yet started
       // when backward ended are the step's (how many of each depends on the threads' timing).
       CHECK(got.kept + got.cancelled > 0);
@@ -211,29 +218,36 @@ TEST_CASE("forward_overlap with a clip that acts, or an fp16 overflow, gives the
     run_spec overflow{.stage = stage, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
     for (run_spec* s : {&clipped, &overflow}) {
       const auto want = train_with_engine(*s);
-      s->zero_extra = R"("offload_optimizer": {"device": "cpu", "forward_overlap": true, "backward_overlap": 1})";
-      const auto got = train_counting(*s);
-      check_same_run(got.run, want);
-      CHECK(got.async_steps == static_cast<std::size_t>(std::count(want.applied.begin(), want.applied.end(), true)));
+      for (const char* ratio : {"", R"(, "ratio": 0.5)"}) {
+        CAPTURE(ratio);
+        s->zero_extra = R"("offload_optimizer": {"device": "cpu", "forward_overlap": true, "backward_overlap": 1)" +
+                        std::string(ratio) + "}";
+        const auto got = train_counting(*s);
+        check_same_run(got.run, want);
+        CHECK(got.async_steps == static_cast<std::size_t>(std::count(want.applied.begin(), want.applied.end(), true)));
+      }
     }
   }
 }
 
-TEST_CASE("forward_overlap without the whole state on the cpu is refused naming the key") {
+TEST_CASE("forward_overlap without the state on the cpu, or split with accumulation, is refused naming the key") {
   zero::run_ranks(1, [&](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});
     using eng_t = zero::engine<zero::cpu_backend, zero::thread_communicator>;
     const std::pair<const char*, const char*> refused[] = {
-        {R"({"device": "cpu", "ratio": 0.5, "forward_overlap": true})", "with ratio 0.5"},
-        {R"({"device": "nvme", "nvme_path": "/tmp", "forward_overlap": true})", "with device \"nvme\""},
-        {R"({"device": "none", "forward_overlap": true})", "with device \"none\""}};
+        {R"({"device": "cpu", "ratio": 0.5, "forward_overlap": true}}, "gradient_accumulation_steps": 2)",
+         "and gradient_accumulation_steps 2: the host steps beside the forward on a share"},
+        {R"({"device": "cpu", "ratio": "auto", "forward_overlap": true}}, "gradient_accumulation_steps": 3)",
+         "with ratio \"auto\" and gradient_accumulation_steps 3"},
+        {R"({"device": "nvme", "nvme_path": "/tmp", "forward_overlap": true}})", "with device \"nvme\""},
+        {R"({"device": "none", "forward_overlap": true}})", "with device \"none\""}};
     for (const auto& r : refused) {
       const char* offload = r.first;
       CAPTURE(offload);
       const auto cfg = zero::config::from_string(
-          R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
+          R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {}},
               "zero_optimization": {"stage": 2, "offload_optimizer": )" +
-          std::string(offload) + "}}");
+          std::string(offload) + "}");
       CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend),
                            doctest::Contains("zero_optimization.offload_optimizer.forward_overlap true"),
                            zero::config_error);

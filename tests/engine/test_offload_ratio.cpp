@@ -90,6 +90,38 @@ TEST_CASE("partial offload keeps 1 - ratio of the optimizer state on the device 
   }
 }
 
+TEST_CASE("with forward_overlap the host part's gradients stream to the host during backward: the device keeps "
+          "the gradient slices of the device part's segments only") {
+  // Two ranks: three segments of 100 000 elements, 50 000 a rank each; half of the state puts the
+  // split inside the second segment, so the device part reads the first two.
+  for (int stage : {2, 3}) {
+    for (bool overlap : {false, true}) {
+      CAPTURE(stage);
+      CAPTURE(overlap);
+      const std::string keys = R"("stage": )" + std::to_string(stage) +
+                               R"(, "offload_optimizer": {"device": "cpu", "ratio": 0.5, "forward_overlap": )" +
+                               (overlap ? "true" : "false") + "}";
+      with_wide_engine(
+          2, keys, [](ratio_engine&) {},
+          [&](ratio_engine& eng, zero::thread_communicator&) {
+            const std::size_t host = eng.optimizer_split().host_elements;
+            const auto& segs = eng.layout().segments();
+            REQUIRE(segs.size() == 3);
+            // The split in the second segment.
+            REQUIRE(host > segs[2].slice);
+            REQUIRE(host < segs[1].slice + segs[2].slice);
+            const auto r = eng.memory();
+            CHECK(r.host_grads == 2 * host);
+            // bf16 gradients: without the overlap every segment's slice is kept on the device for the
+            // step; with it only those of segments 0 and 1.
+            const std::size_t kept = segs[0].slice + segs[1].slice + (overlap ? 0 : segs[2].slice);
+            CHECK(r.grads_peak == 2 * kept);
+            CHECK(eng.optimizer().host_part()->async_steps() == (overlap ? 1U : 0U));
+          });
+    }
+  }
+}
+
 TEST_CASE("ratio 0 keeps the whole optimizer on the device and ratio 1 in host memory, as DeepSpeed") {
   with_wide_engine(
       1, cpu_ratio(2, "0"), [](ratio_engine&) {},

@@ -25,7 +25,8 @@
 ///   (an optimizer stepping on the host), the reducer keeps no shard: each bucket's reduced slice
 ///   goes to the sink given to `stream_to` (which copies it to the host) as the next bucket launches,
 ///   and the staging buffer is reused once the sink's event says the slice was read; two staging
-///   buffers, so that backward fills one while the other's slice is copied.
+///   buffers, so that backward fills one while the other's slice is copied. The segments marked
+///   `kept` (a state split between host and device) are also added into their slice of the shard.
 ///
 /// Buckets are launched in one order on every rank — from the last segment to the first, the order
 /// backward produces them — so a bucket that completes early waits for those behind it, and a
@@ -66,6 +67,10 @@ struct reducer_options {
   bool overlap = true;
   /// `reduce_mode::reduce_scatter` only: no gradient shard; reduced slices go to `stream_to`'s sink.
   bool streamed = false;
+  /// Streamed only: the segments whose reduced slices are also added into a shard here after the sink
+  /// had them, as without streaming (partial offload: the segments the device's part of the state
+  /// reads); one flag per segment, or empty for none.
+  std::vector<bool> kept{};
   /// `reduce_mode::reduce_scatter` only, not streamed (ZeRO++'s qgZ): a bucket's chunk for each rank
   /// goes as block-quantized codes of this format by `all_to_all`, and each rank dequantizes the
   /// chunks it receives and sums them in fp32 (docs/zeropp.md). Empty: a plain reduce-scatter.
@@ -111,6 +116,10 @@ public:
     }
     if (opt_.streamed && opt_.mode != reduce_mode::reduce_scatter) {
       throw usage_error("bucket_reducer: streamed reduced slices need reduce_mode::reduce_scatter (stages 2-3)");
+    }
+    if (!opt_.kept.empty() && (!opt_.streamed || opt_.kept.size() != layout_.segments().size())) {
+      throw usage_error("bucket_reducer: kept segments need streamed slices and one flag per segment (" +
+                        std::to_string(layout_.segments().size()) + "), got " + std::to_string(opt_.kept.size()));
     }
     if (opt_.quantized) {
       check_quantized();
@@ -258,26 +267,26 @@ public:
 
   /// The reduced gradient of flat range `r` (a rank's slice of one segment, or the whole buffer
   /// with `reduce_mode::all_reduce`), whose optimizer state starts at `state_offset`; null when
-  /// streamed (the sink has them). With `reduce_mode::reduce_scatter`, valid from the end of the
-  /// accumulation's last micro-step (`finish`) until `retire`.
+  /// streamed (the sink has them) and its segment is not kept. With `reduce_mode::reduce_scatter`,
+  /// valid from the end of the accumulation's last micro-step (`finish`) until `retire`.
   [[nodiscard]] std::byte* reduced(const flat_range& r, std::size_t state_offset) noexcept {
-    if (opt_.streamed) {
-      return nullptr;
-    }
     if (opt_.mode == reduce_mode::all_reduce) {
-      return grads_.data() + r.begin * esize_;
+      return opt_.streamed ? nullptr : grads_.data() + r.begin * esize_;
     }
     // The segment whose slice holds state_offset: the last one starting at or before it.
     const auto& segs = layout_.segments();
     const auto it = std::upper_bound(segs.begin(), segs.end(), state_offset,
                                      [](std::size_t off, const segment_info& s) { return off < s.shard_offset; });
     const auto k = static_cast<std::size_t>(it - segs.begin()) - 1;
+    if (opt_.streamed && !kept(k)) {
+      return nullptr;
+    }
     return slices_[k].data() + (state_offset - segs[k].shard_offset) * esize_;
   }
 
   /// Zeroes the kept gradients after an optimizer step (applied or skipped), or drops an
   /// accumulation, on the reducer's stream: the whole buffer with `reduce_mode::all_reduce`; the
-  /// shard's slices go back to the allocator. Nothing when streamed (the sink keeps them).
+  /// shard's slices go back to the allocator. Streamed, only the kept segments have slices here.
   void zero() { retire(stream_); }
   /// The same after a step whose last reader of the gradients runs on `s`: with
   /// `reduce_mode::all_reduce` the buffer is zeroed on `s`; the shard's slices go back at once when
@@ -335,6 +344,9 @@ private:
                         "with finish(); begin_micro_step() opens the next");
     }
   }
+
+  /// True when segment `k`'s reduced slices are kept in the shard while streamed (`reducer_options::kept`).
+  [[nodiscard]] bool kept(std::size_t k) const noexcept { return k < opt_.kept.size() && opt_.kept[k]; }
 
   /// Segment `k`'s slice of the shard, allocated and zeroed at its first reduction in an accumulation.
   std::byte* slice_of(std::size_t k) {
@@ -471,8 +483,16 @@ private:
         if (!sink_) {
           throw usage_error("bucket_reducer: a streamed reducer reduced a bucket before stream_to gave it a sink");
         }
-        reuse_after_[slot] =
-            &sink_(f.segment, pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_);
+        std::byte* mine = pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_;
+        reuse_after_[slot] = &sink_(f.segment, mine);
+        if (kept(f.segment)) {
+          // After the sink, which may have rewritten the slice (unscaled it); on the reducer's stream, so
+          // before the staging buffer's reuse.
+          visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
+            backend_.accumulate(reinterpret_cast<const T*>(mine), reinterpret_cast<T*>(slice_of(f.segment)), s.slice,
+                                stream_);
+          });
+        }
       } else {
         visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
           if constexpr (quantizes) {

@@ -395,7 +395,7 @@ private:
     auto group_lr = [&](double lr) { return scheduler_.group_lr(lr); };
     if (host_async_) {
       // The host steps beside the next forward, after scheduler_.step(): it keeps this step's schedule.
-      optimizer_.host()->begin_async(args, [sched = scheduler_](double lr) { return sched.group_lr(lr); });
+      optimizer_.host_part()->begin_async(args, [sched = scheduler_](double lr) { return sched.group_lr(lr); });
     }
     if (overlap_) {
       overlap_->run(

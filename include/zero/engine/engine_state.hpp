@@ -175,15 +175,17 @@ public:
         residency_.coordinator()->derive_from(optimizer_.device()->master());
       }
     }
-    // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard; each bucket's
-    // reduced slice goes to the host during backward (docs/offload.md).
+    // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard (or, with the state
+    // split, only the device part's segments); each bucket's reduced slice goes to the host during
+    // backward (docs/offload.md).
     auto* streamed = stage >= 2 ? optimizer_.host_grads() : nullptr;
+    auto reducing = reducer_options_from(cfg_, streamed != nullptr);
     if (streamed != nullptr) {
       streamed->stream();
       streamed_ = true;
+      reducing.kept = optimizer_.device_segments();
     }
-    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_,
-                     reducer_options_from(cfg_, streamed != nullptr), stream_);
+    reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_, std::move(reducing), stream_);
     use_quantized_nodes();
     if (replicas_ != nullptr) {
       reducer_->use_replicas(*replicas_);
@@ -194,14 +196,16 @@ public:
           // The slice is final on the device (no accumulation follows): check it there, as in memory.
           stats_->check_range(segment, slice, unscale());
         }
-        const auto& copied = streamed->take(segment, slice, stream_);
+        const std::size_t skip = optimizer_.host_grads_offset(segment) * size_of(cfg_.grad_accum_dtype);
+        const auto& copied = streamed->take(segment, slice + skip, stream_);
         if (stats_in_take_ && reducer_boundary_) {
           update_early(segment);
         }
         return copied;
       });
       stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
-    } else {
+    }
+    if (streamed == nullptr || optimizer_.partial() != nullptr) {
       // Stages 2-3 in memory: a segment's gradient slice goes back to the allocator once the engine's
       // stream is ordered after the update that read it (the next forward's wait for that segment).
       residency_([this](auto& r) { r.on_joined([this](std::size_t k) { reducer_->release(k); }); });
@@ -219,7 +223,7 @@ public:
     }
     // Stages 1-2 on several ranks, stage 3, and a host step beside the next forward: the optimizer
     // steps on the update stream, beside the next forward.
-    const auto* host = optimizer_.host();
+    const auto* host = optimizer_.host_part();
     host_async_ = host != nullptr && host->can_run_async() && streamed != nullptr;
     if (stage == 3 || (stage >= 1 && comm_.size() > 1) || host_async_) {
       overlap_.emplace(backend_, comm_, stream_);
@@ -255,10 +259,10 @@ public:
     auto m = make_memory_report(cfg_.stage(), comm_.size(), reg_.layout(), cfg_.grad_accum_dtype, state_alloc_,
                                 buffer_alloc_, work_alloc_);
     if (const auto* host = optimizer_.host()) {
-      add_host_memory(m, host->host_memory(), 1.0, streamed_);
+      add_host_memory(m, host->host_memory(), 1.0, streamed_ ? 1.0 : 0.0);
     } else if (const auto* both = optimizer_.partial()) {
-      add_host_memory(m, both->host().host_memory(),
-                      static_cast<double>(split_.host_elements) / static_cast<double>(split_.state_elements));
+      const double share = static_cast<double>(split_.host_elements) / static_cast<double>(split_.state_elements);
+      add_host_memory(m, both->host().host_memory(), share, streamed_ ? share : 0.0);
     } else if (const auto* nvme = optimizer_.nvme()) {
       add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes(), streamed_);
     }
@@ -449,7 +453,7 @@ protected:
   /// beginning the step's updates with its first range: the arguments of the step that follows,
   /// unclipped.
   void update_early(std::size_t k) {
-    auto* host = optimizer_.host();
+    auto* host = optimizer_.host_part();
     if (host == nullptr || host->overlap_elements() == 0) {
       return;
     }
@@ -462,7 +466,7 @@ protected:
   }
   /// Ends the host's updates during backward: kept when the step applies unclipped, else dropped.
   void end_early(bool applied, double norm) {
-    if (auto* host = optimizer_.host()) {
+    if (auto* host = optimizer_.host_part()) {
       host->end_early(applied && clip_coefficient(norm, cfg_.gradient_clipping) == 1.0);
     }
   }
@@ -484,7 +488,8 @@ protected:
   [[nodiscard]] double unscale() const noexcept {
     return average_ / (scaler_.scale() * static_cast<double>(cfg_.gradient_accumulation_steps));
   }
-  /// The reduced gradients' check (`grad_stats`): on the device, or on the host's copy when streamed.
+  /// The reduced gradients' check (`grad_stats`): on the device, or on the host's copy when streamed
+  /// (a split state streams only without accumulation, so its check is always the one made as it landed).
   grad_check check_gradients(double unscale) {
     if (!streamed_) {
       return stats_->check(unscale, reduced());
@@ -501,11 +506,16 @@ protected:
       optimizer_.host_grads()->finish();
     }
   }
-  /// Zeroes the gradients of an ended accumulation: the device's (on `s` when given), or the host's.
+  /// Zeroes the gradients of an ended accumulation: the device's (on `s` when given), or the host's, or
+  /// with a split state both.
   void zero_gradients(const stream_type* s) {
     if (streamed_) {
       optimizer_.host_grads()->reset();
-    } else if (s != nullptr) {
+      if (optimizer_.partial() == nullptr) {
+        return;
+      }
+    }
+    if (s != nullptr) {
       reducer_->retire(*s);
     } else {
       reducer_->zero();
@@ -531,7 +541,7 @@ protected:
   /// stream wait for the update stream's last step (without blocking the host), once.
   void join_update() {
     if (host_async_) {
-      optimizer_.host()->join_async();
+      optimizer_.host_part()->join_async();
     }
     if (overlap_ && overlap_->join()) {
       residency_([](auto& r) { r.updates_joined(); });

@@ -181,11 +181,12 @@ template <class Counting>
 
 /// Adds the host bytes of an offloaded optimizer (`host`: its counting allocator) to `m`, and moves
 /// the optimizer state, or the share `share` of it (partial offload), from the device formula to the
-/// host one; with `grads_on_host` (stages 2-3 with the whole state offloaded: the reduced gradients go
-/// to the host during backward) the gradient shard too. Host staging of accumulated gradients is under
+/// host one; with `grads_share` (stages 2-3 with the state offloaded: the reduced gradients go to the
+/// host during backward) that share of the gradient shard too (1 for the whole state, the host's share
+/// of a split one streamed beside the next forward). Host staging of accumulated gradients is under
 /// `host_buffers`. Call before `add_host_params`: it sets the host fields, which that adds to.
 template <class Counting>
-void add_host_memory(memory_report& m, const Counting& host, double share = 1.0, bool grads_on_host = false) {
+void add_host_memory(memory_report& m, const Counting& host, double share = 1.0, double grads_share = 0.0) {
   m.host_params = host.live(memory_tag::params);
   m.host_grads = host.live(memory_tag::grads);
   m.host_optimizer = host.live(memory_tag::optimizer);
@@ -196,18 +197,16 @@ void add_host_memory(memory_report& m, const Counting& host, double share = 1.0,
   m.host_buffers = host.live(memory_tag::buffers);
   const double psi_n = static_cast<double>(m.parameters) / m.world_size;
   m.formula -= share * optimizer_state_bytes(m.param_type) * psi_n;
-  if (grads_on_host) {
-    m.formula -= static_cast<double>(size_of(m.grad_type)) * psi_n;
-  }
+  m.formula -= grads_share * static_cast<double>(size_of(m.grad_type)) * psi_n;
 }
 
 /// Adds the host and file bytes of an optimizer with its state on NVMe (`host`: its counting
 /// allocator, `file_bytes`: the state file) to `m`. The host holds the gradient shard and two copies
 /// of the parameter shard, (2 P + G) Ψ / N, and the chunk buffers (under `host_buffers`);
-/// `grads_on_host` as `add_host_memory`'s.
+/// `grads_on_host`: the whole gradient shard streams to the host (`add_host_memory`'s share 1).
 template <class Counting>
 void add_nvme_memory(memory_report& m, const Counting& host, std::size_t file_bytes, bool grads_on_host = false) {
-  add_host_memory(m, host, 1.0, grads_on_host);
+  add_host_memory(m, host, 1.0, grads_on_host ? 1.0 : 0.0);
   const double psi_n = static_cast<double>(m.parameters) / m.world_size;
   m.host_formula =
       (2.0 * static_cast<double>(size_of(m.param_type)) + static_cast<double>(size_of(m.grad_type))) * psi_n;

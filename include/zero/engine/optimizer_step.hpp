@@ -100,13 +100,16 @@ public:
       const std::size_t host = offloaded_state_elements(split.ratio, state);
       split.host_elements = host;
       auto opt = offload_options{.threads = threads};
+      // Updates during backward need the gradients streamed (stages 2-3) and final at their hand-over.
+      // A state split with the device streams only beside the next forward, which needs the host part's
+      // gradients checked as they land (no accumulation: the reader refuses the keys with one).
+      const bool streams = cfg.stage() >= 2 && (host == state || o.forward_overlap);
+      if (streams && cfg.gradient_accumulation_steps == 1) {
+        opt.backward_overlap = o.backward_overlap;
+      }
+      // The step beside the next forward needs the gradients on the host when it begins (streamed).
+      opt.forward_overlap = o.forward_overlap && cfg.stage() >= 2;
       if (host == state) {
-        // Updates during backward need the gradients streamed (stages 2-3) and final at their hand-over.
-        if (cfg.stage() >= 2 && cfg.gradient_accumulation_steps == 1) {
-          opt.backward_overlap = o.backward_overlap;
-        }
-        // The step beside the next forward needs the gradients on the host when it begins (streamed).
-        opt.forward_overlap = o.forward_overlap && cfg.stage() >= 2;
         make_on_host(layout, place, reg.group_of(), reg.groups(), backend, host_allocator_type{}, stream, opt);
       } else if (host == 0) {
         make_on_device(layout, place, reg.group_of(), reg.groups(), backend, device, stream);
@@ -138,16 +141,39 @@ public:
   [[nodiscard]] on_both* partial() noexcept { return std::get_if<on_both>(&v_); }
   [[nodiscard]] const on_both* partial() const noexcept { return std::get_if<on_both>(&v_); }
 
-  /// The host gradient shard of an optimizer stepping on the host (`detail::host_gradients`), or
-  /// null on the device.
+  /// What steps on the host from host memory: the whole offloaded optimizer, or the host part of a
+  /// split one; null on the device or with the state in a file.
+  [[nodiscard]] on_host* host_part() noexcept {
+    auto* both = partial();
+    return both != nullptr ? &both->host() : host();
+  }
+
+  /// The host gradient shard the engine streams into at stages 2-3 (`detail::host_gradients`): an
+  /// optimizer stepping on the host's, or a split one's when its host part steps beside the next forward
+  /// (`forward_overlap`); null otherwise.
   [[nodiscard]] auto* host_grads() noexcept {
     using grads_type = std::remove_reference_t<decltype(std::declval<on_host&>().grads())>;
     static_assert(std::is_same_v<grads_type, std::remove_reference_t<decltype(std::declval<on_nvme&>().grads())>>);
     if (auto* h = host()) {
       return &h->grads();
     }
+    if (auto* both = partial(); both != nullptr && both->host().can_run_async()) {
+      return &both->host().grads();
+    }
     auto* n = nvme();
     return n != nullptr ? &n->grads() : static_cast<grads_type*>(nullptr);
+  }
+  /// Where in owned range `k`'s reduced slice the host gradient shard's part of it starts, in elements:
+  /// 0, or for a split state the device part's share of the range the split falls in.
+  [[nodiscard]] std::size_t host_grads_offset(std::size_t k) const noexcept {
+    const auto* both = partial();
+    return both != nullptr ? both->host_offset(k) : 0;
+  }
+  /// Per segment, whether the device's optimizer reads its reduced gradients (when they are streamed
+  /// to the host): none for a whole offload, the device part's segments for a split state.
+  [[nodiscard]] std::vector<bool> device_segments() const {
+    const auto* both = partial();
+    return both != nullptr ? both->device_segments() : std::vector<bool>{};
   }
 
   [[nodiscard]] const std::vector<std::pair<flat_range, std::size_t>>& ranges() const {

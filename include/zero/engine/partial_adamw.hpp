@@ -21,6 +21,13 @@
 /// arguments and element order: on the CPU backend the result is the same bits as without offload.
 /// State indices are the rank's (0 to `state_size()`): `read_state` and `write_state` reach either
 /// part, so checkpoints save and load across ratios, stages and world sizes.
+///
+/// With `offload_options::forward_overlap` (stages 2-3, docs/offload.md "Beside the next forward") the
+/// engine streams the host part's gradients into `host().grads()` during backward (at `host_offset(k)`
+/// in range k's slice) and calls `host().begin_async` before the step's ranges: the host part's
+/// `step_range` then only posts, on the side stream, the wait for each range's word and its upload,
+/// and the device part's kernels run at once. `groups()` is the host part's (its thread reads them);
+/// the device part copies them at each step.
 
 #include "zero/backend/backend.hpp"
 #include "zero/core/detail/text.hpp"
@@ -106,11 +113,26 @@ public:
   /// in has a run on each side).
   [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return runs_; }
   [[nodiscard]] std::size_t state_size() const noexcept { return full_.second; }
-  /// The group hyper-parameters (the device part's; the host part takes them at each step).
-  [[nodiscard]] std::vector<param_group>& groups() noexcept { return device_.groups(); }
+  /// The group hyper-parameters (the host part's, which its thread reads while it updates beside the
+  /// caller; the device part takes them at each step, on the calling thread).
+  [[nodiscard]] std::vector<param_group>& groups() noexcept { return host_.groups(); }
   [[nodiscard]] bool has_master() const noexcept { return device_.has_master(); }
   /// The first state index on the host: state [0, split) is on the device, [split, state_size()) on the host.
   [[nodiscard]] std::size_t split() const noexcept { return split_; }
+  /// Elements of owned range `k` before the host part's piece of it (the device part's share of the
+  /// range the split falls in; 0 for a range wholly on either side).
+  [[nodiscard]] std::size_t host_offset(std::size_t k) const noexcept {
+    const flat_range& mine = host_.ranges()[k].first;
+    return mine.empty() ? 0 : mine.begin - full_.first[k].first.begin;
+  }
+  /// Per owned range (segment), whether the device part steps any of it.
+  [[nodiscard]] std::vector<bool> device_segments() const {
+    std::vector<bool> out;
+    for (const auto& [range, off] : device_.ranges()) {
+      out.push_back(!range.empty());
+    }
+    return out;
+  }
   /// The two parts (their state indices start at 0 and at `split()`).
   [[nodiscard]] on_device& device() noexcept { return device_; }
   [[nodiscard]] const on_device& device() const noexcept { return device_; }
@@ -158,7 +180,7 @@ public:
     }
     if (k == 0 || !joined_) {
       // A new step: the host part's copies start after what `s` did so far (the gradients are final).
-      host_.groups() = device_.groups();
+      device_.groups() = host_.groups();
       backend_.record(ready_, s);
       backend_.wait(side_, ready_);
       joined_ = true;

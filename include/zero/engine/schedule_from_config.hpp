@@ -104,17 +104,34 @@ namespace zero {
 }
 
 namespace detail {
-/// Refuses `what` (an overlap key and its value) unless the host holds the whole optimizer state:
-/// device cpu and ratio 1. `does` says what the host then does, `off` the setting that turns it off.
-inline void require_whole_state_on_cpu(const offload_optimizer_config& o, const std::string& what, const char* does,
-                                       const char* off) {
+/// Refuses `what` (an overlap key and its value) unless the host holds the optimizer state in memory:
+/// device cpu, with ratio 1 or, where `split_ok`, a state split with the device (the host's part then
+/// streams its gradients as the whole state does: stages 2-3, no accumulation). `does` says what the
+/// host then does, `off` the setting that turns it off.
+inline void require_state_on_cpu(const config& c, const std::string& what, const char* does, const char* off,
+                                 bool split_ok) {
+  const auto& o = c.zero_optimization.offload_optimizer;
   if (o.device != offload_device::cpu) {
     throw config_error(what + " with device \"" + std::string(name_of(o.device)) + "\": the host " + does +
                        " only state it holds in memory; expected device \"cpu\", or " + off);
   }
-  if (o.ratio_auto || o.ratio < 1) {
-    throw config_error(what + " with ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
-                       ": the host " + does + " only when it holds the whole state; expected ratio 1, or " + off);
+  if (!(o.ratio_auto || o.ratio < 1)) {
+    return;
+  }
+  const std::string ratio = o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio);
+  if (!split_ok) {
+    throw config_error(what + " with ratio " + ratio + ": the host " + does +
+                       " only when it holds the whole state, or with forward_overlap true; expected ratio 1, "
+                       "forward_overlap true, or " +
+                       off);
+  }
+  if (c.stage() >= 2 && c.gradient_accumulation_steps != 1) {
+    throw config_error(what + " with ratio " + ratio + " and gradient_accumulation_steps " +
+                       std::to_string(c.gradient_accumulation_steps) + ": the host " + does +
+                       " on a share of the state only when each micro-step's gradients are the step's (its "
+                       "gradients are checked as they stream to the host); expected gradient_accumulation_steps 1, "
+                       "ratio 1, or " +
+                       off);
   }
 }
 } // namespace detail
@@ -168,11 +185,11 @@ inline void check_engine_config(const config& c) {
     if (!(o.backward_overlap > 0 && o.backward_overlap <= 1)) {
       throw config_error(what + ": expected a share in [0, 1]");
     }
-    detail::require_whole_state_on_cpu(o, what, "updates during backward", "backward_overlap 0");
+    detail::require_state_on_cpu(c, what, "updates during backward", "backward_overlap 0", o.forward_overlap);
   }
   if (o.forward_overlap) {
-    detail::require_whole_state_on_cpu(o, "zero_optimization.offload_optimizer.forward_overlap true",
-                                       "steps beside the forward", "forward_overlap false");
+    detail::require_state_on_cpu(c, "zero_optimization.offload_optimizer.forward_overlap true",
+                                 "steps beside the forward", "forward_overlap false", true);
   }
   const auto& zq = c.zero_optimization;
   if (zq.zero_quantized_gradients && c.stage() >= 2) {
