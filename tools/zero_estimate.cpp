@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
   std::optional<std::string> allgather_bucket;
   double buffer_factor = 1.5;
   double offload_ratio = 1.0;
+  bool forward_overlap = false;
   std::int64_t hpz_partition_size = 1;
   std::int64_t mics_shard_size = -1;
   bool json_out = false;
@@ -176,6 +177,11 @@ int main(int argc, char** argv) {
                      "optimizer state in host memory, the rest on the GPU")
           ->capture_default_str()
           ->check(zero::tools::number_in(0.0, 1.0));
+  auto* overlap_opt = app.add_flag(
+      "--forward-overlap", forward_overlap,
+      "zero_optimization.offload_optimizer.forward_overlap with --offload-ratio below 1: at stages 2-3 the "
+      "host's share streams its gradients to the host during backward, so the GPU keeps only the rest of "
+      "the gradient shard");
   app.add_option("--hpz-partition-size", hpz_partition_size,
                  "zero_optimization.zero_hpz_partition_size: with H > 1 the stage 3 rows count hpZ's secondary "
                  "partition of the 16-bit parameters on each GPU (P params / H bytes); H must divide the ranks")
@@ -205,6 +211,7 @@ int main(int argc, char** argv) {
                                 "--nvme, by this machine's measured rates, as a DeepSpeed config block");
   // The plan chooses its own ratios (the partial offloads that fit --gpu-memory).
   ratio_opt->excludes(plan_opt);
+  overlap_opt->excludes(plan_opt);
   auto* plans = app.add_option_group("Plan", "with --plan");
   plans->add_option("--gpu-memory", plan.gpu_memory, "bytes zero may use on each GPU, e.g. 80GiB")->needs(plan_opt);
   plans->add_option("--host-memory", plan.host_memory, "bytes zero may use on each node's host, e.g. 1TiB")
@@ -271,6 +278,7 @@ int main(int argc, char** argv) {
     o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
     o.sub_group_size = zero::tools::parse_count(sub_group);
     o.offload_ratio = offload_ratio;
+    o.offload_forward_overlap = forward_overlap;
     if (o.ranks() % hpz_partition_size != 0) {
       throw zero::usage_error(cat("--hpz-partition-size (zero_optimization.zero_hpz_partition_size) ",
                                   std::to_string(hpz_partition_size), " does not divide the ",
@@ -334,7 +342,11 @@ int main(int argc, char** argv) {
                "runs in this version):\n";
   if (o.offload_ratio < 1) {
     std::cout << "offload_optimizer=cpu rows: offload_optimizer.ratio " << o.offload_ratio
-              << ", that share of the optimizer state in host memory and the rest on the GPU\n";
+              << ", that share of the optimizer state in host memory and the rest on the GPU"
+              << (o.offload_forward_overlap
+                      ? "; with forward_overlap the host share's gradients go to the host during backward at stages 2-3"
+                      : "")
+              << "\n";
   }
   std::cout << " stage | offload_optimizer | offload_param |   per GPU     | host per node | NVMe per node\n";
   for (const auto& r : rows) {

@@ -69,8 +69,9 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
 zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
                                    zero::offload_device par = zero::offload_device::none, double ratio = 1.0,
                                    std::int64_t max_in_cpu = 1'000'000'000, std::int64_t param_buffers = 5,
-                                   std::int64_t hpz = 1) {
+                                   std::int64_t hpz = 1, bool forward_overlap = false) {
   zero::tools::estimate_options o;
+  o.offload_forward_overlap = forward_overlap;
   o.hpz_partition_size = hpz;
   o.offload_ratio = ratio;
   o.offload_param_max_in_cpu = max_in_cpu;
@@ -210,6 +211,26 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with a ratio below 1 are w
         CAPTURE(row.host_bytes_per_rank);
         CAPTURE(m.host_peak);
         CHECK(m.optimizer_peak > 0);
+        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+        CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+      }
+    }
+    for (int stage : {2, 3}) {
+      for (int world : {1, 2, 4}) {
+        // Beside the next forward: the host share's gradients stream to the host, the device keeps the
+        // part of each slice its share reads.
+        CAPTURE(ratio);
+        CAPTURE(stage);
+        CAPTURE(world);
+        const std::string keys = R"("device": "cpu", "forward_overlap": true, "ratio": )" + std::to_string(ratio);
+        const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", keys);
+        const auto row = estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu,
+                                  zero::offload_device::none, ratio, 1'000'000'000, 5, 1, true);
+        const auto kept =
+            estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::none, ratio);
+        CAPTURE(row.gpu_model_state_bytes);
+        CAPTURE(m.model_state_peak);
+        CHECK(row.gpu_model_state_bytes < kept.gpu_model_state_bytes);
         CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
         CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
       }

@@ -25,8 +25,9 @@
 ///   (an optimizer stepping on the host), the reducer keeps no shard: each bucket's reduced slice
 ///   goes to the sink given to `stream_to` (which copies it to the host) as the next bucket launches,
 ///   and the staging buffer is reused once the sink's event says the slice was read; two staging
-///   buffers, so that backward fills one while the other's slice is copied. The segments marked
-///   `kept` (a state split between host and device) are also added into their slice of the shard.
+///   buffers, so that backward fills one while the other's slice is copied. The leading `kept`
+///   elements of a segment's slice (a state split between host and device) are also added into a
+///   slice of the shard of that size.
 ///
 /// Buckets are launched in one order on every rank — from the last segment to the first, the order
 /// backward produces them — so a bucket that completes early waits for those behind it, and a
@@ -67,10 +68,10 @@ struct reducer_options {
   bool overlap = true;
   /// `reduce_mode::reduce_scatter` only: no gradient shard; reduced slices go to `stream_to`'s sink.
   bool streamed = false;
-  /// Streamed only: the segments whose reduced slices are also added into a shard here after the sink
-  /// had them, as without streaming (partial offload: the segments the device's part of the state
-  /// reads); one flag per segment, or empty for none.
-  std::vector<bool> kept{};
+  /// Streamed only: per segment, the leading elements of the rank's reduced slice also added into a
+  /// shard here after the sink had them, as without streaming (partial offload: the device's part of the
+  /// state); one count per segment (0: none), or empty for none.
+  std::vector<std::size_t> kept{};
   /// `reduce_mode::reduce_scatter` only, not streamed (ZeRO++'s qgZ): a bucket's chunk for each rank
   /// goes as block-quantized codes of this format by `all_to_all`, and each rank dequantizes the
   /// chunks it receives and sums them in fp32 (docs/zeropp.md). Empty: a plain reduce-scatter.
@@ -118,8 +119,14 @@ public:
       throw usage_error("bucket_reducer: streamed reduced slices need reduce_mode::reduce_scatter (stages 2-3)");
     }
     if (!opt_.kept.empty() && (!opt_.streamed || opt_.kept.size() != layout_.segments().size())) {
-      throw usage_error("bucket_reducer: kept segments need streamed slices and one flag per segment (" +
+      throw usage_error("bucket_reducer: kept slices need streamed slices and one count per segment (" +
                         std::to_string(layout_.segments().size()) + "), got " + std::to_string(opt_.kept.size()));
+    }
+    for (std::size_t k = 0; k < opt_.kept.size(); ++k) {
+      if (opt_.kept[k] > layout_.segments()[k].slice) {
+        throw usage_error("bucket_reducer: " + std::to_string(opt_.kept[k]) + " kept elements of segment " +
+                          std::to_string(k) + ", whose slice has " + std::to_string(layout_.segments()[k].slice));
+      }
     }
     if (opt_.quantized) {
       check_quantized();
@@ -278,7 +285,7 @@ public:
     const auto it = std::upper_bound(segs.begin(), segs.end(), state_offset,
                                      [](std::size_t off, const segment_info& s) { return off < s.shard_offset; });
     const auto k = static_cast<std::size_t>(it - segs.begin()) - 1;
-    if (opt_.streamed && !kept(k)) {
+    if (opt_.streamed && kept(k) == 0) {
       return nullptr;
     }
     return slices_[k].data() + (state_offset - segs[k].shard_offset) * esize_;
@@ -345,10 +352,12 @@ private:
     }
   }
 
-  /// True when segment `k`'s reduced slices are kept in the shard while streamed (`reducer_options::kept`).
-  [[nodiscard]] bool kept(std::size_t k) const noexcept { return k < opt_.kept.size() && opt_.kept[k]; }
+  /// The leading elements of segment `k`'s reduced slices kept in the shard while streamed
+  /// (`reducer_options::kept`); 0 for none.
+  [[nodiscard]] std::size_t kept(std::size_t k) const noexcept { return k < opt_.kept.size() ? opt_.kept[k] : 0; }
 
-  /// Segment `k`'s slice of the shard, allocated and zeroed at its first reduction in an accumulation.
+  /// Segment `k`'s slice of the shard (streamed: its kept part), allocated and zeroed at its first
+  /// reduction in an accumulation.
   std::byte* slice_of(std::size_t k) {
     if (retired_[k]) {
       // The owner did not say the update that read it was joined: order the reducer's stream after
@@ -357,7 +366,7 @@ private:
       release(k);
     }
     if (slices_[k].empty()) {
-      const std::size_t n = layout_.segments()[k].slice;
+      const std::size_t n = opt_.streamed ? kept(k) : layout_.segments()[k].slice;
       slices_[k] = buffer<std::byte, counting>(*state_alloc_, n * esize_, memory_tag::grads);
       fill_zero(slices_[k].data(), n);
     }
@@ -485,11 +494,11 @@ private:
         }
         std::byte* mine = pool_[slot].data() + static_cast<std::size_t>(comm_.rank()) * s.slice * esize_;
         reuse_after_[slot] = &sink_(f.segment, mine);
-        if (kept(f.segment)) {
+        if (const std::size_t n = kept(f.segment); n > 0) {
           // After the sink, which may have rewritten the slice (unscaled it); on the reducer's stream, so
           // before the staging buffer's reuse.
           visit_float(opt_.grad_type, [&]<class T>(type_tag<T>) {
-            backend_.accumulate(reinterpret_cast<const T*>(mine), reinterpret_cast<T*>(slice_of(f.segment)), s.slice,
+            backend_.accumulate(reinterpret_cast<const T*>(mine), reinterpret_cast<T*>(slice_of(f.segment)), n,
                                 stream_);
           });
         }

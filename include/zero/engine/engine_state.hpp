@@ -183,7 +183,7 @@ public:
     if (streamed != nullptr) {
       streamed->stream();
       streamed_ = true;
-      reducing.kept = optimizer_.device_segments();
+      reducing.kept = optimizer_.device_elements();
     }
     reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_, std::move(reducing), stream_);
     use_quantized_nodes();

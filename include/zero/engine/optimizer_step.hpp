@@ -169,11 +169,11 @@ public:
     const auto* both = partial();
     return both != nullptr ? both->host_offset(k) : 0;
   }
-  /// Per segment, whether the device's optimizer reads its reduced gradients (when they are streamed
-  /// to the host): none for a whole offload, the device part's segments for a split state.
-  [[nodiscard]] std::vector<bool> device_segments() const {
+  /// Per segment, the leading elements of the rank's reduced slice the device's optimizer reads when the
+  /// gradients are streamed to the host: none for a whole offload, the device part's for a split state.
+  [[nodiscard]] std::vector<std::size_t> device_elements() const {
     const auto* both = partial();
-    return both != nullptr ? both->device_segments() : std::vector<bool>{};
+    return both != nullptr ? both->device_elements() : std::vector<std::size_t>{};
   }
 
   [[nodiscard]] const std::vector<std::pair<flat_range, std::size_t>>& ranges() const {

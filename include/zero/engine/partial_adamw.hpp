@@ -125,11 +125,11 @@ public:
     const flat_range& mine = host_.ranges()[k].first;
     return mine.empty() ? 0 : mine.begin - full_.first[k].first.begin;
   }
-  /// Per owned range (segment), whether the device part steps any of it.
-  [[nodiscard]] std::vector<bool> device_segments() const {
-    std::vector<bool> out;
+  /// Per owned range (segment), the elements the device part steps: its first ones.
+  [[nodiscard]] std::vector<std::size_t> device_elements() const {
+    std::vector<std::size_t> out;
     for (const auto& [range, off] : device_.ranges()) {
-      out.push_back(!range.empty());
+      out.push_back(range.size());
     }
     return out;
   }

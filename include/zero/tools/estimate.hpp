@@ -206,6 +206,10 @@ struct estimate_options {
   /// offload_optimizer.ratio of the cpu rows: the share of the state (and of the shards staged for it)
   /// in host memory; the device keeps the rest of the state (partial offload)
   double offload_ratio = 1.0;
+  /// offload_optimizer.forward_overlap of the cpu rows with offload_ratio below 1 (stages 2-3): the host's
+  /// share streams its reduced gradients to the host during backward, so the GPU keeps only the device
+  /// share's part of the gradient shard and two staging buffers.
+  bool offload_forward_overlap = false;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
   /// 1 MiB and 8), at most the largest owned range.
   std::int64_t nvme_chunk_elements = (std::int64_t{1} << 20) / 4 * 8;
@@ -263,7 +267,9 @@ struct estimate_row {
 /// the host holds S(m + 8 + p + g): the state and the rank's gradient and parameter shards staged for
 /// the copies (`offloaded_host_formula_bytes`). With offload_ratio r < 1 only H = rS of the shard is
 /// offloaded: the host holds H(m + 8 + p + g) and the GPU keeps (S - H)(m + 8) of state, and everything
-/// else of its stage (the gradients are reduced there, and the host part's copied at the step). With
+/// else of its stage (the gradients are reduced there, and the host part's copied at the step; with
+/// offload_forward_overlap at stages 2-3 the host part's stream to the host, as below, and the GPU keeps
+/// (S - H)g of gradients). With
 /// the whole state offloaded, stage 1 keeps its gradients on the GPU (they accumulate there), while at
 /// stages 2-3 each bucket's reduced slice goes to the host during backward through two staging
 /// buffers, so the GPU holds no gradient shard (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
@@ -394,9 +400,12 @@ struct estimate_row {
     }
     const std::int64_t on_gpu_state = (opt == offload_device::none ? shard : shard - offloaded) * (master + moments);
     // The whole state offloaded (not a ratio < 1) at stages 2-3: reduced gradients go to the host during
-    // backward, through two staging buffers at least (one fills while the other's slice is copied).
-    const bool streamed = opt == offload_device::nvme || (opt == offload_device::cpu && o.offload_ratio >= 1.0);
-    const std::int64_t on_gpu_grads = streamed ? 0 : shard * g;
+    // backward, through two staging buffers at least (one fills while the other's slice is copied); a
+    // ratio below 1 beside the next forward streams the host share's, and the GPU keeps the rest.
+    const bool split_streamed = opt == offload_device::cpu && o.offload_ratio < 1.0 && o.offload_forward_overlap;
+    const bool streamed =
+        opt == offload_device::nvme || (opt == offload_device::cpu && o.offload_ratio >= 1.0) || split_streamed;
+    const std::int64_t on_gpu_grads = split_streamed ? (shard - offloaded) * g : streamed ? 0 : shard * g;
     auto streamed_staging = [&](std::int64_t buffers) {
       return streamed ? std::max<std::int64_t>(buffers, 2) : buffers;
     };
@@ -448,7 +457,8 @@ struct estimate_row {
 }
 
 /// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
-/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "hpz_partition_size", "mics_shard_size", "rows": [{"stage",
+/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "offload_forward_overlap", "hpz_partition_size",
+/// "mics_shard_size", "rows": [{"stage",
 /// "offload_optimizer", "offload_param", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
 [[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
   nlohmann::json j = {{"params", o.params},
@@ -459,6 +469,7 @@ struct estimate_row {
                       {"param_dtype", name_of(o.param_dtype)},
                       {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
                       {"offload_ratio", o.offload_ratio},
+                      {"offload_forward_overlap", o.offload_forward_overlap},
                       {"hpz_partition_size", o.hpz_partition_size},
                       {"mics_shard_size", o.mics_shard_size},
                       {"rows", nlohmann::json::array()}};

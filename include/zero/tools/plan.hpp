@@ -508,6 +508,9 @@ struct plan_result {
   o.stage3_keep_param_shard = z.stage3_keep_param_shard;
   o.sub_group_size = z.sub_group_size;
   o.offload_optimizer_buffer_count = z.offload_optimizer.buffer_count;
+  // A split state streams its host share's gradients beside the next forward (the engine refuses the key
+  // with a split state and accumulation).
+  o.offload_forward_overlap = z.offload_optimizer.forward_overlap && c.gradient_accumulation_steps == 1;
   o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;
   return o;
 }
