@@ -192,15 +192,38 @@ template <class T> __device__ __forceinline__ unsigned max2_nan(unsigned a, unsi
 #endif
 }
 
-/// Packs `first + k stride` (k < K) of a block at `x` (16-byte aligned) of `len` elements, as they are, and
-/// their amax and finiteness (an amax that keeps an inf or NaN, tested once at the end). The whole packs are loaded
-/// first, each by one unconditional access (a pack beyond the block reads the block's first one instead, and is then
-/// zeroed), so the K loads are all in flight at once; a pack the block's end cuts is then read element by element.
-/// Zeros beyond the block leave the amax as it is.
+/// Folds the amax of K packs (as loaded) into `amax`, NaN when any value is (tested once by the caller).
+template <class T, int K> __device__ __forceinline__ void packs_amax(const raw8<T> (&raw)[K], float& amax) {
+  if constexpr (sizeof(T) == 2) {
+    unsigned pair_max = 0U; // the maxima of the packs' even and odd elements' |x|, as a pair
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        pair_max = max2_nan<T>(pair_max, raw[k].word(i) & 0x7fff7fffU); // |x| of both halves: the sign bits cleared
+      }
+    }
+    raw8<T> both{};
+    both.w[0].x = pair_max;
+    amax = max_nan(amax, max_nan(both[0], both[1]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        amax = max_nan(amax, fabsf(raw[k][j]));
+      }
+    }
+  }
+}
+
+/// Packs `first + k stride` (k < K) of a block at `x` (16-byte aligned) of `len` elements, as they are. The whole
+/// packs are loaded first, each by one unconditional access (a pack beyond the block reads the block's first one
+/// instead, and is then zeroed), so the K loads are all in flight at once; a pack the block's end cuts is then read
+/// element by element. Zeros beyond the block leave the amax as it is.
 template <class T, int K>
 __device__ __forceinline__ void load_block_packs(const T* x, ::cuda::std::size_t first, ::cuda::std::size_t stride,
-                                                 ::cuda::std::size_t len, raw8<T> (&raw)[K], float& amax, int& finite) {
-  unsigned pair_max = 0U; // 16-bit T: the maxima of the packs' even and odd elements' |x|, as a pair
+                                                 ::cuda::std::size_t len, raw8<T> (&raw)[K]) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const ::cuda::std::size_t at = (first + static_cast<::cuda::std::size_t>(k) * stride) * 8;
@@ -217,24 +240,7 @@ __device__ __forceinline__ void load_block_packs(const T* x, ::cuda::std::size_t
       }
       ::memcpy(raw[k].w, tmp, sizeof(tmp));
     }
-    if constexpr (sizeof(T) == 2) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        pair_max = max2_nan<T>(pair_max, raw[k].word(i) & 0x7fff7fffU); // |x| of both halves: the sign bits cleared
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        amax = max_nan(amax, fabsf(raw[k][j]));
-      }
-    }
   }
-  if constexpr (sizeof(T) == 2) {
-    raw8<T> both{};
-    both.w[0].x = pair_max;
-    amax = max_nan(amax, max_nan(both[0], both[1]));
-  }
-  finite &= is_finite(amax) ? 1 : 0;
 }
 
 /// Writes the codes (factor `inv`, see quant_code) of the pack `raw` of 8 at element `e` (a multiple of 8)
@@ -308,64 +314,82 @@ template <class T> __device__ __forceinline__ void store8(T* p, const float (&in
   }
 }
 
-/// The CTA-per-block `quantize_kernel` for blocks of a multiple of 8 elements, at most 8 * block_threads * K
-/// (blocks beyond `quantize_warp_kernel`'s reach): each thread holds its packs of 8 between the amax (two
-/// barriers) and the codes (one read of the values). x 16-byte aligned, codes 8-byte.
-template <class T, int K>
-__global__ void __launch_bounds__(block_threads)
-    quantize_packed_kernel(const T* __restrict__ x, ::cuda::std::size_t n, ::cuda::std::size_t block, int bits,
-                           ::cuda::std::uint8_t* __restrict__ codes, float* __restrict__ scales) {
-  const ::cuda::std::size_t blocks = (n + block - 1) / block;
-  const float qmax = bits == 8 ? 127.0F : 7.0F;
-  for (::cuda::std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const ::cuda::std::size_t first = b * block;
-    const ::cuda::std::size_t len = block < n - first ? block : n - first;
-    raw8<T> raw[K];
-    float amax = 0.0F;
-    int finite = 1;
-    load_block_packs(x + first, threadIdx.x, block_threads, len, raw, amax, finite);
-    block_amax(amax, finite);
-    const bool ok = finite != 0;
-    const float inv = block_scale(amax, qmax, ok, scales + b, threadIdx.x == 0);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const ::cuda::std::size_t at = (threadIdx.x + static_cast<::cuda::std::size_t>(k) * block_threads) * 8;
-      if (at < len) {
-        store_pack_codes(raw[k], inv, amax, qmax, ok, codes, first + at, len - at, bits);
-      }
-    }
+/// Waits for the W warps of group `g` of the thread block (W = 8: the whole block), so the warps' amaxes in shared
+/// memory are all written: a named barrier (1 + g) of 32 W threads.
+template <int W> __device__ __forceinline__ void group_sync(unsigned g) {
+  if constexpr (W == block_threads / 32) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;" : : "r"(1U + g), "r"(32U * W) : "memory");
   }
 }
 
-/// The fast `quantize_kernel` for blocks of a multiple of 8 elements, at most 256 K (8 per pack, 32 lanes,
-/// K packs a lane): warp w of the grid takes block w (and every warps-th after it), and lane l holds the
-/// block's packs l, l + 32, ... as they are in registers between the amax and the codes. The amax needs
-/// shuffles only, no barrier, so each warp goes from its loads to its stores on its own; each lane has K
-/// loads in flight and a warp's accesses of one k are contiguous. x 16-byte aligned, codes 8-byte.
-template <class T, int K>
-__global__ void __launch_bounds__(block_threads, 2) // 2 blocks an SM: 128 registers a thread at most
-    quantize_warp_kernel(const T* __restrict__ x, ::cuda::std::size_t n, ::cuda::std::size_t block, int bits,
-                         ::cuda::std::uint8_t* __restrict__ codes, float* __restrict__ scales) {
-  constexpr unsigned warps_per_cta = block_threads / 32;
+/// The fast `quantize_kernel` for blocks of a multiple of 8 elements, at most 8 * 32 * W * K: a group of W warps
+/// takes a block (group g of the grid block b = g, then every groups-th), and its thread t holds the block's packs
+/// t, t + 32 W, ... as they are in registers between the amax and the codes, so the values are read once. The amax
+/// takes shuffles, then (W > 1) the group's warps' through shared memory past one named barrier: the words are
+/// double-buffered by the block's parity, so a warp's next write cannot land before the group has read them. A whole
+/// block (the common case: every block but the last, when 32 W K packs are exactly the block) loads and stores
+/// with one access a pack and no bounds; a shorter one goes through load_block_packs. Few warps a block keep
+/// more of each lane's loads in flight; more warps a block put more blocks of a small tensor on the SMs at once
+/// (`launch_quantize` picks W). x 16-byte aligned, codes 8-byte.
+template <class T, int W, int K>
+__global__ void __launch_bounds__(block_threads, K * sizeof(T) >= 32   ? 2
+                                                 : K * sizeof(T) >= 16 ? 3
+                                                                       : 4)
+    quantize_group_kernel(const T* __restrict__ x, ::cuda::std::size_t n, ::cuda::std::size_t block, int bits,
+                          ::cuda::std::uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  static_assert(W >= 1 && block_threads % (32 * W) == 0);
+  constexpr unsigned group_threads = 32 * W;
+  constexpr unsigned groups = block_threads / group_threads;
+  constexpr ::cuda::std::size_t span = 8 * static_cast<::cuda::std::size_t>(group_threads) * K;
+  __shared__ float warp_max[2][block_threads / 32];
+  __shared__ int warp_finite[2][block_threads / 32];
   const ::cuda::std::size_t blocks = (n + block - 1) / block;
-  const unsigned lane = threadIdx.x % 32;
+  const unsigned g = threadIdx.x / group_threads;
+  const unsigned t = threadIdx.x % group_threads;
   const float qmax = bits == 8 ? 127.0F : 7.0F;
-  const ::cuda::std::size_t step = static_cast<::cuda::std::size_t>(gridDim.x) * warps_per_cta;
-  for (::cuda::std::size_t b = static_cast<::cuda::std::size_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
-       b < blocks; b += step) {
+  const ::cuda::std::size_t step = static_cast<::cuda::std::size_t>(gridDim.x) * groups;
+  unsigned parity = 0;
+  for (::cuda::std::size_t b = static_cast<::cuda::std::size_t>(blockIdx.x) * groups + g; b < blocks;
+       b += step, parity ^= 1U) {
     const ::cuda::std::size_t first = b * block;
     const ::cuda::std::size_t len = block < n - first ? block : n - first;
+    const bool whole = len == span;
     raw8<T> raw[K];
+    if (whole) {
+      const T* at = x + first + 8 * static_cast<::cuda::std::size_t>(t);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        raw[k] = load8_raw(at + static_cast<::cuda::std::size_t>(k) * 8 * group_threads);
+      }
+    } else {
+      load_block_packs(x + first, t, group_threads, len, raw);
+    }
     float amax = 0.0F;
-    int finite = 1;
-    load_block_packs(x + first, lane, 32, len, raw, amax, finite);
+    packs_amax(raw, amax);
+    int finite = is_finite(amax) ? 1 : 0;
     warp_amax(amax, finite);
+    if constexpr (W > 1) {
+      if (threadIdx.x % 32 == 0) {
+        warp_max[parity][threadIdx.x / 32] = amax;
+        warp_finite[parity][threadIdx.x / 32] = finite;
+      }
+      group_sync<W>(g);
+#pragma unroll
+      for (unsigned w = 0; w < W; ++w) {
+        amax = fmaxf(amax, warp_max[parity][g * W + w]);
+        finite &= warp_finite[parity][g * W + w];
+      }
+    }
     const bool ok = finite != 0;
-    const float inv = block_scale(amax, qmax, ok, scales + b, lane == 0);
+    const float inv = block_scale(amax, qmax, ok, scales + b, t == 0);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const ::cuda::std::size_t at = (lane + 32 * static_cast<::cuda::std::size_t>(k)) * 8;
-      if (at < len) {
+      const ::cuda::std::size_t at = (t + static_cast<::cuda::std::size_t>(k) * group_threads) * 8;
+      if (whole) {
+        store_pack_codes(raw[k], inv, amax, qmax, ok, codes, first + at, 8, bits);
+      } else if (at < len) {
         store_pack_codes(raw[k], inv, amax, qmax, ok, codes, first + at, len - at, bits);
       }
     }
@@ -433,6 +457,45 @@ inline bool aligned_to(const void* p, std::size_t bytes) noexcept {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
+/// Launches `quantize_group_kernel<T, W, K>` with the fewest packs a thread, K (a power of 2 from `K`), that holds a
+/// block in W warps, at most 128 bytes of values a thread below 8 warps (32 registers of them; more cost 1 warp
+/// spills, see quantize_group_warps) and 256 bytes at 8; false when none does.
+template <class T, int W, int K = 1>
+bool launch_quantize_group(const T* x, std::size_t n, quant_format f, std::uint8_t* codes, float* scales,
+                           cudaStream_t stream) {
+  if constexpr (K * 8 * sizeof(T) > (W == block_threads / 32 ? 256 : 128)) {
+    return false;
+  } else {
+    if (f.block > 8 * 32 * static_cast<std::size_t>(W) * K) {
+      return launch_quantize_group<T, W, 2 * K>(x, n, f, codes, scales, stream);
+    }
+    constexpr unsigned groups = block_threads / (32 * W);
+    const auto grid = static_cast<unsigned>(std::min<std::size_t>((f.blocks(n) + groups - 1) / groups, 0x7fffffff));
+    quantize_group_kernel<T, W, K><<<grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
+    return true;
+  }
+}
+
+/// The warps a block for `quantize_group_kernel` on `blocks` blocks of `block_bytes` bytes of values: as many as
+/// give each thread 128 bytes of its block (8 packs of 16-bit values, all a lane's loads in flight at once), between 1
+/// and 8; twice as many, down to 64 bytes a thread, while there are fewer than 8192 blocks, so a small tensor's few
+/// blocks still fill the SMs. One H200, bf16 values (bench/README.md): blocks of 4096 at 256 M values, as ratios to a
+/// copy of the same traffic (int8 / int4), 1 warp 0.62 / 0.52 (16 packs a lane: 128 registers and spills), 2 warps
+/// 0.92 / 0.84, 4 warps 0.88 / 0.77, 8 warps 0.64 / 0.55; at 16 M values 2 warps 0.63 / 0.55, 4 warps 0.64 / 0.56;
+/// at 64 M values this choice is the fastest of 1-8 warps (within 1%) for blocks of 256 to 8192. fp32 takes the same
+/// bytes a thread, unmeasured.
+inline int quantize_group_warps(std::size_t block_bytes, std::size_t blocks) noexcept {
+  constexpr std::size_t lanes = 32;
+  std::size_t w = std::clamp<std::size_t>(block_bytes / (lanes * 128), 1, 8);
+  if (blocks < 8192) {
+    w = std::clamp<std::size_t>(std::min(2 * w, block_bytes / (lanes * 64)), w, 8);
+  }
+  return static_cast<int>(w);
+}
+
+/// Quantizes `x` (`zero::cuda::quantize`): `quantize_group_kernel` for blocks of a multiple of 8 elements on aligned
+/// buffers, with `quantize_group_warps` warps a block (or more, where a block needs them), else the elementwise
+/// `quantize_kernel`.
 template <class T>
 void launch_quantize(const T* x, std::size_t n, quant_format f, std::uint8_t* codes, float* scales,
                      cudaStream_t stream) {
@@ -443,29 +506,14 @@ void launch_quantize(const T* x, std::size_t n, quant_format f, std::uint8_t* co
   if (n == 0) {
     return;
   }
-  const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(f.blocks(n), 0x7fffffff));
   const bool packed = f.block % 8 == 0 && aligned_to(x, 16) && aligned_to(codes, 8);
-  // Warp per block up to 16 packs a lane of 16-bit values (64 registers of them) or 8 of fp32.
-  constexpr std::size_t per_warp = 8 * 32;
-  constexpr std::size_t warp_packs = sizeof(T) == 2 ? 16 : 8;
-  const auto warp_grid = static_cast<unsigned>(
-      std::min<std::size_t>((f.blocks(n) + block_threads / 32 - 1) / (block_threads / 32), 0x7fffffff));
-  constexpr std::size_t per_pass = 8 * static_cast<std::size_t>(block_threads);
-  if (packed && f.block <= per_warp) {
-    quantize_warp_kernel<T, 1><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else if (packed && f.block <= 2 * per_warp) {
-    quantize_warp_kernel<T, 2><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else if (packed && f.block <= 4 * per_warp) {
-    quantize_warp_kernel<T, 4><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else if (packed && f.block <= 8 * per_warp) {
-    quantize_warp_kernel<T, 8><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else if (packed && warp_packs == 16 && f.block <= 16 * per_warp) {
-    quantize_warp_kernel<T, warp_packs><<<warp_grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else if (packed && f.block <= 2 * per_pass) {
-    quantize_packed_kernel<T, 2><<<grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else if (packed && f.block <= 4 * per_pass) {
-    quantize_packed_kernel<T, 4><<<grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
-  } else {
+  const int w = quantize_group_warps(f.block * sizeof(T), f.blocks(n));
+  const bool launched = packed && ((w <= 1 && launch_quantize_group<T, 1>(x, n, f, codes, scales, stream)) ||
+                                   (w <= 2 && launch_quantize_group<T, 2>(x, n, f, codes, scales, stream)) ||
+                                   (w <= 4 && launch_quantize_group<T, 4>(x, n, f, codes, scales, stream)) ||
+                                   launch_quantize_group<T, 8>(x, n, f, codes, scales, stream));
+  if (!launched) {
+    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(f.blocks(n), 0x7fffffff));
     quantize_kernel<T><<<grid, block_threads, 0, stream>>>(x, n, f.block, f.bits, codes, scales);
   }
   check_launch("zero::cuda::kernels::quantize_kernel");

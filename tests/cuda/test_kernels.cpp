@@ -469,8 +469,61 @@ TEST_SUITE("kernels") {
     CHECK(wrong == 0);
   }
 
-  // Blocks of 4096, 2048, 8192 and 64 take the packed kernels (8 elements an access, 1, 2 or 4 packs a
-  // thread); blocks of 3 and 6 the element-wise ones.
+  /// Quantizes and dequantizes n values in format f on the GPU and checks codes, scales and values against the CPU
+  /// reference bit for bit (a NaN scale or value matches any NaN), with an inf, a NaN, a block of zeros and one whose
+  /// qmax / amax overflows among them when there are more than 5000.
+  template <class T> void check_quantize_like_cpu(test_stream & stream, zero::quant_format f, std::size_t n) {
+    CAPTURE(f.bits);
+    CAPTURE(f.block);
+    CAPTURE(n);
+    auto data = zero::test::random_values<T>(n, n * 7 + f.block, 3.0f);
+    if (n > 5000) { // a block poisoned by an inf, another by a NaN, a block of zeros
+      data[n / 3] = zero::from_float<T>(std::numeric_limits<float>::infinity());
+      data[n / 2] = zero::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+      std::fill(data.begin() + static_cast<std::ptrdiff_t>(f.block * 10),
+                data.begin() + static_cast<std::ptrdiff_t>(f.block * 11), zero::from_float<T>(0.0f));
+      // A block whose qmax / amax overflows (amax 1e-38; fp16 holds none of it, a block of zeros there).
+      for (std::size_t i = f.block * 12; i < f.block * 13 && i < n; ++i) {
+        data[i] =
+            zero::from_float<T>(i % 5 == 0 ? 0.0f : static_cast<float>(static_cast<int>(i % 7) - 3) * 1e-38f / 3.0f);
+      }
+    }
+    std::vector<std::uint8_t> ref_codes(f.code_bytes(n));
+    std::vector<float> ref_scales(f.blocks(n));
+    std::vector<T> ref_back(n);
+    for (std::size_t b = 0; b < f.blocks(n); ++b) {
+      zero::quantize_block(data.data(), n, f, b, ref_codes.data(), ref_scales.data());
+      zero::dequantize_block(ref_codes.data(), ref_scales.data(), n, f, b, ref_back.data());
+    }
+    device_buffer<T> x(n);
+    x.upload(data);
+    device_buffer<std::uint8_t> codes(f.code_bytes(n));
+    device_buffer<float> scales(f.blocks(n));
+    device_buffer<T> back(n);
+    zero::cuda::quantize(x.get(), n, f, codes.get(), scales.get(), stream.get());
+    zero::cuda::dequantize(codes.get(), scales.get(), n, f, back.get(), stream.get());
+    stream.sync();
+    CHECK(codes.download() == ref_codes);
+    const auto got_scales = scales.download();
+    std::size_t wrong = 0;
+    for (std::size_t b = 0; b < got_scales.size(); ++b) {
+      wrong +=
+          std::isnan(ref_scales[b]) ? !std::isnan(got_scales[b]) : bits_of(got_scales[b]) != bits_of(ref_scales[b]);
+    }
+    CHECK(wrong == 0);
+    const auto got = back.download();
+    wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      wrong += zero::test::is_nan(ref_back[i]) ? !zero::test::is_nan(got[i]) : bits_of(got[i]) != bits_of(ref_back[i]);
+    }
+    CHECK(wrong == 0);
+    CHECK(codes.guards_intact());
+    CHECK(scales.guards_intact());
+    CHECK(back.guards_intact());
+  }
+
+  // Blocks of 4096, 2048, 8192 and 64 take the packed kernel (8 elements an access) in groups of 1 to 8 warps with 1
+  // to 4 packs a thread at these sizes (fewer than 8192 blocks); blocks of 3 and 6 the element-wise ones.
   TEST_CASE_TEMPLATE("quantize and dequantize give the CPU reference's codes, scales and values, bit for bit", T, float,
                      f16, bf16) {
     test_stream stream;
@@ -479,55 +532,18 @@ TEST_SUITE("kernels") {
           zero::quant_format{.bits = 8, .block = 3}, zero::quant_format{.bits = 4, .block = 6},
           zero::quant_format{.bits = 8, .block = 8192}, zero::quant_format{.bits = 4, .block = 64}}) {
       for (const std::size_t n : test_sizes) {
-        CAPTURE(f.bits);
-        CAPTURE(f.block);
-        CAPTURE(n);
-        auto data = zero::test::random_values<T>(n, n * 7 + f.block, 3.0f);
-        if (n > 5000) { // a block poisoned by an inf, another by a NaN, a block of zeros
-          data[n / 3] = zero::from_float<T>(std::numeric_limits<float>::infinity());
-          data[n / 2] = zero::from_float<T>(std::numeric_limits<float>::quiet_NaN());
-          std::fill(data.begin() + static_cast<std::ptrdiff_t>(f.block * 10),
-                    data.begin() + static_cast<std::ptrdiff_t>(f.block * 11), zero::from_float<T>(0.0f));
-          // A block whose qmax / amax overflows (amax 1e-38; fp16 holds none of it, a block of zeros there).
-          for (std::size_t i = f.block * 12; i < f.block * 13 && i < n; ++i) {
-            data[i] = zero::from_float<T>(i % 5 == 0 ? 0.0f
-                                                     : static_cast<float>(static_cast<int>(i % 7) - 3) * 1e-38f / 3.0f);
-          }
-        }
-        std::vector<std::uint8_t> ref_codes(f.code_bytes(n));
-        std::vector<float> ref_scales(f.blocks(n));
-        std::vector<T> ref_back(n);
-        for (std::size_t b = 0; b < f.blocks(n); ++b) {
-          zero::quantize_block(data.data(), n, f, b, ref_codes.data(), ref_scales.data());
-          zero::dequantize_block(ref_codes.data(), ref_scales.data(), n, f, b, ref_back.data());
-        }
-        device_buffer<T> x(n);
-        x.upload(data);
-        device_buffer<std::uint8_t> codes(f.code_bytes(n));
-        device_buffer<float> scales(f.blocks(n));
-        device_buffer<T> back(n);
-        zero::cuda::quantize(x.get(), n, f, codes.get(), scales.get(), stream.get());
-        zero::cuda::dequantize(codes.get(), scales.get(), n, f, back.get(), stream.get());
-        stream.sync();
-        CHECK(codes.download() == ref_codes);
-        const auto got_scales = scales.download();
-        std::size_t wrong = 0;
-        for (std::size_t b = 0; b < got_scales.size(); ++b) {
-          wrong +=
-              std::isnan(ref_scales[b]) ? !std::isnan(got_scales[b]) : bits_of(got_scales[b]) != bits_of(ref_scales[b]);
-        }
-        CHECK(wrong == 0);
-        const auto got = back.download();
-        wrong = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          wrong +=
-              zero::test::is_nan(ref_back[i]) ? !zero::test::is_nan(got[i]) : bits_of(got[i]) != bits_of(ref_back[i]);
-        }
-        CHECK(wrong == 0);
-        CHECK(codes.guards_intact());
-        CHECK(scales.guards_intact());
-        CHECK(back.guards_intact());
+        check_quantize_like_cpu<T>(stream, f, n);
       }
+    }
+  }
+
+  // 8192 blocks and more take fewer warps a block with more packs a thread (2 warps of 8 packs for 16-bit values in
+  // blocks of 4096): 8193 blocks, the last one short.
+  TEST_CASE_TEMPLATE("quantize over 8192 blocks and more gives the CPU reference's codes and scales", T, float, bf16) {
+    test_stream stream;
+    for (const int bits : {8, 4}) {
+      check_quantize_like_cpu<T>(stream, zero::quant_format{.bits = bits, .block = 4096},
+                                 std::size_t{8192} * 4096 + 1000);
     }
   }
 
