@@ -176,7 +176,7 @@ public:
       }
     }
     // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard (or, with the state
-    // split, only the device part's segments); each bucket's reduced slice goes to the host during
+    // split, only the device part's gradients); each bucket's reduced slice goes to the host during
     // backward (docs/offload.md).
     auto* streamed = stage >= 2 ? optimizer_.host_grads() : nullptr;
     auto reducing = reducer_options_from(cfg_, streamed != nullptr);
