@@ -402,8 +402,9 @@ struct outcome {
   std::size_t pool_peak_in_use = 0;
   std::size_t pool_peak_reserved = 0;
   std::string storage; // the storage policy's name under offload_optimizer nvme
-  /// With the whole optimizer on the host (offload_optimizer cpu, ratio 1): the host side's lower bound
-  /// of a step, probed after training (`host_bound`), and what it is made of.
+  /// With the optimizer offloaded to the host (offload_optimizer cpu, the whole state or the host's
+  /// share of a partial offload): the host side's lower bound of a step, probed after training
+  /// (`host_bound`), and what it is made of.
   struct bound {
     double host_adamw_per_s = 0; ///< the host AdamW's rate on the offloaded state's memory kind
     double to_device_bytes_per_s = 0, to_host_bytes_per_s = 0;
@@ -413,13 +414,14 @@ struct outcome {
   bool check_ok = true;
 };
 
-/// The host side's lower bound of an offloaded step (the planner's cost, zero/tools/plan.hpp): the
-/// host AdamW over the rank's shard at the rate probed now, with this rank's share of the host's
+/// The host side's lower bound of an offloaded step (the planner's cost of the config's row,
+/// zero/tools/plan.hpp `config_row`): the host AdamW over the rank's shard (its `ratio` share with a
+/// partial offload) at the rate probed now, with this rank's share of the host's
 /// threads, on 2^27 elements of the memory the offloaded state lives in (more than any last-level
 /// cache), or the copies of its gradients down and parameters up at the probed pinned rates, whichever
 /// is longer. Forward and backward on the GPU are not in it: this run does not measure them apart.
 outcome::bound host_side_bound(const zero::config& cfg, zero::cuda_backend& device, int ranks, std::size_t params,
-                               unsigned threads) {
+                               double ratio, unsigned threads) {
   zero::basic_cpu_backend<zero::cuda_backend::host_allocator_type> host(
       {.threads =
            threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(ranks))});
@@ -430,13 +432,10 @@ outcome::bound host_side_bound(const zero::config& cfg, zero::cuda_backend& devi
   eo.params = static_cast<std::int64_t>(params);
   eo.gpus_per_node = ranks;
   eo.param_dtype = cfg.param_dtype();
-  zero::tools::estimate_row row;
-  row.stage = cfg.stage();
-  row.grad_dtype = cfg.grad_accum_dtype;
-  row.offload_optimizer = zero::offload_device::cpu;
-  row.offload_param = cfg.stage() == 3 ? cfg.zero_optimization.offload_param.device : zero::offload_device::none;
+  zero::tools::estimate_row row = zero::tools::config_row(cfg);
+  row.offload_ratio = ratio; // the engine's share, resolved where the config leaves it to the engine
   zero::tools::machine_rates rates;
-  rates.device_adamw = 1;                        // unused: the state is on the host
+  rates.device_adamw = 1;                        // unused: the bound is the host side's
   rates.host_adamw = b.host_adamw_per_s * ranks; // the planner shares the host's rate among the ranks
   rates.host_to_device = b.to_device_bytes_per_s;
   rates.device_to_host = b.to_host_bytes_per_s;
@@ -718,8 +717,13 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       cfg.zero_optimization.offload_param.device == zero::offload_device::nvme) {
     o.storage = std::string(eng.storage().name());
   }
-  if (offload.device == zero::offload_device::cpu && eng.optimizer_split().ratio >= 1.0) {
-    o.host_bound = host_side_bound(cfg, backend, comm.size(), o.params, opt.offload_threads);
+  // A partial offload with the parameters on the host has no bound here (estimate_step_cost: no probe
+  // times the device share writing its parameters into host memory).
+  if (offload.device == zero::offload_device::cpu &&
+      (eng.optimizer_split().ratio >= 1.0 ||
+       zero::tools::config_row(cfg).offload_param == zero::offload_device::none)) {
+    o.host_bound =
+        host_side_bound(cfg, backend, comm.size(), o.params, eng.optimizer_split().ratio, opt.offload_threads);
   }
   return o;
 }

@@ -62,6 +62,24 @@ std::string rates_message(const nlohmann::json& j) {
 
 constexpr std::int64_t gib = std::int64_t{1} << 30;
 
+/// 8e6 bf16 parameters on 2 ranks of one node: each rank updates n = 4e6 elements.
+zt::estimate_options eight_m_on_two() {
+  zt::estimate_options o;
+  o.params = 8'000'000;
+  o.gpus_per_node = 2;
+  return o;
+}
+
+/// Round rates for costs worked by hand.
+zt::machine_rates hand_rates() {
+  zt::machine_rates r;
+  r.device_adamw = 4e9;
+  r.host_adamw = 1e9; // 5e8 per rank
+  r.host_to_device = 1e10;
+  r.device_to_host = 2e10;
+  return r;
+}
+
 } // namespace
 
 TEST_CASE("parse_bytes takes whole bytes, decimal and binary units, and names the forms it expects otherwise") {
@@ -124,16 +142,9 @@ TEST_CASE("the rates file reads back what rates_json writes, and names a missing
 }
 
 TEST_CASE("the step cost of each placement, worked by hand") {
-  // 8e6 bf16 parameters on 2 ranks of one node: each rank updates n = 4e6 elements.
-  zt::estimate_options o;
-  o.params = 8'000'000;
-  o.gpus_per_node = 2;
-  zt::machine_rates r;
-  r.device_adamw = 4e9;
-  r.host_adamw = 1e9; // 5e8 per rank
+  const auto o = eight_m_on_two();
+  auto r = hand_rates();
   r.host_threads = 2;
-  r.host_to_device = 1e10;
-  r.device_to_host = 2e10;
   r.nvme_read = 2e9; // 1e9 per rank
   r.nvme_write = 1e9;
   r.nvme_path = "/tmp";
@@ -199,6 +210,45 @@ TEST_CASE("the step cost of each placement, worked by hand") {
   r.device_adamw = 0;
   CHECK_THROWS_AS(static_cast<void>(zt::estimate_step_cost(row(1, offload_device::none, offload_device::none), o, r)),
                   zero::usage_error);
+}
+
+TEST_CASE("config_row is a config's own setting, which the step cost prices as the planner's row") {
+  // zero-deep-mlp-cuda prices its config's row for the host side's bound. A row with the whole state on
+  // the CPU but its offload_ratio left at the row's default of 0 cost 0 ms on the host (what the example
+  // printed before config_row): the ratio comes from the config.
+  const auto o = eight_m_on_two();
+  const auto r = hand_rates();
+  const auto row = [](const char* zero_optimization, const char* dtype = "bf16") {
+    return zt::config_row(zero::config::from_string(std::string(R"({"train_micro_batch_size_per_gpu": 1, ")") + dtype +
+                                                        R"(": {"enabled": true}, "zero_optimization": )" +
+                                                        zero_optimization + "}",
+                                                    {.world_size = 2}));
+  };
+  const auto whole = row(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})");
+  CHECK(whole.stage == 2);
+  CHECK(whole.offload_optimizer == offload_device::cpu);
+  CHECK(whole.offload_param == offload_device::none);
+  CHECK(whole.grad_dtype == zero::dtype::bf16);
+  CHECK(whole.offload_ratio == 1.0);
+  // The same 4e6 elements a rank, 8 ms of host AdamW and 1.2 ms of copies, as the planner's own cpu row.
+  const auto cost = zt::estimate_step_cost(whole, o, r);
+  CHECK(cost.host_adamw == doctest::Approx(8e-3));
+  CHECK(cost.transfer == doctest::Approx(1.2e-3));
+  // A partial offload: the host's 0.25 of the shard, as in the hand-worked partial row.
+  const auto quarter = row(R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.25}})");
+  CHECK(quarter.offload_ratio == 0.25);
+  CHECK(zt::estimate_step_cost(quarter, o, r).host_adamw == doctest::Approx(2e-3));
+  // Stage 3 carries where the parameters live; stages 1-2 never offload them. NVMe offloads the whole state.
+  const auto both = row(R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+                            "offload_param": {"device": "cpu"}})");
+  CHECK(both.offload_param == offload_device::cpu);
+  CHECK(both.offload_ratio == 1.0);
+  CHECK(zt::estimate_step_cost(both, o, r).transfer == doctest::Approx(2e-3));
+  const auto none = row(R"({"stage": 1})", "fp16");
+  CHECK(none.offload_optimizer == offload_device::none);
+  CHECK(none.offload_ratio == 0.0);
+  CHECK(none.grad_dtype == zero::dtype::f16);
+  CHECK(zt::estimate_step_cost(none, o, r).device_adamw == doctest::Approx(1e-3));
 }
 
 TEST_CASE("the partial offload of a stage: the largest device share of the state that fits the device budget") {

@@ -322,6 +322,22 @@ inline constexpr double partial_offload_margin = 0.005;
   return c;
 }
 
+/// The estimate row of config `c`'s own setting, the one `estimate_step_cost` prices for it: its stage,
+/// where its optimizer state and (at stage 3) parameters live, its gradient dtype, and the share of the
+/// state offloaded (0 without offload, 1 on NVMe, offload_optimizer.ratio on the CPU). The byte
+/// columns are left 0: `estimate_memory` counts those.
+[[nodiscard]] inline estimate_row config_row(const config& c) {
+  estimate_row r;
+  r.stage = c.stage();
+  r.grad_dtype = c.grad_accum_dtype;
+  r.offload_optimizer = c.zero_optimization.offload_optimizer.device;
+  r.offload_param = c.stage() == 3 ? c.zero_optimization.offload_param.device : offload_device::none;
+  r.offload_ratio = r.offload_optimizer == offload_device::none   ? 0.0
+                    : r.offload_optimizer == offload_device::nvme ? 1.0
+                                                                  : c.zero_optimization.offload_optimizer.ratio;
+  return r;
+}
+
 /// A budget a row exceeds: which memory, what the row needs and what the budget gives (both bytes).
 struct shortfall {
   std::string_view memory; ///< "GPU" (per rank), "host" (per node) or "NVMe" (per node)
@@ -514,8 +530,6 @@ struct plan_result {
   o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;
   return o;
 }
-
-namespace detail {} // namespace detail
 
 /// `bytes` in the largest binary unit it fills, to two decimals: "13.62 GiB", "1.51 MiB", "0 B".
 [[nodiscard]] inline std::string show_bytes(std::int64_t bytes) {
