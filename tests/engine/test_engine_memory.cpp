@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -222,13 +223,18 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
 
 TEST_CASE("stages 2-3: the gradient shard is held from its first reduction until the next forward has read "
           "each updated segment") {
-  for (int stage : {2, 3}) {
+  // Stage 3 with the parameter shard on the host too: its upload waits for the update, so the slices go
+  // back once each gather's handle was waited (they were held until the next backward's first grad()).
+  for (const auto& [stage, offload] :
+       {std::pair{2, ""}, std::pair{3, ""}, std::pair{3, ", \"offload_param\": {\"device\": \"cpu\"}"}}) {
     CAPTURE(stage);
+    CAPTURE(offload);
     zero::run_ranks(2, [&](zero::thread_communicator& comm) {
       // Four modules, a reduce bucket each at stage 2 (one unit each at stage 3, none persistent).
       const auto cfg = make_config(2, stage, "\"bf16\": {\"enabled\": true},",
-                                   ", \"reduce_bucket_size\": 10000, \"allgather_bucket_size\": 10000, "
-                                   "\"stage3_param_persistence_threshold\": 0");
+                                   std::string(", \"reduce_bucket_size\": 10000, \"allgather_bucket_size\": 10000, "
+                                               "\"stage3_param_persistence_threshold\": 0") +
+                                       offload);
       zero::cpu_backend backend({.threads = 1});
       zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
       std::vector<int> modules;

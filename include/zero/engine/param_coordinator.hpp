@@ -147,8 +147,9 @@ public:
     forget_secondary();
   }
   /// `f(u)` is called once the coordinator's stream is ordered after the update of unit `u`'s shard
-  /// slice (a gather of a shard in model-state memory waits for it there), so whatever that update
-  /// read may be reused on that stream.
+  /// slice (a gather of a shard in model-state memory waits for it there), or once the host knows that
+  /// update is done (an offloaded shard's upload waits for it, and the gather's handle was waited), so
+  /// whatever that update read may be reused on that stream.
   void on_joined(std::function<void(std::size_t)> f) { on_joined_ = std::move(f); }
   /// The coordinator's stream was ordered after every update (the engine joined the update stream).
   void updates_joined() noexcept {
@@ -285,6 +286,9 @@ public:
     for (auto& h : hs) {
       h.wait();
     }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      waited(u);
+    }
   }
 
   /// Gathers every unit, whatever the limits (DeepSpeed's GatheredParameters); `release_everything`
@@ -354,6 +358,7 @@ private:
     /// coordinator's stream still has to wait for it before the shard slice is read.
     std::optional<typename Backend::event_type> updated;
     bool update_pending = false;
+    bool joins_at_wait = false; // the gather in flight follows the update on an upload stream
   };
 
   using pass = detail::gather_pass;
@@ -388,11 +393,18 @@ private:
     const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
     units_[u].update_pending = false;
     return gather_.start(u, whole, update, units_[u].persistent, units_[u].packed, stats_, shard_,
-                         [this](std::size_t k) {
-                           if (on_joined_) {
+                         [this](std::size_t k, bool now) {
+                           units_[k].joins_at_wait = !now;
+                           if (now && on_joined_) {
                              on_joined_(k);
                            }
                          });
+  }
+  /// After unit `u`'s gather was waited: an update its upload followed is done (see `on_joined`).
+  void waited(std::size_t u) {
+    if (std::exchange(units_[u].joins_at_wait, false) && on_joined_) {
+      on_joined_(u);
+    }
   }
 
   void make_room(std::size_t n) {
@@ -439,6 +451,7 @@ private:
                             ": every rank must gather the same modules in the same order");
       }
       unit.pending.reset();
+      waited(u);
       unit.state = unit_state::live;
       gather_.land(u, unit.data.data(), unit.packed);
     }
@@ -459,6 +472,7 @@ private:
     if (unit.pending) {
       unit.pending->wait();
       unit.pending.reset();
+      waited(u);
     }
     if (unit.prefetched) {
       ++stats_.prefetch_wasted;

@@ -74,9 +74,10 @@ public:
   }
 
   /// Starts gathering unit `u` into `whole` (see the file comment): stages the rank's slice from `shard`
-  /// after `update` (the unit's optimizer update, or null), calls `joined(u)` when that wait ran on the
-  /// coordinator's stream, and counts the gather in `stats`. A quantized gather leaves its packed buffer
-  /// in `packed` for `land`.
+  /// after `update` (the unit's optimizer update, or null), calls `joined(u, true)` when that wait ran on
+  /// the coordinator's stream and `joined(u, false)` when it ran on an upload stream the gather follows
+  /// (the update is done once the gather's handle is waited), and counts the gather in `stats`. A quantized gather
+  /// leaves its packed buffer in `packed` for `land`.
   template <class Shard, class Joined>
   handle_type start(std::size_t u, std::byte* whole, const event_type* update, bool persistent, packed_buffer& packed,
                     gather_stats& stats, Shard& shard, Joined&& joined) {
@@ -91,8 +92,8 @@ public:
       // in place, in device memory; the unit's optimizer update comes before the copy.
       P* slot = dst + static_cast<std::size_t>(comm_.rank()) * s.slice;
       const auto& on = shard.stage_unit(u, s.shard_offset, slot, s.slice, update);
-      if (update != nullptr && &on == &stream_) {
-        joined(u); // the copy waited for the update on the coordinator's stream
+      if (update != nullptr) {
+        joined(u, &on == &stream_); // the copy waited for the update, on this stream
       }
       if (!quantized_ || persistent) {
         return all_gather_on(on, slot, dst, s.slice);
