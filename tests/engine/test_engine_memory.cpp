@@ -225,8 +225,11 @@ TEST_CASE("stages 2-3: the gradient shard is held from its first reduction until
           "each updated segment") {
   // Stage 3 with the parameter shard on the host too: its upload waits for the update, so the slices go
   // back once each gather's handle was waited (they were held until the next backward's first grad()).
-  for (const auto& [stage, offload] :
+  for (const auto& run :
        {std::pair{2, ""}, std::pair{3, ""}, std::pair{3, ", \"offload_param\": {\"device\": \"cpu\"}"}}) {
+    // Plain names, not a structured binding: clang 14 cannot capture one in the lambda below.
+    const int stage = run.first;
+    const char* const offload = run.second;
     CAPTURE(stage);
     CAPTURE(offload);
     zero::run_ranks(2, [&](zero::thread_communicator& comm) {
