@@ -4,7 +4,7 @@
 //
 // With --save-rates FILE it measures the rates zero-estimate --plan ranks settings by (the AdamW step
 // on the device and on the host, the copies between them, and with --path the storage's read and
-// write bandwidth there) and writes them to FILE as JSON (zero/tools/plan.hpp, `rates_json`).
+// write bandwidth there) and writes them to FILE as JSON (zero/tools/rates.hpp, `rates_json`).
 //
 //   zero-report --save-rates rates.json --path /mnt/nvme/zero
 //   zero-estimate --plan --rates rates.json --gpu-memory 80GiB --host-memory 1TiB --nvme 3TB --params 7e9

@@ -286,6 +286,71 @@ TEST_CASE("a partial offload's plan fits what the engine holds, and a larger dev
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("the plan's block merged into the config it was planned from is a setting the engine runs, the chosen one") {
+  // The overlap keys are zero's own and the engine refuses them with some settings (device none or nvme; a
+  // ratio below 1 with backward_overlap but no forward_overlap, or with gradient accumulation at stages
+  // 2-3); the block turns off what the chosen row cannot run and keeps what it can. The ratio is written
+  // for every CPU row, so a config's own ratio does not survive the merge into a whole offload.
+  struct base_config {
+    const char* name;
+    int accumulation;
+    nlohmann::json offload;
+  };
+  const base_config bases[] = {
+      {"backward_overlap alone", 1, {{"device", "cpu"}, {"backward_overlap", 1}}},
+      {"both keys and accumulation", 4, {{"device", "cpu"}, {"backward_overlap", 0.5}, {"forward_overlap", true}}},
+      {"both keys and a ratio",
+       1,
+       {{"device", "cpu"}, {"backward_overlap", 1}, {"forward_overlap", true}, {"ratio", 0.7}}},
+  };
+  const auto model = zt::summarize_modules({{256 * 784, 256}, {128 * 256, 128}, {10 * 128, 10}});
+  for (const base_config& b : bases) {
+    for (int stage : {1, 2, 3}) {
+      CAPTURE(b.name);
+      CAPTURE(stage);
+      auto base = nlohmann::json::parse(fmnist_config(zt::estimate_row{}, false, "/mnt/nvme"));
+      base["gradient_accumulation_steps"] = b.accumulation;
+      base["zero_optimization"]["stage"] = stage;
+      base["zero_optimization"]["offload_optimizer"] = b.offload;
+      base["zero_optimization"]["offload_optimizer"]["nvme_path"] = "/mnt/nvme";
+      const auto cfg = zero::config::from_json(base, {.world_size = 2});
+      zero::check_engine_config(cfg);
+      const auto& asked = cfg.zero_optimization.offload_optimizer;
+      const auto o = zt::estimate_options_from(cfg, model, 2);
+      auto rows = zt::plan_settings(o);
+      for (int s : {1, 2, 3}) {
+        auto partial = zt::estimate_row{};
+        partial.stage = s;
+        partial.offload_optimizer = zero::offload_device::cpu;
+        partial.offload_ratio = 0.5;
+        rows.push_back(partial);
+      }
+      for (const zt::estimate_row& row : rows) {
+        CAPTURE(zt::setting_name(row));
+        auto merged = base;
+        merged.merge_patch(zt::plan_config_block(row, o, "/mnt/nvme"));
+        const auto c = zero::config::from_json(merged, {.world_size = 2});
+        CHECK_NOTHROW(zero::check_engine_config(c));
+        const auto& got = c.zero_optimization.offload_optimizer;
+        CHECK(c.stage() == row.stage);
+        CHECK(got.device == row.offload_optimizer);
+        CHECK(c.zero_optimization.offload_param.device == row.offload_param);
+        if (row.offload_optimizer != zero::offload_device::cpu) {
+          CHECK(got.backward_overlap == 0);
+          CHECK_FALSE(got.forward_overlap);
+          continue;
+        }
+        CHECK(got.ratio == (row.offload_ratio < 1 ? row.offload_ratio : 1.0));
+        // What the row can run of the config's keys is kept.
+        const bool split = row.offload_ratio < 1;
+        const bool forward = asked.forward_overlap && (!split || row.stage < 2 || b.accumulation == 1);
+        CHECK(got.forward_overlap == forward);
+        CHECK(got.backward_overlap == (!split || forward ? asked.backward_overlap : 0.0));
+      }
+    }
+  }
+}
+
 TEST_CASE("the probes measure positive rates and leave no file behind") {
   const auto dir = scratch("zero-probes-");
   zero::cpu_backend device({.threads = 1});

@@ -210,6 +210,13 @@ struct estimate_options {
   /// share streams its reduced gradients to the host during backward, so the GPU keeps only the device
   /// share's part of the gradient shard and two staging buffers.
   bool offload_forward_overlap = false;
+  /// The config's offload_optimizer.backward_overlap and forward_overlap (zero's own keys) and its
+  /// gradient_accumulation_steps, as written (`estimate_options_from`); not counted in any row.
+  /// `plan_config_block` keeps the keys where its row runs them and turns them off where the engine
+  /// refuses them.
+  double config_backward_overlap = 0;
+  bool config_forward_overlap = false;
+  std::int64_t gradient_accumulation_steps = 1;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
   /// 1 MiB and 8), at most the largest owned range.
   std::int64_t nvme_chunk_elements = (std::int64_t{1} << 20) / 4 * 8;

@@ -42,6 +42,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/tools/estimate.hpp"
+#include "zero/tools/rates.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -57,103 +58,6 @@
 #include <vector>
 
 namespace zero::tools {
-
-/// What this machine measured (zero/tools/probes.hpp). Rates are per second; 0 means not measured.
-struct machine_rates {
-  double device_adamw = 0;   ///< parameters per second of the backend's AdamW kernel on one device
-  double host_adamw = 0;     ///< parameters per second of the host AdamW (cpu_backend), all `host_threads`
-  double host_threads = 0;   ///< threads the host AdamW ran on
-  double host_to_device = 0; ///< bytes per second from the backend's host memory (pinned on a GPU) to a device
-  double device_to_host = 0; ///< bytes per second back
-  double nvme_read = 0;      ///< bytes per second read from a file under `nvme_path`
-  double nvme_write = 0;     ///< bytes per second written there, flushed to the drive
-  std::string device;        ///< what the device was: "cpu", or the GPU's name
-  std::string nvme_path;     ///< the folder the storage rates were measured in (empty: not measured)
-};
-
-/// The rates as JSON, the file `zero-report --save-rates` writes and `zero-estimate --rates` reads:
-/// {"device", "device_adamw_params_per_s", "host_adamw_params_per_s", "host_adamw_threads",
-/// "host_to_device_bytes_per_s", "device_to_host_bytes_per_s", "nvme_path", "nvme_read_bytes_per_s",
-/// "nvme_write_bytes_per_s"}.
-[[nodiscard]] inline nlohmann::json rates_json(const machine_rates& r) {
-  return {{"device", r.device},
-          {"device_adamw_params_per_s", r.device_adamw},
-          {"host_adamw_params_per_s", r.host_adamw},
-          {"host_adamw_threads", r.host_threads},
-          {"host_to_device_bytes_per_s", r.host_to_device},
-          {"device_to_host_bytes_per_s", r.device_to_host},
-          {"nvme_path", r.nvme_path},
-          {"nvme_read_bytes_per_s", r.nvme_read},
-          {"nvme_write_bytes_per_s", r.nvme_write}};
-}
-
-/// Reads `rates_json`'s object back. Every key is required; rates are numbers >= 0, the device, host
-/// and copy rates > 0; the NVMe rates are 0 exactly when `nvme_path` is empty.
-/// \throws config_error naming the key, what was found and what was expected.
-[[nodiscard]] inline machine_rates rates_from_json(const nlohmann::json& j, std::string_view source = {}) {
-  zero::detail::parse_context ctx;
-  ctx.source = std::string(source);
-  static constexpr std::string_view keys[] = {"device",
-                                              "device_adamw_params_per_s",
-                                              "host_adamw_params_per_s",
-                                              "host_adamw_threads",
-                                              "host_to_device_bytes_per_s",
-                                              "device_to_host_bytes_per_s",
-                                              "nvme_path",
-                                              "nvme_read_bytes_per_s",
-                                              "nvme_write_bytes_per_s"};
-  if (!j.is_object()) {
-    ctx.fail("", cat("found ", zero::detail::show(j), "; expected the JSON object zero-report --save-rates writes"));
-  }
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (std::find(std::begin(keys), std::end(keys), it.key()) == std::end(keys)) {
-      const auto near = zero::detail::closest_match(it.key(), keys);
-      ctx.fail(it.key(), cat("unknown key", near.empty() ? "" : cat(" (did you mean \"", std::string(near), "\"?)"),
-                             "; zero-report --save-rates writes device, device_adamw_params_per_s, "
-                             "host_adamw_params_per_s, host_adamw_threads, host_to_device_bytes_per_s, "
-                             "device_to_host_bytes_per_s, nvme_path, nvme_read_bytes_per_s, nvme_write_bytes_per_s"));
-    }
-  }
-  auto at = [&](std::string_view key) -> const nlohmann::json& {
-    const auto it = j.find(std::string(key));
-    if (it == j.end()) {
-      ctx.fail(key, "missing; zero-report --save-rates writes every rate");
-    }
-    return *it;
-  };
-  constexpr double most = 1e18;
-  auto positive = [&](std::string_view key) { return zero::detail::as_number(ctx, key, at(key), 0, most, true); };
-  machine_rates r;
-  r.device = zero::detail::as_string(ctx, "device", at("device"));
-  r.device_adamw = positive("device_adamw_params_per_s");
-  r.host_adamw = positive("host_adamw_params_per_s");
-  r.host_threads = zero::detail::as_number(ctx, "host_adamw_threads", at("host_adamw_threads"), 1, 1e6);
-  r.host_to_device = positive("host_to_device_bytes_per_s");
-  r.device_to_host = positive("device_to_host_bytes_per_s");
-  r.nvme_path = zero::detail::as_string(ctx, "nvme_path", at("nvme_path"));
-  const bool nvme = !r.nvme_path.empty();
-  auto storage_rate = [&](std::string_view key) {
-    if (nvme) {
-      return positive(key);
-    }
-    const double v = zero::detail::as_number(ctx, key, at(key), 0, most);
-    if (v != 0) {
-      ctx.fail(key, cat("found ", zero::detail::show(at(key)),
-                        " with an empty nvme_path; a storage rate needs the folder it was measured in"));
-    }
-    return v;
-  };
-  r.nvme_read = storage_rate("nvme_read_bytes_per_s");
-  r.nvme_write = storage_rate("nvme_write_bytes_per_s");
-  return r;
-}
-
-/// Reads a rates file (see `rates_from_json`), bounded as a config file is.
-/// \throws config_error when it cannot be read, is not JSON or is not a rates object.
-[[nodiscard]] inline machine_rates read_rates_file(const std::filesystem::path& path) {
-  return rates_from_json(zero::detail::parse_text(zero::detail::read_config_text(path, "rates file"), path.string()),
-                         path.string());
-}
 
 /// Parses a byte count: a whole number ("85899345920", "8e10") or a number with a unit, decimal
 /// ("80GB", "512MB", "1.5TB", "kB") or binary ("80GiB", "512MiB", "1.5TiB", "KiB"), with or without
@@ -410,8 +314,10 @@ struct plan_result {
 }
 
 /// The DeepSpeed config block of row `r` for the model of `o`: `zero_optimization` with the stage,
-/// the `offload_optimizer` (with its `ratio` for a partial offload) and `offload_param` blocks
-/// (`nvme_path` and `buffer_count` for NVMe), and the sizes the estimate assumed
+/// the `offload_optimizer` and `offload_param` blocks (`nvme_path` and `buffer_count` for NVMe; an
+/// offloaded optimizer's `ratio`, 1 for a whole offload, so that the merge replaces a config's own),
+/// zero's overlap keys where `o`'s config sets them (kept
+/// where the row runs them, else turned off), and the sizes the estimate assumed
 /// (`reduce_bucket_size`, `allgather_bucket_size` when set, and at stage 3
 /// `stage3_prefetch_bucket_size`, `stage3_max_live_parameters` and, with hpZ, the
 /// `zero_hpz_partition_size` its bytes counted); the precision block of `o.param_dtype` (`bf16` or
@@ -450,8 +356,22 @@ struct plan_result {
   if (r.offload_optimizer == offload_device::nvme) {
     z["offload_optimizer"]["buffer_count"] = o.offload_optimizer_buffer_count;
   }
-  if (r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1) {
-    z["offload_optimizer"]["ratio"] = r.offload_ratio;
+  if (r.offload_optimizer != offload_device::none) {
+    // Always, so that a ratio of the config the block is merged into does not outlive a whole offload.
+    z["offload_optimizer"]["ratio"] = r.offload_optimizer == offload_device::cpu ? std::min(r.offload_ratio, 1.0) : 1.0;
+  }
+  // zero's overlap keys, where the config has them: kept where the row runs them, else off (the engine
+  // refuses them without the state on the CPU, and for a split state without forward_overlap or, at
+  // stages 2-3, with gradient accumulation: check_engine_config).
+  const bool on_cpu = r.offload_optimizer == offload_device::cpu;
+  const bool split = on_cpu && r.offload_ratio < 1;
+  const bool forward =
+      on_cpu && o.config_forward_overlap && (!split || r.stage < 2 || o.gradient_accumulation_steps == 1);
+  if (o.config_forward_overlap) {
+    z["offload_optimizer"]["forward_overlap"] = forward;
+  }
+  if (o.config_backward_overlap != 0) {
+    z["offload_optimizer"]["backward_overlap"] = on_cpu && (!split || forward) ? o.config_backward_overlap : 0.0;
   }
   z["offload_param"] = offload(r.offload_param);
   nlohmann::json block = {{"zero_optimization", z}};
@@ -527,6 +447,9 @@ struct plan_result {
   // A split state streams its host share's gradients beside the next forward (the engine refuses the key
   // with a split state and accumulation).
   o.offload_forward_overlap = z.offload_optimizer.forward_overlap && c.gradient_accumulation_steps == 1;
+  o.config_backward_overlap = z.offload_optimizer.backward_overlap;
+  o.config_forward_overlap = z.offload_optimizer.forward_overlap;
+  o.gradient_accumulation_steps = c.gradient_accumulation_steps;
   o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;
   return o;
 }

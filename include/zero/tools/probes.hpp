@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// The probes that measure a machine's `machine_rates` (zero/tools/plan.hpp): the AdamW step of a
+/// The probes that measure a machine's `machine_rates` (zero/tools/rates.hpp): the AdamW step of a
 /// backend and of the host, the copies between the backend's host memory and its device, and a
 /// storage's read and write bandwidth in a folder; and the memory a plan may assume
 /// (`available_host_memory`, `free_storage_bytes`). `zero-report --save-rates`, `zero-estimate
