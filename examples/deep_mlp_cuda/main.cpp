@@ -418,8 +418,9 @@ struct outcome {
 /// zero/tools/plan.hpp `config_row`): the host AdamW over the rank's shard (its `ratio` share with a
 /// partial offload) at the rate probed now, with this rank's share of the host's
 /// threads, on 2^27 elements of the memory the offloaded state lives in (more than any last-level
-/// cache), or the copies of its gradients down and parameters up at the probed pinned rates, whichever
-/// is longer. Forward and backward on the GPU are not in it: this run does not measure them apart.
+/// cache), or the copies of its gradients down and parameters up at the probed pinned rates (with a
+/// partial offload and the parameters on the host, also the device share's new parameters down),
+/// whichever is longer. Forward and backward on the GPU are not in it: this run does not measure them apart.
 outcome::bound host_side_bound(const zero::config& cfg, zero::cuda_backend& device, int ranks, std::size_t params,
                                double ratio, unsigned threads) {
   zero::basic_cpu_backend<zero::cuda_backend::host_allocator_type> host(
@@ -717,11 +718,7 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
       cfg.zero_optimization.offload_param.device == zero::offload_device::nvme) {
     o.storage = std::string(eng.storage().name());
   }
-  // A partial offload with the parameters on the host has no bound here (estimate_step_cost: no probe
-  // times the device share writing its parameters into host memory).
-  if (offload.device == zero::offload_device::cpu &&
-      (eng.optimizer_split().ratio >= 1.0 ||
-       zero::tools::config_row(cfg).offload_param == zero::offload_device::none)) {
+  if (offload.device == zero::offload_device::cpu) {
     o.host_bound =
         host_side_bound(cfg, backend, comm.size(), o.params, eng.optimizer_split().ratio, opt.offload_threads);
   }

@@ -15,8 +15,10 @@
 ///     optimizer on NVMe the same, and K n bytes read plus K n written at the storage's rates / ranks
 ///                       per node (K: 12 bytes of fp32 master, m and v; 8 for fp32 training)
 ///     partial offload   the host's share h = ratio x n: max(AdamW over n on the device, host AdamW over h
-///                       + G h bytes down + P h bytes up); on the CPU backend (device "cpu", the same
-///                       cores) the device's n - h and the host's part one after the other
+///                       + G h bytes down + P h bytes up); with the parameters on the host (stage 3) the
+///                       device's part writes its P (n - h) bytes down from the kernel and the gathers
+///                       upload 2 P n; on the CPU backend (device "cpu", the same cores) the device's
+///                       n - h and the host's part one after the other
 ///
 /// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
 /// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
@@ -33,8 +35,9 @@
 /// against 13.0 ms in memory (bench/README.md). So a partial offload never ranks before its stage
 /// in memory, and where it costs what another setting does (its host part hidden behind the
 /// device's), the other ranks first. Not on the CPU backend (rates of device "cpu"), whose device
-/// and host are the same cores and memory. Not with the parameters offloaded: there the device's
-/// part writes its parameters into host memory from the kernel, which no probe times. Neither are
+/// and host are the same cores and memory. Not with the parameters offloaded: the cost prices that
+/// row (a config's own, `config_row`; its kernel's writes to the host taken at the copy rate down), but
+/// the plan's budgets around it are not checked against the engine's peaks yet. Neither are
 /// the overlap keys (`backward_overlap`, `forward_overlap`) candidates: hiding the host's step
 /// behind forward and backward would need their time, which no probe measures.
 
@@ -177,7 +180,7 @@ inline constexpr double partial_offload_margin = 0.005;
 
 /// The cost of row `r` for the model of `o` by `rates` (file comment). A resource whose rate is 0
 /// (not measured) makes the cost infinite. \throws usage_error when device, host or copy rates are
-/// not positive, and for a partial offload (ratio below 1) with the parameters offloaded.
+/// not positive.
 [[nodiscard]] inline step_cost estimate_step_cost(const estimate_row& r, const estimate_options& o,
                                                   const machine_rates& rates) {
   if (!(rates.device_adamw > 0) || !(rates.host_adamw > 0) || !(rates.host_to_device > 0) ||
@@ -196,14 +199,16 @@ inline constexpr double partial_offload_margin = 0.005;
   const double k = o.param_dtype == dtype::f32 ? 8.0 : 12.0; // fp32 master (unless the parameters are), m, v
   step_cost c;
   if (r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1) {
-    if (r.offload_param != offload_device::none) {
-      throw usage_error("estimate_step_cost: a partial offload with the parameters offloaded has no cost here: the "
-                        "device's part writes its parameters into host memory, which no probe times");
-    }
     const double h = std::round(r.offload_ratio * n);
     c.device_adamw = per_second(n - h, rates.device_adamw);
     c.host_adamw = per_second(h, rates.host_adamw / ranks_per_node);
-    c.transfer = per_second(h * g, rates.device_to_host) + per_second(h * p, rates.host_to_device);
+    // With the parameters on the host (stage 3) the device's part writes its n - h new parameters across
+    // from the kernel, no faster than the copies down, and the gathers of forward and backward upload
+    // all n; otherwise the host's part sends its h parameters up.
+    c.transfer =
+        r.offload_param != offload_device::none
+            ? per_second(h * g + (n - h) * p, rates.device_to_host) + per_second(2 * n * p, rates.host_to_device)
+            : per_second(h * g, rates.device_to_host) + per_second(h * p, rates.host_to_device);
     c.total = rates.device == "cpu" ? c.device_adamw + c.host_adamw + c.transfer
                                     : std::max(per_second(n, rates.device_adamw), c.host_adamw + c.transfer);
     return c;
