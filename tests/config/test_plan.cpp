@@ -284,6 +284,15 @@ TEST_CASE("the partial offload of a stage: the largest device share of the state
   CHECK_FALSE(zt::partial_offload_setting(o, 3, 14 * gib));
   CHECK_FALSE(zt::partial_offload_setting(o, 2, budget));
   CHECK_THROWS_AS(static_cast<void>(zt::partial_offload_setting(o, 0, budget)), zero::usage_error);
+  // With the parameters on the host (stage 3) the device keeps no 16-bit shard (1.75e9 bytes less): ratio 0.4122.
+  const auto on_host = zt::partial_offload_setting(o, 3, budget, offload_device::cpu);
+  REQUIRE(on_host);
+  CHECK(on_host->offload_param == offload_device::cpu);
+  CHECK(on_host->offload_ratio == doctest::Approx(0.4122));
+  CHECK(on_host->gpu_bytes_per_rank <= target);
+  CHECK_FALSE(zt::partial_offload_setting(o, 3, 14 * gib, offload_device::cpu));
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::partial_offload_setting(o, 2, budget, offload_device::cpu)),
+                       doctest::Contains("offload_param cpu at stage 2"), zero::usage_error);
 }
 
 TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits, and why faster ones do not") {
@@ -319,28 +328,33 @@ TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits,
     CHECK(has(t, "  * stage 3, offload_optimizer none, offload_param none: 17.500 ms;"));
     CHECK(has(t, "plan: stage 3, offload_optimizer none, offload_param none"));
   }
-  SUBCASE("8 GiB per GPU: part of the optimizer on the CPU at stage 3, before all of it, before the parameters too") {
+  SUBCASE("8 GiB per GPU: part of the optimizer on the CPU at stage 3 with the parameters there, before all of it") {
     const auto plan = zt::make_plan(o, r, {.device_bytes = 8 * gib, .host_bytes = 4096 * gib});
     REQUIRE(plan.chosen);
     const auto& c = plan.ranked[*plan.chosen];
     CHECK(c.row.stage == 3);
     CHECK(c.row.offload_optimizer == offload_device::cpu);
-    CHECK(c.row.offload_param == offload_device::none);
+    CHECK(c.row.offload_param == offload_device::cpu);
     for (std::size_t i = 0; i < *plan.chosen; ++i) {
       CHECK_FALSE(plan.ranked[i].fits());
     }
-    // Ratio 0.5788: the host's 506.45e6 elements at 5e8 per rank (1012.9 ms) and their 2 x 1012.9e6 bytes of
-    // copies (40.516 ms), against 1750 ms for the whole state on the host.
-    CHECK(c.row.offload_ratio == doctest::Approx(0.5788));
+    // With the parameters on the host the device keeps no 16-bit shard, so more of the state fits there:
+    // ratio 0.4122, the host's 360.675e6 elements at 5e8 per rank (721.35 ms), in series with 1.75e9 bytes
+    // down (the host's gradients and the device part's parameters, 35 ms) and the gathers' 3.5e9 up (70 ms).
+    // With the parameters on the device, ratio 0.5788: 506.45e6 elements (1012.9 ms) and their 2 x 1012.9e6
+    // bytes of copies (40.516 ms). The whole state on the host: 1750 ms.
+    CHECK(c.row.offload_ratio == doctest::Approx(0.4122));
     const std::string t = text_of(plan);
-    CHECK(has(t, "  * stage 3, offload_optimizer cpu ratio 0.5788, offload_param none: 1053.416 ms;"));
+    CHECK(has(t, "  * stage 3, offload_optimizer cpu ratio 0.4122, offload_param cpu: 826.350 ms;"));
+    CHECK(has(t, "    stage 3, offload_optimizer cpu ratio 0.5788, offload_param none: 1053.416 ms;"));
     CHECK(has(t, "    stage 3, offload_optimizer cpu, offload_param none: 1750.000 ms;"));
-    CHECK(has(t, "plan: stage 3, offload_optimizer cpu ratio 0.5788, offload_param none"));
+    CHECK(has(t, "plan: stage 3, offload_optimizer cpu ratio 0.4122, offload_param cpu"));
     const auto block = zt::plan_config_block(c.row, o, "");
-    CHECK(block.at("zero_optimization").at("offload_optimizer").at("ratio") == 0.5788);
+    CHECK(block.at("zero_optimization").at("offload_optimizer").at("ratio") == 0.4122);
+    CHECK(block.at("zero_optimization").at("offload_param").at("device") == "cpu");
     auto full = nlohmann::json::parse(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}})");
     full.merge_patch(block);
-    CHECK(zero::config::from_json(full, {.world_size = 8}).zero_optimization.offload_optimizer.ratio == 0.5788);
+    CHECK(zero::config::from_json(full, {.world_size = 8}).zero_optimization.offload_optimizer.ratio == 0.4122);
     // With the CPU backend's rates (device and host the same cores) no partial offload is listed.
     auto on_cpu = r;
     on_cpu.device = "cpu";

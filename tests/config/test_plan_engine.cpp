@@ -23,6 +23,7 @@
 #include <string>
 #include <tuple>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -240,13 +241,19 @@ TEST_CASE("a partial offload's plan fits what the engine holds, and a larger dev
     const auto o = fmnist_options(world, false, dir);
     const auto rates = test_rates(dir.string());
     peaks real(world, false, dir);
-    for (int stage : {1, 2, 3}) {
+    // (stage, where the parameters live): stage 3 also with them in host memory.
+    for (const auto& at : {std::pair{1, zero::offload_device::none}, std::pair{2, zero::offload_device::none},
+                           std::pair{3, zero::offload_device::none}, std::pair{3, zero::offload_device::cpu}}) {
+      const int stage = at.first; // plain names: the lambda below captures them (clang 14 cannot capture bindings)
+      const zero::offload_device param = at.second;
       CAPTURE(world);
       CAPTURE(stage);
+      CAPTURE(zero::name_of(param));
       auto setting = [&](zero::offload_device opt, double ratio) {
         auto r = zt::estimate_row{};
         r.stage = stage;
         r.offload_optimizer = opt;
+        r.offload_param = opt == zero::offload_device::none ? zero::offload_device::none : param;
         r.offload_ratio = ratio;
         return r;
       };
@@ -256,7 +263,7 @@ TEST_CASE("a partial offload's plan fits what the engine holds, and a larger dev
       CAPTURE(half.device);
       // The stage's peak with half of the state on the host: the plan's partial offload is near 0.5.
       const zt::memory_budget budget{half.device, std::int64_t{1} << 40, 0};
-      const auto partial = zt::partial_offload_setting(o, stage, budget.device_bytes);
+      const auto partial = zt::partial_offload_setting(o, stage, budget.device_bytes, param);
       REQUIRE(partial);
       CAPTURE(partial->offload_ratio);
       CHECK(partial->offload_ratio == doctest::Approx(0.5).epsilon(0.02));

@@ -35,9 +35,9 @@
 /// against 13.0 ms in memory (bench/README.md). So a partial offload never ranks before its stage
 /// in memory, and where it costs what another setting does (its host part hidden behind the
 /// device's), the other ranks first. Not on the CPU backend (rates of device "cpu"), whose device
-/// and host are the same cores and memory. Not with the parameters offloaded: the cost prices that
-/// row (a config's own, `config_row`; its kernel's writes to the host taken at the copy rate down), but
-/// the plan's budgets around it are not checked against the engine's peaks yet. Neither are
+/// and host are the same cores and memory. At stage 3 also with the parameters in host memory
+/// (`offload_param` cpu): the device then keeps no 16-bit shard and holds more of the state, and its
+/// part's kernel writes its new parameters across (costed at the copy rate down). Neither are
 /// the overlap keys (`backward_overlap`, `forward_overlap`) candidates: hiding the host's step
 /// behind forward and backward would need their time, which no probe measures.
 
@@ -139,24 +139,31 @@ struct step_cost {
 inline constexpr double partial_offload_margin = 0.005;
 
 /// The partial optimizer offload a plan offers at `stage` (1-3) for `device_bytes` per rank: the row of
-/// `estimate_memory` with the optimizer on the CPU and the parameters not, at the smallest ratio, in steps
-/// of 1e-4, whose device bytes fit in `device_bytes` less `partial_offload_margin` of it (the largest
-/// device share of the state). Empty when the stage's row without offload fits (it keeps the whole
-/// state there and is as fast), and when not even ratio 0.9999 fits (then only the whole offload,
-/// which also streams the gradient shard to the host, can).
-/// \throws usage_error for a stage outside 1-3, and as `estimate_memory` does.
+/// `estimate_memory` with the optimizer on the CPU and the parameters where `param` says (the device, or
+/// at stage 3 the host), at the smallest ratio, in steps of 1e-4, whose device bytes fit in
+/// `device_bytes` less `partial_offload_margin` of it (the largest device share of the state). Empty
+/// when the stage's row without offload fits (it keeps the whole state there and is as fast), and when not even ratio
+/// 0.9999 fits (then only the whole offload, which also streams the gradient shard to the host, can). \throws
+/// usage_error for a stage outside 1-3, `param` other than none or (at stage 3) cpu, and as `estimate_memory` does.
 [[nodiscard]] inline std::optional<estimate_row> partial_offload_setting(const estimate_options& o, int stage,
-                                                                         std::int64_t device_bytes) {
+                                                                         std::int64_t device_bytes,
+                                                                         offload_device param = offload_device::none) {
   if (stage < 1 || stage > 3) {
     throw usage_error(
         cat("partial_offload_setting: stage ", std::to_string(stage), "; a partial offload runs at stages 1-3"));
   }
+  if (param != offload_device::none && (param != offload_device::cpu || stage != 3)) {
+    throw usage_error(cat("partial_offload_setting: offload_param ", name_of(param), " at stage ",
+                          std::to_string(stage),
+                          "; a partial offload keeps the parameters on the device, or at "
+                          "stage 3 in host memory (cpu)"));
+  }
   constexpr std::int64_t steps = 10'000;
-  auto row_at = [&](std::int64_t k, offload_device opt) {
+  auto row_at = [&](std::int64_t k, offload_device opt, offload_device par) {
     estimate_options at = o;
     at.offload_ratio = static_cast<double>(k) / static_cast<double>(steps);
     for (const estimate_row& r : estimate_memory(at)) {
-      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == offload_device::none) {
+      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == par) {
         return r;
       }
     }
@@ -164,8 +171,8 @@ inline constexpr double partial_offload_margin = 0.005;
   };
   const auto target =
       static_cast<std::int64_t>(std::floor(static_cast<double>(device_bytes) * (1 - partial_offload_margin)));
-  const auto fits = [&](std::int64_t k) { return row_at(k, offload_device::cpu).gpu_bytes_per_rank <= target; };
-  if (row_at(0, offload_device::none).gpu_bytes_per_rank <= device_bytes || !fits(steps - 1)) {
+  const auto fits = [&](std::int64_t k) { return row_at(k, offload_device::cpu, param).gpu_bytes_per_rank <= target; };
+  if (row_at(0, offload_device::none, offload_device::none).gpu_bytes_per_rank <= device_bytes || !fits(steps - 1)) {
     return std::nullopt;
   }
   // The device bytes fall as the ratio grows: the smallest ratio that fits, between `over` and `fit`.
@@ -175,7 +182,7 @@ inline constexpr double partial_offload_margin = 0.005;
     const std::int64_t mid = over + (fit - over) / 2;
     (fits(mid) ? fit : over) = mid;
   }
-  return row_at(fit, offload_device::cpu);
+  return row_at(fit, offload_device::cpu, param);
 }
 
 /// The cost of row `r` for the model of `o` by `rates` (file comment). A resource whose rate is 0
@@ -302,8 +309,13 @@ struct plan_result {
   // offloads nothing.
   if (rates.device != "cpu" && o.shard_ranks() == o.ranks()) {
     for (int stage : {1, 2, 3}) {
-      if (const auto r = partial_offload_setting(o, stage, budget.device_bytes)) {
-        plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
+      for (const offload_device param : {offload_device::none, offload_device::cpu}) {
+        if (param == offload_device::cpu && stage != 3) {
+          continue;
+        }
+        if (const auto r = partial_offload_setting(o, stage, budget.device_bytes, param)) {
+          plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
+        }
       }
     }
   }
