@@ -102,10 +102,10 @@ TEST_CASE("second_home: pieces of the state in either home, and settling back to
   CHECK_THROWS_AS(pieces_of(none, 10, 7), zero::usage_error);
 
   // A share of 0.75 gives the last two ranges (12 elements) a second home.
-  zero::detail::second_home<counting> h(ranges, 16, 0.75, 2, alloc);
+  zero::detail::second_home<counting> h(ranges, 16, 0.75, alloc);
   CHECK(h.first() == 1);
   CHECK(h.elements() == 12);
-  CHECK(alloc.live(zero::memory_tag::buffers) == 12 * (3 * sizeof(float) + 2));
+  CHECK(alloc.live(zero::memory_tag::buffers) == 12 * 3 * sizeof(float));
   CHECK(pieces_of(h, 0, 16) == pieces{{false, {0, 16}}}); // every range in its first home
   h.flip(2);
   CHECK(h.side(2) == 1);

@@ -467,7 +467,7 @@ protected:
   /// Ends the host's updates during backward: kept when the step applies unclipped, else dropped.
   void end_early(bool applied, double norm) {
     if (auto* host = optimizer_.host_part()) {
-      host->end_early(applied && clip_coefficient(norm, cfg_.gradient_clipping) == 1.0);
+      host->end_early(applied && clip_coefficient(norm, cfg_.gradient_clipping) == 1.0, applied);
     }
   }
 

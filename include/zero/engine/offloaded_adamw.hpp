@@ -23,11 +23,11 @@
 /// accumulation): the last ranges (the segments backward reduces first, that share of the state)
 /// have a second home in host memory. While backward runs, a thread of the host updates each such
 /// range as soon as its gradients landed, out of place: from the home its state is in to the other
-/// one, with the bf16 parameters written to staging. The previous state stays whole, so when the
-/// step learns it must not apply these updates (an overflow anywhere, a clip coefficient below 1)
-/// it drops them, and the step runs as without them; otherwise each updated range now lives in its
-/// other home and the step only uploads its parameters. Same kernel arithmetic, same arguments:
-/// the same bits either way.
+/// one, with the bf16 parameters written to staging (stage 3's host shard: in place, docs/offload.md
+/// "Parameters in place"). The previous state stays whole, so when the step learns it must not
+/// apply these updates (an overflow anywhere, a clip coefficient below 1) it drops them, and the
+/// step runs as without them; otherwise each updated range now lives in its other home and the
+/// step only uploads its parameters. Same kernel arithmetic, same arguments: the same bits.
 ///
 /// **The step beside the next forward** (`offload_options::forward_overlap`, docs/offload.md):
 /// `begin_async` hands the ranges to the host's thread, which updates them in order and sets each
@@ -44,16 +44,17 @@
 #include "zero/engine/detail/job_thread.hpp"
 #include "zero/engine/detail/range_flags.hpp"
 #include "zero/engine/detail/second_home.hpp"
+#include "zero/engine/offload_options.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
-#include "zero/memory/host_allocator.hpp"
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <span>
@@ -62,31 +63,6 @@
 #include <vector>
 
 namespace zero {
-
-namespace detail {
-template <class B> struct offload_allocator_of { using type = host_allocator; };
-template <class B>
-requires requires { typename B::host_allocator_type; }
-struct offload_allocator_of<B> {
-  using type = typename B::host_allocator_type;
-};
-} // namespace detail
-
-/// The host memory a backend's offloaded state lives in: `B::host_allocator_type` where the backend
-/// names one (cuda_backend: pinned), else pageable `host_allocator`.
-template <class B> using offload_allocator_t = typename detail::offload_allocator_of<B>::type;
-
-/// How an `offloaded_adamw` runs on the host.
-struct offload_options {
-  /// Threads of the host AdamW, the calling thread included (0: the host's hardware concurrency).
-  unsigned threads = 0;
-  /// The share of the state, in [0, 1], that may be updated during backward (see the file comment),
-  /// held twice in host memory (`memory_tag::buffers`). Used with 16-bit parameters in host memory or
-  /// on the device, not in a file; 0: none.
-  double backward_overlap = 0.0;
-  /// The step runs on a thread of the host beside the caller (`begin_async`; see the file comment).
-  bool forward_overlap = false;
-};
 
 /// AdamW over a rank's part of the flat buffer, in host memory; see the file comment. The interface
 /// is `partitioned_adamw`'s (`ranges`, `runs`, `state_size`, `groups`, `has_master`, `load_master`,
@@ -135,8 +111,8 @@ public:
                         " is not a share in [0, 1]");
     }
     if (opt.backward_overlap > 0.0 && inner_.has_master() && !in_file_) {
-      second_ = detail::second_home<host_counting>(inner_.ranges(), inner_.state_size(), opt.backward_overlap,
-                                                   params_on_host_ ? param_size_ : 0, counted_);
+      second_ =
+          detail::second_home<host_counting>(inner_.ranges(), inner_.state_size(), opt.backward_overlap, counted_);
       if (second_.elements() > 0) {
         kept_.assign(inner_.ranges().size(), 0);
       }
@@ -236,15 +212,16 @@ public:
     });
   }
   /// Ends the updates during backward. With `keep`, each updated range moves to its other home as its
-  /// update lands, and its new parameters go on their way at once (uploaded on the engine's stream,
-  /// or copied into stage 3's host shard) while the host still updates later ranges; its next
+  /// update lands, and its new parameters go on their way at once (uploaded on the engine's stream;
+  /// already in stage 3's host shard) while the host still updates later ranges; its next
   /// `step_range` has nothing left to do. Otherwise the updates are dropped (waited for) and the
-  /// state is the previous step's. With `forward_overlap` the updates not yet started are not made
+  /// state is the previous step's (stage 3's host shard put back unless `rewritten`: the step applies,
+  /// clipped, and updates every range anyway). With `forward_overlap` the updates not yet started are not made
   /// (`early_counts::cancelled`): the step beside the next forward makes them in the order the
   /// forward reads the ranges, where the queue would have made them in backward's.
   /// \throws what an update threw (a range's bounds: a bug, not the data); ranges already moved on
   /// stay so.
-  void end_early(bool keep) {
+  void end_early(bool keep, bool rewritten = false) {
     if (!early_) {
       return;
     }
@@ -282,7 +259,20 @@ public:
         o->queued_ = 0;
       }
     } at_end{this};
-    worker_.drain();
+    std::exception_ptr failed;
+    try {
+      worker_.drain(); // the dropped updates end (or one rethrows) before their parameters are put back
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    if (params_on_host_ && !rewritten) {
+      for (std::size_t i = handled; i < started; ++i) { // posted_[handled, started): started, not kept
+        restore_params(posted_[i]);
+      }
+    }
+    if (failed) {
+      std::rethrow_exception(failed);
+    }
     early_counts_.dropped += done_.size() - handled;
   }
   /// Range updates made during backward so far: kept by their step, or dropped; and those not made
@@ -310,10 +300,11 @@ public:
     }
     join_async();
     ++epoch_;
-    // In the forward's order: the thread updates every range not updated during backward, and
-    // publishes those kept from backward that need the host (kept_ 2); the uploads of those that need
-    // nothing more (kept_ 3) are posted ahead of every wait (async_posts_ 2, see step_range).
-    std::vector<std::pair<std::size_t, bool>> todo; // (range, publish only)
+    // In the forward's order: the thread updates every range not updated during backward, and marks
+    // done those kept from backward whose update may still run (kept_ 2: in order after it); the
+    // uploads of those that need nothing more (kept_ 3) are posted ahead of every wait (async_posts_ 2,
+    // see step_range).
+    std::vector<std::pair<std::size_t, bool>> todo; // (range, kept from backward)
     for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
       const std::uint8_t kept = k < kept_.size() ? kept_[k] : 0;
       if (kept == 0 || kept == 2) {
@@ -331,12 +322,8 @@ public:
       std::size_t i = 0;
       try {
         for (; i < todo.size(); ++i) {
-          const auto [k, publish_only] = todo[i];
-          if (publish_only) {
-            if (params_on_host_) {
-              publish(k); // into stage 3's host shard; otherwise step_range uploads the staged values
-            }
-          } else {
+          const auto [k, kept] = todo[i];
+          if (!kept) { // a kept range's update has ended (this thread ran it before); step_range uploads it
             grads_.wait_landed(k);
             update_range(k, base, group_lr);
           }
@@ -443,11 +430,7 @@ public:
     if (k < kept_.size() && kept_[k] != 0) {
       if (kept_[k] >= 2) { // its publishing was left to a step beside the forward, which did not come
         worker_.drain();
-        if (params_on_host_) {
-          publish(k);
-        } else {
-          post_upload(k, s); // on `s`, which the residency's action on the range follows
-        }
+        post_upload(k, s); // on `s`, which the residency's action on the range follows
       }
       kept_[k] = 0; // updated during backward, its parameters already published (end_early)
       return;
@@ -484,10 +467,11 @@ private:
 
   /// With a step beside the forward to follow (`keep`): keeps every update during backward that has
   /// started without waiting for the one still running (the thread runs them in order, so at most
-  /// one), and leaves their publishing to that step: on the thread after that update ends where the
-  /// host must copy (`kept_` 2: still running, or stage 3's shard on the host), else as uploads the
-  /// step posts ahead of its waits on the update stream (`kept_` 3), not on the engine's stream in
-  /// front of the next forward. \returns false when an update threw (the caller's path rethrows it).
+  /// one), and leaves their publishing to that step: the one still running is marked done by the
+  /// thread after it ends (`kept_` 2), those done are uploads the step posts ahead of its waits on
+  /// the update stream (`kept_` 3), not on the engine's stream in front of the next forward, or with
+  /// stage 3's shard on the host need nothing more (`kept_` 1: written in place).
+  /// \returns false when an update threw (the caller's path rethrows it).
   bool defer_running(std::size_t started) {
     std::vector<std::size_t> done;
     {
@@ -499,7 +483,7 @@ private:
     }
     for (const std::size_t k : done) {
       second_.flip(k);
-      kept_[k] = params_on_host_ ? 2 : 3;
+      kept_[k] = params_on_host_ ? 1 : 3;
     }
     for (std::size_t i = done.size(); i < started; ++i) {
       const std::size_t k = posted_[i];
@@ -527,25 +511,30 @@ private:
     }
     return second_.at(off);
   }
-  /// Where an update during backward writes range `k`'s parameters.
+  /// Where an update during backward writes range `k`'s parameters: staging for the device, or stage
+  /// 3's host shard itself.
   std::byte* early_params(std::size_t k) {
     const std::size_t off = inner_.ranges()[k].second;
-    return params_on_host_ ? second_.params(off) : host_params(off);
+    return params_on_host_ ? place_params(off) : host_params(off);
   }
-  /// Sends range `k`'s parameters, updated during backward into staging, where the step's go: to the
-  /// device on the engine's stream, or into stage 3's host shard (a copy on the host's threads).
+  /// Uploads range `k`'s parameters, updated during backward into staging, on the engine's stream;
+  /// nothing with stage 3's shard on the host, which the update wrote in place.
   void publish(std::size_t k) {
-    const flat_range& range = inner_.ranges()[k].first;
-    const std::size_t off = inner_.ranges()[k].second;
-    if (params_on_host_) {
-      visit_float(param_type_, [&]<class P>(type_tag<P>) {
-        host_.cast(reinterpret_cast<const P*>(early_params(k)), reinterpret_cast<P*>(place_params(off)), range.size(),
-                   host_stream_);
-      });
-    } else {
+    if (!params_on_host_) {
+      const auto& [range, off] = inner_.ranges()[k];
       copy_async<device_host_accessible>(backend_, stream_, host_params(off), device_params(range, off),
                                          range.size() * param_size_);
     }
+  }
+  /// Puts back range `k`'s parameters in stage 3's host shard after its update during backward was
+  /// dropped: the master of the home it is still in, rounded as the kernel rounds (the shard's values
+  /// before the update; docs/offload.md, "Parameters in place").
+  void restore_params(std::size_t k) {
+    const float* master = home_of(k, second_.side(k)).master;
+    std::byte* shard = place_params(inner_.ranges()[k].second);
+    const std::size_t n = inner_.ranges()[k].first.size();
+    visit_float(param_type_,
+                [&]<class P>(type_tag<P>) { host_.cast(master, reinterpret_cast<P*>(shard), n, host_stream_); });
   }
   std::byte* device_params(const flat_range& range, std::size_t state_offset) {
     const auto base = in_file_ ? in_file_(param_use::whole, 0) : device_params_;

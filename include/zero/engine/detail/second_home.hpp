@@ -2,8 +2,7 @@
 /// \file
 /// `detail::second_home`: the second home of `offloaded_adamw`'s updates during backward
 /// (`offload_optimizer.backward_overlap`). The last ranges of a rank's state, a share of it at most,
-/// get a second fp32 master, m and v in host memory (and, with stage 3's parameters on the host,
-/// staging for their 16-bit parameters); each such range's state lives in one of its two homes, and
+/// get a second fp32 master, m and v in host memory; each such range's state lives in one of its two homes, and
 /// an update during backward reads one and writes the other, so the previous state stays whole until
 /// the step keeps the update. This class holds the second home and which home each range is in; the
 /// first home is the optimizer's own state.
@@ -37,8 +36,8 @@ public:
 
   second_home() = default;
   /// Gives the last of `ranges` (flat range, state offset), `share` of the `state` elements at most, a
-  /// second home; with `param_bytes` > 0 also staging of that many bytes per element.
-  second_home(const ranges_type& ranges, std::size_t state, double share, std::size_t param_bytes, Alloc alloc)
+  /// second home.
+  second_home(const ranges_type& ranges, std::size_t state, double share, Alloc alloc)
       : first_(ranges.size()), base_(state) {
     const auto most = static_cast<std::size_t>(share * static_cast<double>(state));
     while (first_ > 0 && state - ranges[first_ - 1].second <= most) {
@@ -52,11 +51,7 @@ public:
     master_ = buffer<float, Alloc>(alloc, n, memory_tag::buffers);
     m_ = buffer<float, Alloc>(alloc, n, memory_tag::buffers);
     v_ = buffer<float, Alloc>(alloc, n, memory_tag::buffers);
-    if (param_bytes > 0) {
-      params_ = buffer<std::byte, Alloc>(alloc, n * param_bytes, memory_tag::buffers);
-    }
     side_.assign(ranges.size(), 0);
-    param_bytes_ = param_bytes;
   }
 
   /// The first range with a second home (the number of ranges when none has).
@@ -73,8 +68,6 @@ public:
     const std::size_t o = off - base_;
     return {master_.data() + o, m_.data() + o, v_.data() + o};
   }
-  /// The staging of the 16-bit parameters at state offset `off`.
-  [[nodiscard]] std::byte* params(std::size_t off) noexcept { return params_.data() + (off - base_) * param_bytes_; }
 
   /// Calls `f(second, lo, n)` for the pieces of state elements [first, first + n) of tensor `t`:
   /// `second` points at a piece living in its second home, or is null for one in the first.
@@ -131,11 +124,9 @@ public:
 private:
   std::size_t first_ = 0;
   std::size_t base_ = 0;
-  std::size_t param_bytes_ = 0;
   buffer<float, Alloc> master_;
   buffer<float, Alloc> m_;
   buffer<float, Alloc> v_;
-  buffer<std::byte, Alloc> params_;
   std::vector<std::uint8_t> side_;
 };
 

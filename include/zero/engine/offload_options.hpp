@@ -1,0 +1,36 @@
+#pragma once
+/// \file
+/// How `offloaded_adamw` runs on the host (`offload_options`) and the host memory a backend's
+/// offloaded state lives in (`offload_allocator_t`): what the engine's parts that hold host state
+/// (the optimizers, stage 3's host shard, the rates probe) share.
+
+#include "zero/memory/host_allocator.hpp"
+
+namespace zero {
+
+namespace detail {
+template <class B> struct offload_allocator_of { using type = host_allocator; };
+template <class B>
+requires requires { typename B::host_allocator_type; }
+struct offload_allocator_of<B> {
+  using type = typename B::host_allocator_type;
+};
+} // namespace detail
+
+/// The host memory a backend's offloaded state lives in: `B::host_allocator_type` where the backend
+/// names one (cuda_backend: pinned), else pageable `host_allocator`.
+template <class B> using offload_allocator_t = typename detail::offload_allocator_of<B>::type;
+
+/// How an `offloaded_adamw` runs on the host.
+struct offload_options {
+  /// Threads of the host AdamW, the calling thread included (0: the host's hardware concurrency).
+  unsigned threads = 0;
+  /// The share of the state, in [0, 1], that may be updated during backward (offloaded_adamw.hpp's
+  /// file comment), held twice in host memory (`memory_tag::buffers`). Used with 16-bit parameters in
+  /// host memory or on the device, not in a file; 0: none.
+  double backward_overlap = 0.0;
+  /// The step runs on a thread of the host beside the caller (`offloaded_adamw::begin_async`).
+  bool forward_overlap = false;
+};
+
+} // namespace zero
