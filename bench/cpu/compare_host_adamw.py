@@ -10,13 +10,16 @@ parameters, m and v (DeepSpeed's ZeRO-Offload keeps fp32 gradients on the host a
 parameters on the GPU).
 
   zero      zero_bench_host_adamw (bench/cuda), memory:0 (pageable) and memory:2 (pinned, huge pages),
-            streaming stores on: what the offloaded optimizer runs
+            streaming stores on: what the offloaded optimizer runs. On a host without a GPU,
+            --zero-cpu-bench names zero_bench_cpu_backend (bench/cpu) instead: its BM_adamw_step, bf16
+            gradients and parameters, the widest SIMD level, pageable memory (the column "zero pageable")
   torch     torch.optim.AdamW(fused=True) on CPU tensors, torch.set_num_threads(T)
   deepspeed deepspeed.ops.adam.DeepSpeedCPUAdam (adamw_mode), OMP_NUM_THREADS=T, where it imports
             and its extension builds; otherwise the reason is printed and it is left out
 
   python3 bench/cpu/compare_host_adamw.py --zero-bench build/gpu/bench/cuda/zero_bench_host_adamw \
       [--params N] [--repeats 5] [--json out.json]
+  python3 bench/cpu/compare_host_adamw.py --zero-cpu-bench build/release/bench/cpu/zero_bench_cpu_backend ...
 """
 import argparse
 import json
@@ -59,9 +62,12 @@ def child(kind, n, threads, repeats):
     return n / float(r.stdout.strip().splitlines()[-1]), None
 
 
-def zero_rates(bench, n, repeats, memory, threads):
+def zero_rates(bench, n, repeats, memory, threads, cpu_bench=False):
     env = dict(os.environ, ZERO_BENCH_PARAMS=str(n))
-    flt = f"BM_host_adamw/memory:{memory}/threads:{threads}/stream:1/"
+    if cpu_bench:
+        flt = f"BM_adamw_step<zero::bf16, zero::bf16>/threads:{threads}/simd:3/"
+    else:
+        flt = f"BM_host_adamw/memory:{memory}/threads:{threads}/stream:1/"
     r = subprocess.run([bench, f"--benchmark_filter={flt}", f"--benchmark_repetitions={repeats}",
                         "--benchmark_format=json"], capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
@@ -74,7 +80,9 @@ def zero_rates(bench, n, repeats, memory, threads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zero-bench", required=True, help="path of zero_bench_host_adamw")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--zero-bench", help="path of zero_bench_host_adamw (a host with a GPU)")
+    which.add_argument("--zero-cpu-bench", help="path of zero_bench_cpu_backend (any host)")
     ap.add_argument("--params", type=int, default=1 << 27)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", help="also write the results here")
@@ -84,10 +92,14 @@ def main():
     rows = []
     for t in thread_counts:
         row = {"threads": t}
-        for name, fn in (("zero_pageable", lambda: zero_rates(a.zero_bench, a.params, a.repeats, 0, t)),
-                         ("zero_pinned_huge", lambda: zero_rates(a.zero_bench, a.params, a.repeats, 2, t)),
-                         ("torch", lambda: child("torch", a.params, t, a.repeats)),
-                         ("deepspeed", lambda: child("deepspeed", a.params, t, a.repeats))):
+        if a.zero_cpu_bench:
+            zero = (("zero_pageable", lambda: zero_rates(a.zero_cpu_bench, a.params, a.repeats, 0, t, True)),)
+        else:
+            zero = (("zero_pageable", lambda: zero_rates(a.zero_bench, a.params, a.repeats, 0, t)),
+                    ("zero_pinned_huge", lambda: zero_rates(a.zero_bench, a.params, a.repeats, 2, t)))
+        for name, fn in zero + (
+                ("torch", lambda: child("torch", a.params, t, a.repeats)),
+                ("deepspeed", lambda: child("deepspeed", a.params, t, a.repeats))):
             rate, why = fn()
             row[name] = rate
             if why:
@@ -101,14 +113,17 @@ def main():
     def ratio(a_, b_):
         return "—" if a_ is None or b_ is None else f"{a_ / b_:.2f}"
 
+    # The ratios take zero's pinned figure (what the offloaded optimizer runs on) where it was measured.
+    best = "zero_pageable" if a.zero_cpu_bench else "zero_pinned_huge"
+    kind = "pageable" if a.zero_cpu_bench else "pinned"
     print(f"\n{a.params} parameters, Gparam/s (median of {a.repeats} steps), {hw} hardware threads")
     print("| threads | zero pageable | zero pinned, huge pages | torch fused AdamW | DeepSpeed CPUAdam "
-          "| zero pinned / torch | zero pinned / DeepSpeed |")
+          f"| zero {kind} / torch | zero {kind} / DeepSpeed |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['threads']} | {show(r['zero_pageable'])} | {show(r['zero_pinned_huge'])} | {show(r['torch'])} "
-              f"| {show(r['deepspeed'])} | {ratio(r['zero_pinned_huge'], r['torch'])} "
-              f"| {ratio(r['zero_pinned_huge'], r['deepspeed'])} |")
+        print(f"| {r['threads']} | {show(r['zero_pageable'])} | {show(r.get('zero_pinned_huge'))} "
+              f"| {show(r['torch'])} | {show(r['deepspeed'])} | {ratio(r[best], r['torch'])} "
+              f"| {ratio(r[best], r['deepspeed'])} |")
     for r in rows:
         for k, v in r.items():
             if k.endswith("_error"):
