@@ -65,6 +65,7 @@ struct run_spec {
   std::int64_t bucket = 200;          // elements per reduce bucket: several buckets per model
   std::int64_t allgather_bucket = -1; // elements per stage 1-2 all-gather; -1: twice `bucket`
   std::int64_t overflow_step = -1;    // inject inf on rank 0 at this optimizer step
+  std::int64_t read_before_step = -1; // gather_all between this step's backward and its step()
   /// Weight of the parameter in its own gradient: the gradient reads the gathered parameters, so
   /// stage 3 must hand the framework the current values.
   float param_coupling = 1.0f / 64;
@@ -96,6 +97,7 @@ inline std::string config_json(const run_spec& s) {
 /// What a run produced: the whole parameters in fp32 and the reported norms.
 struct run_result {
   std::vector<std::vector<float>> params;
+  std::vector<std::vector<float>> params_before_step; // what gather_all read at `read_before_step`
   std::vector<double> norms;
   std::vector<bool> applied;
   std::vector<double> scales;
@@ -159,6 +161,23 @@ template <class Engine> void init_model(Engine& eng) {
   });
 }
 
+/// The whole parameters in fp32, into `out.params` on rank 0.
+template <class Engine, class Comm, class Io = host_io>
+void collect_params(Engine& eng, const model_handles& mh, Comm& comm, run_result& out, const Io& io = {}) {
+  auto all = eng.gather_all();
+  if (comm.rank() == 0) {
+    out.params.assign(mh.params.size(), {});
+    for (std::size_t k = 0; k < mh.params.size(); ++k) {
+      auto v = eng.param(mh.params[k]);
+      visit_float(v.type, [&]<class P>(type_tag<P>) {
+        for (const P x : io.template read<P>(eng, v)) {
+          out.params[k].push_back(to_float(x));
+        }
+      });
+    }
+  }
+}
+
 /// Trains optimizer steps `[t_begin, t_end)` of `s`, recording norms, scales and applied flags (size
 /// `out.applied_by_rank` to the world first: every rank's thread writes its own entry); `io`
 /// moves view contents to and from the host (the framework side of this harness computes on the host).
@@ -207,6 +226,13 @@ void train_steps(Engine& eng, const model_handles& mh, Comm& comm, const run_spe
         });
         eng.grad_ready(h[k]);
       }
+      if (t == s.read_before_step && micro + 1 == s.accumulation) {
+        run_result read;
+        collect_params(eng, mh, comm, read, io);
+        if (comm.rank() == 0) { // the ranks share `out`; rank 0 read the parameters
+          out.params_before_step = std::move(read.params);
+        }
+      }
       auto r = eng.step();
       if (r.boundary) {
         out.applied_by_rank[static_cast<std::size_t>(comm.rank())].push_back(r.applied);
@@ -216,23 +242,6 @@ void train_steps(Engine& eng, const model_handles& mh, Comm& comm, const run_spe
         out.applied.push_back(r.applied);
         out.scales.push_back(r.loss_scale);
       }
-    }
-  }
-}
-
-/// The whole parameters in fp32, into `out.params` on rank 0.
-template <class Engine, class Comm, class Io = host_io>
-void collect_params(Engine& eng, const model_handles& mh, Comm& comm, run_result& out, const Io& io = {}) {
-  auto all = eng.gather_all();
-  if (comm.rank() == 0) {
-    out.params.assign(mh.params.size(), {});
-    for (std::size_t k = 0; k < mh.params.size(); ++k) {
-      auto v = eng.param(mh.params[k]);
-      visit_float(v.type, [&]<class P>(type_tag<P>) {
-        for (const P x : io.template read<P>(eng, v)) {
-          out.params[k].push_back(to_float(x));
-        }
-      });
     }
   }
 }

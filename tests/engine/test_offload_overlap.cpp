@@ -120,6 +120,26 @@ TEST_CASE("a clip that acts, or an fp16 overflow, drops the updates made during 
   }
 }
 
+TEST_CASE("what reads the parameters between backward and the step sees the previous step's, with the updates "
+          "during backward writing stage 3's host shard in place") {
+  // gather_all (and evaluation, stores, optimizer, init_params) ends the updates during backward
+  // first: dropped, the shard put back, and the step runs as without them.
+  for (bool forward : {false, true}) {
+    CAPTURE(forward);
+    run_spec s{.stage = 3, .world = 2, .type = dtype::bf16, .steps = 4, .read_before_step = 2};
+    const auto want = train_with_engine(s);
+    REQUIRE(!want.params_before_step.empty());
+    s.zero_extra = R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1)" +
+                   std::string(forward ? R"(, "forward_overlap": true)" : "") +
+                   R"(}, "offload_param": {"device": "cpu"})";
+    const auto got = train_counting(s);
+    CHECK(got.run.params_before_step == want.params_before_step);
+    check_same_run(got.run, want);
+    CHECK(got.kept > 0);    // the other steps keep theirs
+    CHECK(got.dropped > 0); // the read drops step 2's
+  }
+}
+
 TEST_CASE("backward_overlap has no updates to make with accumulation, fp32 parameters or at stage 1, and trains the "
           "same") {
   struct shape {

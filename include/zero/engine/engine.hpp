@@ -56,8 +56,8 @@ template <class Backend, class Comm, class Allocator = typename Backend::allocat
 class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base = engine_state<Backend, Comm, Allocator, Storage>;
   using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::check_open,
-      base::end_early, base::finish_gathers, base::gradients_landed, base::join_update, base::reduced,
-      base::zero_gradients;
+      base::end_early, base::finish_for_reader, base::finish_gathers, base::gradients_landed, base::join_update,
+      base::reduced, base::zero_gradients;
   using base::average_, base::replicas_, base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_,
       base::deferred_, base::frozen_, base::host_async_, base::log_, base::model_at_, base::model_group_,
       base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_, base::scheduler_,
@@ -76,7 +76,7 @@ public:
   /// Frozen parameters are filled whole on every rank.
   void init_params(const init_fn& fn) {
     check_final("init_params");
-    finish_gathers(); // nothing of an earlier step may still write the parameters or the state
+    finish_for_reader(); // nothing of an earlier step may still write the parameters or the state
     const std::size_t esize = size_of(cfg_.param_dtype());
     std::byte* store = residency_([](auto& r) { return r.store(); });
     if (store == nullptr) {
@@ -203,7 +203,7 @@ public:
   /// rank's shard and to the fp32 master copy; otherwise changes are discarded.
   [[nodiscard]] scope gather_all(int modifier_rank = -1) {
     check_final("gather_all");
-    finish_gathers();
+    finish_for_reader();
     if (modifier_rank >= comm_.size()) {
       throw usage_error("gather_all: modifier rank " + std::to_string(modifier_rank) + " is outside the group of " +
                         std::to_string(comm_.size()));
@@ -212,6 +212,21 @@ public:
     return scope(this, scope_all, modifier_rank);
   }
 
+  /// This rank's optimizer (master weights, m, v over the owned ranges), on the backend or offloaded.
+  [[nodiscard]] optimizer_step<Backend, Allocator, Storage>& optimizer() {
+    check_final("optimizer");
+    finish_for_reader(); // the state is read or written on the engine's stream, after the last update
+    return optimizer_;
+  }
+  /// Where parameter values live, after every kernel and all-gather so far (a host wait).
+  [[nodiscard]] param_stores stores() {
+    check_final("stores");
+    finish_for_reader();
+    backend_.synchronize(stream_);
+    const auto& f = reg_.frozen_layout();
+    return {residency_([](auto& r) { return r.store(); }), residency_([](auto& r) { return r.store_elements(); }),
+            frozen_.data(), f.param_count() > 0 ? f.total_size() * size_of(f.type()) : 0};
+  }
   /// A forward-only pass (evaluation) between training steps: stage 3 traces and prefetches it apart
   /// from training. At stage 3 every gather is a collective: with `eval_gather::per_module` (memory
   /// bounded as in training) every rank must run the same forwards in the scope; with
@@ -220,7 +235,7 @@ public:
   /// \throws usage_error when a scope is already open; timeout_error when a rank does not open it.
   [[nodiscard]] scope evaluation(eval_gather mode = eval_gather::per_module) {
     check_final("evaluation");
-    finish_gathers();
+    finish_for_reader();
     residency_([&](auto& r) { r.begin_eval(mode == eval_gather::whole_model); });
     return scope(this, scope_eval, 0);
   }

@@ -292,12 +292,6 @@ public:
   [[nodiscard]] std::int64_t global_steps() const noexcept { return counters_.applied_steps; }
   /// Collectives the gradient reducer launched (tests count communication with it).
   [[nodiscard]] std::size_t reduce_launches() const noexcept { return reducer_ ? reducer_->launches() : 0; }
-  /// This rank's optimizer (master weights, m, v over the owned ranges), on the backend or offloaded.
-  [[nodiscard]] optimizer_step<Backend, Allocator, Storage>& optimizer() {
-    check_final("optimizer");
-    finish_gathers(); // the state is read or written on the engine's stream, after the last update
-    return optimizer_;
-  }
   /// The storage of NVMe offload (made at `finalize` when `offload_optimizer.device` or, at stage 3,
   /// `offload_param.device` is nvme). \throws usage_error without NVMe offload.
   [[nodiscard]] Storage& storage() {
@@ -356,15 +350,6 @@ public:
   [[nodiscard]] std::vector<registered_param> registered() const { return reg_.registered(); }
   /// The pieces rank `rank` owns: its shard's (stages 1-3), or every parameter whole (stage 0).
   [[nodiscard]] std::vector<owned_piece> owned_by(int rank) const { return reg_.owned_by(rank, cfg_.stage()); }
-  /// Where parameter values live, after every kernel and all-gather so far (a host wait).
-  [[nodiscard]] param_stores stores() {
-    check_final("stores");
-    finish_gathers();
-    backend_.synchronize(stream_);
-    const auto& f = reg_.frozen_layout();
-    return {residency_([](auto& r) { return r.store(); }), residency_([](auto& r) { return r.store_elements(); }),
-            frozen_.data(), f.param_count() > 0 ? f.total_size() * size_of(f.type()) : 0};
-  }
   [[nodiscard]] step_counters counters() const noexcept { return counters_; }
   /// After the owned part of the parameter store (and the optimizer state) was rewritten from a
   /// checkpoint: takes its progress, makes the parameters whole again and reopens the micro-step.
@@ -532,6 +517,13 @@ protected:
     return backend_.read_scalar(agree_.data(), stream_) != 0;
   }
 
+  /// `finish_gathers` for what reads or writes the parameters or the state outside a step: between
+  /// backward and the step the host's updates during backward end first, dropped (stage 3's host
+  /// shard, which they write in place, put back), and the step then runs as without them.
+  void finish_for_reader() {
+    end_early(false, 0.0);
+    finish_gathers();
+  }
   /// Waits for every posted all-gather, and orders the engine's stream after the last update.
   void finish_gathers() {
     residency_([](auto& r) { r.finish(); });
