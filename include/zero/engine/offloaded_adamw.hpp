@@ -248,7 +248,7 @@ public:
       second_.flip(k);
       kept_[k] = 1;
       ++early_counts_.kept;
-      publish(k);
+      post_upload(k, stream_); // the staged parameters; nothing for stage 3's host shard, written in place
     }
     struct reset {
       offloaded_adamw* o;
@@ -517,15 +517,6 @@ private:
     const std::size_t off = inner_.ranges()[k].second;
     return params_on_host_ ? place_params(off) : host_params(off);
   }
-  /// Uploads range `k`'s parameters, updated during backward into staging, on the engine's stream;
-  /// nothing with stage 3's shard on the host, which the update wrote in place.
-  void publish(std::size_t k) {
-    if (!params_on_host_) {
-      const auto& [range, off] = inner_.ranges()[k];
-      copy_async<device_host_accessible>(backend_, stream_, host_params(off), device_params(range, off),
-                                         range.size() * param_size_);
-    }
-  }
   /// Puts back range `k`'s parameters in stage 3's host shard after its update during backward was
   /// dropped: the master of the home it is still in, rounded as the kernel rounds (the shard's values
   /// before the update; docs/offload.md, "Parameters in place").
@@ -556,8 +547,8 @@ private:
   partitioned_adamw<host_backend, HostAlloc> inner_;
   detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;
   // Updates during backward: the second home, and per range whether its update during backward was
-  // kept and published (1), or kept with its publishing left to the step beside the forward: by its
-  // thread (2) or as an upload ahead of its waits (3).
+  // kept and published (1: uploaded, or written in stage 3's host shard), or kept with its publishing
+  // left to the step beside the forward: after its thread ran it (2) or as an upload ahead of its waits (3).
   detail::second_home<host_counting> second_;
   std::vector<std::uint8_t> kept_;
   std::size_t queued_ = 0;          // updates posted since begin_early
