@@ -1,7 +1,7 @@
 // cpu_backend kernels against the memory system they run on.
 //
-// BM_adamw_step<G, P>/threads:T/simd:S runs one AdamW step over N parameters (fp32 master, m and v,
-// gradients in G, parameter copy in P: 28 bytes per parameter for bf16/bf16 — read master, m, v
+// BM_adamw_step<G, P>/threads:T/simd:S/prefetch:F runs one AdamW step over N parameters (fp32 master, m
+// and v, gradients in G, parameter copy in P: 28 bytes per parameter for bf16/bf16 — read master, m, v
 // and the gradient, write master, m, v and the parameter). In the same run it measures a memcpy of
 // the same bytes (14 N bytes read, 14 N written) through the backend's own pool with T threads, and
 // reports:
@@ -11,7 +11,8 @@
 //                   single-threaded memcpy)
 //   copy_ratio      bytes/s divided by copy_bytes/s: 1.0 means AdamW runs at copy speed
 // simd:0 is the portable scalar loop, simd:3 the widest SIMD level this CPU has, or the level that
-// ZERO_BENCH_SIMD names (avx2, avx512), to compare the vector kernels on one CPU.
+// ZERO_BENCH_SIMD names (avx2, avx512), to compare the vector kernels on one CPU. prefetch:-1 runs the
+// backend's default `prefetch_elements`, prefetch:0 none (the widest level only).
 //
 // N defaults to 2^27 (128 Mi parameters: 3.5 GiB of AdamW state and gradients, ten times the 300 MiB
 // last-level cache of the GPU machine's Xeon, so the numbers are DRAM numbers); ZERO_BENCH_PARAMS
@@ -85,7 +86,11 @@ double copy_seconds(zero::cpu_backend& b, std::size_t bytes) {
 
 template <class G, class P> void BM_adamw_step(benchmark::State& state) {
   const auto threads = static_cast<unsigned>(state.range(0));
-  zero::cpu_backend b({.threads = threads, .simd = level_arg(state.range(1))});
+  zero::cpu_backend_options opt{.threads = threads, .simd = level_arg(state.range(1))};
+  if (state.range(2) >= 0) {
+    opt.prefetch_elements = static_cast<std::size_t>(state.range(2));
+  }
+  zero::cpu_backend b(opt);
   const std::size_t n = bench_params();
   zero::bench::run_adamw_steps<G, P>(state, b, n);
   const double bytes_per_param = 6 * sizeof(float) + sizeof(G) + sizeof(P);
@@ -154,11 +159,27 @@ void thread_and_simd_args(benchmark::internal::Benchmark* bm) {
   bm->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 
+// AdamW's: the same, and the widest level again without prefetching its inputs (prefetch:0; the
+// others run the backend's default, `cpu_backend_options::prefetch_elements`, named prefetch:-1).
+void adamw_args(benchmark::internal::Benchmark* bm) {
+  const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  bm->ArgNames({"threads", "simd", "prefetch"});
+  for (std::int64_t t = 1; t <= hw; t = t < 8 ? t + 1 : std::min(hw, 2 * t)) {
+    bm->Args({t, 0, -1});
+    bm->Args({t, 3, -1});
+    bm->Args({t, 3, 0});
+    if (t == hw) {
+      break;
+    }
+  }
+  bm->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
 } // namespace
 
-BENCHMARK(BM_adamw_step<zero::bf16, zero::bf16>)->Apply(thread_and_simd_args);
-BENCHMARK(BM_adamw_step<zero::f16, zero::f16>)->Apply(thread_and_simd_args);
-BENCHMARK(BM_adamw_step<float, float>)->Apply(thread_and_simd_args);
+BENCHMARK(BM_adamw_step<zero::bf16, zero::bf16>)->Apply(adamw_args);
+BENCHMARK(BM_adamw_step<zero::f16, zero::f16>)->Apply(adamw_args);
+BENCHMARK(BM_adamw_step<float, float>)->Apply(adamw_args);
 BENCHMARK(BM_squared_norm<zero::bf16>)->Apply(thread_and_simd_args);
 BENCHMARK(BM_cast_f32_to_bf16)->Apply(thread_and_simd_args);
 

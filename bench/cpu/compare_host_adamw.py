@@ -10,9 +10,11 @@ parameters, m and v (DeepSpeed's ZeRO-Offload keeps fp32 gradients on the host a
 parameters on the GPU).
 
   zero      zero_bench_host_adamw (bench/cuda), memory:0 (pageable) and memory:2 (pinned, huge pages),
-            streaming stores on: what the offloaded optimizer runs. On a host without a GPU,
-            --zero-cpu-bench names zero_bench_cpu_backend (bench/cpu) instead: its BM_adamw_step, bf16
-            gradients and parameters, the widest SIMD level, pageable memory (the column "zero pageable")
+            streaming stores on, the inputs prefetched (the backend's defaults): what the offloaded
+            optimizer runs; and pageable again with prefetch:0 (the column "zero pageable, no
+            prefetch"). On a host without a GPU, --zero-cpu-bench names zero_bench_cpu_backend
+            (bench/cpu) instead: its BM_adamw_step, bf16 gradients and parameters, the widest SIMD
+            level, pageable memory (the column "zero pageable"), with and without prefetching
   torch     torch.optim.AdamW(fused=True) on CPU tensors, torch.set_num_threads(T)
   deepspeed deepspeed.ops.adam.DeepSpeedCPUAdam (adamw_mode), OMP_NUM_THREADS=T, where it imports
             and its extension builds; otherwise the reason is printed and it is left out
@@ -62,12 +64,12 @@ def child(kind, n, threads, repeats):
     return n / float(r.stdout.strip().splitlines()[-1]), None
 
 
-def zero_rates(bench, n, repeats, memory, threads, cpu_bench=False):
+def zero_rates(bench, n, repeats, memory, threads, cpu_bench=False, prefetch=True):
     env = dict(os.environ, ZERO_BENCH_PARAMS=str(n))
     if cpu_bench:
-        flt = f"BM_adamw_step<zero::bf16, zero::bf16>/threads:{threads}/simd:3/"
+        flt = f"BM_adamw_step<zero::bf16, zero::bf16>/threads:{threads}/simd:3/prefetch:{-1 if prefetch else 0}/"
     else:
-        flt = f"BM_host_adamw/memory:{memory}/threads:{threads}/stream:1/"
+        flt = f"BM_host_adamw/memory:{memory}/threads:{threads}/stream:1/prefetch:{256 if prefetch else 0}/"
     r = subprocess.run([bench, f"--benchmark_filter={flt}", f"--benchmark_repetitions={repeats}",
                         "--benchmark_format=json"], capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:
@@ -92,11 +94,11 @@ def main():
     rows = []
     for t in thread_counts:
         row = {"threads": t}
-        if a.zero_cpu_bench:
-            zero = (("zero_pageable", lambda: zero_rates(a.zero_cpu_bench, a.params, a.repeats, 0, t, True)),)
-        else:
-            zero = (("zero_pageable", lambda: zero_rates(a.zero_bench, a.params, a.repeats, 0, t)),
-                    ("zero_pinned_huge", lambda: zero_rates(a.zero_bench, a.params, a.repeats, 2, t)))
+        bench, cpu = (a.zero_cpu_bench, True) if a.zero_cpu_bench else (a.zero_bench, False)
+        zero = (("zero_pageable", lambda: zero_rates(bench, a.params, a.repeats, 0, t, cpu)),
+                ("zero_pageable_no_prefetch", lambda: zero_rates(bench, a.params, a.repeats, 0, t, cpu, False)))
+        if not cpu:
+            zero += (("zero_pinned_huge", lambda: zero_rates(bench, a.params, a.repeats, 2, t)),)
         for name, fn in zero + (
                 ("torch", lambda: child("torch", a.params, t, a.repeats)),
                 ("deepspeed", lambda: child("deepspeed", a.params, t, a.repeats))):
@@ -117,11 +119,12 @@ def main():
     best = "zero_pageable" if a.zero_cpu_bench else "zero_pinned_huge"
     kind = "pageable" if a.zero_cpu_bench else "pinned"
     print(f"\n{a.params} parameters, Gparam/s (median of {a.repeats} steps), {hw} hardware threads")
-    print("| threads | zero pageable | zero pinned, huge pages | torch fused AdamW | DeepSpeed CPUAdam "
-          f"| zero {kind} / torch | zero {kind} / DeepSpeed |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| threads | zero pageable | zero pageable, no prefetch | zero pinned, huge pages | torch fused AdamW "
+          f"| DeepSpeed CPUAdam | zero {kind} / torch | zero {kind} / DeepSpeed |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['threads']} | {show(r['zero_pageable'])} | {show(r.get('zero_pinned_huge'))} "
+        print(f"| {r['threads']} | {show(r['zero_pageable'])} | {show(r['zero_pageable_no_prefetch'])} "
+              f"| {show(r.get('zero_pinned_huge'))} "
               f"| {show(r['torch'])} | {show(r['deepspeed'])} | {ratio(r[best], r['torch'])} "
               f"| {ratio(r[best], r['deepspeed'])} |")
     for r in rows:

@@ -209,11 +209,12 @@ namespace scalar {
 /// `avx2::kernels` and `avx512::kernels`).
 struct kernels {
   /// One AdamW chunk of n elements (see adamw1), from `in` to `out`; `param` may be null. `stream`
-  /// (non-temporal stores) means nothing to the portable loop.
+  /// (non-temporal stores) and `prefetch` mean nothing to the portable loop.
   template <bool AdamW, class G, class P>
   static void adamw(const adamw_state_in& in, const adamw_state_out& out, const G* grad, P* param, std::size_t n,
-                    const adamw_consts& c, bool stream = true) noexcept {
+                    const adamw_consts& c, bool stream = true, std::size_t prefetch = 0) noexcept {
     (void)stream;
+    (void)prefetch;
     adamw_tail<AdamW>(in, out, grad, param, 0, n, c);
   }
 
