@@ -135,8 +135,17 @@ TEST_CASE("what reads the parameters between backward and the step sees the prev
     const auto got = train_counting(s);
     CHECK(got.run.params_before_step == want.params_before_step);
     check_same_run(got.run, want);
-    CHECK(got.kept > 0);    // the other steps keep theirs
-    CHECK(got.dropped > 0); // the read drops step 2's
+    if (!forward) {
+      CHECK(got.kept > 0);    // the other steps keep theirs
+      CHECK(got.dropped > 0); // the read drops step 2's
+    } else {
+      // The read ends step 2's updates: those started are dropped, those not yet started are
+      // cancelled, and the other steps keep theirs or leave them to the step beside the forward.
+      // How many of each depends on the threads' timing (a loaded host may start none of them
+      // before backward ends), so only their sum is certain.
+      CHECK(got.dropped + got.cancelled > 0);
+      CHECK(got.kept + got.cancelled > 0);
+    }
   }
 }
 
