@@ -384,5 +384,7 @@ TEST_CASE("draining many handles of a stopped peer waits one timeout in all") {
               drained = std::chrono::steady_clock::now() - start;
             },
             {.timeout = timeout});
-  CHECK(drained < timeout * 11 / 10);
+  // One timeout in all (less the posting); a timeout per handle would take eight. The margin is for
+  // a loaded host, where the waiting thread is scheduled late.
+  CHECK(drained < timeout * 2);
 }

@@ -673,8 +673,10 @@ TEST_CASE("draining many handles of a stopped peer waits one timeout in all, not
     CHECK_THROWS_WITH_AS(pending.front().wait(), doctest::Contains("recv on group \"world/0\""), zero::timeout_error);
     pending.clear(); // the destructors wait without throwing
     const auto drained = std::chrono::steady_clock::now() - start;
+    // One timeout in all; a timeout per handle would take six. The margin is for a loaded host,
+    // where the waiting thread is scheduled late (1.96 s seen with 4 ranks on 2 busy cores).
     CHECK(drained >= timeout);
-    CHECK(drained < timeout * 11 / 10);
+    CHECK(drained < timeout * 2);
     CHECK(pair.drain_abandoned() == handles);
     int go = 1;
     w.send(&go, 1, 1).wait(); // wake rank 1, so the abandoned receives complete before MPI_Finalize
