@@ -69,7 +69,7 @@ def zero_rates(bench, n, repeats, memory, threads, cpu_bench=False, prefetch=Tru
     if cpu_bench:
         flt = f"BM_adamw_step<zero::bf16, zero::bf16>/threads:{threads}/simd:3/prefetch:{-1 if prefetch else 0}/"
     else:
-        flt = f"BM_host_adamw/memory:{memory}/threads:{threads}/stream:1/prefetch:{256 if prefetch else 0}/"
+        flt = f"BM_host_adamw/memory:{memory}/threads:{threads}/stream:1/prefetch:{-1 if prefetch else 0}/"
     r = subprocess.run([bench, f"--benchmark_filter={flt}", f"--benchmark_repetitions={repeats}",
                         "--benchmark_format=json"], capture_output=True, text=True, env=env, timeout=1800)
     if r.returncode != 0:

@@ -9,8 +9,8 @@
 /// BM_host_adamw/memory:K/threads:T/stream:S/prefetch:F runs `cpu_backend::adamw_step` (bf16 gradients
 /// and parameters, 28 bytes per parameter) over N parameters with T threads, the parameter copy written
 /// with non-temporal stores (S = 1, `cpu_backend_options::streaming_stores`) or plain ones (S = 0), the
-/// inputs prefetched F elements ahead (`cpu_backend_options::prefetch_elements`: 256, the default, or 0,
-/// off; F = 0 is run with S = 1 only), and reports params/s and bytes/s. N defaults to
+/// inputs prefetched as the backend does by default (F = -1, `cpu_backend_options::prefetch_elements`) or
+/// not at all (F = 0, run with S = 1 only), and reports params/s and bytes/s. N defaults to
 /// 2^27 (3.5 GiB of state, far above any last-level cache); ZERO_BENCH_PARAMS overrides it. The label
 /// names the memory, and what /sys says of transparent huge pages on this machine.
 /// Works with --benchmark_format=json and --benchmark_out.
@@ -27,6 +27,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -45,9 +46,12 @@ std::string transparent_huge_pages() {
 }
 
 template <class A> double adamw(benchmark::State& state, A alloc) {
-  zero::cpu_backend b({.threads = static_cast<unsigned>(state.range(1)),
-                       .streaming_stores = state.range(2) != 0,
-                       .prefetch_elements = static_cast<std::size_t>(state.range(3))});
+  zero::cpu_backend_options opt{.threads = static_cast<unsigned>(state.range(1)),
+                                .streaming_stores = state.range(2) != 0};
+  if (state.range(3) >= 0) {
+    opt.prefetch_elements = static_cast<std::size_t>(state.range(3));
+  }
+  zero::cpu_backend b(opt);
   const std::size_t n = bench_params();
   zero::bench::run_adamw_steps<zero::bf16, zero::bf16>(state, b, n, alloc);
   return static_cast<double>(n);
@@ -76,10 +80,13 @@ void BM_host_adamw(benchmark::State& state) {
 void memory_and_thread_args(benchmark::internal::Benchmark* bm) {
   const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   bm->ArgNames({"memory", "threads", "stream", "prefetch"});
+  // 1, 8 and every hardware thread, each once (a host of 8 or fewer has fewer counts).
+  std::vector<std::int64_t> counts{1, std::min<std::int64_t>(8, hw), hw};
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
   for (std::int64_t memory = 0; memory < 3; ++memory) {
-    for (std::int64_t t : {std::int64_t{1}, std::min<std::int64_t>(8, hw), hw}) {
+    for (std::int64_t t : counts) {
       for (std::int64_t stream = 0; stream < 2; ++stream) {
-        bm->Args({memory, t, stream, 256});
+        bm->Args({memory, t, stream, -1});
       }
       bm->Args({memory, t, 1, 0});
     }

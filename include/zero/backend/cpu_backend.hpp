@@ -526,7 +526,7 @@ private:
   A alloc_;
   simd_level simd_ = simd_level::scalar;
   bool streaming_stores_ = true;
-  std::size_t prefetch_elements_ = 256;
+  std::size_t prefetch_elements_ = options{}.prefetch_elements;
   std::unique_ptr<detail::thread_pool> pool_;
 };
 
