@@ -358,6 +358,56 @@ TEST_CASE("run_ranks rethrows the cause, not another rank's echo, and names its 
   }
 }
 
+TEST_CASE("run_ranks returns a rank's timeout in time while another rank is stuck outside the group") {
+  using namespace std::chrono_literals;
+  // Rank 2 never reaches the all-reduce and never returns until released: before run_ranks stopped
+  // joining a stuck thread, the others' timeout_error never reached the caller (the watchdog below
+  // releases it after 20 s, so such a run fails on the time instead of hanging).
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread watchdog([release] {
+    for (int i = 0; i < 2000 && !*release; ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    *release = true;
+  });
+  const auto timeout = 1000ms;
+  const auto start = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    run_ranks(3,
+              [release, finished](thread_communicator& c) {
+                if (c.rank() == 2) {
+                  while (!*release) {
+                    std::this_thread::sleep_for(1ms);
+                  }
+                  *finished = true;
+                  return;
+                }
+                std::vector<float> x(16, 1.0f);
+                c.all_reduce(x.data(), x.data(), x.size(), reduce_op::sum).wait();
+              },
+              {.timeout = timeout});
+  } catch (const zero::timeout_error& e) {
+    what = e.what();
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  const bool released_before = *release;
+  *release = true;
+  watchdog.join();
+  CHECK_FALSE(released_before);
+  CHECK(elapsed < 1.5 * timeout); // timeout + a twentieth, with room for a loaded host
+  CHECK(what.find("[zero.timeout_error] rank ") == 0);
+  CHECK(what.find("never joined: 2") != std::string::npos);
+  CHECK(what.find("rank 2 had not returned 50 ms after rank ") != std::string::npos);
+  CHECK(what.find("its thread is left running") != std::string::npos);
+  // The detached thread ends once released; run_ranks' state and the lambda live until it does.
+  for (int i = 0; i < 500 && !*finished; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK(*finished);
+}
+
 TEST_CASE("draining many handles of a stopped peer waits one timeout in all") {
   // Rank 1 never joins; rank 0 drops eight posted all-gathers, as an engine's destructor does.
   // The first wait times out and breaks the group, so the others fail at once.

@@ -161,8 +161,9 @@ template <class S> void spec_many_in_flight(S& s) {
   CHECK(std::equal(x.begin(), x.end(), dst.data()));
 }
 
-/// A created file has mode 0600 under umask 0, and an existing file of mode 0666 becomes 0600 and
-/// is truncated to the size asked for.
+/// A created file has mode 0600 under umask 0. An existing file at the name, or a hard link to one,
+/// is never opened: io_error EEXIST naming it and saying the storage creates only new files; the
+/// file keeps its bytes and mode.
 template <class S> void spec_create_mode(S& s) {
   auto dir = storage_dir("mode");
   const mode_t old = ::umask(0);
@@ -177,29 +178,68 @@ template <class S> void spec_create_mode(S& s) {
   };
   { auto f = s.create(dir / "new.bin", 4 * s.alignment()); }
   CHECK(mode(dir / "new.bin") == 0600);
-  write_bytes(dir / "old.bin", std::string(100000, 'x'));
-  fs::permissions(dir / "old.bin", static_cast<fs::perms>(0666));
-  REQUIRE(mode(dir / "old.bin") == 0666);
-  { auto f = s.create(dir / "old.bin", s.alignment()); }
-  CHECK(mode(dir / "old.bin") == 0600);
-  CHECK(fs::file_size(dir / "old.bin") == s.alignment());
+  write_bytes(dir / "old.bin", "a user's 31 bytes, not a swap f");
+  fs::permissions(dir / "old.bin", static_cast<fs::perms>(0644));
+  fs::create_hard_link(dir / "old.bin", dir / "hard.bin");
+  for (const char* name : {"old.bin", "hard.bin"}) {
+    const auto [message, status] = io_error_of([&] { (void)s.create(dir / name, s.alignment()); });
+    CHECK(status == EEXIST);
+    CHECK(has(message, "creating " + (dir / name).string()));
+    CHECK(has(message, "(EEXIST)"));
+    CHECK(has(message, "creates only new files and never truncates one it did not create"));
+  }
+  CHECK(mode(dir / "old.bin") == 0644);
+  CHECK(fs::file_size(dir / "old.bin") == 31);
 }
 
-/// A symbolic link is not followed by create or open: io_error ELOOP naming the path; the target
-/// is untouched.
+/// A symbolic link is not followed: create refuses it (EEXIST, saying it is a symbolic link), open
+/// too (ELOOP); the target is untouched.
 template <class S> void spec_symlink_refused(S& s) {
   auto dir = storage_dir("symlink");
   write_bytes(dir / "target", "precious");
   fs::create_symlink(dir / "target", dir / "link");
-  const auto [created, status] = io_error_of([&] { (void)s.create(dir / "link", s.alignment()); });
-  CHECK(status == ELOOP);
-  CHECK(has(created, "creating " + (dir / "link").string()));
-  CHECK(has(created, "(ELOOP)"));
-  CHECK(has(created, "symbolic link"));
+  fs::create_symlink(dir / "nowhere", dir / "dangling");
+  for (const char* name : {"link", "dangling"}) {
+    const auto [created, status] = io_error_of([&] { (void)s.create(dir / name, s.alignment()); });
+    CHECK(status == EEXIST);
+    CHECK(has(created, "creating " + (dir / name).string()));
+    CHECK(has(created, "symbolic link"));
+  }
+  CHECK_FALSE(fs::exists(dir / "nowhere"));
   const auto [opened, open_status] = io_error_of([&] { (void)s.open(dir / "link"); });
   CHECK(open_status == ELOOP);
   CHECK(has(opened, "opening " + (dir / "link").string()));
   CHECK(fs::file_size(dir / "target") == 8);
+}
+
+/// A path holding a NUL never reaches the operating system: io_error EINVAL naming the byte, and the
+/// file its C string would name is neither created nor truncated.
+template <class S> void spec_nul_path_refused(S& s) {
+  auto dir = storage_dir("nul");
+  write_bytes(dir / "victim", "precious");
+  const std::string path = (dir / "victim").string() + std::string(1, '\0') + "/y";
+  const auto [message, status] = io_error_of([&] { (void)s.create(fs::path(path), s.alignment()); });
+  CHECK(status == EINVAL);
+  CHECK(has(message, "with a NUL character at byte " + std::to_string((dir / "victim").string().size())));
+  CHECK(has(message, "the operating system would use \"" + (dir / "victim").string() + "\" instead"));
+  CHECK(fs::file_size(dir / "victim") == 8);
+  CHECK_THROWS_WITH_AS((void)s.open(fs::path(path)), doctest::Contains("NUL character"), zero::io_error);
+}
+
+/// A create that fails after its open (fallocate past the file size limit: EFBIG) removes the file it
+/// made, so a failed start leaves no 0-byte file behind.
+template <class S> void spec_failed_create_leaves_nothing(S& s) {
+  auto dir = storage_dir("failed_create");
+  const std::size_t limit = 128 * 1024;
+  std::string message;
+  int status = 0;
+  {
+    file_size_limit lower(limit);
+    std::tie(message, status) = io_error_of([&] { (void)s.create(dir / "big.bin", 4 * limit); });
+  }
+  CHECK(status == EFBIG);
+  CHECK(has(message, "creating " + (dir / "big.bin").string()));
+  CHECK_FALSE(fs::exists(dir / "big.bin"));
 }
 
 /// Opening a missing file names it and ENOENT; reading past the end names the request and where the

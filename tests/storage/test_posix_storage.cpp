@@ -45,6 +45,8 @@ TEST_SUITE("storage.posix") {
     zero::posix_storage s;
     spec_create_mode(s);
     spec_symlink_refused(s);
+    spec_nul_path_refused(s);
+    spec_failed_create_leaves_nothing(s);
   }
 
   TEST_CASE("posix_storage errors name the path, the request and errno") {

@@ -80,6 +80,8 @@ TEST_SUITE("storage.uring") {
     }
     spec_create_mode(*s);
     spec_symlink_refused(*s);
+    spec_nul_path_refused(*s);
+    spec_failed_create_leaves_nothing(*s);
   }
 
   TEST_CASE("uring_storage errors name the path, the request and errno") {

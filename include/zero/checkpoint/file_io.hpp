@@ -4,6 +4,7 @@
 /// xxh64, fsync of files and directories, atomic renames, and bounded positional reads that call a
 /// short file what it is. Needs libxxhash (`zero::checkpoint`).
 
+#include "zero/core/detail/os_path.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 
@@ -39,6 +40,7 @@ public:
   file() = default;
   /// Opens `path` with `flags` (and `mode` when creating). \throws io_error naming the path.
   file(const std::filesystem::path& path, int flags, mode_t mode = 0644) : path_(path) {
+    ::zero::detail::check_os_path<io_error>("checkpoint file", path.native());
     do {
       fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
     } while (fd_ < 0 && errno == EINTR);

@@ -45,6 +45,14 @@ public:
     static_cast<std::runtime_error&>(*this) = std::runtime_error(text);
   }
 
+  /// Appends " (<note>)" to the message, keeping the exception's type: `run_ranks` says which ranks
+  /// it left running. \throws std::bad_alloc only.
+  void append_note(std::string_view note) {
+    std::string text = what();
+    text.append(" (").append(note).append(")");
+    static_cast<std::runtime_error&>(*this) = std::runtime_error(text);
+  }
+
 private:
   std::string id_;
   int status_;

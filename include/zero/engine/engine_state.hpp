@@ -29,6 +29,7 @@
 #include "zero/engine/update_rates.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/storage/detail/swap_file.hpp"
 #include "zero/storage/posix_storage.hpp"
 #include "zero/storage/storage.hpp"
 
@@ -154,6 +155,23 @@ public:
         storage_.emplace();
       }
       agree_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
+      // Files a process killed earlier left under the same folders: removed before ours are made.
+      for (const auto* dir :
+           {on_nvme ? &z.offload_optimizer.nvme_path : nullptr,
+            stage == 3 && z.offload_param.device == offload_device::nvme ? &z.offload_param.nvme_path : nullptr}) {
+        if (dir == nullptr) {
+          continue;
+        }
+        if (const auto gone = detail::remove_stale_swap_files(*dir); !gone.empty()) {
+          std::string names;
+          for (const auto& n : gone) {
+            names += detail::cat(names.empty() ? "" : ", ", n);
+          }
+          log_.write(comm_.rank(), detail::cat("[zero] removed ", std::to_string(gone.size()), " swap file",
+                                               gone.size() == 1 ? "" : "s", " under ", *dir,
+                                               " left by processes that no longer run: ", names));
+        }
+      }
     }
     residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
                     log_.sink_for(comm_.rank()), storage_ ? &*storage_ : nullptr);

@@ -29,6 +29,7 @@
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/storage/detail/swap_file.hpp"
 #include "zero/storage/storage.hpp"
 
 #include <algorithm>
@@ -95,8 +96,6 @@ public:
     }
     const std::size_t n = inner_.state_size();
     tensors_ = inner_.has_master() ? 3 : 2;
-    path_ = opt.dir / detail::cat("zero-optimizer-", std::to_string(::getpid()), "-", std::to_string(next_serial()),
-                                  "-rank", std::to_string(rank), ".swap");
     // Every range starts at an aligned element of the file, so every request is aligned.
     const std::size_t unit = std::max<std::size_t>(1, storage_.alignment() / sizeof(float));
     const auto& ranges = inner_.ranges();
@@ -106,11 +105,11 @@ public:
       at += round_up(range.size(), unit);
     }
     slot_elements_ = at;
-    file_ = storage_.create(path_, 2 * tensors_ * slot_elements_ * sizeof(float));
-    created_ = true;
-    unit_ = std::max(unit, std::max<std::size_t>(1, file_.alignment() / sizeof(float)));
+    swap_ =
+        detail::swap_file<Storage>(storage_, opt.dir, "optimizer", rank, 2 * tensors_ * slot_elements_ * sizeof(float));
+    unit_ = std::max(unit, std::max<std::size_t>(1, file().alignment() / sizeof(float)));
     if (unit_ != unit) {
-      throw io_error(detail::cat(path_.string(), ": the file system asks for ", std::to_string(file_.alignment()),
+      throw io_error(detail::cat(path().string(), ": the file system asks for ", std::to_string(file().alignment()),
                                  "-byte alignment, more than the storage's ", std::to_string(storage_.alignment())));
     }
     std::size_t largest = 1;
@@ -134,7 +133,7 @@ public:
 
   nvme_adamw(const nvme_adamw&) = delete;
   nvme_adamw& operator=(const nvme_adamw&) = delete;
-  /// Waits for I/O and copies in flight, then removes the state file; never throws.
+  /// Waits for I/O and copies in flight; the state file is removed with `swap_`. Never throws.
   ~nvme_adamw() {
     try {
       storage_.wait_all();
@@ -143,10 +142,6 @@ public:
     try {
       backend_.synchronize(stream_);
     } catch (...) { // NOLINT(bugprone-empty-catch)
-    }
-    if (created_) {
-      std::error_code ec;
-      std::filesystem::remove(path_, ec);
     }
   }
 
@@ -164,7 +159,9 @@ public:
   /// Bytes of the state file.
   [[nodiscard]] std::size_t nvme_bytes() const noexcept { return 2 * tensors_ * slot_elements_ * sizeof(float); }
   /// The state file.
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return swap_.path(); }
+  /// The state file, for the storage's requests.
+  [[nodiscard]] const file_type& file() const noexcept { return swap_.file(); }
 
   /// Copies the owned part of the device parameters to the host and writes the master copy from it.
   void load_master() {
@@ -277,10 +274,6 @@ private:
   };
 
   static std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
-  static std::size_t next_serial() {
-    static std::atomic<std::size_t> serial{0};
-    return serial++;
-  }
   std::byte* param_at(std::size_t copy, std::size_t state_offset) {
     return params_[copy].data() + state_offset * param_size_;
   }
@@ -317,7 +310,7 @@ private:
       drain(c); // its last writes are done before it is read into again
       const std::size_t len = round_up(std::min(chunk_, n - j * chunk_), unit_);
       for (std::size_t t = 0; t < tensors_; ++t) {
-        reads[j].push_back(storage_.submit_read(file_, file_offset(cur_, t, k, j * chunk_),
+        reads[j].push_back(storage_.submit_read(file(), file_offset(cur_, t, k, j * chunk_),
                                                 std::as_writable_bytes(std::span(chunk_tensor(c, t), len))));
       }
     };
@@ -349,7 +342,7 @@ private:
                          host_stream_, base, group_lr);
       const std::size_t io = round_up(len, unit_);
       for (std::size_t t = 0; t < tensors_; ++t) {
-        c.pending.push_back(storage_.submit_write(file_, file_offset(next, t, k, j * chunk_),
+        c.pending.push_back(storage_.submit_write(file(), file_offset(next, t, k, j * chunk_),
                                                   std::as_bytes(std::span(chunk_tensor(c, t), io))));
       }
     }
@@ -385,10 +378,10 @@ private:
         const std::size_t piece = std::min(hi - lo, chunk_ - (rel - begin));
         const std::size_t io = round_up(rel - begin + piece, unit_);
         const auto bytes = std::as_writable_bytes(std::span(values, io));
-        storage_.wait(storage_.submit_read(file_, file_offset(cur_, ti, k, begin), bytes));
+        storage_.wait(storage_.submit_read(file(), file_offset(cur_, ti, k, begin), bytes));
         f(values + (rel - begin), lo - state_offset, piece);
         if (write_back) {
-          storage_.wait(storage_.submit_write(file_, file_offset(cur_, ti, k, begin), std::as_bytes(bytes)));
+          storage_.wait(storage_.submit_write(file(), file_offset(cur_, ti, k, begin), std::as_bytes(bytes)));
         }
         lo += piece;
       }
@@ -409,13 +402,11 @@ private:
   float never_read_ = 0;
   partitioned_adamw<host_backend, HostAlloc> inner_;
   std::size_t tensors_ = 3;
-  std::filesystem::path path_;
   std::vector<std::size_t> file_base_;
   std::size_t slot_elements_ = 0;
   std::size_t unit_ = 1;
   std::size_t chunk_ = 1;
-  file_type file_;
-  bool created_ = false;
+  detail::swap_file<Storage> swap_; // removed with the optimizer, also when its constructor throws
   std::vector<chunk_buffer> chunks_;
   buffer<std::byte, host_counting> params_[2];
   detail::host_gradients<Backend, device_host_accessible, host_counting, host_backend> grads_;

@@ -3,6 +3,7 @@
 /// `safetensors::reader`: one safetensors file (see zero/io/safetensors.hpp) whose whole header, possibly
 /// hostile, is validated up front; then bounds-checked `pread`s of byte ranges, from any thread.
 
+#include "zero/core/detail/os_path.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 #include "zero/io/safetensors_format.hpp"
@@ -46,6 +47,7 @@ public:
   explicit reader(std::filesystem::path path) : path_(std::move(path)) {
     // O_NONBLOCK so that a FIFO at `path` is refused below instead of blocking the open; it does not
     // change reads of a regular file.
+    ::zero::detail::check_os_path<io_error>("safetensors file", path_.native());
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) {
       const int err = errno;

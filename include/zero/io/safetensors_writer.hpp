@@ -3,6 +3,7 @@
 /// `safetensors::writer`: one safetensors file (see zero/io/safetensors.hpp), streamed in any chunking
 /// and published only when every byte is there.
 
+#include "zero/core/detail/os_path.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 #include "zero/io/safetensors_format.hpp"
@@ -98,6 +99,7 @@ public:
       length[i] = static_cast<std::byte>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xffu);
     }
 
+    ::zero::detail::check_os_path<io_error>("safetensors file", tmp_.native());
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) {
       const int err = errno;

@@ -168,8 +168,9 @@ private:
 ///   last request completes, for `storage_file`); `f.path()` names it in messages.
 /// - `s.name()`: "posix", "uring", ...; `s.alignment()`: what every buffer address, file offset
 ///   and length must be a multiple of (1: anything goes).
-/// - `s.create(path, bytes)`: a file of exactly `bytes` bytes, created or truncated, mode 0600, the
-///   last component of `path` not followed if it is a symbolic link; `s.open(path)`: an existing one.
+/// - `s.create(path, bytes)`: a new file of exactly `bytes` bytes, mode 0600; an existing file (or a
+///   symbolic link) at `path` is an error, never truncated; `s.open(path)`: an existing one, the last
+///   component of `path` not followed if it is a symbolic link.
 /// - `s.submit_read(f, offset, dst)`, `s.submit_write(f, offset, src)`: start a request, return its
 ///   ticket; the request may still be running when they return.
 /// - `s.wait(ticket)`: completes one request, throws `io_error` (status() = errno) if it failed;

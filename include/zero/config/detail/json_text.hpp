@@ -6,6 +6,7 @@
 /// that names the file. Needs nothing of `zero::config`, so readers of other JSON files include it
 /// alone.
 
+#include "zero/core/detail/os_path.hpp"
 #include "zero/config/detail/reader.hpp"
 #include "zero/core/error.hpp"
 
@@ -169,6 +170,7 @@ inline std::string_view unreadable_kind(std::filesystem::file_type t) {
 /// \param what how messages call the file ("config file", "model description").
 /// \throws config_error naming the file and what is wrong with it.
 inline std::string read_config_text(const std::filesystem::path& path, std::string_view what = "config file") {
+  check_os_path<config_error>(what, path.native());
   const std::string name = path.string();
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);

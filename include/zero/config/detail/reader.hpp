@@ -7,6 +7,8 @@
 
 #include "zero/config/detail/edit_distance.hpp"
 #include "zero/config/unimplemented.hpp"
+#include "zero/core/detail/os_path.hpp"
+#include "zero/core/detail/printable.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 
@@ -32,61 +34,6 @@ inline std::string join_path(std::string_view parent, std::string_view key) {
     out += '.';
   }
   out += key;
-  return out;
-}
-
-/// `text` with every byte a terminal could misread made visible: control bytes and bytes that are
-/// not part of valid UTF-8 become `\xNN`; valid UTF-8 is kept.
-/// Messages pass what a user wrote (keys, file names, JSON parse excerpts) through it.
-inline std::string printable(std::string_view text) {
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(text.size());
-  auto escape = [&](unsigned char b) {
-    out += "\\x";
-    out += hex[b >> 4];
-    out += hex[b & 0xf];
-  };
-  std::size_t i = 0;
-  while (i < text.size()) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    if (b < 0x80) {
-      if (b < 0x20 || b == 0x7f) {
-        escape(b);
-      } else {
-        out += static_cast<char>(b);
-      }
-      ++i;
-      continue;
-    }
-    // The length of a UTF-8 sequence by its lead byte, and the range its second byte must fall in
-    // (which refuses overlong forms, surrogates and code points past U+10FFFF).
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (b >= 0xc2 && b <= 0xdf) {
-      len = 2;
-    } else if (b >= 0xe0 && b <= 0xef) {
-      len = 3;
-      lo = b == 0xe0 ? 0xa0 : 0x80;
-      hi = b == 0xed ? 0x9f : 0xbf;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-      len = 4;
-      lo = b == 0xf0 ? 0x90 : 0x80;
-      hi = b == 0xf4 ? 0x8f : 0xbf;
-    }
-    bool valid = len != 0 && i + len <= text.size();
-    for (std::size_t k = 1; valid && k < len; ++k) {
-      const auto c = static_cast<unsigned char>(text[i + k]);
-      valid = k == 1 ? (c >= lo && c <= hi) : (c >= 0x80 && c <= 0xbf);
-    }
-    if (valid) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      escape(b);
-      ++i;
-    }
-  }
   return out;
 }
 
@@ -266,13 +213,21 @@ inline double as_number(const parse_context& ctx, std::string_view path, const j
   return d;
 }
 
-/// Reads a string.
-/// \throws config_error for another type.
+/// Reads a string. A NUL character (JSON's "\u0000") is refused in any string: every string value
+/// is a name or a path, and a path reaches the operating system as a C string cut at its first NUL
+/// (`"/tmp/x/victim\u0000/y"` would open `/tmp/x/victim`).
+/// \throws config_error for another type, or a string holding a NUL.
 inline std::string as_string(const parse_context& ctx, std::string_view path, const json& v) {
   if (!v.is_string()) {
     ctx.fail(path, cat("found ", show(v), " (", std::string(kind_of(v)), "); expected a string"));
   }
-  return v.get<std::string>();
+  const auto& s = v.get_ref<const std::string&>();
+  if (const std::size_t at = first_nul(s); at != std::string::npos) {
+    ctx.fail(path, cat("found \"", printable(s), "\" with a NUL character (\\u0000) at byte ", std::to_string(at),
+                       "; expected a string without NUL (as a path, the operating system would read \"",
+                       printable(std::string_view(s).substr(0, at)), "\")"));
+  }
+  return s;
 }
 
 /// One accepted spelling of an enumerated value.

@@ -28,6 +28,7 @@
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
+#include "zero/storage/detail/swap_file.hpp"
 #include "zero/storage/storage.hpp"
 
 #include <algorithm>
@@ -117,12 +118,9 @@ public:
     }
     // A file of nothing (every range in host memory) is not created.
     if (slot_bytes_ > 0) {
-      const auto path = opt.dir / cat("zero-params-", std::to_string(::getpid()), "-", std::to_string(next_serial()),
-                                      "-rank", std::to_string(opt.rank), ".swap");
-      file_ = storage_.create(path, 2 * slot_bytes_);
-      created_.path = path;
-      if (file_.alignment() > align) {
-        throw io_error(cat(path.string(), ": the file system asks for ", std::to_string(file_.alignment()),
+      swap_ = swap_file<Storage>(storage_, opt.dir, "params", opt.rank, 2 * slot_bytes_);
+      if (file().alignment() > align) {
+        throw io_error(cat(path().string(), ": the file system asks for ", std::to_string(file().alignment()),
                            "-byte alignment, more than the storage's ", std::to_string(align)));
       }
       for (std::size_t b = 0; b < opt.buffer_count; ++b) {
@@ -142,7 +140,7 @@ public:
   }
 
   /// The file (empty when every range is in host memory) and its bytes (two slots).
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return created_.path; }
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return swap_.path(); }
   [[nodiscard]] std::size_t file_bytes() const noexcept { return 2 * slot_bytes_; }
   /// Elements of the shard kept in host memory.
   [[nodiscard]] std::size_t resident_elements() const noexcept { return resident_elements_; }
@@ -297,7 +295,7 @@ public:
       std::memcpy(b.bytes.data(), image_.data() + ranges_[k].offset * esize_, ranges_[k].size * esize_);
       b.what = op::flush;
       b.range = k;
-      b.ticket = storage_.submit_write(file_, offset(1 - cur_[k], k), std::as_bytes(io_span(b, k)));
+      b.ticket = storage_.submit_write(file(), offset(1 - cur_[k], k), std::as_bytes(io_span(b, k)));
     }
     for (auto& b : bounces_) {
       finish(b);
@@ -335,10 +333,7 @@ private:
   };
 
   static std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
-  static std::size_t next_serial() {
-    static std::atomic<std::size_t> serial{0};
-    return serial++;
-  }
+  [[nodiscard]] const typename Storage::file_type& file() const noexcept { return swap_.file(); }
   [[nodiscard]] std::size_t shard_elements() const noexcept {
     return ranges_.empty() ? 0 : ranges_.back().offset + ranges_.back().size;
   }
@@ -388,7 +383,7 @@ private:
   void submit_read(bounce& b, std::size_t k) {
     b.what = op::read;
     b.range = k;
-    b.ticket = storage_.submit_read(file_, offset(cur_[k], k), io_span(b, k));
+    b.ticket = storage_.submit_read(file(), offset(cur_[k], k), io_span(b, k));
   }
   /// Submits a step window's write to the slot its range does not read from, once its values are in.
   void submit_write(bounce& b) {
@@ -397,7 +392,7 @@ private:
     }
     wait_used(b);
     b.what = op::write;
-    b.ticket = storage_.submit_write(file_, offset(1 - cur_[b.range], b.range), std::as_bytes(io_span(b, b.range)));
+    b.ticket = storage_.submit_write(file(), offset(1 - cur_[b.range], b.range), std::as_bytes(io_span(b, b.range)));
   }
   /// Completes what `b` holds. \returns its request's error, or null. A step write's outcome is noted:
   /// written, or failed with the range's new values copied aside (and the step's first error kept); an
@@ -457,20 +452,7 @@ private:
   buffer<std::byte, Counting> resident_;
   std::vector<std::uint64_t> base_; // byte offset of each file range within a slot
   std::size_t slot_bytes_ = 0;
-  /// Removes the file when the shard goes, also when its constructor throws after creating it.
-  struct created_file {
-    std::filesystem::path path;
-    created_file() = default;
-    created_file(const created_file&) = delete;
-    created_file& operator=(const created_file&) = delete;
-    ~created_file() {
-      std::error_code ec;
-      if (!path.empty()) {
-        std::filesystem::remove(path, ec);
-      }
-    }
-  } created_;
-  typename Storage::file_type file_;
+  swap_file<Storage> swap_; // removed when the shard goes, also when its constructor throws after creating it
   std::vector<bounce> bounces_;
   std::size_t next_ = 0;
   bounce* last_ = nullptr;                               // the buffer of the last `source`

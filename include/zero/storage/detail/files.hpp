@@ -5,6 +5,7 @@
 /// errors ("write of 1048576 bytes at offset 4194304 to <path> failed: No space left on device
 /// (ENOSPC)").
 
+#include "zero/core/detail/os_path.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/storage/storage.hpp"
@@ -133,12 +134,18 @@ inline void check_request(std::string_view storage_name, io_op op, const storage
 }
 
 /// The `io_error` of an open(2) of a storage file that failed with `err`: "<doing> failed: <strerror>
-/// (<ENAME>)", and for ELOOP that the path is a symbolic link, for EINVAL with O_DIRECT (`direct`)
-/// that the file system refuses O_DIRECT and what to use instead.
-[[nodiscard]] inline io_error open_error(std::string_view storage_name, std::string_view doing, int err, bool direct) {
+/// (<ENAME>)", and for ELOOP that the path is a symbolic link, for EEXIST that the storage creates
+/// only new files (and whether what is there is a symbolic link, `is_link`), for EINVAL with O_DIRECT
+/// (`direct`) that the file system refuses O_DIRECT and what to use instead.
+[[nodiscard]] inline io_error open_error(std::string_view storage_name, std::string_view doing, int err, bool direct,
+                                         bool is_link = false) {
   std::string hint;
-  if (err == ELOOP) {
+  if (err == ELOOP || (err == EEXIST && is_link)) {
     hint = cat("; it is a symbolic link, which the ", storage_name, " storage does not follow");
+  } else if (err == EEXIST) {
+    hint = cat("; the ", storage_name,
+               " storage creates only new files and never truncates one it did not create: remove it, or use "
+               "another folder");
   } else if (err == EINVAL && direct) {
     hint = cat("; its file system refuses O_DIRECT, which the ", storage_name,
                " storage needs: use a file system that supports O_DIRECT (ext4 or xfs on the NVMe drive), or the "
@@ -147,28 +154,45 @@ inline void check_request(std::string_view storage_name, io_op op, const storage
   return io_error(cat(doing, " failed: ", errno_text(err), hint), err);
 }
 
-/// Opens (no `bytes`) or creates (`bytes`: created or truncated to exactly that many bytes, space
-/// reserved with fallocate where the file system can) the file of a storage: read-write, mode 0600
-/// whatever the umask and the file's mode before, not following a symbolic link at `path`, with
-/// O_DIRECT when `direct` (its alignment then from `direct_alignment`, else 1).
-/// \throws io_error naming the path, the step that failed and errno (with a hint for a symbolic link
-///         and for a file system that refuses O_DIRECT), or saying it is not a regular file.
+/// Opens (no `bytes`) or creates (`bytes`: a new file of exactly that many bytes, space reserved with
+/// fallocate where the file system can) the file of a storage: read-write, mode 0600 whatever the
+/// umask, not following a symbolic link at `path`, with O_DIRECT when `direct` (its alignment then
+/// from `direct_alignment`, else 1). A create never opens a file that exists (O_EXCL), so a user's
+/// file at the name is never truncated; when a step after the open fails (fallocate on a full drive),
+/// the new file is removed again.
+/// \throws io_error naming the path, the step that failed and errno (with a hint for a symbolic link,
+///         a file that exists and a file system that refuses O_DIRECT), or saying it is not a regular
+///         file.
 [[nodiscard]] inline storage_file open_storage_file(std::string_view storage_name, const std::filesystem::path& path,
                                                     std::optional<std::uint64_t> bytes, bool direct) {
+  check_os_path<io_error>(cat(storage_name, " storage file"), path.native());
   const bool create = bytes.has_value();
   const std::string doing = create ? cat("creating ", path.string(), " (", std::to_string(*bytes), " bytes)")
                                    : cat("opening ", path.string());
   if (create && *bytes > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
     throw io_error(cat(doing, " failed: more bytes than a file can hold"), EFBIG);
   }
-  const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0) | (create ? O_CREAT | O_TRUNC : 0);
+  const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | (direct ? O_DIRECT : 0) | (create ? O_CREAT | O_EXCL : 0);
   int fd = -1;
   do {
     fd = ::open(path.c_str(), flags, 0600);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
-    throw open_error(storage_name, doing, errno, direct);
+    const int err = errno;
+    struct stat st {};
+    const bool is_link = err == EEXIST && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    throw open_error(storage_name, doing, err, direct, is_link);
   }
+  // O_EXCL made the file ours: a create that fails from here on removes it again.
+  struct remove_unless_done {
+    const std::filesystem::path* path;
+    bool done = false;
+    ~remove_unless_done() {
+      if (path != nullptr && !done) {
+        ::unlink(path->c_str());
+      }
+    }
+  } created{create ? &path : nullptr};
   storage_file file(fd, path, direct ? direct_alignment(fd) : 1); // owns fd: closed on every throw below
   const auto fail = [&](std::string_view step) {
     const int err = errno;
@@ -182,8 +206,7 @@ inline void check_request(std::string_view storage_name, io_op op, const storage
     throw io_error(cat(doing, " failed: it is not a regular file"));
   }
   if (create) {
-    // O_CREAT's mode is narrowed by the umask and ignored for a file that exists: set it outright.
-    if (::fchmod(fd, 0600) != 0) {
+    if (::fchmod(fd, 0600) != 0) { // O_CREAT's mode is narrowed by the umask
       fail("fchmod 0600");
     }
     if (*bytes > 0) {
@@ -203,6 +226,7 @@ inline void check_request(std::string_view storage_name, io_op op, const storage
       }
     }
   }
+  created.done = true;
   return file;
 }
 

@@ -41,11 +41,13 @@ public:
   /// The options it was built with.
   [[nodiscard]] const storage_options& options() const noexcept { return state_->options; }
 
-  /// Creates (or truncates) `path` with exactly `bytes` bytes (reserved with fallocate where the
-  /// file system can), read-write, mode 0600 whatever the umask or the file's mode before, not
-  /// following a symbolic link at `path` (O_NOFOLLOW), with O_DIRECT for uring.
-  /// \throws io_error naming the path, the step and errno (ELOOP: a symbolic link; EINVAL with
-  ///         O_DIRECT: the file system refuses O_DIRECT, and what to use instead).
+  /// Creates the new file `path` with exactly `bytes` bytes (reserved with fallocate where the file
+  /// system can), read-write, mode 0600 whatever the umask, with O_DIRECT for uring. A file or a
+  /// symbolic link already at `path` is never opened or truncated (O_EXCL); a create that fails after
+  /// the open removes the file it made.
+  /// \throws io_error naming the path, the step and errno (EEXIST: something is at `path`, and whether
+  ///         it is a symbolic link; EINVAL with O_DIRECT: the file system refuses O_DIRECT, and what to
+  ///         use instead); io_error EINVAL for a path holding a NUL.
   [[nodiscard]] file_type create(const std::filesystem::path& path, std::uint64_t bytes) {
     return noted(open_storage_file(name(), path, bytes, Derived::direct));
   }
