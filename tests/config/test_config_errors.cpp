@@ -198,7 +198,7 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
     CHECK(has(error_of(R"({"tensorboard": {"enabled": true, "output_path": "runs"}})"), "TensorBoard monitoring"));
     CHECK(has(error_of(R"({"tensor_parallel": {"tensor_parallel": {"tp_size": 2}}})"),
               "the inference engine's tensor-parallel settings"));
-    CHECK(has(error_of(R"({"checkpoint": {"tag_validation": "Warn"}})"), "planned with checkpoints"));
+    CHECK(has(error_of(R"({"checkpoint": {"use_node_local_storage": true}})"), "planned with checkpoints"));
   }
   SUBCASE("non-default values of refused keys") {
     CHECK(has(error_of(R"({"fp16": {"enabled": true, "auto_cast": true}})"),

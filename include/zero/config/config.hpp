@@ -90,6 +90,18 @@ enum class warmup_curve : std::uint8_t { log, linear };
   return param == dtype::bf16 && stage == 0 ? dtype::f32 : param;
 }
 
+namespace detail {
+/// Why `communication_data_type` `comm` is refused when gradients accumulate in `grad`: zero reduces
+/// gradients in their accumulation dtype and in no other (DeepSpeed's meaning of the key, the dtype
+/// gradients are reduced in, is implemented only for that value). The message follows the key's name.
+inline std::string communication_dtype_refusal(dtype comm, dtype grad) {
+  const std::string g(name_of(grad));
+  return "found \"" + std::string(name_of(comm)) + "\", but zero reduces gradients only in their accumulation dtype, " +
+         g + " here (data_types.grad_accum_dtype, or its default: fp32 for bf16 at stage 0, else the parameter " +
+         "dtype); expected \"" + g + "\", null, or the key left out";
+}
+} // namespace detail
+
 /// The `fp16` block: fp16 mixed precision and its dynamic loss scaler.
 struct fp16_config {
   /// `fp16.enabled`: parameters and gradients in fp16 with fp32 master weights. Default false.
@@ -152,7 +164,7 @@ struct scheduler_config {
   double warmup_min_lr = 0.0;
   /// `warmup_max_lr` (WarmupLR, WarmupDecayLR): the learning rate after warm-up. WarmupDecayLR
   /// defaults to 0.001; WarmupLR defaults to the optimizer's lr, and stays empty when the config has
-  /// no optimizer block (the framework's optimizer lr then applies, as in DeepSpeed).
+  /// no optimizer block (which the engine refuses).
   std::optional<double> warmup_max_lr;
   /// `warmup_num_steps`: length of the warm-up in optimizer steps (>= 1). Default 1000.
   std::int64_t warmup_num_steps = 1000;
@@ -459,9 +471,13 @@ struct config {
   /// `data_types.grad_accum_dtype`, resolved as DeepSpeed does when absent: fp32 for bf16 at stage 0,
   /// the parameter dtype otherwise.
   dtype grad_accum_dtype = dtype::f32;
-  /// `communication_data_type`, resolved as DeepSpeed does when absent: the parameter dtype.
+  /// `communication_data_type`: the dtype gradients are reduced in, which in zero is always
+  /// `grad_accum_dtype`; the reader refuses any other value (and `check_engine_config` a config built
+  /// in code with one). Absent or null: `grad_accum_dtype`.
   dtype communication_data_type = dtype::f32;
-  /// `optimizer`; empty when the config has none (the framework then supplies the hyper-parameters).
+  /// `optimizer`; empty when the config has none. The reader accepts that (DeepSpeed then takes the
+  /// framework's optimizer), but zero's engine has no API for an optimizer from outside the config:
+  /// `check_engine_config` refuses a config without one.
   std::optional<optimizer_config> optimizer;
   /// `scheduler`; empty when the config has none.
   std::optional<scheduler_config> scheduler;

@@ -77,7 +77,7 @@ inline constexpr key_row<config> top_keys[] = {
     hand<config>("bf16"),
     alias<config>("bfloat16", "bf16"), // DeepSpeed's old name (parse_bf16)
     hand<config>("data_types"),
-    // Defaults to the parameter dtype (parse_config).
+    // Defaults to grad_accum_dtype, the only value accepted (parse_config).
     key<&config::communication_data_type, comm_dtype_names>("communication_data_type").any_case().or_null().by_hand(),
     hand<config>("optimizer"),
     hand<config>("scheduler"),
@@ -85,6 +85,7 @@ inline constexpr key_row<config> top_keys[] = {
     hand<config>("aio"),
     hand<config>("pipeline"),
     hand<config>("tensor_parallel"),
+    hand<config>("checkpoint"),
     checked<config, bool>("zero_allow_untested_optimizer").noted_if("true", "no effect: zero runs its own Adam/AdamW"),
     checked<config, bool>("zero_force_ds_cpu_optimizer")
         .noted_if("false", "no effect: zero's CPU optimizer is its own"),
@@ -210,10 +211,15 @@ constexpr bool schedule_takes(scheduler_type t, std::string_view key) {
 
 // ---- zero_optimization ---------------------------------------------------------------------------
 
+// The offloads take the backend's host memory, whatever pin_memory says.
+inline constexpr std::string_view offload_pin_memory =
+    "no effect: the host memory of the offload (and with nvme its buffers) is the backend's host_allocator_type, "
+    "pinned on a GPU (cuda_backend) and pageable on the CPU backend, whatever pin_memory says (docs/offload.md)";
+
 inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
     key<&offload_optimizer_config::device, offload_devices>("device").any_case(),
     key<&offload_optimizer_config::nvme_path>("nvme_path").or_null().nvme(),
-    key<&offload_optimizer_config::pin_memory>("pin_memory"),
+    key<&offload_optimizer_config::pin_memory>("pin_memory").noted_if("", offload_pin_memory),
     key<&offload_optimizer_config::buffer_count>("buffer_count").at_least(0).nvme(),
     // A number, or "auto" (the engine measures and picks it): read and written by hand.
     key<&offload_optimizer_config::ratio>("ratio")
@@ -228,7 +234,7 @@ inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
 inline constexpr key_row<offload_param_config> offload_param_keys[] = {
     key<&offload_param_config::device, offload_devices>("device").any_case(),
     key<&offload_param_config::nvme_path>("nvme_path").or_null().nvme(),
-    key<&offload_param_config::pin_memory>("pin_memory"),
+    key<&offload_param_config::pin_memory>("pin_memory").noted_if("", offload_pin_memory),
     key<&offload_param_config::buffer_count>("buffer_count").at_least(0).nvme(),
     key<&offload_param_config::buffer_size>("buffer_size").at_least(0).nvme(),
     key<&offload_param_config::max_in_cpu>("max_in_cpu").at_least(0).nvme(),
@@ -302,6 +308,13 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
                           "the ranks; zero's offloaded optimizer copies each rank's own shard, range by range "
                           "(docs/offload.md)"),
     key<&zero_optimization_config::ignore_unused_parameters>("ignore_unused_parameters").at_stages(0b0110),
+    // PyTorch-only switches of DeepSpeed's stage 3: zero has no nn.Linear or nn.Module to patch.
+    checked<zero_optimization_config, bool>("memory_efficient_linear")
+        .noted_if("", "no effect: a switch of DeepSpeed's PyTorch linear layer; the framework computes its own "
+                      "layers"),
+    checked<zero_optimization_config, bool>("override_module_apply")
+        .noted_if("", "no effect: a switch of DeepSpeed's PyTorch nn.Module.apply override; the framework owns "
+                      "its modules"),
     key<&zero_optimization_config::elastic_checkpoint>("elastic_checkpoint")
         .noted_if("false", "false has no effect: zero's checkpoints always load at any stage and any rank count "
                            "(docs/checkpoints.md)"),
@@ -355,6 +368,19 @@ inline constexpr key_row<tensor_parallel_config> tensor_parallel_keys[] = {
         "", "no effect: the fp16 and bf16 blocks give the parameters' dtype (the framework converts its model)"),
 };
 
+// ---- checkpoints ---------------------------------------------------------------------------------
+
+inline void read_tag_validation(const key_read<config>&);
+
+// DeepSpeed's checkpoint block: its default and no-op values are read and noted; the values that ask
+// for what zero does not do are rows of unimplemented_features.
+inline constexpr key_row<config> checkpoint_keys[] = {
+    checked<config, std::string>("tag_validation")
+        .by_hand(read_tag_validation)
+        .noted_if("", "no effect: zero's save() writes the tag each rank is given and does not compare tags across "
+                      "ranks (docs/checkpoints.md)"),
+};
+
 /// Calls `f.template operator()<Table>(path)` for every key table, with the JSON path of its block.
 template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<top_keys>("");
@@ -371,6 +397,7 @@ template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<aio_keys>("aio");
   f.template operator()<pipeline_keys>("pipeline");
   f.template operator()<tensor_parallel_keys>("tensor_parallel");
+  f.template operator()<checkpoint_keys>("checkpoint");
 }
 
 static_assert(
@@ -392,7 +419,7 @@ struct config_block {
 /// Every block zero reads and the keys it reads there, from the key tables above. `bfloat16` is
 /// DeepSpeed's old name of `bf16`.
 inline constexpr auto config_blocks = [] {
-  std::array<config_block, 15> out{};
+  std::array<config_block, 16> out{};
   std::size_t i = 0;
   detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
     out.at(i++) = {path, detail::key_names<Table>};

@@ -94,7 +94,7 @@ public:
                          "communicator: " +
                          std::string(missing));
     }
-    check_engine_config(cfg_);
+    check_engine_config(cfg_, comm.size()); // the whole data group, before any HSDP split
     for (Comm* c : {&comm_, replicas_}) {
       if (c == nullptr) {
         continue;
@@ -396,7 +396,7 @@ protected:
     if (!cfg_.zero_optimization.hsdp(comm.size())) {
       return comm;
     }
-    check_engine_config(cfg_); // before the split, a collective
+    check_engine_config(cfg_, comm.size()); // before the split, a collective
     const std::string key =
         "zero_optimization.mics_shard_size " + std::to_string(cfg_.zero_optimization.mics_shard_size);
     Comm& shard = hsdp_.node(comm, cfg_.zero_optimization.mics_shard_size, key);

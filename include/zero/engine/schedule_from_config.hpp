@@ -4,6 +4,7 @@
 /// the `fp16` block as a `loss_scaler`, and the settings an engine must refuse.
 
 #include "zero/backend/adamw_args.hpp"
+#include "zero/config/check.hpp" // check_engine_config: what the engine refuses
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/bucket_reducer.hpp"
@@ -101,133 +102,6 @@ namespace zero {
                                .block = static_cast<std::size_t>(z.zero_quantization_block_size)};
   }
   return r;
-}
-
-namespace detail {
-/// Refuses `what` (an overlap key and its value) unless the host holds the optimizer state in memory:
-/// device cpu, with ratio 1 or, where `split_ok`, a state split with the device (the host's part then
-/// streams its gradients as the whole state does: stages 2-3, no accumulation). `does` says what the
-/// host then does, `off` the setting that turns it off.
-inline void require_state_on_cpu(const config& c, const std::string& what, const char* does, const char* off,
-                                 bool split_ok) {
-  const auto& o = c.zero_optimization.offload_optimizer;
-  if (o.device != offload_device::cpu) {
-    throw config_error(what + " with device \"" + std::string(name_of(o.device)) + "\": the host " + does +
-                       " only state it holds in memory; expected device \"cpu\", or " + off);
-  }
-  if (!(o.ratio_auto || o.ratio < 1)) {
-    return;
-  }
-  const std::string ratio = o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio);
-  if (!split_ok) {
-    throw config_error(what + " with ratio " + ratio + ": the host " + does +
-                       " only when it holds the whole state, or with forward_overlap true; expected ratio 1, "
-                       "forward_overlap true, or " +
-                       off);
-  }
-  if (c.stage() >= 2 && c.gradient_accumulation_steps != 1) {
-    throw config_error(what + " with ratio " + ratio + " and gradient_accumulation_steps " +
-                       std::to_string(c.gradient_accumulation_steps) + ": the host " + does +
-                       " on a share of the state only when each micro-step's gradients are the step's (its "
-                       "gradients are checked as they stream to the host); expected gradient_accumulation_steps 1, "
-                       "ratio 1, or " +
-                       off);
-  }
-}
-} // namespace detail
-
-/// Refuses what a config asks and the engine cannot honour, naming the key.
-/// \throws config_error for parameter offload other than stage 3's to "cpu" or "nvme", or to "nvme"
-/// without nvme_path (a config built in code: the reader refuses these too) or with fp32 parameters
-/// and no optimizer offload, an offload ratio outside [0, 1] or below 1 with NVMe (optimizer or
-/// parameters), a missing
-/// optimizer, or a communication dtype that is neither the gradient nor the parameter dtype.
-inline void check_engine_config(const config& c) {
-  const auto& op = c.zero_optimization.offload_param;
-  const offload_device param = op.device;
-  if (param != offload_device::none &&
-      ((param != offload_device::cpu && param != offload_device::nvme) || c.stage() != 3)) {
-    throw config_error(std::string("zero_optimization.offload_param.device: \"") + std::string(name_of(param)) +
-                       "\" at stage " + std::to_string(c.stage()) +
-                       "; this engine offloads parameters to \"cpu\" or \"nvme\" at stage 3 only");
-  }
-  if (param == offload_device::nvme && c.param_dtype() == dtype::f32 &&
-      c.zero_optimization.offload_optimizer.device == offload_device::none) {
-    throw config_error("zero_optimization.offload_param.device: \"nvme\" with fp32 parameters needs "
-                       "offload_optimizer.device \"cpu\" or \"nvme\": fp32 training keeps its master weights in "
-                       "the parameters, and with the optimizer state in device memory a step that could not read "
-                       "them back from NVMe could not be undone");
-  }
-  if (param == offload_device::nvme && op.nvme_path.empty()) {
-    throw config_error("zero_optimization.offload_param.nvme_path: missing; device \"nvme\" keeps the parameter "
-                       "shard in a file under this folder");
-  }
-  const auto& o = c.zero_optimization.offload_optimizer;
-  if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
-    throw config_error("zero_optimization.offload_optimizer.ratio: " + std::to_string(o.ratio) +
-                       "; expected a number >= 0 and <= 1 (the share of the optimizer state offloaded), or \"auto\"");
-  }
-  if (o.device == offload_device::nvme && (o.ratio_auto || o.ratio < 1)) {
-    throw config_error("zero_optimization.offload_optimizer.ratio: " +
-                       (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
-                       " with device \"nvme\"; a ratio below 1 needs device \"cpu\" (with nvme the whole state is "
-                       "in the file)");
-  }
-  if (param == offload_device::nvme && o.device == offload_device::cpu && (o.ratio_auto || o.ratio < 1)) {
-    throw config_error("zero_optimization.offload_optimizer.ratio: " +
-                       (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
-                       " with offload_param \"nvme\"; a partial offload needs the parameter shard in memory "
-                       "(offload_param \"none\" or \"cpu\"), or set the ratio to 1");
-  }
-  if (o.backward_overlap != 0) {
-    const std::string what =
-        "zero_optimization.offload_optimizer.backward_overlap " + std::to_string(o.backward_overlap);
-    if (!(o.backward_overlap > 0 && o.backward_overlap <= 1)) {
-      throw config_error(what + ": expected a share in [0, 1]");
-    }
-    detail::require_state_on_cpu(c, what, "updates during backward", "backward_overlap 0", o.forward_overlap);
-  }
-  if (o.forward_overlap) {
-    detail::require_state_on_cpu(c, "zero_optimization.offload_optimizer.forward_overlap true",
-                                 "steps beside the forward", "forward_overlap false", true);
-  }
-  const auto& zq = c.zero_optimization;
-  if (zq.zero_quantized_gradients && c.stage() >= 2) {
-    if (zq.zero_quantized_gradients_bits != 4 && zq.zero_quantized_gradients_bits != 8) {
-      throw config_error("zero_optimization.zero_quantized_gradients_bits: " +
-                         std::to_string(zq.zero_quantized_gradients_bits) + "; expected 4 or 8");
-    }
-    if (o.device != offload_device::none) {
-      throw config_error("zero_optimization.zero_quantized_gradients with offload_optimizer.device \"" +
-                         std::string(name_of(o.device)) +
-                         "\": the quantized reduction keeps the reduced gradients on the device; expected device "
-                         "\"none\", or zero_quantized_gradients false");
-    }
-  }
-  if (zq.mics_shard_size > 1 && c.stage() >= 1) {
-    // HSDP's replicas all-reduce the reduced shards the device keeps; its shard group is already a node.
-    const std::string what = "zero_optimization.mics_shard_size " + std::to_string(zq.mics_shard_size);
-    if (o.device != offload_device::none || zq.offload_param.device != offload_device::none) {
-      throw config_error(what + " with offload: HSDP all-reduces the reduced gradient shards on the device, which "
-                                "offload streams to the host; expected offload_optimizer and offload_param device "
-                                "\"none\", or mics_shard_size -1");
-    }
-    if (zq.zero_quantized_gradients || (c.stage() == 3 && zq.zero_hpz_partition_size > 1)) {
-      throw config_error(what + " with " +
-                         (zq.zero_quantized_gradients ? "zero_quantized_gradients" : "zero_hpz_partition_size") +
-                         ": ZeRO++'s node groups would split the shard group again; expected one of HSDP and "
-                         "ZeRO++'s hpZ / qgZ");
-    }
-  }
-  if (!c.optimizer) {
-    throw config_error("optimizer: the engine trains with Adam or AdamW from the config; add e.g. "
-                       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");
-  }
-  if (c.communication_data_type != c.grad_accum_dtype && c.communication_data_type != c.param_dtype()) {
-    throw config_error("communication_data_type: " + std::string(name_of(c.communication_data_type)) +
-                       " is neither the gradient dtype (" + std::string(name_of(c.grad_accum_dtype)) +
-                       ") nor the parameter dtype; gradients are communicated in the gradient dtype");
-  }
 }
 
 } // namespace zero

@@ -110,6 +110,7 @@ void read_offload_block(parse_context& ctx, const json& v, std::string_view name
   }
   object_reader r(ctx, expect_object(ctx, path, v), path, key_names<Table>);
   read_keys(r, Table, out, in);
+  note_values(r, Table, 0);
   for (const key_row<S>& row : Table) {
     if (row.nvme_only && out.device != offload_device::nvme && r.has(row.name)) {
       ctx.note(r.path_of(row.name), cat("no effect: device is ", name_of(out.device), ", not nvme"));
@@ -222,6 +223,22 @@ inline void read_total_num_steps(const key_read<scheduler_config>& k) {
 /// `"auto"` that leaves the key unset (its member's empty optional), for the framework to decide.
 inline std::optional<json> auto_unset(const parse_context&, std::string_view, const config_inputs&) {
   return std::nullopt;
+}
+
+// ---- checkpoint ----------------------------------------------------------------------------------------
+
+/// `checkpoint.tag_validation`: "Warn" (DeepSpeed's default) or "Ignore", in any case as DeepSpeed
+/// upper-cases it; "Fail" is refused by its row of `unimplemented_features` before this runs.
+inline void read_tag_validation(const key_read<config>& k) {
+  const json* v = k.r.get(k.row.name);
+  if (v == nullptr) {
+    return;
+  }
+  const std::string path = k.r.path_of(k.row.name);
+  const std::string mode = ascii_lower(as_string(k.r.ctx(), path, *v));
+  if (mode != "warn" && mode != "ignore") {
+    k.r.ctx().fail(path, cat("found ", show(*v), R"(; expected "Warn" (DeepSpeed's default) or "Ignore")"));
+  }
 }
 
 inline json write_pipeline_stages(const pipeline_config& p) { return p.stages ? json(*p.stages) : json("auto"); }

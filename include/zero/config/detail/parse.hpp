@@ -396,8 +396,11 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
     }
     r.finish();
   }
-  c.communication_data_type = param;
-  read_named(top, top_keys, "communication_data_type", c, in);
+  // zero reduces gradients in their accumulation dtype: that is the only value the key may name.
+  c.communication_data_type = c.grad_accum_dtype;
+  if (read_named(top, top_keys, "communication_data_type", c, in) && c.communication_data_type != c.grad_accum_dtype) {
+    ctx.fail("communication_data_type", communication_dtype_refusal(c.communication_data_type, c.grad_accum_dtype));
+  }
 
   c.optimizer = parse_optimizer(ctx, top.get("optimizer"), in);
   c.scheduler = parse_scheduler(ctx, top.get("scheduler"), in, c.optimizer);
@@ -407,6 +410,7 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
                 c.zero_optimization.offload_param.device == offload_device::nvme);
   parse_plain_block<pipeline_keys>(ctx, top.get("pipeline"), "pipeline", in, c.pipeline);
   parse_plain_block<tensor_parallel_keys>(ctx, top.get("tensor_parallel"), "tensor_parallel", in, c.tensor_parallel);
+  parse_plain_block<checkpoint_keys>(ctx, top.get("checkpoint"), "checkpoint", in, c);
   note_values(top, top_keys, 0);
 
   // The batch rule comes last: it needs the world size and is the least specific error.
