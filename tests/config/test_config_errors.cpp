@@ -4,8 +4,10 @@
 #include "support.hpp"
 #include "zero/config/config.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -453,6 +455,34 @@ TEST_CASE("config reads are bounded in depth and size, and name the limit and th
   const config c = config::from_file(fifo);
   writer.join();
   CHECK(c.stage() == 2);
+  // A FIFO whose writer never comes, or writes a part and stays silent: an error after the wait, naming
+  // the pipe and what was read (it used to block for ever).
+  const auto silent = dir / "silent.json";
+  REQUIRE(::mkfifo(silent.c_str(), 0600) == 0);
+  const auto pipe_error = [&](std::chrono::milliseconds wait) -> std::string {
+    try {
+      static_cast<void>(zero::detail::read_config_text(silent, "config file", wait));
+    } catch (const zero::config_error& err) {
+      return err.what();
+    }
+    FAIL("expected a config_error for a silent pipe");
+    return {};
+  };
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(has(pipe_error(std::chrono::milliseconds(200)),
+            "cannot read config file " + silent.string() +
+                ": it is a pipe and nothing was written to it for 200 ms "
+                "(0 bytes read before); expected a writer that writes the JSON and closes the pipe"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  std::thread part_writer([&] {
+    const int wfd = ::open(silent.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(wfd >= 0);
+    CHECK(::write(wfd, "{\"train_", 9) == 9);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    ::close(wfd);
+  });
+  CHECK(has(pipe_error(std::chrono::milliseconds(300)), "(9 bytes read before)"));
+  part_writer.join();
   std::filesystem::remove_all(dir);
 }
 

@@ -6,20 +6,26 @@
 /// that names the file. Needs nothing of `zero::config`, so readers of other JSON files include it
 /// alone.
 
-#include "zero/core/detail/os_path.hpp"
 #include "zero/config/detail/reader.hpp"
+#include "zero/core/detail/os_path.hpp"
 #include "zero/core/error.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <poll.h>
 #include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -32,6 +38,9 @@ inline constexpr std::size_t max_config_bytes = std::size_t{16} << 20;
 /// The deepest nesting of arrays and objects a config may have (DeepSpeed's deepest is 4). Deeper
 /// text is refused while it is parsed, before anything recursive (copying, printing) touches it.
 inline constexpr int max_config_depth = 64;
+/// How long `config::from_file` waits for a pipe's writer to write (10 s): a FIFO nobody writes to is
+/// an error naming it, not a hang.
+inline constexpr std::chrono::milliseconds config_pipe_wait{10'000};
 
 namespace detail {
 
@@ -166,10 +175,69 @@ inline std::string_view unreadable_kind(std::filesystem::file_type t) {
   }
 }
 
-/// The text of a config file: a regular file or a pipe, at most `max_config_bytes`.
+/// The text of a pipe (a FIFO, or `--config <(...)`'s /dev/fd/N), read up to `max_config_bytes`
+/// while its writer writes. A pipe that nobody writes to for `wait` (a FIFO whose writer never came,
+/// or stopped without closing it) is an error, not a hang: it is opened without blocking and each
+/// read waits in poll(2) with that deadline.
+/// \throws config_error naming the pipe, the bytes read so far and the wait.
+inline std::string read_pipe_text(const std::filesystem::path& path, std::string_view what,
+                                  std::chrono::milliseconds wait) {
+  const std::string name = path.string();
+  const auto fail = [&](const std::string& why, int err = 0) {
+    throw config_error(printable(cat("cannot read ", std::string(what), " ", name, ": ", why)), err);
+  };
+  int fd = -1;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int err = errno;
+    fail(std::strerror(err), err);
+  }
+  const struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_at_exit{fd};
+  std::string text;
+  std::vector<char> chunk(std::size_t{64} << 10);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(wait.count(), 1 << 30)));
+    if (ready < 0 && errno == EINTR) {
+      continue;
+    }
+    if (ready < 0) {
+      const int err = errno;
+      fail(cat("poll: ", std::strerror(err)), err);
+    }
+    if (ready == 0) {
+      fail(cat("it is a pipe and nothing was written to it for ", std::to_string(wait.count()), " ms (",
+               std::to_string(text.size()),
+               " bytes read before); expected a writer that writes the JSON and "
+               "closes the pipe"),
+           ETIMEDOUT);
+    }
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    if (n > 0) {
+      text.append(chunk.data(), static_cast<std::size_t>(n));
+      if (text.size() > max_config_bytes) {
+        fail(cat("it is larger than ", std::to_string(max_config_bytes), " bytes (zero::max_config_bytes)"));
+      }
+    } else if (n == 0) {
+      return text; // the writer closed it
+    } else if (errno != EAGAIN && errno != EINTR) {
+      const int err = errno;
+      fail(std::strerror(err), err);
+    }
+  }
+}
+
+/// The text of a config file: a regular file or a pipe (`read_pipe_text`), at most `max_config_bytes`.
 /// \param what how messages call the file ("config file", "model description").
+/// \param pipe_wait how long a pipe may stay silent (`config_pipe_wait`).
 /// \throws config_error naming the file and what is wrong with it.
-inline std::string read_config_text(const std::filesystem::path& path, std::string_view what = "config file") {
+inline std::string read_config_text(const std::filesystem::path& path, std::string_view what = "config file",
+                                    std::chrono::milliseconds pipe_wait = config_pipe_wait) {
   check_os_path<config_error>(what, path.native());
   const std::string name = path.string();
   std::error_code ec;
@@ -181,6 +249,9 @@ inline std::string read_config_text(const std::filesystem::path& path, std::stri
   if (auto kind = unreadable_kind(st.type()); !kind.empty()) {
     throw config_error(printable(
         cat("cannot read ", std::string(what), " ", name, ": it is ", std::string(kind), "; expected a JSON file")));
+  }
+  if (st.type() == std::filesystem::file_type::fifo) {
+    return read_pipe_text(path, what, pipe_wait);
   }
   std::ifstream f(path, std::ios::binary);
   if (!f) {
