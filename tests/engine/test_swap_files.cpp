@@ -207,3 +207,52 @@ TEST_CASE("the next engine on an nvme_path removes the swap files of processes t
   const auto after = names_in(dir.path);
   CHECK(after.size() == 2 + std::size(others));
 }
+
+TEST_CASE("buffer counts no host can hold and aio blocks under 4 bytes are refused by key before anything is made") {
+  scratch_dir dir("swap-counts");
+  const std::string d = dir.path.string();
+  // The audit's values: these used to allocate bounce or chunk buffers until the host ran out.
+  for (const auto& [block, count] :
+       {std::pair{std::string("offload_param"), std::string("1e8")}, {std::string("offload_optimizer"), "1e9"}}) {
+    CAPTURE(block);
+    const auto part = [&](const std::string& name) {
+      return R"(")" + name + R"(": {"device": "nvme", "nvme_path": ")" + d + R"(")" +
+             (name == "offload_param" ? R"(, "max_in_cpu": 0)" : "") +
+             (name == block ? R"(, "buffer_count": )" + count : std::string()) + "}";
+    };
+    const std::string json = R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, )" +
+                             part("offload_optimizer") + ", " + part("offload_param") + "}}";
+    zero::run_ranks(1, [&](zero::thread_communicator& comm) {
+      zero::cpu_backend backend({.threads = 1});
+      eng_t eng(zero::config::from_string(json), comm, backend);
+      static_cast<void>(eng.add_param(eng.add_module("m"), "w", {4096}));
+      try {
+        eng.finalize();
+        FAIL("finalize accepted buffer_count " << count);
+      } catch (const zero::config_error& e) {
+        const std::string what = e.what();
+        CHECK(what.find("zero_optimization." + block +
+                        ".buffer_count: " + std::to_string(static_cast<long long>(std::stod(count))) +
+                        " buffers of ") != std::string::npos);
+        CHECK(what.find("of host memory, more than this host's ") != std::string::npos);
+      }
+    });
+    CHECK(names_in(dir.path).empty());
+  }
+  const auto with_block = [&](int bytes) {
+    return zero::config::from_string(R"({"train_batch_size": 1, "optimizer": {"type": "AdamW", "params": {}},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                     d + R"("}}, "aio": {"block_size": )" + std::to_string(bytes) + "}}");
+  };
+  for (int bytes : {1, 3}) {
+    const std::string want = "aio.block_size: found " + std::to_string(bytes) + "; expected at least 4 bytes";
+    CHECK_THROWS_WITH_AS(with_block(bytes), doctest::Contains(want.c_str()), zero::config_error);
+  }
+  const auto small = with_block(256);
+  bool noted = false;
+  for (const auto& n : small.notes) {
+    noted = noted || n.find("aio.block_size: 256 bytes per request is legal but slow") != std::string::npos;
+  }
+  CHECK(noted);
+}

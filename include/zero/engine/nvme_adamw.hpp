@@ -29,6 +29,7 @@
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
+#include "zero/memory/detail/host_budget.hpp"
 #include "zero/storage/detail/swap_file.hpp"
 #include "zero/storage/storage.hpp"
 
@@ -105,6 +106,14 @@ public:
       at += round_up(range.size(), unit);
     }
     slot_elements_ = at;
+    std::size_t largest = 1;
+    for (const auto& [range, off] : ranges) {
+      largest = std::max(largest, range.size());
+    }
+    chunk_ = round_up(std::min(std::max<std::size_t>(opt.chunk_elements, 1), largest), unit);
+    // Before the file: a count no host can hold is refused with nothing made.
+    detail::check_host_buffers("zero_optimization.offload_optimizer.buffer_count", opt.buffer_count,
+                               round_up(tensors_ * chunk_ * sizeof(float), storage_.alignment()));
     swap_ =
         detail::swap_file<Storage>(storage_, opt.dir, "optimizer", rank, 2 * tensors_ * slot_elements_ * sizeof(float));
     unit_ = std::max(unit, std::max<std::size_t>(1, file().alignment() / sizeof(float)));
@@ -112,11 +121,6 @@ public:
       throw io_error(detail::cat(path().string(), ": the file system asks for ", std::to_string(file().alignment()),
                                  "-byte alignment, more than the storage's ", std::to_string(storage_.alignment())));
     }
-    std::size_t largest = 1;
-    for (const auto& [range, off] : ranges) {
-      largest = std::max(largest, range.size());
-    }
-    chunk_ = round_up(std::min(std::max<std::size_t>(opt.chunk_elements, 1), largest), unit_);
     for (std::size_t b = 0; b < opt.buffer_count; ++b) {
       chunks_.push_back(
           chunk_buffer{storage_buffer(storage_, tensors_ * chunk_ * sizeof(float), counted_, memory_tag::buffers), {}});

@@ -28,6 +28,7 @@
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
+#include "zero/memory/detail/host_budget.hpp"
 #include "zero/storage/detail/swap_file.hpp"
 #include "zero/storage/storage.hpp"
 
@@ -118,6 +119,9 @@ public:
     }
     // A file of nothing (every range in host memory) is not created.
     if (slot_bytes_ > 0) {
+      // Before the file: a count no host can hold is refused with nothing made.
+      check_host_buffers("zero_optimization.offload_param.buffer_count", opt.buffer_count,
+                         round_up(largest * esize_, align));
       swap_ = swap_file<Storage>(storage_, opt.dir, "params", opt.rank, 2 * slot_bytes_);
       if (file().alignment() > align) {
         throw io_error(cat(path().string(), ": the file system asks for ", std::to_string(file().alignment()),
