@@ -4,6 +4,11 @@
 //
 //   zero-estimate --params 7e9 --gpus-per-node 8 --nodes 2
 //   zero-estimate --model gpt2.json --dtype fp16 --json
+//   zero-estimate --config ds_config.json --model gpt2.json --gpus-per-node 8
+//
+// With --config it takes the dtypes and sizes from a DeepSpeed config (its aio chunk buffers and
+// offload_param's buffers and max_in_cpu too), checks it as the engine does (zero::check_engine_config)
+// and names the config's own row.
 //
 // With --plan it prints the fastest setting that fits the memory given, and its DeepSpeed config block
 // (zero/tools/plan.hpp): the candidates are the rows below that this version runs, and at stages 1-3
@@ -16,11 +21,13 @@
 //   zero-estimate --plan --gpu-memory 24GiB --host-memory 256GiB --nvme 3TB --nvme-path /mnt/nvme/zero
 //                 --rates rates.json --model gpt2.json
 //
-// Exit status: 0 on success, 1 for an unreadable model description or rates file and when no setting
-// fits the budgets (--plan), 2 for a command-line error.
+// Exit status: 0 on success, 1 for an unreadable model description or rates file, a config the engine
+// refuses, and when no setting fits the budgets (--plan), 2 for a command-line error.
 
 #include "config_options.hpp"
 #include "probe_rates.hpp"
+#include "zero/config/check.hpp"
+#include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/tools/estimate.hpp"
 #include "zero/tools/plan.hpp"
@@ -90,7 +97,14 @@ int run_plan(const plan_args& a, const zero::tools::memory_budget& budget, const
       rates = zero::tools::read_rates_file(*a.rates_file);
       source = cat("read from ", *a.rates_file);
     } else {
-      rates = zero::tools::measure_this_machine(probe, a.nvme_path);
+      const auto measured = zero::tools::measure_this_machine(probe, a.nvme_path);
+      if (!measured.device_missing.empty()) {
+        std::cerr << "zero-estimate: --plan: " << measured.device_missing << "; the host's rates, measured:\n"
+                  << zero::tools::rates_text(measured.rates, "  ")
+                  << "give --rates FILE from zero-report --save-rates run where the GPU is\n";
+        return 1;
+      }
+      rates = measured.rates;
       source = "measured now by zero-report's probes";
     }
   } catch (const zero::error& e) {
@@ -143,11 +157,19 @@ int main(int argc, char** argv) {
   std::int64_t hpz_partition_size = 1;
   std::int64_t mics_shard_size = -1;
   bool json_out = false;
+  std::optional<std::string> config_file;
+  zero::tools::config_options config_inputs;
 
   auto* params_opt = app.add_option("--params", params_text, "parameter count, e.g. 7e9, 6.7B, 125M");
   auto* model_opt = app.add_option("--model", model_file, "model description JSON (modules and parameter shapes)")
                         ->check(CLI::ExistingFile);
   params_opt->excludes(model_opt);
+  // Not CLI::ExistingFile: zero::config::from_file names a missing file, a folder or a device itself.
+  auto* config_opt =
+      app.add_option("--config", config_file,
+                     "a DeepSpeed config: the dtypes and sizes below come from it (aio and offload_param "
+                     "buffers too), it is checked as the engine checks it, and its row is named");
+  config_inputs.add_to(app);
   app.add_option("--largest-layer-params", largest_text,
                  "parameters of the largest module (stage 3 working set); with --params, default 0")
       ->excludes(model_opt);
@@ -228,6 +250,13 @@ int main(int argc, char** argv) {
   plans->add_option("--probe-size", plan.probe_size, "bytes each rate probe moves when measuring now")
       ->capture_default_str()
       ->needs(plan_opt);
+  // A config sets these itself.
+  for (const char* name :
+       {"--dtype", "--grad-dtype", "--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",
+        "--max-live-parameters", "--sub-group-size", "--offload-ratio", "--forward-overlap", "--hpz-partition-size",
+        "--mics-shard-size", "--persistence-threshold"}) {
+    app.get_option(name)->excludes(config_opt);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -236,11 +265,24 @@ int main(int argc, char** argv) {
   }
 
   zero::tools::estimate_options o;
+  std::optional<zero::config> cfg;
   zero::tools::memory_budget budget;
   zero::tools::probe_options probe;
   std::string model_name;
   std::string largest_name;
   try {
+    if (config_file) {
+      zero::config_inputs in = config_inputs.inputs();
+      const std::int64_t ranks = gpus_per_node * nodes;
+      if (in.world_size && *in.world_size != ranks) {
+        throw zero::usage_error(cat("--world-size ", std::to_string(*in.world_size), " is not the ",
+                                    std::to_string(ranks), " ranks of --nodes x --gpus-per-node; give one of them"));
+      }
+      in.world_size = ranks;
+      cfg = zero::config::from_file(*config_file, in);
+      // The engine's own rule: what it refuses, this refuses.
+      zero::check_engine_config(*cfg, ranks);
+    }
     if (model_file) {
       const auto m = zero::tools::read_model_description_file(*model_file);
       o.params = m.params;
@@ -264,41 +306,71 @@ int main(int argc, char** argv) {
       throw zero::usage_error(
           cat("the model has ", std::to_string(o.params), " parameters; the estimates take up to 1e15"));
     }
-    o.gpus_per_node = gpus_per_node;
-    o.nodes = nodes;
-    o.param_dtype = zero::parse_dtype(dtype_text);
-    if (grad_dtype_text) {
-      o.grad_dtype = zero::parse_dtype(*grad_dtype_text);
+    if (cfg) {
+      zero::tools::model_summary m;
+      m.params = o.params;
+      m.largest_layer_params = o.largest_layer_params;
+      m.largest_param = o.largest_param_params;
+      if (model_file) {
+        m = zero::tools::read_model_description_file(*model_file);
+      }
+      o = zero::tools::estimate_options_from(*cfg, m, gpus_per_node, nodes);
+      // The config's partial offload is its cpu rows' ratio.
+      const auto& opt = cfg->zero_optimization.offload_optimizer;
+      o.offload_ratio = opt.device == zero::offload_device::cpu && !opt.ratio_auto ? opt.ratio : 1.0;
+      if (plan.plan) {
+        std::tie(budget, probe) = plan_inputs(plan);
+      }
     }
-    o.reduce_bucket_size = zero::tools::parse_count(reduce_bucket);
-    if (allgather_bucket) {
-      o.allgather_bucket_size = zero::tools::parse_count(*allgather_bucket);
-    }
-    o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
-    o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
-    o.sub_group_size = zero::tools::parse_count(sub_group);
-    o.offload_ratio = offload_ratio;
-    o.offload_forward_overlap = forward_overlap;
-    if (o.ranks() % hpz_partition_size != 0) {
-      throw zero::usage_error(cat("--hpz-partition-size (zero_optimization.zero_hpz_partition_size) ",
-                                  std::to_string(hpz_partition_size), " does not divide the ",
-                                  std::to_string(o.ranks()),
-                                  " ranks (--nodes x --gpus-per-node); expected the ranks of a node group, a divisor "
-                                  "of the ranks"));
-    }
-    o.hpz_partition_size = hpz_partition_size;
-    if (mics_shard_size == 0 || (mics_shard_size > 0 && o.ranks() % mics_shard_size != 0)) {
-      throw zero::usage_error(cat("--mics-shard-size (zero_optimization.mics_shard_size) ",
-                                  std::to_string(mics_shard_size), " does not divide the ", std::to_string(o.ranks()),
-                                  " ranks (--nodes x --gpus-per-node); expected the ranks of a shard group, a divisor "
-                                  "of the ranks, or -1"));
-    }
-    if (mics_shard_size > 1 && hpz_partition_size > 1) {
-      throw zero::usage_error("--mics-shard-size with --hpz-partition-size: the engine runs one of HSDP and hpZ");
-    }
-    o.mics_shard_size = mics_shard_size;
-    if (plan.plan) {
-      std::tie(budget, probe) = plan_inputs(plan);
+  } catch (const zero::config_error& e) {
+    std::cerr << "zero-estimate: " << e.what() << "\n";
+    return 1;
+  } catch (const zero::usage_error& e) {
+    std::cerr << "zero-estimate: " << e.what() << "\n";
+    return 2;
+  } catch (const CLI::Error& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    if (!cfg) {
+      o.gpus_per_node = gpus_per_node;
+      o.nodes = nodes;
+      o.param_dtype = zero::parse_dtype(dtype_text);
+      if (grad_dtype_text) {
+        o.grad_dtype = zero::parse_dtype(*grad_dtype_text);
+      }
+      o.reduce_bucket_size = zero::tools::parse_count(reduce_bucket);
+      if (allgather_bucket) {
+        o.allgather_bucket_size = zero::tools::parse_count(*allgather_bucket);
+      }
+      o.stage3_prefetch_bucket_size = zero::tools::parse_count(prefetch_bucket);
+      o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
+      o.sub_group_size = zero::tools::parse_count(sub_group);
+      o.offload_ratio = offload_ratio;
+      o.offload_forward_overlap = forward_overlap;
+      if (o.ranks() % hpz_partition_size != 0) {
+        throw zero::usage_error(cat("--hpz-partition-size (zero_optimization.zero_hpz_partition_size) ",
+                                    std::to_string(hpz_partition_size), " does not divide the ",
+                                    std::to_string(o.ranks()),
+                                    " ranks (--nodes x --gpus-per-node); expected the ranks of a node group, a divisor "
+                                    "of the ranks"));
+      }
+      o.hpz_partition_size = hpz_partition_size;
+      if (mics_shard_size == 0 || (mics_shard_size > 0 && o.ranks() % mics_shard_size != 0)) {
+        throw zero::usage_error(
+            cat("--mics-shard-size (zero_optimization.mics_shard_size) ", std::to_string(mics_shard_size),
+                " does not divide the ", std::to_string(o.ranks()),
+                " ranks (--nodes x --gpus-per-node); expected the ranks of a shard group, a divisor "
+                "of the ranks, or -1"));
+      }
+      if (mics_shard_size > 1 && hpz_partition_size > 1) {
+        throw zero::usage_error("--mics-shard-size with --hpz-partition-size: the engine runs one of HSDP and hpZ");
+      }
+      o.mics_shard_size = mics_shard_size;
+      if (plan.plan) {
+        std::tie(budget, probe) = plan_inputs(plan);
+      }
     }
   } catch (const zero::config_error& e) {
     std::cerr << "zero-estimate: " << e.what() << "\n";
@@ -312,6 +384,10 @@ int main(int argc, char** argv) {
   std::cout << "zero-estimate: " << (model_name.empty() ? "" : model_name + ", ") << o.params << " params ("
             << o.params / 1'000'000 << "M), largest layer " << o.largest_layer_params << " params"
             << (largest_name.empty() ? "" : cat(" (", largest_name, ")")) << "\n";
+  if (cfg) {
+    std::cout << "config: " << *config_file << ", valid for the engine on " << o.ranks()
+              << " ranks; its dtypes, bucket sizes, aio chunk buffers and offload_param buffers are the estimate's\n";
+  }
   std::cout << "hardware: " << o.nodes << (o.nodes > 1 ? " nodes" : " node") << " x " << o.gpus_per_node
             << (o.gpus_per_node > 1 ? " GPUs" : " GPU") << " = " << o.ranks() << " data-parallel ranks\n";
   if (o.hpz_partition_size > 1) {
@@ -353,7 +429,13 @@ int main(int argc, char** argv) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
               << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
-              << (r.implemented ? "" : "  (not run with HSDP)") << "\n";
+              << (r.implemented ? "" : "  (not run with HSDP)")
+              << (cfg && r.stage == cfg->stage() &&
+                          r.offload_optimizer == cfg->zero_optimization.offload_optimizer.device &&
+                          r.offload_param == cfg->zero_optimization.offload_param.device
+                      ? "  <- the config"
+                      : "")
+              << "\n";
   }
   std::cout << "\nDeepSpeed's estimate_zero2_model_states_mem_needs_all_cold (stages 1 and 2; its formulas, "
                "16-bit training):\n"

@@ -14,6 +14,7 @@
 
 #include "config_options.hpp"
 #include "probe_rates.hpp"
+#include "zero/config/check.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
 
@@ -257,25 +258,25 @@ void report_cuda(verdict& v, bool require_gpu) {
   section("CUDA");
   const driver_probe d = probe_driver();
 #if defined(ZERO_TOOLS_WITH_CUDA)
-  // A CUDA build needs a GPU whether or not --require asks for one: the checks below cover it.
-  static_cast<void>(require_gpu);
+  // Without --require cuda or gpu, a host without a usable GPU is a warning: the CPU backend, the
+  // config checks and the host's rates work there. With it, a problem.
+  auto missing = [&](std::string what) { (require_gpu ? v.problems : v.warnings).push_back(std::move(what)); };
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);
   line("CUDA runtime (built with)",
        cuda_version_text(runtime) + " (CUDART_VERSION " + std::to_string(CUDART_VERSION) + ")");
   if (!d.loaded) {
     line("NVIDIA driver", cat("not found (", d.error, ")"));
-    v.problems.push_back("this build uses CUDA but no NVIDIA driver is loaded: install the NVIDIA driver "
-                         "(check with nvidia-smi) or run on a GPU machine");
+    missing("this build uses CUDA but no NVIDIA driver is loaded: its GPU backend cannot run here (the CPU "
+            "backend can); install the NVIDIA driver (check with nvidia-smi) or run on a GPU machine");
     return;
   }
   line("NVIDIA driver", cat("supports CUDA ", cuda_version_text(d.version)));
   if (d.version < runtime) {
-    v.problems.push_back(cat("the NVIDIA driver supports CUDA ", cuda_version_text(d.version),
-                             " but zero was built with "
-                             "CUDA runtime ",
-                             cuda_version_text(runtime), ": update the driver to one that supports CUDA ",
-                             cuda_version_text(runtime), " or rebuild zero with an older toolkit"));
+    missing(cat("the NVIDIA driver supports CUDA ", cuda_version_text(d.version),
+                " but zero was built with CUDA runtime ", cuda_version_text(runtime),
+                ": update the driver to one that supports CUDA ", cuda_version_text(runtime),
+                " or rebuild zero with an older toolkit"));
   }
   if (!d.error.empty()) {
     line("driver status", d.error);
@@ -287,7 +288,8 @@ void report_cuda(verdict& v, bool require_gpu) {
                                                std::to_string(g.major) + "." + std::to_string(g.minor));
   }
   if (d.gpus.empty()) {
-    v.problems.push_back("this build uses CUDA but no GPU is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES");
+    missing("this build uses CUDA but no GPU is visible: its GPU backend cannot run here (the CPU backend can); "
+            "check nvidia-smi and CUDA_VISIBLE_DEVICES");
   }
 #else
   line("CUDA", "not built with CUDA (this build has no zero::cuda)");
@@ -488,8 +490,7 @@ void report_nvme_path(const char* block, const std::filesystem::path& dir, verdi
 /// What NVMe offload of the optimizer state will do with `c` (docs/offload.md): where the state file
 /// goes, what the host keeps, and whether nvme_path is a folder here and takes O_DIRECT (which
 /// `zero::uring_storage` needs; the default `posix_storage` does not). A missing folder is a warning
-/// (the config may be meant for another machine); fewer than 2 chunk buffers, which the engine
-/// refuses, is a problem.
+/// (the config may be meant for another machine). What the engine refuses, check_engine_config says.
 void report_nvme(const zero::config& c, verdict& v) {
   const auto& o = c.zero_optimization.offload_optimizer;
   const std::filesystem::path dir(o.nvme_path);
@@ -502,12 +503,6 @@ void report_nvme(const zero::config& c, verdict& v) {
             << "    host: the gradient shard, two copies of the parameter shard and " << o.buffer_count
             << " chunk buffers of up to " << chunk
             << " elements per tensor (offload_optimizer.buffer_count; aio.block_size / 4 x aio.queue_depth)\n";
-  if (o.buffer_count < 2) {
-    v.problems.push_back(cat("the config is valid but zero_optimization.offload_optimizer.buffer_count is ",
-                             std::to_string(o.buffer_count),
-                             ", and the engine refuses NVMe offload with fewer than 2 chunk buffers (one updating, "
-                             "one reading ahead); set 2 or more (DeepSpeed's default is 4)"));
-  }
   report_nvme_path("offload_optimizer", dir, v);
 }
 
@@ -530,8 +525,7 @@ void report_nvme_path(const char* block, const std::filesystem::path& dir, verdi
 }
 
 /// What NVMe offload of the parameters will do with `c` (docs/offload.md): the file, what the host
-/// keeps, the folder; what the engine refuses (no buffer, fp32 parameters without optimizer offload)
-/// is a problem.
+/// keeps, the folder.
 void report_param_nvme(const zero::config& c, verdict& v) {
   const auto& o = c.zero_optimization.offload_param;
   const std::filesystem::path dir(o.nvme_path);
@@ -542,17 +536,6 @@ void report_param_nvme(const zero::config& c, verdict& v) {
             << "    host: the modules within the first " << o.max_in_cpu << " elements of the shard (max_in_cpu) and "
             << o.buffer_count << " bounce buffers of a module's slice, at most " << o.buffer_size
             << " elements (buffer_count, buffer_size)\n";
-  if (o.buffer_count < 1) {
-    v.problems.push_back(
-        "the config is valid but zero_optimization.offload_param.buffer_count is 0, and the engine "
-        "refuses NVMe offload of parameters without a buffer; set 1 or more (DeepSpeed's default is 5)");
-  }
-  if (c.param_dtype() == zero::dtype::f32 &&
-      c.zero_optimization.offload_optimizer.device == zero::offload_device::none) {
-    v.problems.push_back("the config is valid but the engine refuses offload_param.device \"nvme\" with fp32 "
-                         "parameters and no offload_optimizer: set offload_optimizer.device to \"cpu\" or \"nvme\", or "
-                         "train in bf16 or fp16");
-  }
   report_nvme_path("offload_param", dir, v);
 }
 
@@ -560,6 +543,8 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
   section(cat("config ", file));
   try {
     const zero::config c = zero::config::from_file(file, in);
+    // The engine's own rule, for the ranks given (without --world-size, the checks that need them are skipped).
+    zero::check_engine_config(c, in.world_size);
     std::cout << "  valid; resolved for world size " << c.world_size << ":\n";
     std::istringstream dump(c.to_json().dump(2));
     for (std::string l; std::getline(dump, l);) {
@@ -567,6 +552,10 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
     }
     for (const std::string& n : c.notes) {
       std::cout << "  note: " << n << "\n";
+    }
+    if (!in.world_size) {
+      std::cout << "  note: no --world-size; the group sizes that must divide the ranks (mics_shard_size, "
+                   "zero_hpz_partition_size, zero_quantized_gradients_node_size) are not checked\n";
     }
     // Optimizer offload to the CPU or NVMe and parameter offload to the CPU or NVMe run: say where the
     // state will live.
@@ -636,8 +625,15 @@ void report_rates(const std::string& file, const std::optional<std::filesystem::
                   const zero::tools::probe_options& p, verdict& v) {
   section(cat("measured rates (for zero-estimate --plan; ", std::to_string(p.bytes >> 20), " MiB per probe)"));
   try {
-    const auto rates = zero::tools::measure_this_machine(p, path);
+    const auto measured = zero::tools::measure_this_machine(p, path);
+    const auto& rates = measured.rates;
     std::cout << zero::tools::rates_text(rates, "  ");
+    if (!measured.device_missing.empty()) {
+      // zero-estimate --plan needs the device's rates too: a file without them would be refused there.
+      std::cout << "  not written to " << file << ": the device's rates are missing\n";
+      v.problems.push_back(cat("--save-rates: ", measured.device_missing));
+      return;
+    }
     std::ofstream out(file, std::ios::trunc);
     out << zero::tools::rates_json(rates).dump(2) << "\n";
     out.close();

@@ -419,7 +419,8 @@ struct plan_result {
 }
 
 /// The estimate options of a resolved config `c` for model `m` (`read_model_description`,
-/// `summarize_modules`) on `ranks_per_node` x `nodes` ranks: the sizes the config sets, the parameters
+/// `summarize_modules`) on `ranks_per_node` x `nodes` ranks: the sizes the config sets (the NVMe chunk
+/// buffers from `aio`, offload_param's buffers and `max_in_cpu` among them), the parameters
 /// below its `stage3_param_persistence_threshold` as persistent. The gradient dtype is left to each
 /// stage's default unless `c`'s differs from its stage's default (a config that sets the default
 /// explicitly is estimated with the defaults, fp32 for bf16 at stage 0: on the safe side). The config's
@@ -468,6 +469,9 @@ struct plan_result {
   o.config_forward_overlap = z.offload_optimizer.forward_overlap;
   o.gradient_accumulation_steps = c.gradient_accumulation_steps;
   o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;
+  o.offload_param_buffer_count = z.offload_param.buffer_count;
+  o.offload_param_buffer_size = z.offload_param.buffer_size;
+  o.offload_param_max_in_cpu = z.offload_param.max_in_cpu;
   return o;
 }
 

@@ -216,25 +216,34 @@ template <storage S>
   return static_cast<std::int64_t>(std::min<std::uintmax_t>(space.available, std::numeric_limits<std::int64_t>::max()));
 }
 
-/// The rates of this machine: `device`'s AdamW and copies (named `device_name` in the result), the
-/// host AdamW on a `cpu_backend` with every hardware thread, and, with `nvme_dir`, a `posix_storage`
-/// (DeepSpeed's `aio` defaults) in that folder.
-template <backend B>
-[[nodiscard]] machine_rates measure_rates(B& device, std::string device_name, const probe_options& p,
-                                          const std::optional<std::filesystem::path>& nvme_dir = std::nullopt) {
+/// The host's side of the rates: the host AdamW on a `cpu_backend` with every hardware thread, and,
+/// with `nvme_dir`, a `posix_storage` (DeepSpeed's `aio` defaults) in that folder. The device's
+/// rates stay 0 (`has_device_rates` false), its name `device_name`.
+[[nodiscard]] inline machine_rates measure_host_rates(std::string device_name, const probe_options& p,
+                                                      const std::optional<std::filesystem::path>& nvme_dir) {
   machine_rates r;
   r.device = std::move(device_name);
   const std::size_t elements = std::max<std::size_t>(p.bytes / 16, 1);
   cpu_backend host({.threads = 0});
   r.host_adamw = probe_adamw(host, elements, p.repeats);
   r.host_threads = host.threads();
-  r.device_adamw = probe_adamw(device, elements, p.repeats);
-  std::tie(r.host_to_device, r.device_to_host) = probe_copy(device, p.bytes, p.repeats);
   if (nvme_dir) {
     posix_storage storage;
     std::tie(r.nvme_read, r.nvme_write) = probe_storage(storage, *nvme_dir, p.bytes);
     r.nvme_path = nvme_dir->string();
   }
+  return r;
+}
+
+/// The rates of this machine: `device`'s AdamW and copies (named `device_name` in the result) and the
+/// host's (`measure_host_rates`).
+template <backend B>
+[[nodiscard]] machine_rates measure_rates(B& device, std::string device_name, const probe_options& p,
+                                          const std::optional<std::filesystem::path>& nvme_dir = std::nullopt) {
+  machine_rates r = measure_host_rates(std::move(device_name), p, nvme_dir);
+  const std::size_t elements = std::max<std::size_t>(p.bytes / 16, 1);
+  r.device_adamw = probe_adamw(device, elements, p.repeats);
+  std::tie(r.host_to_device, r.device_to_host) = probe_copy(device, p.bytes, p.repeats);
   return r;
 }
 
