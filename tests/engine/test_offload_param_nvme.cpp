@@ -4,6 +4,7 @@
 
 #include "nvme_harness.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <unistd.h>
+#include <vector>
 
 namespace fs = std::filesystem;
 using zero::dtype;
@@ -434,4 +436,85 @@ TEST_CASE("offload_param nvme: a missing nvme_path, a folder that does not exist
                          zero::config_error);
   });
   CHECK(fs::is_empty(dir.path)); // nothing half-made stays behind
+}
+
+TEST_CASE("offload_param nvme: a parameter file truncated before evaluation fails the evaluation's gather, and "
+          "gather_all, with an io_error naming the file, instead of computing with zeros") {
+  scratch_dir dir("param-nvme-eval");
+  // Nothing persistent and nothing in host memory: every gather reads its slice from the file.
+  run_spec s{.stage = 3,
+             .world = 2,
+             .type = dtype::f32,
+             .persistence_threshold = 0,
+             .zero_extra = param_nvme(dir.path, "cpu", 2, 0)};
+  zero::testing::with_engine_group<zero::cpu_backend>(
+      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
+      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
+      [&](auto& eng, const zero::testing::model_handles& mh, zero::thread_communicator& comm) {
+        zero::testing::init_model(eng);
+        zero::testing::run_result r;
+        r.applied_by_rank.resize(2);
+        zero::testing::train_steps(eng, mh, comm, s, 0, 1, r);
+        const fs::path file = eng.coordinator()->file()->path();
+        CHECK(file.parent_path() == dir.path);
+        CHECK(file.filename().string().starts_with("zero-params-"));
+        CHECK(file.filename().string().ends_with("-rank" + std::to_string(comm.rank()) + ".swap"));
+        // What an evaluation reads from the intact file: every parameter's values.
+        const auto evaluate = [&](zero::eval_gather mode) {
+          std::vector<float> seen;
+          auto ev = eng.evaluation(mode);
+          for (std::size_t k = 0; k < mh.params.size(); ++k) {
+            auto on = eng.gather(mh.modules[static_cast<std::size_t>(zero::testing::small_model()[k].module)]);
+            const auto v = eng.param(mh.params[k]);
+            seen.insert(seen.end(), v.template as<float>(), v.template as<float>() + v.numel);
+          }
+          return seen;
+        };
+        const auto intact = evaluate(zero::eval_gather::per_module);
+        REQUIRE(!intact.empty());
+        CHECK(std::any_of(intact.begin(), intact.end(), [](float x) { return x != 0.0f; }));
+        const fs::path copy = file.string() + ".intact";
+        fs::copy_file(file, copy);
+        comm.barrier().wait(); // no rank truncates while another still reads
+        fs::resize_file(file, 0);
+        const auto check_failure = [&](const zero::io_error& e) {
+          const std::string what = e.what();
+          CAPTURE(what);
+          CHECK(what.starts_with("[zero.io_error] read of "));
+          CHECK(what.find("[zero.io_error]", 1) == std::string::npos); // one id prefix
+          CHECK(what.find(file.string()) != std::string::npos);
+          CHECK(what.find("could not be read from NVMe") != std::string::npos);
+          CHECK(e.status() == ENODATA);
+        };
+        for (const auto mode : {zero::eval_gather::per_module, zero::eval_gather::whole_model}) {
+          CAPTURE(static_cast<int>(mode));
+          bool threw = false;
+          try {
+            static_cast<void>(evaluate(mode));
+          } catch (const zero::io_error& e) {
+            threw = true;
+            check_failure(e);
+            CHECK(std::string(e.what()).find("for evaluation") != std::string::npos);
+          }
+          CHECK(threw);
+        }
+        bool threw = false;
+        try {
+          auto all = eng.gather_all();
+        } catch (const zero::io_error& e) {
+          threw = true;
+          check_failure(e);
+        }
+        CHECK(threw);
+        // The file back as it was: the same values again, and training goes on (the failures were
+        // reported where they happened, not left for the next step).
+        comm.barrier().wait();
+        fs::copy_file(copy, file, fs::copy_options::overwrite_existing);
+        fs::remove(copy);
+        CHECK(evaluate(zero::eval_gather::per_module) == intact);
+        CHECK(evaluate(zero::eval_gather::whole_model) == intact);
+        zero::testing::train_steps(eng, mh, comm, s, 1, 2, r);
+        CHECK(r.applied_by_rank[static_cast<std::size_t>(comm.rank())] == std::vector<bool>{true, true});
+      });
+  CHECK(fs::is_empty(dir.path));
 }

@@ -1,6 +1,7 @@
 // Stage 3: partitioned parameters, gathered on demand, prefetched from a trace, bounded working set.
 
 #include "zero/backend/cpu_backend.hpp"
+#include "zero/comm/pipeline_schedule.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
 #include "zero/engine/engine.hpp"
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <doctest/doctest.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -288,6 +290,72 @@ TEST_CASE("stage 3: after warm-up the all-gathers per step are what the trace pr
   });
 }
 
+TEST_CASE("stage 3 under 1F1B: a trace per micro-step of the accumulation, kept after the first step, so every "
+          "micro-step prefetches; the parameters are those of the run without prefetch") {
+  // The first of 2 pipeline stages with 4 micro-batches per step (zero::one_f_one_b): F0 F1 B0 | F2 B1 |
+  // F3 B2 | B3, a micro-step ending after each backward, so the 4 micro-steps of an accumulation
+  // gather in 3 different orders, and each order comes back at its position every step.
+  const auto schedule = zero::one_f_one_b(2, 0, 4);
+  const deep_spec base{.world = 2, .layers = 3, .precision = "", .extra = R"("gradient_accumulation_steps": 4,)"};
+  constexpr std::int64_t no_prefetch = 0;
+  const auto layers = all_layers(base.layers);
+  const std::vector<int> warm_up_order = {0, 1, 2, 0, 1, 2, 2, 1, 0}; // F0, F1, B0
+  std::vector<std::vector<float>> params(2);
+  for (const std::int64_t prefetch : {no_prefetch, base.prefetch}) {
+    CAPTURE(prefetch);
+    deep_spec s = base;
+    s.prefetch = prefetch;
+    zero::run_ranks(s.world, [&](zero::thread_communicator& comm) {
+      deep_rank r(comm, s);
+      std::vector<std::string> changes;
+      r.eng.set_log([&](const std::string& line) {
+        if (line.find("module order changed") != std::string::npos) {
+          changes.push_back(line);
+        }
+      });
+      std::size_t micro_step = 0;
+      for (int step = 0; step < 3; ++step) {
+        for (const auto& op : schedule) {
+          if (op.op == zero::pipe_op::forward) {
+            for (int l : layers) {
+              auto on = r.eng.gather(r.m.modules[static_cast<std::size_t>(l)]);
+            }
+          } else if (op.op == zero::pipe_op::backward) {
+            backward(r.eng, r.m, layers, static_cast<std::size_t>(op.micro_batch));
+            const auto result = r.eng.step();
+            CHECK(result.boundary == (op.micro_batch == 3));
+            const auto& st = r.eng.coordinator()->stats_of_last_step();
+            CAPTURE(micro_step);
+            CHECK(st.trace_changes == 0);
+            if (prefetch == no_prefetch) {
+              CHECK(st.prefetched == 0);
+            } else if (step > 0) {
+              // Each micro-step's first gather is on demand (nothing stays gathered across step()),
+              // every other one was prefetched from its position's trace, and every prefetch was used.
+              CHECK(st.on_demand == 1);
+              CHECK(st.prefetched + 1 == st.all_gathers);
+              CHECK(st.prefetch_used == st.prefetched);
+              CHECK(st.prefetch_wasted == 0);
+            }
+            ++micro_step;
+          }
+        }
+      }
+      CHECK(micro_step == 12);
+      CHECK(changes.empty());
+      CHECK(r.eng.coordinator()->positions() == 4);
+      CHECK(r.eng.coordinator()->position() == 0);
+      CHECK(r.eng.coordinator()->trace() == warm_up_order);
+      auto snap = snapshot(r.eng, r.m);
+      if (comm.rank() == 0) {
+        params[prefetch == no_prefetch ? 0 : 1] = std::move(snap);
+      }
+    });
+  }
+  REQUIRE(!params[0].empty());
+  CHECK(params[0] == params[1]);
+}
+
 TEST_CASE("stage 3: skipped or reordered layers train as stage 0 does; evaluation leaves the trace intact") {
   // The schedule of layer orders per step: normal, skip layer 5, normal, reversed, normal.
   std::vector<std::vector<int>> orders;
@@ -424,6 +492,55 @@ TEST_CASE("stage 3 misuse: ungathered view, double release, a module only some r
                                        },
                                        {.timeout = 60s}),
                        doctest::Contains("while gathering module \"layer1\""), zero::timeout_error);
+}
+
+TEST_CASE("stage 3: a gather's communicator error names the module under one id prefix, with the ordering rule "
+          "only where collectives differed (not for a stopped peer's timeout)") {
+  using namespace std::chrono_literals;
+  deep_spec s{.world = 2, .layers = 2, .width = 16, .persistence = 0};
+  std::vector<std::string> seen(2);
+  zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+    deep_rank r(comm, s);
+    comm.set_timeout(300ms);
+    if (comm.rank() == 0) { // rank 1 has stopped: it never gathers
+      try {
+        auto on = r.eng.gather(r.m.modules[1]);
+      } catch (const zero::timeout_error& e) {
+        CHECK(!e.echo());
+        seen[0] = e.what();
+      }
+    }
+  });
+  CAPTURE(seen[0]);
+  CHECK(seen[0].starts_with("[zero.timeout_error] all_gather(count="));
+  CHECK(seen[0].find("[zero.", 1) == std::string::npos);
+  CHECK(seen[0].find("ranks that never joined: 1") != std::string::npos);
+  CHECK(seen[0].ends_with("; while gathering module \"layer1\""));
+  CHECK(seen[0].find("same order") == std::string::npos);
+
+  seen.assign(2, {});
+  zero::run_ranks(2, [&](zero::thread_communicator& comm) {
+    deep_rank r(comm, s);
+    comm.set_timeout(20s);
+    try {
+      if (comm.rank() == 0) {
+        std::this_thread::sleep_for(50ms); // rank 1's barrier comes first; rank 0's all-gather finds it
+        auto on = r.eng.gather(r.m.modules[0]);
+      } else {
+        comm.barrier().wait(); // where rank 0 gathers
+      }
+    } catch (const zero::comm_error& e) {
+      CHECK(e.echo() == (comm.rank() == 1));
+      seen[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  CAPTURE(seen[0]);
+  CHECK(seen[0].starts_with("[zero.comm_error] operation #"));
+  CHECK(seen[0].find("[zero.", 1) == std::string::npos);
+  CHECK(seen[0].find("does not match across ranks") != std::string::npos);
+  CHECK(seen[0].ends_with(
+      "; while gathering module \"layer0\": every rank must gather the same modules in the same order"));
+  CHECK(seen[1].starts_with("[zero.comm_error] barrier"));
 }
 
 TEST_CASE("stage 3: an evaluation that gathers the whole model lets ranks run different numbers of batches") {

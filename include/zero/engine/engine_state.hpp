@@ -478,6 +478,10 @@ protected:
     end_early(false, 0.0); // a step that ended early (an error) keeps none of its updates
     reducer_boundary_ = is_boundary();
     reducer_->begin_micro_step(reducer_boundary_);
+    // Stage 3 keeps a gather trace per micro-step of the accumulation (a pipeline's 1F1B orders differ by position).
+    residency_([&](auto& r) {
+      r.begin_micro_step(static_cast<std::size_t>(counters_.micro_step % cfg_.gradient_accumulation_steps));
+    });
     if (stats_in_take_ && reducer_boundary_) {
       stats_->begin_ranges(unscale() != 1.0);
     }

@@ -46,17 +46,22 @@ struct gather_pass {
   std::vector<int> trace;   // the recorded order
   std::vector<int> current; // this pass's order so far
   bool diverged = false;    // this pass left the trace
+  bool borrowed = false;    // the trace is another schedule position's, a guess until this pass ends
 
   /// Records module `m`'s gather; on the first one that leaves the trace, counts a trace change and
-  /// says where on `log` (with `names` of the modules; `kind` "training" or "evaluation").
+  /// says where on `log` (with `names` of the modules; `kind` names the pass), unless the trace was
+  /// `borrowed` (then prefetch just stops for the pass).
   void note(int m, gather_stats& stats, const std::vector<std::string>& names,
-            const std::function<void(const std::string&)>& log, const char* kind) {
+            const std::function<void(const std::string&)>& log, const std::string& kind) {
     const std::size_t pos = current.size();
     current.push_back(m);
     if (diverged || trace.empty() || (pos < trace.size() && trace[pos] == m)) {
       return;
     }
     diverged = true;
+    if (borrowed) {
+      return;
+    }
     ++stats.trace_changes;
     if (log) {
       const std::string expected =
@@ -66,16 +71,17 @@ struct gather_pass {
           "\"; prefetch is off for this pass and the trace will be recorded again");
     }
   }
-  /// Ends the pass: its order becomes the trace when it differed (or there was none).
+  /// Ends the pass: its order becomes the trace when it differed, or there was none of its own.
   void finish(gather_stats& stats) {
-    if (trace.empty() || diverged || current.size() != trace.size()) {
-      if (!trace.empty() && !diverged) {
+    if (trace.empty() || diverged || borrowed || current.size() != trace.size()) {
+      if (!trace.empty() && !diverged && !borrowed) {
         ++stats.trace_changes; // the pass ended early: fewer gathers than the trace
       }
       trace = current;
     }
     current.clear();
     diverged = false;
+    borrowed = false;
   }
 };
 } // namespace detail

@@ -12,13 +12,18 @@
 /// ahead and never more than stage3_max_live_parameters elements gathered at once. A released unit that the trace uses
 /// again within stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the first
 /// backward one). When the order of a step differs from the trace, prefetching stops for the rest of that step, a log
-/// line says where, and the trace is recorded again. Evaluation passes (forward only) keep a trace of their own and
+/// line says where, and the trace is recorded again. A trace is kept per schedule position, the micro-step's place in
+/// its accumulation (`begin_micro_step`): under a pipeline's 1F1B schedule the micro-steps of an accumulation gather in
+/// different orders (the warm-up's forwards, the steady state's forward-backward pairs, the cool-down's backwards), and
+/// each repeats at its position every step. A position without a trace yet replays the last one recorded, as a guess
+/// that leaves no log line when it does not match. Evaluation passes (forward only) keep a trace of their own and
 /// leave the training trace intact; an evaluation pass may instead gather the whole model once at its start
 /// (`begin_eval(true)`), after which its gathers issue no collective, so ranks may run different numbers of evaluation
 /// batches.
 ///
-/// Every rank must gather the same modules in the same order, as every rank must issue the same collectives; a module
-/// gathered by some ranks and not others ends in the communicator's timeout, whose error names the module.
+/// Every rank must gather the same modules in the same order, as every rank must issue the same collectives. An error
+/// of the communicator during a gather names the module: a collective that differs across ranks (a comm_error naming
+/// the operations) adds that ordering rule; a timeout (a rank that stopped, or never joined) does not.
 ///
 /// With 16-bit parameters and nothing offloaded no shard is kept (`params_from_master`): a gather casts the rank's
 /// slice of the optimizer's fp32 master into the unit, which a kept shard (the master rounded,
@@ -28,7 +33,9 @@
 /// (`detail::param_shard`): a gather uploads the rank's slice into the unit's device memory at the rank's position on
 /// an upload stream, then all-gathers in place, and a prefetch posts both. Persistent units stay whole in device
 /// memory. With `offload_param.device: nvme` the shard is in a file of the storage policy: a gather reads the slice
-/// first, and the prefetcher reads ahead.
+/// first, and the prefetcher reads ahead. A read that fails in training uploads zeros and is reported by the engine at
+/// the next `step()`; in an evaluation pass, which has no step after it, the gather of the unit whose read failed
+/// throws the io_error naming the file (docs/offload.md).
 ///
 /// With hpZ (`use_secondary`, `zero_hpz_partition_size`) a rank also keeps its node slice of each gathered unit, and
 /// gathers the unit over its node group from those slices until the shards change (docs/zeropp.md).
@@ -171,14 +178,25 @@ public:
   void finish() const noexcept {}
 
   /// Brings module `m`'s units in (or finds them gathered, prefetched or kept) and counts a use.
+  /// When it throws, the module is not gathered (its units are counted back).
   /// \throws usage_error for an unknown module; timeout_error naming the module when other ranks
-  /// do not gather it.
+  /// do not gather it; comm_error naming it when they start another collective; in an evaluation
+  /// pass with the shard on NVMe, io_error naming the file when the read of the module's slice failed.
   void gather(int m) {
     const auto mi = check_module(m, "gather");
     note_use(m);
-    for (std::size_t u : module_units_[mi]) {
-      ensure_live(u, m);
-      ++units_[u].refs;
+    const auto& units = module_units_[mi];
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      try {
+        ensure_live(units[k], m);
+      } catch (...) {
+        for (std::size_t j = 0; j < k; ++j) {
+          --units_[units[j]].refs;
+        }
+        eval_failed_ = in_eval_; // the pass's order so far is not a trace to replay
+        throw;
+      }
+      ++units_[units[k]].refs;
     }
     ++module_refs_[mi];
     if (!whole_eval_) {
@@ -221,16 +239,34 @@ public:
   [[nodiscard]] bool persistent(std::size_t u) const noexcept { return units_[u].persistent; }
 
   /// Ends a training micro-step: checks nothing is still gathered, frees what was kept, and records
-  /// the trace when this step's order differed (or none was recorded). With `params_changed` (the
-  /// optimizer updated the shards) the persistent units are refreshed from the shards.
+  /// the trace of its schedule position when this step's order differed (or none was recorded). With
+  /// `params_changed` (the optimizer updated the shards) the persistent units are refreshed from the shards.
   void end_step(bool params_changed) {
     require_released("step() while module \"", "\" is still gathered; release it (end the guard's scope) before the "
                                                "optimizer step");
     drop_all();
-    finish_pass(train_);
+    finish_pass(train_[position_]);
+    if (!train_[position_].trace.empty()) {
+      last_recorded_ = position_;
+    }
     if (params_changed) {
       forget_secondary();
       refresh_persistent();
+    }
+  }
+
+  /// The next training gathers belong to micro-step `position` of the accumulation (0 to
+  /// gradient_accumulation_steps - 1): they follow, and record, that schedule position's trace (see the
+  /// file comment). The engine calls it as each micro-step begins; without it every step is position 0.
+  void begin_micro_step(std::size_t position) {
+    if (position >= train_.size()) {
+      train_.resize(position + 1);
+    }
+    position_ = position;
+    auto& p = train_[position_];
+    if (p.trace.empty() && !train_[last_recorded_].trace.empty()) {
+      p.trace = train_[last_recorded_].trace;
+      p.borrowed = true;
     }
   }
 
@@ -238,6 +274,10 @@ public:
   /// gathers are counted apart (`stats_of_last_eval`). With `whole_model`, every unit is gathered
   /// now, once, and gathers inside the pass issue no collective and record no trace, so ranks may
   /// run different numbers of forwards (the memory of the whole model is held until `end_eval`).
+  /// With the shard on NVMe a read that fails in the pass fails the gather that needed it (with
+  /// `whole_model`, this call); the pass stays open for `end_eval`, as the engine's scope ends it.
+  /// \throws usage_error when a pass is open; io_error naming the file (NVMe); the communicator's
+  /// errors naming the module, as `gather`.
   void begin_eval(bool whole_model = false) {
     if (in_eval_) {
       throw usage_error("an evaluation pass is already open");
@@ -245,8 +285,16 @@ public:
     in_eval_ = true;
     train_stats_ = stats_;
     stats_ = {};
+    reads_at_gather(true);
     if (whole_model) {
-      gather_everything();
+      try {
+        gather_everything();
+      } catch (...) {
+        reads_at_gather(false);
+        stats_ = train_stats_;
+        in_eval_ = false;
+        throw;
+      }
       whole_eval_ = true;
     }
   }
@@ -263,11 +311,18 @@ public:
       drop_all();
     } else {
       drop_all();
-      finish_pass(eval_);
+      if (eval_failed_) {
+        eval_.current.clear();
+        eval_.diverged = false;
+      } else {
+        finish_pass(eval_);
+      }
     }
+    eval_failed_ = false;
     last_eval_stats_ = stats_;
     stats_ = train_stats_;
     in_eval_ = false;
+    reads_at_gather(false); // drops a failed read ahead for a unit the pass never gathered
   }
 
   /// All-gathers the persistent units from the shards (after initialisation and every step).
@@ -294,10 +349,29 @@ public:
   /// Gathers every unit, whatever the limits (DeepSpeed's GatheredParameters); `release_everything`
   /// undoes it. With `modifier_rank >= 0`, that rank's whole values are broadcast and written back
   /// into every rank's shard, and `on_written` is called so the optimizer can reload its master copy.
+  /// With the shard on NVMe a read that fails fails this call (no step may follow to report it), as in
+  /// an evaluation pass. When it throws, nothing stays gathered by it.
+  /// \throws io_error naming the file (NVMe); the communicator's errors, as `gather`.
   void gather_everything() {
+    const bool was = reads_at_gather_;
+    reads_at_gather(true);
+    struct restore {
+      param_coordinator& c;
+      bool was;
+      ~restore() { c.reads_at_gather(was); }
+    } restore_reads{*this, was};
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (!units_[u].persistent) {
-        ensure_live(u, -1);
+        try {
+          ensure_live(u, -1);
+        } catch (...) {
+          for (std::size_t v = 0; v < u; ++v) {
+            if (!units_[v].persistent && --units_[v].refs == 0) {
+              free_unit(v);
+            }
+          }
+          throw;
+        }
         ++units_[u].refs;
       }
     }
@@ -328,8 +402,12 @@ public:
   [[nodiscard]] const gather_stats& stats() const noexcept { return stats_; }
   [[nodiscard]] const gather_stats& stats_of_last_step() const noexcept { return last_stats_; }
   [[nodiscard]] const gather_stats& stats_of_last_eval() const noexcept { return last_eval_stats_; }
-  /// The recorded training trace (module ids in gather order), empty before the first step ends.
-  [[nodiscard]] const std::vector<int>& trace() const noexcept { return train_.trace; }
+  /// The training trace of the current schedule position (module ids in gather order): recorded, or
+  /// replayed from another position until this one has run; empty before the first step ends.
+  [[nodiscard]] const std::vector<int>& trace() const noexcept { return train_[position_].trace; }
+  /// The current schedule position (`begin_micro_step`), and the positions that have a pass so far.
+  [[nodiscard]] std::size_t position() const noexcept { return position_; }
+  [[nodiscard]] std::size_t positions() const noexcept { return train_.size(); }
   /// Elements gathered now (live and in flight), and the most there ever were.
   [[nodiscard]] std::size_t live_elements() const noexcept { return live_; }
   [[nodiscard]] std::size_t peak_live_elements() const noexcept { return peak_live_; }
@@ -363,7 +441,7 @@ private:
 
   using pass = detail::gather_pass;
 
-  pass& ctx() noexcept { return in_eval_ ? eval_ : train_; }
+  pass& ctx() noexcept { return in_eval_ ? eval_ : train_[position_]; }
 
   std::size_t check_module(int m, const char* what) const {
     if (m < 0 || static_cast<std::size_t>(m) >= module_units_.size()) {
@@ -375,8 +453,47 @@ private:
 
   void note_use(int m) {
     if (!whole_eval_) { // with everything gathered there is nothing to trace or prefetch
-      ctx().note(m, stats_, module_names_, log_, in_eval_ ? "evaluation" : "training");
+      ctx().note(m, stats_, module_names_, log_,
+                 in_eval_ ? std::string("evaluation")
+                          : "training, micro-step " + std::to_string(position_) + " of the accumulation");
     }
+  }
+
+  /// Rethrows `e`, the communicator's error during the gather of `what` ("module \"fc1\""), naming
+  /// it: one id prefix (`e`'s), its status and echo mark kept. `ordering`: the collectives differed
+  /// across ranks, so the rule they broke is named; a timeout (a stopped or absent rank) gets no hint.
+  template <class E> [[noreturn]] static void rethrow_naming(const E& e, const std::string& what, bool ordering) {
+    std::string text = e.what();
+    const std::string prefix = "[zero." + e.id() + "] ";
+    if (text.starts_with(prefix)) {
+      text.erase(0, prefix.size());
+    }
+    E named(text + "; while gathering " + what +
+                (ordering ? ": every rank must gather the same modules in the same order" : ""),
+            e.status());
+    if (e.echo()) {
+      named.mark_echo();
+    }
+    throw named;
+  }
+  /// Runs `f` (which starts or waits for a gather of `what`), naming `what` in the communicator's errors.
+  template <class F> static void naming(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const timeout_error& e) {
+      rethrow_naming(e, what, false);
+    } catch (const comm_error& e) {
+      // Not an echo: this rank saw the collectives differ (an echo only says the group broke elsewhere).
+      rethrow_naming(e, what, !e.echo());
+    }
+  }
+  /// Failed reads of the shard's file fail the gather that needed them (`on`), or wait for the step.
+  void reads_at_gather(bool on) {
+    reads_at_gather_ = on;
+    shard_.report_reads_at_gather(on);
+  }
+  std::string module_text(int module) const {
+    return module >= 0 ? "module \"" + module_names_[static_cast<std::size_t>(module)] + "\"" : "all parameters";
   }
 
   // Throws usage_error `before + name + after` for the first module still gathered.
@@ -432,8 +549,13 @@ private:
                           std::to_string(opt_.max_live_elements) + "; release modules sooner or raise the limit");
       }
       allocate(u);
-      unit.pending.emplace(start_gather(u, unit.data.data()));
-      unit.state = unit_state::in_flight;
+      unit.state = unit_state::in_flight; // so that free_unit gives the buffer back if the start fails
+      try {
+        naming(module_text(module), [&] { unit.pending.emplace(start_gather(u, unit.data.data())); });
+      } catch (...) {
+        free_unit(u);
+        throw;
+      }
       ++stats_.on_demand;
     } else if (unit.prefetched) {
       unit.prefetched = false;
@@ -442,18 +564,32 @@ private:
       ++stats_.reused;
     }
     if (unit.state == unit_state::in_flight) {
-      try {
-        unit.pending->wait();
-      } catch (const timeout_error& e) {
-        const std::string what =
-            module >= 0 ? "module \"" + module_names_[static_cast<std::size_t>(module)] + "\"" : "all parameters";
-        throw timeout_error(std::string(e.what()) + "; while gathering " + what +
-                            ": every rank must gather the same modules in the same order");
-      }
+      naming(module_text(module), [&] { unit.pending->wait(); });
       unit.pending.reset();
       waited(u);
       unit.state = unit_state::live;
       gather_.land(u, unit.data.data(), unit.packed);
+    }
+    if (reads_at_gather_) {
+      // An evaluation pass or a gather_all has no step() to report a failed read at (training's gathers
+      // upload zeros and leave it to the step, where every rank agrees): the unit holds zeros, so the
+      // gather fails.
+      if (const std::exception_ptr e = shard_.take_read_error(u)) {
+        free_unit(u); // its zeros are not reused: a later gather reads the slice again
+        try {
+          std::rethrow_exception(e);
+        } catch (const io_error& failed) {
+          const std::string prefix = "[zero.io_error] ";
+          std::string text = failed.what();
+          if (text.starts_with(prefix)) {
+            text.erase(0, prefix.size());
+          }
+          throw io_error(text + "; while gathering " + module_text(module) + (in_eval_ ? " for evaluation" : "") +
+                             ": its parameters could not be read from NVMe, and zeros are not handed out in "
+                             "their place (other ranks fail at their next collective, or time out)",
+                         failed.status());
+        }
+      }
     }
   }
 
@@ -502,8 +638,15 @@ private:
           return read_ahead(p, pos);
         }
         allocate(u);
-        unit.pending.emplace(start_gather(u, unit.data.data()));
-        unit.state = unit_state::in_flight;
+        unit.state = unit_state::in_flight; // so that free_unit gives the buffer back if the start fails
+        try {
+          naming("module \"" + module_names_[static_cast<std::size_t>(p.trace[pos])] +
+                     "\" (a prefetch: the trace gathers it next)",
+                 [&] { unit.pending.emplace(start_gather(u, unit.data.data())); });
+        } catch (...) {
+          free_unit(u);
+          throw;
+        }
         unit.prefetched = true;
         ++stats_.prefetched;
         ahead += n;
@@ -556,7 +699,7 @@ private:
 
   void finish_pass(pass& p) {
     p.finish(stats_);
-    if (&p == &train_) {
+    if (&p != &eval_) {
       last_stats_ = stats_;
       stats_ = {};
     }
@@ -576,9 +719,14 @@ private:
   // After units_: destroyed first, it waits for uploads into their memory.
   shard_type shard_;
   std::vector<int> module_refs_;
-  pass train_, eval_;
+  std::vector<pass> train_ = std::vector<pass>(1); // one per schedule position (`begin_micro_step`)
+  pass eval_;
+  std::size_t position_ = 0;      // the schedule position of this micro-step
+  std::size_t last_recorded_ = 0; // the position whose pass ended last with a trace
   bool in_eval_ = false;
-  bool whole_eval_ = false; // an evaluation pass that gathered the whole model at its start
+  bool whole_eval_ = false;      // an evaluation pass that gathered the whole model at its start
+  bool eval_failed_ = false;     // a gather of this evaluation pass threw
+  bool reads_at_gather_ = false; // a failed read of the shard's file fails its gather (see `reads_at_gather`)
   std::size_t live_ = 0;
   std::size_t peak_live_ = 0;
   gather_stats stats_, last_stats_, train_stats_, last_eval_stats_;

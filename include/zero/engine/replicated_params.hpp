@@ -165,6 +165,8 @@ public:
   void updates_joined() noexcept {}
   /// Ends a micro-step. Nothing to free: the parameters stay whole.
   void end_step(bool /*params_changed*/) {}
+  /// A micro-step begins at a position of its accumulation: nothing is traced (stage 3 traces per position).
+  void begin_micro_step(std::size_t /*position*/) noexcept {}
   /// After the owned part of the store was rewritten (initialisation, loading): makes every rank's
   /// buffer whole again by posting every group's all-gather (waited for where it is next read).
   void refresh() {

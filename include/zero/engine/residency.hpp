@@ -2,7 +2,7 @@
 /// \file
 /// `residency`: where an engine's parameters live between uses — nothing before `finalize`, then
 /// `replicated_params` (stages 0-2) or stage 3's `param_coordinator`. Both have one interface
-/// (`store`, `gather`, `release`, `full`, `after_update`, `updates_joined`, `end_step`, `refresh`,
+/// (`store`, `gather`, `release`, `full`, `after_update`, `updates_joined`, `begin_micro_step`, `end_step`, `refresh`,
 /// `finish`, `gather_everything`, `release_everything`, `begin_eval`, `end_eval`); the engine calls
 /// it through `residency(f)` without asking which it holds.
 ///

@@ -16,7 +16,9 @@
 /// state lives in memory and has moved on) keeps that range's new values in host memory, where
 /// gathers read them, until a later write of the range succeeds. A read that fails during a gather
 /// uploads zeros and is remembered (`take_read_error`): the engine makes every rank agree on it at
-/// the next `step()` and drops that accumulation, so no rank leaves a collective early.
+/// the next `step()` and drops that accumulation, so no rank leaves a collective early. An evaluation
+/// pass has no step after it: while `report_reads_at_gather` is on, the outcome of each range's last
+/// read is kept for that range's gather instead (`take_read_error(k)`), which fails with it.
 ///
 /// Operations that address the whole shard (initialisation, checkpoints, `gather_all` with a
 /// modifier) use an image: the shard read into host memory, which is the truth while it exists and
@@ -165,9 +167,11 @@ public:
     const std::exception_ptr e = finish(*b);
     if (e) {
       std::fill_n(b->bytes.data(), ranges_[k].size * esize_, std::byte{0});
-      if (!read_error_) {
-        read_error_ = e;
-      }
+    }
+    if (at_gather_) {
+      gather_errors_[k] = e; // the last read is what the upload holds: a success clears an earlier failure
+    } else if (e && !read_error_) {
+      read_error_ = e;
     }
     last_ = b;
     return b->bytes.data();
@@ -196,6 +200,17 @@ public:
   }
   /// The first read that failed since the last call, or null.
   std::exception_ptr take_read_error() noexcept { return std::exchange(read_error_, nullptr); }
+  /// While `on`, each range's last read outcome is kept for `take_read_error(k)` rather than for
+  /// `take_read_error()`; turning it off drops the failures no gather took.
+  void report_reads_at_gather(bool on) {
+    gather_errors_.resize(ranges_.size()); // allocates once: later calls cannot throw
+    std::fill(gather_errors_.begin(), gather_errors_.end(), nullptr);
+    at_gather_ = on;
+  }
+  /// The failure of range `k`'s last read while reads are reported at the gather, or null.
+  std::exception_ptr take_read_error(std::size_t k) noexcept {
+    return k < gather_errors_.size() ? std::exchange(gather_errors_[k], nullptr) : nullptr;
+  }
 
   /// Where the step of range `k` writes its new values: into the image or the resident part, or a
   /// bounce buffer written behind after `updated`.
@@ -279,7 +294,7 @@ public:
       for (std::size_t k = 0; k < ranges_.size(); ++k) {
         const std::byte* from = source(k);
         last_ = nullptr;
-        if (const auto e = take_read_error()) {
+        if (const auto e = at_gather_ ? take_read_error(k) : take_read_error()) {
           std::rethrow_exception(e);
         }
         std::memcpy(img.data() + ranges_[k].offset * esize_, from, ranges_[k].size * esize_);
@@ -469,6 +484,8 @@ private:
   std::exception_ptr step_error_;
   std::exception_ptr flush_error_;
   std::exception_ptr read_error_;
+  bool at_gather_ = false;                        // reads are reported at their range's gather
+  std::vector<std::exception_ptr> gather_errors_; // each range's last failed read, while at_gather_
 };
 
 } // namespace zero::detail

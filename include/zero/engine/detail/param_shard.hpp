@@ -191,6 +191,15 @@ public:
       file_->updated(u, s);
     }
   }
+  /// A shard in a file: while `on` (an evaluation pass) a failed read of unit `u`'s slice is kept for
+  /// `take_read_error(u)` instead of the step's `take_read_error()` (see `param_file`).
+  void report_reads_at_gather(bool on) {
+    if (file_) {
+      file_->report_reads_at_gather(on);
+    }
+  }
+  /// The failed read of unit `u`'s last upload while reads are reported at the gather, or null.
+  std::exception_ptr take_read_error(std::size_t u) noexcept { return file_ ? file_->take_read_error(u) : nullptr; }
   /// Starts reading unit `u`'s slice ahead of its gather (a shard in a file). \returns false when
   /// no buffer is free for it.
   bool read_ahead(std::size_t u) { return !file_ || file_->read_ahead(u); }
