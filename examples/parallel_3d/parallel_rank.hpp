@@ -62,8 +62,9 @@ public:
     moe_.set_model_group(moe_model_, {.pipe = s_, .tensor = t_, .tensor_size = f.tensor});
     moe_.set_gradient_average(f.data);
     for (engine* eng : {&dense_, &moe_}) {
-      // The engines' log lines (stage 3's prefetch trace recorded again under 1F1B's warm-up) from world
-      // rank 0 only, instead of from rank 0 of each data and expert-data group.
+      // The engines' log lines (stage 3's "module order changed", should a micro-step's gathers leave the
+      // trace of its position in the accumulation) from world rank 0 only, instead of from rank 0 of each
+      // data and expert-data group.
       eng->set_log([this](const std::string& line) {
         if (rank_ == 0) {
           std::printf("%s\n", line.c_str());
