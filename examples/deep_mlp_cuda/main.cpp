@@ -42,6 +42,7 @@
 #include <zero/comm/nccl_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/nvme_folders.hpp>
 #include <zero/tools/plan.hpp>
 #include <zero/tools/probes.hpp>
 #if ZERO_HAS_URING
@@ -543,9 +544,8 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
     }
     // Before the config is read, so that a config without nvme_path (which the reader refuses with device
     // nvme) takes it from the command line.
-    if (opt.nvme_path && j["zero_optimization"].contains("offload_optimizer") &&
-        j["zero_optimization"]["offload_optimizer"].is_object()) {
-      j["zero_optimization"]["offload_optimizer"]["nvme_path"] = *opt.nvme_path;
+    if (opt.nvme_path) {
+      zero::tools::override_nvme_paths(j, *opt.nvme_path);
     }
   }
   zero::config_inputs inputs;
@@ -554,20 +554,15 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   inputs.micro_batch_size = p.shape.rows; // the rows each GPU runs per step are its micro batch
   const auto cfg = zero::config::from_json(j, inputs, opt.config_file.empty() ? "built-in config" : opt.config_file);
   const auto& offload = cfg.zero_optimization.offload_optimizer;
-  if (opt.nvme_path && offload.device != zero::offload_device::nvme && !opt.plan_block) {
+  const auto nvme_dirs = zero::tools::nvme_folders(cfg);
+  if (opt.nvme_path && nvme_dirs.empty() && !opt.plan_block) {
     throw zero::usage_error("--nvme-path: " + opt.config_file +
-                            " does not offload the optimizer to NVMe (zero_optimization.offload_optimizer.device is "
-                            "\"" +
-                            std::string(zero::name_of(offload.device)) + "\")");
+                            " offloads nothing to NVMe (zero_optimization.offload_optimizer.device is \"" +
+                            std::string(zero::name_of(offload.device)) + "\", offload_param.device \"" +
+                            std::string(zero::name_of(cfg.zero_optimization.offload_param.device)) + "\")");
   }
-  if (offload.device == zero::offload_device::nvme) {
-    // The engine creates its file in nvme_path, not the folder. Every rank asks at once: one of them makes
-    // it, and the others find it made.
-    std::error_code ec;
-    if (!std::filesystem::create_directories(offload.nvme_path, ec) && ec &&
-        !std::filesystem::is_directory(offload.nvme_path)) {
-      throw std::filesystem::filesystem_error("cannot create nvme_path", offload.nvme_path, ec);
-    }
+  for (const auto& [key, dir] : nvme_dirs) {
+    zero::tools::make_nvme_folder(key, dir); // the engine creates its files in it, not the folder
   }
 
   const int rank = comm.rank();

@@ -37,6 +37,7 @@
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/nvme_folders.hpp>
 #include <zero/tools/plan.hpp>
 #include <zero/tools/probes.hpp>
 #if ZERO_HAS_MPI
@@ -115,11 +116,6 @@ void report(const outcome& o, bool json) {
   } else {
     std::printf("stage %d: test accuracy %.2f%% after %ld steps in %.1f s\n%s", o.stage, 100 * o.test_accuracy, o.steps,
                 o.seconds, m.table().c_str());
-    if (m.nvme > 0) {
-      std::printf("  on NVMe: the state file, %zu B per rank (two slots of the optimizer state); host chunk buffers "
-                  "%zu B (in the host peak)\n",
-                  m.nvme, m.host_buffers);
-    }
   }
   std::fflush(stdout);
 }
@@ -236,8 +232,8 @@ int main(int argc, char** argv) {
                  "divided by the ranks)")
       ->check(CLI::Range(1u, 1024u));
   auto* nvme_opt = app.add_option("--nvme-path", opt.nvme_path,
-                                  "folder of the optimizer state files under offload_optimizer nvme, overriding the "
-                                  "config's nvme_path (created if missing)");
+                                  "folder of the swap files under offload_optimizer or offload_param nvme, overriding "
+                                  "both blocks' nvme_path (created if missing)");
   app.add_option("--timeout", opt.timeout,
                  "seconds a rank waits for the others before it reports them (default: the config's "
                  "comm_timeout, else 300)");
@@ -302,13 +298,7 @@ int main(int argc, char** argv) {
     nlohmann::json base = opt.config_file.empty() || planned ? nlohmann::json::parse(default_config)
                                                              : zero::config::read_json_file(opt.config_file);
     if (opt.nvme_path) {
-      // Written into the config before it is read, so that a config without nvme_path (which the reader
-      // refuses with device nvme) takes it from the command line.
-      if (base.is_object() && base.contains("zero_optimization") && base["zero_optimization"].is_object() &&
-          base["zero_optimization"].contains("offload_optimizer") &&
-          base["zero_optimization"]["offload_optimizer"].is_object()) {
-        base["zero_optimization"]["offload_optimizer"]["nvme_path"] = *opt.nvme_path;
-      }
+      zero::tools::override_nvme_paths(base, *opt.nvme_path);
     }
     // The batch rule needs the rank count: the launcher's under mpirun, else --ranks.
     const char* launcher_size = std::getenv("OMPI_COMM_WORLD_SIZE");
@@ -325,23 +315,21 @@ int main(int argc, char** argv) {
     const zero::config first = zero::config::from_json(
         base, {.world_size = launcher_size != nullptr ? std::atol(launcher_size) : opt.ranks}, source);
     const int config_stage = first.stage();
-    const auto& offload = first.zero_optimization.offload_optimizer;
-    if (opt.nvme_path && offload.device != zero::offload_device::nvme && !planned) {
+    for (const auto& note : first.notes) {
+      std::fprintf(stderr, "zero-fashion-mnist: note: %s\n", note.c_str());
+    }
+    const auto nvme_dirs = zero::tools::nvme_folders(first);
+    if (opt.nvme_path && nvme_dirs.empty() && !planned) {
       std::fprintf(stderr,
-                   "zero-fashion-mnist: --nvme-path: the config does not offload the optimizer to NVMe "
-                   "(zero_optimization.offload_optimizer.device is \"%s\"); use a config with \"nvme\", such as "
-                   "examples/fashion_mnist/offload_nvme.json\n",
-                   std::string(zero::name_of(offload.device)).c_str());
+                   "zero-fashion-mnist: --nvme-path: the config offloads nothing to NVMe "
+                   "(zero_optimization.offload_optimizer.device is \"%s\", offload_param.device \"%s\"); use a "
+                   "config with \"nvme\", such as examples/fashion_mnist/offload_nvme.json\n",
+                   std::string(zero::name_of(first.zero_optimization.offload_optimizer.device)).c_str(),
+                   std::string(zero::name_of(first.zero_optimization.offload_param.device)).c_str());
       return 2;
     }
-    if (offload.device == zero::offload_device::nvme) {
-      // The engine creates its file in nvme_path, not the folder. Under mpirun every process asks at once:
-      // one of them makes it, and the others find it made.
-      std::error_code ec;
-      if (!std::filesystem::create_directories(offload.nvme_path, ec) && ec &&
-          !std::filesystem::is_directory(offload.nvme_path)) {
-        throw std::filesystem::filesystem_error("cannot create nvme_path", offload.nvme_path, ec);
-      }
+    for (const auto& [key, dir] : nvme_dirs) {
+      zero::tools::make_nvme_folder(key, dir); // the engine creates its files in it, not the folder
     }
     auto stages = parse_stages(opt);
     if (stages.empty()) {
