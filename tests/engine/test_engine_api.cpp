@@ -111,7 +111,9 @@ TEST_CASE("the engine refuses what it cannot honour, by name") {
     in.world_size = 1;
     const auto no_optimizer = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1})", in);
     CHECK_THROWS_WITH_AS(eng_t(no_optimizer, comm, backend),
-                         doctest::Contains("optimizer: the engine trains with Adam"), zero::config_error);
+                         doctest::Contains("optimizer: missing; the engine runs the Adam or AdamW that the config's "
+                                           "optimizer block describes and takes no optimizer from the framework"),
+                         zero::config_error);
     eng_t eng(make_config(1, "\"stage\": 2"), comm, backend);
     CHECK_THROWS_WITH_AS(eng.finalize(), doctest::Contains("no parameters were registered"), zero::usage_error);
   });

@@ -176,9 +176,11 @@ TEST_CASE("HSDP: a size that does not divide the ranks, or with offload, qgZ or 
   zero::run_ranks(8, [&](zero::thread_communicator& comm) {
     zero::cpu_backend backend({.threads = 1});
     const auto c = zero::config::from_string(cfg(R"("mics_shard_size": 3)"));
-    CHECK_THROWS_WITH_AS((zero::engine<zero::cpu_backend, zero::thread_communicator>(c, comm, backend)),
-                         doctest::Contains("zero_optimization.mics_shard_size 3 does not divide the 8 ranks"),
-                         zero::config_error);
+    CHECK_THROWS_WITH_AS(
+        (zero::engine<zero::cpu_backend, zero::thread_communicator>(c, comm, backend)),
+        doctest::Contains("zero_optimization.mics_shard_size 3 does not divide the 8 data-parallel ranks; expected the "
+                          "ranks of a shard group, a divisor of 8"),
+        zero::config_error);
   });
   for (const auto& refused :
        {std::tuple{std::string(R"("mics_shard_size": 4, "offload_optimizer": {"device": "cpu"})"), 2, "with offload"},

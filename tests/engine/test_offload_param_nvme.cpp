@@ -420,7 +420,8 @@ TEST_CASE("offload_param nvme: a missing nvme_path, a folder that does not exist
                          doctest::Contains((missing.string() + "/zero-params-").c_str()), zero::io_error);
     CHECK_THROWS_WITH_AS(finalize_with(at + missing.string() + R"(")"), doctest::Contains("(ENOENT)"), zero::io_error);
     CHECK_THROWS_WITH_AS(finalize_with(at + dir.path.string() + R"(", "buffer_count": 0)"),
-                         doctest::Contains("offload_param.buffer_count: NVMe offload of parameters needs at least 1"),
+                         doctest::Contains("offload_param.buffer_count: 0 with device \"nvme\"; NVMe offload of the "
+                                           "parameters reads each module's slice through a buffer; expected 1 or more"),
                          zero::config_error);
     CHECK_THROWS_WITH_AS(finalize_with(at + dir.path.string() + R"(", "buffer_size": 1000)"),
                          doctest::Contains("offload_param.buffer_size: 1000 elements cannot hold a module's slice of "

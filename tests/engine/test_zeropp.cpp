@@ -197,15 +197,14 @@ TEST_CASE("hpZ: backward gathers inside the node from the secondary partition; t
   CHECK(hpz.memory.model_state_peak - flat.memory.model_state_peak == psi * 2 / 4);
 }
 
-TEST_CASE("hpZ: a size that does not divide the data group is refused at finalize; below stage 3 it is noted") {
+TEST_CASE("hpZ: a size that does not divide the data group is refused when the engine is built; below stage 3 it "
+          "is noted") {
   zero::run_ranks(2, [](zero::thread_communicator& raw) {
     hpz_comm world(raw);
     zero::cpu_backend backend({.threads = 1});
-    hpz_engine eng(hpz_config(2, R"(, "zero_hpz_partition_size": 3)"), world, backend);
-    eng.add_param(eng.add_module("m"), "w", {64});
-    CHECK_THROWS_WITH_AS(eng.finalize(),
-                         doctest::Contains("zero_optimization.zero_hpz_partition_size 3 does not divide the 2 ranks "
-                                           "of the data group"),
+    CHECK_THROWS_WITH_AS(hpz_engine(hpz_config(2, R"(, "zero_hpz_partition_size": 3)"), world, backend),
+                         doctest::Contains("zero_optimization.zero_hpz_partition_size 3 does not divide the 2 "
+                                           "data-parallel ranks; expected the ranks of a node, a divisor of 2"),
                          zero::config_error);
   });
   const zero::config two = hpz_config(8, R"(, "zero_hpz_partition_size": 4)", 2);
@@ -432,13 +431,12 @@ TEST_CASE("qgZ's node size must divide the data group and match hpZ's, naming th
   zero::run_ranks(2, [](zero::thread_communicator& raw) {
     hpz_comm world(raw);
     zero::cpu_backend backend({.threads = 1});
-    hpz_engine eng(hpz_config(4, R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_node_size": 4)", 2),
-                   world, backend);
-    eng.add_param(eng.add_module("m"), "w", {64});
-    CHECK_THROWS_WITH_AS(eng.finalize(),
-                         doctest::Contains("zero_optimization.zero_quantized_gradients_node_size 4 does not divide "
-                                           "the 2 ranks of the data group"),
-                         zero::config_error);
+    CHECK_THROWS_WITH_AS(
+        hpz_engine(hpz_config(4, R"(, "zero_quantized_gradients": true, "zero_quantized_gradients_node_size": 4)", 2),
+                   world, backend),
+        doctest::Contains("zero_optimization.zero_quantized_gradients_node_size 4 does not divide the 2 data-parallel "
+                          "ranks; expected the ranks of a node, a divisor of 2"),
+        zero::config_error);
   });
 }
 
