@@ -279,6 +279,9 @@ TEST_CASE("a save that fails to write removes its temporary folder and keeps wha
     });
     CHECK(e.rfind("[zero.io_error] " + (dir / (".tmp-" + tag) / "rank-00000.bin").string() + ": write failed: ", 0) ==
           0);
+    // The bytes: how far the file got, and the write that stopped there.
+    CHECK(e.find("; 100 bytes of the file were written, a write of ") != std::string::npos);
+    CHECK(e.find(" stopped at byte 100") != std::string::npos);
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(dir)) {
       names.push_back(entry.path().filename().string());

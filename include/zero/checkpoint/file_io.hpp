@@ -48,12 +48,14 @@ public:
       throw sys_error(flags & O_CREAT ? "creating the file" : "opening the file", path);
     }
   }
-  file(file&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
+  file(file&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), written_(std::exchange(o.written_, 0)) {}
   file& operator=(file&& o) noexcept {
     if (this != &o) {
       close_quietly();
       fd_ = std::exchange(o.fd_, -1);
       path_ = std::move(o.path_);
+      written_ = std::exchange(o.written_, 0);
     }
     return *this;
   }
@@ -64,19 +66,28 @@ public:
   [[nodiscard]] int fd() const noexcept { return fd_; }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
-  /// Writes every byte. \throws io_error naming the file.
+  /// Writes every byte. \throws io_error naming the file, errno, the bytes of the file written
+  /// before the failure and the write that failed ("write failed: No space left on device; 100 bytes of
+  /// the file were written, a write of 144 bytes at byte 0 stopped at byte 100").
   void write_all(const void* data, std::size_t n) {
     const auto* p = static_cast<const char*>(data);
+    const std::uint64_t start = written_;
+    const std::size_t total = n;
     while (n > 0) {
       const ssize_t w = ::write(fd_, p, n);
       if (w < 0) {
         if (errno == EINTR) {
           continue;
         }
-        throw sys_error("write", path_);
+        const int err = errno;
+        throw io_error(cat(path_.string(), ": write failed: ", std::strerror(err), "; ", std::to_string(written_),
+                           " bytes of the file were written, a write of ", std::to_string(total), " bytes at byte ",
+                           std::to_string(start), " stopped at byte ", std::to_string(written_)),
+                       err);
       }
       p += w;
       n -= static_cast<std::size_t>(w);
+      written_ += static_cast<std::uint64_t>(w);
     }
   }
   /// Reads up to `n` bytes at `offset`; returns how many were there (fewer only at end of file).
@@ -130,6 +141,7 @@ private:
   }
   int fd_ = -1;
   std::filesystem::path path_;
+  std::uint64_t written_ = 0; // bytes written through write_all
 };
 
 /// A running xxh64 (seed 0).
