@@ -26,7 +26,7 @@ public:
   std::size_t alignment() const { return 1; }
 
   file_type create(const std::filesystem::path& path, std::uint64_t bytes) {
-    file_type f = open_with(path, O_CREAT | O_TRUNC);
+    file_type f = open_with(path, O_CREAT | O_EXCL); // new: never truncates a file it did not create
     if (::fchmod(f.fd(), 0600) != 0 || ::ftruncate(f.fd(), static_cast<off_t>(bytes)) != 0) {
       const int err = errno;
       throw zero::io_error("creating " + path.string() + " failed: " + std::strerror(err), err);
