@@ -1,13 +1,10 @@
 #pragma once
 /// \file
 /// What limits and counts stage 3's gathering (`param_coordinator`): `coordinator_options`, from
-/// DeepSpeed's stage3_* settings, `gather_stats`, one step's counters, and `detail::gather_pass`, the
-/// order of a pass's gathers against the recorded trace.
+/// DeepSpeed's stage3_* settings, and `gather_stats`, one step's counters. The order of a pass's gathers
+/// against the recorded trace is `detail::gather_pass` (detail/gather_traces.hpp).
 
 #include <cstddef>
-#include <functional>
-#include <string>
-#include <vector>
 
 namespace zero {
 
@@ -39,51 +36,5 @@ struct gather_stats {
   std::size_t quantized_gathers = 0;    ///< all-gathers of int8 codes and scales (qwZ)
   std::size_t node_gathers = 0;         ///< all-gathers over the node group from the secondary partition (hpZ)
 };
-
-namespace detail {
-/// One kind of pass's gather order (training, or evaluation): the recorded trace and this pass's order.
-struct gather_pass {
-  std::vector<int> trace;   // the recorded order
-  std::vector<int> current; // this pass's order so far
-  bool diverged = false;    // this pass left the trace
-  bool borrowed = false;    // the trace is another schedule position's, a guess until this pass ends
-
-  /// Records module `m`'s gather; on the first one that leaves the trace, counts a trace change and
-  /// says where on `log` (with `names` of the modules; `kind` names the pass), unless the trace was
-  /// `borrowed` (then prefetch just stops for the pass).
-  void note(int m, gather_stats& stats, const std::vector<std::string>& names,
-            const std::function<void(const std::string&)>& log, const std::string& kind) {
-    const std::size_t pos = current.size();
-    current.push_back(m);
-    if (diverged || trace.empty() || (pos < trace.size() && trace[pos] == m)) {
-      return;
-    }
-    diverged = true;
-    if (borrowed) {
-      return;
-    }
-    ++stats.trace_changes;
-    if (log) {
-      const std::string expected =
-          pos < trace.size() ? "\"" + names[static_cast<std::size_t>(trace[pos])] + "\"" : "the end of the trace";
-      log("[zero] stage 3: module order changed at gather #" + std::to_string(pos) + " (" + kind + "): expected " +
-          expected + ", got \"" + names[static_cast<std::size_t>(m)] +
-          "\"; prefetch is off for this pass and the trace will be recorded again");
-    }
-  }
-  /// Ends the pass: its order becomes the trace when it differed, or there was none of its own.
-  void finish(gather_stats& stats) {
-    if (trace.empty() || diverged || borrowed || current.size() != trace.size()) {
-      if (!trace.empty() && !diverged && !borrowed) {
-        ++stats.trace_changes; // the pass ended early: fewer gathers than the trace
-      }
-      trace = current;
-    }
-    current.clear();
-    diverged = false;
-    borrowed = false;
-  }
-};
-} // namespace detail
 
 } // namespace zero

@@ -7,23 +7,18 @@
 /// copies of the persistent units. `gather(m)` all-gathers module m's unit into a working buffer; `release(m)` gives it
 /// back.
 ///
-/// Prefetch follows a trace: the first step records the order in which modules are gathered; later steps replay it,
-/// starting the all-gathers of the next units while earlier modules compute, up to stage3_prefetch_bucket_size elements
-/// ahead and never more than stage3_max_live_parameters elements gathered at once. A released unit that the trace uses
-/// again within stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the first
-/// backward one). When the order of a step differs from the trace, prefetching stops for the rest of that step, a log
-/// line says where, and the trace is recorded again. A trace is kept per schedule position, the micro-step's place in
-/// its accumulation (`begin_micro_step`): under a pipeline's 1F1B schedule the micro-steps of an accumulation gather in
-/// different orders (the warm-up's forwards, the steady state's forward-backward pairs, the cool-down's backwards), and
-/// each repeats at its position every step. A position without a trace yet replays the last one recorded, as a guess
-/// that leaves no log line when it does not match. Evaluation passes (forward only) keep a trace of their own and
-/// leave the training trace intact; an evaluation pass may instead gather the whole model once at its start
+/// Prefetch follows a trace: the first step records the order in which modules are gathered, and later steps replay
+/// it, gathering ahead within stage3_prefetch_bucket_size and stage3_max_live_parameters and keeping released units the
+/// trace reuses within stage3_max_reuse_distance. A trace is kept per schedule position (`begin_micro_step`, for 1F1B's
+/// orders) and one for evaluation. An evaluation pass may instead gather the whole model once at its start
 /// (`begin_eval(true)`), after which its gathers issue no collective, so ranks may run different numbers of evaluation
-/// batches.
+/// batches. The parts, each in engine/detail/: the traces and which pass is open, `gather_traces` (gather_traces.hpp);
+/// what is gathered ahead, read ahead and kept, `prefetch_policy` (prefetch_policy.hpp); how a gather's errors name its
+/// module, `naming` (gather_errors.hpp); the modules and the framework's holds on them, `module_table`
+/// (module_table.hpp); how one unit is staged and all-gathered, `unit_gather` (unit_gather.hpp).
 ///
-/// Every rank must gather the same modules in the same order, as every rank must issue the same collectives. An error
-/// of the communicator during a gather names the module: a collective that differs across ranks (a comm_error naming
-/// the operations) adds that ordering rule; a timeout (a rank that stopped, or never joined) does not.
+/// Every rank must gather the same modules in the same order, as every rank must issue the same collectives; an error
+/// of the communicator during a gather names the module, and the ordering rule where the collectives differed.
 ///
 /// With 16-bit parameters and nothing offloaded no shard is kept (`params_from_master`): a gather casts the rank's
 /// slice of the optimizer's fp32 master into the unit, which a kept shard (the master rounded,
@@ -45,7 +40,11 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/detail/gather_errors.hpp"
+#include "zero/engine/detail/gather_traces.hpp"
+#include "zero/engine/detail/module_table.hpp"
 #include "zero/engine/detail/param_shard.hpp"
+#include "zero/engine/detail/prefetch_policy.hpp"
 #include "zero/engine/detail/unit_gather.hpp"
 #include "zero/engine/gather_stats.hpp"
 #include "zero/memory/buffer.hpp"
@@ -95,9 +94,9 @@ public:
                     Comm& comm, counting state, counting work, coordinator_options opt,
                     typename Backend::stream_type& stream, std::optional<host_counting> host = std::nullopt,
                     std::optional<typename shard_type::on_file> file = std::nullopt)
-      : layout_(layout), module_units_(std::move(module_units)), module_names_(std::move(module_names)),
-        backend_(backend), comm_(comm), work_(std::move(work)), opt_(opt), stream_(stream),
-        esize_(size_of(layout.type())), gather_(layout_, backend_, comm_, stream_),
+      : layout_(layout), modules_(std::move(module_units), std::move(module_names)), backend_(backend), comm_(comm),
+        work_(std::move(work)), opt_(opt), stream_(stream), esize_(size_of(layout.type())),
+        gather_(layout_, backend_, comm_, stream_),
         shard_(backend, stream, state, std::move(host), layout_.shard_size() * size_of(layout.type()), std::move(file),
                opt.params_from_master) {
     require_all_gather<Comm>();
@@ -110,8 +109,7 @@ public:
       units_[u].data =
           buffer<std::byte, counting>(state, layout_.segments()[u].range.size() * esize_, memory_tag::params);
     }
-    module_refs_.assign(module_units_.size(), 0);
-    for (const auto& units : module_units_) {
+    for (const auto& units : modules_.units()) {
       for (std::size_t u : units) {
         const std::size_t n = layout_.segments()[u].range.size();
         if (!units_[u].persistent && n > opt_.max_live_elements) {
@@ -183,9 +181,11 @@ public:
   /// do not gather it; comm_error naming it when they start another collective; in an evaluation
   /// pass with the shard on NVMe, io_error naming the file when the read of the module's slice failed.
   void gather(int m) {
-    const auto mi = check_module(m, "gather");
-    note_use(m);
-    const auto& units = module_units_[mi];
+    const auto mi = modules_.check(m, "gather");
+    if (!whole_eval_) { // with everything gathered there is nothing to trace or prefetch
+      traces_.note(m, stats_, modules_.names(), log_);
+    }
+    const auto& units = modules_.units()[mi];
     for (std::size_t k = 0; k < units.size(); ++k) {
       try {
         ensure_live(units[k], m);
@@ -193,12 +193,12 @@ public:
         for (std::size_t j = 0; j < k; ++j) {
           --units_[units[j]].refs;
         }
-        eval_failed_ = in_eval_; // the pass's order so far is not a trace to replay
+        traces_.gather_failed(); // an evaluation pass's order so far is not a trace to replay
         throw;
       }
       ++units_[units[k]].refs;
     }
-    ++module_refs_[mi];
+    modules_.hold(mi);
     if (!whole_eval_) {
       prefetch();
     }
@@ -207,12 +207,9 @@ public:
   /// Gives module `m` back; its units are freed unless the trace reuses them soon.
   /// \throws usage_error when `m` is not gathered (a double release).
   void release(int m) {
-    const auto mi = check_module(m, "release");
-    if (module_refs_[mi] == 0) {
-      throw usage_error("release(\"" + module_names_[mi] + "\") without a matching gather (a double release?)");
-    }
-    --module_refs_[mi];
-    for (std::size_t u : module_units_[mi]) {
+    const auto mi = modules_.check(m, "release");
+    modules_.drop(mi);
+    for (std::size_t u : modules_.units()[mi]) {
       auto& unit = units_[u];
       if (--unit.refs == 0 && !unit.persistent && !keep_for_reuse(u)) {
         free_unit(u);
@@ -221,7 +218,7 @@ public:
   }
 
   /// True while module `m` is gathered by the framework.
-  [[nodiscard]] bool gathered(int m) const { return module_refs_[check_module(m, "gathered")] > 0; }
+  [[nodiscard]] bool gathered(int m) const { return modules_.held(modules_.check(m, "gathered")); }
 
   /// The whole unit `u`, valid while it is gathered (or persistent).
   /// \throws usage_error naming `what` when the unit is not gathered.
@@ -242,13 +239,12 @@ public:
   /// the trace of its schedule position when this step's order differed (or none was recorded). With
   /// `params_changed` (the optimizer updated the shards) the persistent units are refreshed from the shards.
   void end_step(bool params_changed) {
-    require_released("step() while module \"", "\" is still gathered; release it (end the guard's scope) before the "
-                                               "optimizer step");
+    modules_.require_released("step() while module \"",
+                              "\" is still gathered; release it (end the guard's scope) before the "
+                              "optimizer step");
     drop_all();
-    finish_pass(train_[position_]);
-    if (!train_[position_].trace.empty()) {
-      last_recorded_ = position_;
-    }
+    traces_.end_micro_step(stats_);
+    last_stats_ = std::exchange(stats_, {});
     if (params_changed) {
       forget_secondary();
       refresh_persistent();
@@ -258,17 +254,7 @@ public:
   /// The next training gathers belong to micro-step `position` of the accumulation (0 to
   /// gradient_accumulation_steps - 1): they follow, and record, that schedule position's trace (see the
   /// file comment). The engine calls it as each micro-step begins; without it every step is position 0.
-  void begin_micro_step(std::size_t position) {
-    if (position >= train_.size()) {
-      train_.resize(position + 1);
-    }
-    position_ = position;
-    auto& p = train_[position_];
-    if (p.trace.empty() && !train_[last_recorded_].trace.empty()) {
-      p.trace = train_[last_recorded_].trace;
-      p.borrowed = true;
-    }
-  }
+  void begin_micro_step(std::size_t position) { traces_.begin_micro_step(position); }
 
   /// Starts a forward-only pass (evaluation): its order is traced apart from training's, and its
   /// gathers are counted apart (`stats_of_last_eval`). With `whole_model`, every unit is gathered
@@ -279,10 +265,10 @@ public:
   /// \throws usage_error when a pass is open; io_error naming the file (NVMe); the communicator's
   /// errors naming the module, as `gather`.
   void begin_eval(bool whole_model = false) {
-    if (in_eval_) {
+    if (traces_.evaluating()) {
       throw usage_error("an evaluation pass is already open");
     }
-    in_eval_ = true;
+    traces_.begin_eval();
     train_stats_ = stats_;
     stats_ = {};
     reads_at_gather(true);
@@ -291,8 +277,8 @@ public:
         gather_everything();
       } catch (...) {
         reads_at_gather(false);
+        traces_.end_eval(stats_, false);
         stats_ = train_stats_;
-        in_eval_ = false;
         throw;
       }
       whole_eval_ = true;
@@ -300,28 +286,19 @@ public:
   }
   /// Ends the evaluation pass; nothing stays gathered.
   void end_eval() {
-    if (!in_eval_) {
+    if (!traces_.evaluating()) {
       throw usage_error("end of an evaluation pass that was not begun");
     }
-    require_released("evaluation ended while module \"", "\" is still gathered");
-    if (whole_eval_) {
-      // The pass's order was local to each rank: it is not a trace every rank can replay.
-      whole_eval_ = false;
+    modules_.require_released("evaluation ended while module \"", "\" is still gathered");
+    // A whole-model pass's order was local to each rank: it is not a trace every rank can replay.
+    const bool whole = std::exchange(whole_eval_, false);
+    if (whole) {
       release_everything(-1);
-      drop_all();
-    } else {
-      drop_all();
-      if (eval_failed_) {
-        eval_.current.clear();
-        eval_.diverged = false;
-      } else {
-        finish_pass(eval_);
-      }
     }
-    eval_failed_ = false;
+    drop_all();
+    traces_.end_eval(stats_, !whole);
     last_eval_stats_ = stats_;
     stats_ = train_stats_;
-    in_eval_ = false;
     reads_at_gather(false); // drops a failed read ahead for a unit the pass never gathered
   }
 
@@ -404,10 +381,10 @@ public:
   [[nodiscard]] const gather_stats& stats_of_last_eval() const noexcept { return last_eval_stats_; }
   /// The training trace of the current schedule position (module ids in gather order): recorded, or
   /// replayed from another position until this one has run; empty before the first step ends.
-  [[nodiscard]] const std::vector<int>& trace() const noexcept { return train_[position_].trace; }
+  [[nodiscard]] const std::vector<int>& trace() const noexcept { return traces_.trace(); }
   /// The current schedule position (`begin_micro_step`), and the positions that have a pass so far.
-  [[nodiscard]] std::size_t position() const noexcept { return position_; }
-  [[nodiscard]] std::size_t positions() const noexcept { return train_.size(); }
+  [[nodiscard]] std::size_t position() const noexcept { return traces_.position(); }
+  [[nodiscard]] std::size_t positions() const noexcept { return traces_.positions(); }
   /// Elements gathered now (live and in flight), and the most there ever were.
   [[nodiscard]] std::size_t live_elements() const noexcept { return live_; }
   [[nodiscard]] std::size_t peak_live_elements() const noexcept { return peak_live_; }
@@ -439,72 +416,11 @@ private:
     bool joins_at_wait = false; // the gather in flight follows the update on an upload stream
   };
 
-  using pass = detail::gather_pass;
-
-  pass& ctx() noexcept { return in_eval_ ? eval_ : train_[position_]; }
-
-  std::size_t check_module(int m, const char* what) const {
-    if (m < 0 || static_cast<std::size_t>(m) >= module_units_.size()) {
-      throw usage_error(std::string(what) + ": module id " + std::to_string(m) + " was not registered (" +
-                        std::to_string(module_units_.size()) + " modules)");
-    }
-    return static_cast<std::size_t>(m);
-  }
-
-  void note_use(int m) {
-    if (!whole_eval_) { // with everything gathered there is nothing to trace or prefetch
-      ctx().note(m, stats_, module_names_, log_,
-                 in_eval_ ? std::string("evaluation")
-                          : "training, micro-step " + std::to_string(position_) + " of the accumulation");
-    }
-  }
-
-  /// Rethrows `e`, the communicator's error during the gather of `what` ("module \"fc1\""), naming
-  /// it: one id prefix (`e`'s), its status and echo mark kept. `ordering`: the collectives differed
-  /// across ranks, so the rule they broke is named; a timeout (a stopped or absent rank) gets no hint.
-  template <class E> [[noreturn]] static void rethrow_naming(const E& e, const std::string& what, bool ordering) {
-    std::string text = e.what();
-    const std::string prefix = "[zero." + e.id() + "] ";
-    if (text.starts_with(prefix)) {
-      text.erase(0, prefix.size());
-    }
-    E named(text + "; while gathering " + what +
-                (ordering ? ": every rank must gather the same modules in the same order" : ""),
-            e.status());
-    if (e.echo()) {
-      named.mark_echo();
-    }
-    throw named;
-  }
-  /// Runs `f` (which starts or waits for a gather of `what`), naming `what` in the communicator's errors.
-  template <class F> static void naming(const std::string& what, F&& f) {
-    try {
-      f();
-    } catch (const timeout_error& e) {
-      rethrow_naming(e, what, false);
-    } catch (const comm_error& e) {
-      // Not an echo: this rank saw the collectives differ (an echo only says the group broke elsewhere).
-      rethrow_naming(e, what, !e.echo());
-    }
-  }
   /// Failed reads of the shard's file fail the gather that needed them (`on`), or wait for the step.
   void reads_at_gather(bool on) {
     reads_at_gather_ = on;
     shard_.report_reads_at_gather(on);
   }
-  std::string module_text(int module) const {
-    return module >= 0 ? "module \"" + module_names_[static_cast<std::size_t>(module)] + "\"" : "all parameters";
-  }
-
-  // Throws usage_error `before + name + after` for the first module still gathered.
-  void require_released(const char* before, const char* after) const {
-    for (std::size_t mi = 0; mi < module_refs_.size(); ++mi) {
-      if (module_refs_[mi] != 0) {
-        throw usage_error(before + module_names_[mi] + after);
-      }
-    }
-  }
-
   handle_type start_gather(std::size_t u, std::byte* whole) {
     ++stats_.all_gathers;
     const auto* update = units_[u].update_pending ? &*units_[u].updated : nullptr;
@@ -543,19 +459,12 @@ private:
       const std::size_t n = layout_.segments()[u].range.size();
       make_room(n);
       if (live_ + n > opt_.max_live_elements && module >= 0) {
-        throw usage_error("gathering module \"" + module_names_[static_cast<std::size_t>(module)] + "\" (" +
-                          std::to_string(n) + " elements) would hold " + std::to_string(live_ + n) +
+        throw usage_error("gathering " + modules_.text(module) + " (" + std::to_string(n) + " elements) would hold " +
+                          std::to_string(live_ + n) +
                           " elements at once, above zero_optimization.stage3_max_live_parameters = " +
                           std::to_string(opt_.max_live_elements) + "; release modules sooner or raise the limit");
       }
-      allocate(u);
-      unit.state = unit_state::in_flight; // so that free_unit gives the buffer back if the start fails
-      try {
-        naming(module_text(module), [&] { unit.pending.emplace(start_gather(u, unit.data.data())); });
-      } catch (...) {
-        free_unit(u);
-        throw;
-      }
+      start_unit(u, modules_.text(module));
       ++stats_.on_demand;
     } else if (unit.prefetched) {
       unit.prefetched = false;
@@ -564,7 +473,7 @@ private:
       ++stats_.reused;
     }
     if (unit.state == unit_state::in_flight) {
-      naming(module_text(module), [&] { unit.pending->wait(); });
+      detail::naming(modules_.text(module), [&] { unit.pending->wait(); });
       unit.pending.reset();
       waited(u);
       unit.state = unit_state::live;
@@ -576,20 +485,22 @@ private:
       // gather fails.
       if (const std::exception_ptr e = shard_.take_read_error(u)) {
         free_unit(u); // its zeros are not reused: a later gather reads the slice again
-        try {
-          std::rethrow_exception(e);
-        } catch (const io_error& failed) {
-          const std::string prefix = "[zero.io_error] ";
-          std::string text = failed.what();
-          if (text.starts_with(prefix)) {
-            text.erase(0, prefix.size());
-          }
-          throw io_error(text + "; while gathering " + module_text(module) + (in_eval_ ? " for evaluation" : "") +
-                             ": its parameters could not be read from NVMe, and zeros are not handed out in "
-                             "their place (other ranks fail at their next collective, or time out)",
-                         failed.status());
-        }
+        detail::rethrow_read_failure(e, modules_.text(module) + (traces_.evaluating() ? " for evaluation" : ""));
       }
+    }
+  }
+
+  /// Allocates idle unit `u` and starts its gather (of `what`, for the communicator's errors); when the
+  /// start throws, the unit is idle again.
+  void start_unit(std::size_t u, const std::string& what) {
+    auto& unit = units_[u];
+    allocate(u);
+    unit.state = unit_state::in_flight; // so that free_unit gives the buffer back if the start fails
+    try {
+      detail::naming(what, [&] { unit.pending.emplace(start_gather(u, unit.data.data())); });
+    } catch (...) {
+      free_unit(u);
+      throw;
     }
   }
 
@@ -620,73 +531,25 @@ private:
     live_ -= layout_.segments()[u].range.size();
   }
 
-  /// Positions of the trace after the current one whose units are worth starting now.
+  /// Starts the gathers of the units the trace uses next, within the limits; past them, a shard in a file
+  /// reads the next slices ahead (`detail::prefetch_policy`).
   void prefetch() {
-    auto& p = ctx();
-    if (p.diverged || p.trace.empty()) {
-      return;
-    }
-    std::size_t ahead = 0;
-    for (std::size_t pos = p.current.size(); pos < p.trace.size(); ++pos) {
-      for (std::size_t u : module_units_[static_cast<std::size_t>(p.trace[pos])]) {
-        auto& unit = units_[u];
-        if (unit.persistent || unit.state != unit_state::idle) {
-          continue;
-        }
-        const std::size_t n = layout_.segments()[u].range.size();
-        if (ahead + n > opt_.prefetch_elements || live_ + n > opt_.max_live_elements) {
-          return read_ahead(p, pos);
-        }
-        allocate(u);
-        unit.state = unit_state::in_flight; // so that free_unit gives the buffer back if the start fails
-        try {
-          naming("module \"" + module_names_[static_cast<std::size_t>(p.trace[pos])] +
-                     "\" (a prefetch: the trace gathers it next)",
-                 [&] { unit.pending.emplace(start_gather(u, unit.data.data())); });
-        } catch (...) {
-          free_unit(u);
-          throw;
-        }
-        unit.prefetched = true;
-        ++stats_.prefetched;
-        ahead += n;
-      }
-    }
+    const detail::prefetch_policy policy(traces_.current(), modules_.units(), opt_);
+    const auto idle = [this](std::size_t u) { return !units_[u].persistent && units_[u].state == unit_state::idle; };
+    const std::size_t stopped = policy.start_ahead(live_, held(), idle, [&](std::size_t u, int m) {
+      start_unit(u, modules_.text(m) + " (a prefetch: the trace gathers it next)");
+      units_[u].prefetched = true;
+      ++stats_.prefetched;
+    });
+    policy.read_ahead(stopped, idle, [this](std::size_t u) { return shard_.read_ahead(u); });
   }
-
-  /// A shard in a file: reads the slices of the units the trace gathers from `pos` on ahead, while
-  /// buffers are free.
-  void read_ahead(const pass& p, std::size_t pos) {
-    for (; pos < p.trace.size(); ++pos) {
-      for (std::size_t u : module_units_[static_cast<std::size_t>(p.trace[pos])]) {
-        if (!units_[u].persistent && units_[u].state == unit_state::idle && !shard_.read_ahead(u)) {
-          return;
-        }
-      }
-    }
-  }
-
-  /// True when the trace uses unit `u` again within max_reuse_distance elements of other gathers.
+  /// True when the trace uses unit `u` again soon (`detail::prefetch_policy::keep`).
   bool keep_for_reuse(std::size_t u) {
-    auto& p = ctx();
-    if (p.diverged || p.trace.empty()) {
-      return false;
-    }
-    std::size_t distance = 0;
-    for (std::size_t pos = p.current.size(); pos < p.trace.size(); ++pos) {
-      for (std::size_t v : module_units_[static_cast<std::size_t>(p.trace[pos])]) {
-        if (v == u) {
-          return true;
-        }
-        if (!units_[v].persistent) {
-          distance += layout_.segments()[v].range.size();
-        }
-      }
-      if (distance > opt_.max_reuse_distance) {
-        return false;
-      }
-    }
-    return false;
+    return detail::prefetch_policy(traces_.current(), modules_.units(), opt_).keep(u, held());
+  }
+  /// The elements a gather of a unit holds (0 for a persistent one), for the prefetch policy.
+  auto held() const {
+    return [this](std::size_t u) { return units_[u].persistent ? std::size_t{0} : layout_.segments()[u].range.size(); };
   }
 
   void forget_secondary() noexcept { gather_.forget(); }
@@ -697,17 +560,8 @@ private:
     }
   }
 
-  void finish_pass(pass& p) {
-    p.finish(stats_);
-    if (&p != &eval_) {
-      last_stats_ = stats_;
-      stats_ = {};
-    }
-  }
-
   const flat_layout& layout_;
-  std::vector<std::vector<std::size_t>> module_units_;
-  std::vector<std::string> module_names_;
+  detail::module_table modules_; // the modules' units and names, and the framework's holds on them
   Backend& backend_;
   Comm& comm_;
   counting work_;
@@ -718,14 +572,8 @@ private:
   detail::unit_gather<Backend, Comm, A> gather_; // stages, gathers and lands one unit (hpZ, qwZ)
   // After units_: destroyed first, it waits for uploads into their memory.
   shard_type shard_;
-  std::vector<int> module_refs_;
-  std::vector<pass> train_ = std::vector<pass>(1); // one per schedule position (`begin_micro_step`)
-  pass eval_;
-  std::size_t position_ = 0;      // the schedule position of this micro-step
-  std::size_t last_recorded_ = 0; // the position whose pass ended last with a trace
-  bool in_eval_ = false;
+  detail::gather_traces traces_; // the trace per schedule position and evaluation's, and which pass is open
   bool whole_eval_ = false;      // an evaluation pass that gathered the whole model at its start
-  bool eval_failed_ = false;     // a gather of this evaluation pass threw
   bool reads_at_gather_ = false; // a failed read of the shard's file fails its gather (see `reads_at_gather`)
   std::size_t live_ = 0;
   std::size_t peak_live_ = 0;
