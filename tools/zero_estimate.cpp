@@ -322,17 +322,6 @@ int main(int argc, char** argv) {
         std::tie(budget, probe) = plan_inputs(plan);
       }
     }
-  } catch (const zero::config_error& e) {
-    std::cerr << "zero-estimate: " << e.what() << "\n";
-    return 1;
-  } catch (const zero::usage_error& e) {
-    std::cerr << "zero-estimate: " << e.what() << "\n";
-    return 2;
-  } catch (const CLI::Error& e) {
-    app.exit(e);
-    return 2;
-  }
-  try {
     if (!cfg) {
       o.gpus_per_node = gpus_per_node;
       o.nodes = nodes;
@@ -377,6 +366,9 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const zero::usage_error& e) {
     std::cerr << "zero-estimate: " << e.what() << "\n";
+    return 2;
+  } catch (const CLI::Error& e) {
+    app.exit(e);
     return 2;
   }
 

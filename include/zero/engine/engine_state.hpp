@@ -19,6 +19,7 @@
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/grad_stats.hpp"
 #include "zero/engine/memory_report.hpp"
+#include "zero/engine/offload_storage.hpp"
 #include "zero/engine/optimizer_step.hpp"
 #include "zero/engine/parallel_config.hpp"
 #include "zero/engine/param_registry.hpp"
@@ -29,7 +30,6 @@
 #include "zero/engine/update_rates.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
-#include "zero/storage/detail/swap_file.hpp"
 #include "zero/storage/posix_storage.hpp"
 #include "zero/storage/storage.hpp"
 
@@ -147,31 +147,9 @@ public:
       frozen_ =
           buffer<std::byte, counting>(state_alloc_, reg_.frozen_layout().total_size() * esize, memory_tag::params);
     }
-    const bool on_nvme = z.offload_optimizer.device == offload_device::nvme;
-    if (on_nvme || (stage == 3 && z.offload_param.device == offload_device::nvme)) {
-      if constexpr (std::constructible_from<Storage, storage_options>) {
-        storage_.emplace(storage_options_from(cfg_.aio));
-      } else {
-        storage_.emplace();
-      }
+    if (detail::make_offload_storage(storage_, cfg_,
+                                     [&](const std::string& line) { log_.write(comm_.rank(), line); })) {
       agree_ = buffer<int, counting>(buffer_alloc_, 1, memory_tag::buffers);
-      // Files a process killed earlier left under the same folders: removed before ours are made.
-      for (const auto* dir :
-           {on_nvme ? &z.offload_optimizer.nvme_path : nullptr,
-            stage == 3 && z.offload_param.device == offload_device::nvme ? &z.offload_param.nvme_path : nullptr}) {
-        if (dir == nullptr) {
-          continue;
-        }
-        if (const auto gone = detail::remove_stale_swap_files(*dir); !gone.empty()) {
-          std::string names;
-          for (const auto& n : gone) {
-            names += detail::cat(names.empty() ? "" : ", ", n);
-          }
-          log_.write(comm_.rank(), detail::cat("[zero] removed ", std::to_string(gone.size()), " swap file",
-                                               gone.size() == 1 ? "" : "s", " under ", *dir,
-                                               " left by processes that no longer run: ", names));
-        }
-      }
     }
     residency_.make(cfg_, reg_, backend_, comm_, state_alloc_, buffer_alloc_, work_alloc_, stream_,
                     log_.sink_for(comm_.rank()), storage_ ? &*storage_ : nullptr);

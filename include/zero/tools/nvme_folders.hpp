@@ -1,14 +1,15 @@
 #pragma once
 /// \file
 /// What a trainer does with the NVMe folders of a config before it builds the engine, as the examples
-/// do: `--nvme-path DIR` written into every offload block (`override_nvme_paths`), the folders the
-/// config puts files in (`nvme_folders`), and each made if missing (`make_nvme_folder`), with errors
-/// that say what is at the path instead of "File exists".
+/// do: `--nvme-path DIR` written into every NVMe offload block (`override_nvme_paths`), the folders the
+/// config puts files in (`nvme_folders`, the engine's rule), and each made if missing
+/// (`make_nvme_folder`), with errors that say what is at the path instead of "File exists".
 
 #include "zero/config/config.hpp"
 #include "zero/core/detail/os_path.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/offload_storage.hpp"
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -44,20 +45,8 @@ inline void override_nvme_paths(nlohmann::json& j, const std::string& dir) {
   }
 }
 
-/// The folders `cfg` puts NVMe files in, each with its key: `offload_optimizer.nvme_path` with
-/// device nvme, and `offload_param.nvme_path` with device nvme at stage 3 (the only stage that
-/// offloads parameters).
-[[nodiscard]] inline std::vector<std::pair<std::string, std::filesystem::path>> nvme_folders(const config& cfg) {
-  std::vector<std::pair<std::string, std::filesystem::path>> out;
-  const auto& z = cfg.zero_optimization;
-  if (z.offload_optimizer.device == offload_device::nvme) {
-    out.emplace_back("zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path);
-  }
-  if (cfg.stage() == 3 && z.offload_param.device == offload_device::nvme) {
-    out.emplace_back("zero_optimization.offload_param.nvme_path", z.offload_param.nvme_path);
-  }
-  return out;
-}
+/// The folders `cfg` puts NVMe files in: the engine's rule (`zero::nvme_folders`).
+using zero::nvme_folders;
 
 /// Makes the folder `dir` (and its parents) unless it is one. Every rank may ask at once: one makes
 /// it, the others find it made.

@@ -123,6 +123,26 @@ inline constexpr std::string_view swap_kinds[] = {"optimizer", "params"};
   return removed;
 }
 
+/// Removes the stale swap files of `dir` (`remove_stale_swap_files`). Never throws.
+/// \returns the engine's log line naming them ("[zero] removed 2 swap files under DIR left by processes
+///          that no longer run: a, b"), or an empty string when there were none.
+[[nodiscard]] inline std::string sweep_swap_folder(const std::filesystem::path& dir) noexcept {
+  try {
+    const auto gone = remove_stale_swap_files(dir);
+    if (gone.empty()) {
+      return {};
+    }
+    std::string line = cat("[zero] removed ", std::to_string(gone.size()), " swap file", gone.size() == 1 ? "" : "s",
+                           " under ", dir.string(), " left by processes that no longer run: ");
+    for (std::size_t i = 0; i < gone.size(); ++i) {
+      line += cat(i == 0 ? "" : ", ", gone[i]);
+    }
+    return line;
+  } catch (...) { // NOLINT(bugprone-empty-catch): only the line is lost
+    return {};
+  }
+}
+
 /// A swap file of `Storage`; see the file comment. Empty when default-constructed or moved from.
 template <storage Storage> class swap_file {
 public:
