@@ -332,7 +332,7 @@ TEST_CASE("eval_windows: windows of T + 1 tokens at 0, T, 2T, ... that fit") {
   CHECK(gpt::eval_windows(12, 4) == windows{{0, 5}, {4, 9}});
   CHECK(gpt::eval_windows(13, 4) == windows{{0, 5}, {4, 9}, {8, 13}});
   CHECK(gpt::eval_windows(3, 1) == windows{{0, 2}, {1, 3}});
-  // 9839 tokens (the fortunes corpus's validation part) at T 64: floor(9838 / 64) = 153 windows.
+  // 9839 tokens (the last 10% of fortunes-min's three files, 98399 bytes together) at T 64: floor(9838 / 64) = 153.
   const auto w = gpt::eval_windows(9839, 64);
   CHECK(w.size() == 153);
   CHECK(w.back() == std::pair<std::size_t, std::size_t>{152 * 64, 152 * 64 + 65});
