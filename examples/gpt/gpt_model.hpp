@@ -401,17 +401,23 @@ public:
       for (std::size_t i = 0; i < v; ++i) {
         max_logit = std::max(max_logit, row[i]);
       }
+      const float target_logit = row[target];
+      // exp in float (one per logit: the head's softmax is the largest loop outside the matmuls), summed in
+      // double in vocabulary order; a train pass keeps each exp in place for the gradient.
       double sum = 0.0;
       for (std::size_t i = 0; i < v; ++i) {
-        sum += std::exp(static_cast<double>(row[i] - max_logit));
+        const float e = std::exp(row[i] - max_logit);
+        sum += e;
+        if (train) {
+          row[i] = e;
+        }
       }
       // loss = log(sum exp(logits)) - logits[target], with the maximum taken out for range.
-      loss += std::log(sum) - static_cast<double>(row[target] - max_logit);
+      loss += std::log(sum) - static_cast<double>(target_logit - max_logit);
       if (train) {
-        const double inv = 1.0 / sum;
+        const auto inv = static_cast<float>(1.0 / sum);
         for (std::size_t i = 0; i < v; ++i) {
-          const double prob = std::exp(static_cast<double>(row[i] - max_logit)) * inv;
-          row[i] = static_cast<float>((prob - (i == target ? 1.0 : 0.0)) * static_cast<double>(grad_scale));
+          row[i] = (row[i] * inv - (i == target ? 1.0f : 0.0f)) * grad_scale;
         }
       }
     }
