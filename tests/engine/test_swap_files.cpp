@@ -212,8 +212,11 @@ TEST_CASE("buffer counts no host can hold and aio blocks under 4 bytes are refus
   scratch_dir dir("swap-counts");
   const std::string d = dir.path.string();
   // The audit's values: these used to allocate bounce or chunk buffers until the host ran out.
-  for (const auto& [block, count] :
+  // Plain names, not a structured binding: clang 14 cannot capture one in a lambda.
+  for (const auto& row :
        {std::pair{std::string("offload_param"), std::string("1e8")}, {std::string("offload_optimizer"), "1e9"}}) {
+    const std::string block = row.first;
+    const std::string count = row.second;
     CAPTURE(block);
     const auto part = [&](const std::string& name) {
       return R"(")" + name + R"(": {"device": "nvme", "nvme_path": ")" + d + R"(")" +

@@ -8,6 +8,7 @@
 #include "zero/comm/mpi_communicator.hpp"
 #include "zero/comm/topology.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -617,6 +618,57 @@ TEST_CASE("a collective that a rank joins too late times out, names itself and b
     check_all(
         x.data(), x.size(), [&](std::size_t i) { return reduced<float>(reduce_op::sum, 2, i, 4); }, "late");
     CHECK_FALSE(pair.broken());
+  }
+  w.barrier().wait();
+}
+
+TEST_CASE("a timeout names the ranks that never reached the collective, as the in-process communicator does") {
+  ZERO_RANK_INFO();
+  auto w = world();
+  // Every rank but 1 all-reduces; rank 1 waits for rank 0's word, as a stopped peer would. Before the
+  // ranks that time out told each other where they were, the message named no rank (the engine's
+  // errors at stages 0 and 2 under mpirun said only "a rank that never joined ... is the usual cause").
+  mpi_communicator g = w.split(0, w.rank());
+  g.set_timeout(300ms);
+  std::vector<float> x(64, 1.0f);
+  if (w.rank() != 1) {
+    std::string what;
+    try {
+      g.all_reduce(x.data(), x.data(), x.size(), reduce_op::sum).wait();
+      FAIL("no timeout");
+    } catch (const zero::timeout_error& e) {
+      what = e.what();
+    }
+    CHECK(what.rfind("[zero.timeout_error] all_reduce", 0) == 0);
+    const std::string lead = "(stopped, lost, or not there yet): ";
+    const auto at = what.find(lead);
+    REQUIRE(at != std::string::npos);
+    CHECK(what.find("ranks not heard from at operation #") != std::string::npos);
+    // The list names rank 1 (on a loaded host a slow rank may be named too), never this rank.
+    std::string list = what.substr(at + lead.size());
+    list = list.substr(0, list.find(';'));
+    std::vector<std::string> named;
+    for (std::size_t b = 0; b <= list.size();) {
+      const std::size_t e = std::min(list.find(", ", b), list.size());
+      named.push_back(list.substr(b, e - b));
+      b = e + 2;
+    }
+    CHECK(std::find(named.begin(), named.end(), "1") != named.end());
+    CHECK(std::find(named.begin(), named.end(), std::to_string(w.rank())) == named.end());
+    if (w.rank() == 0) {
+      int go = 1;
+      w.send(&go, 1, 1).wait();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (g.drain_abandoned() != 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    CHECK(g.drain_abandoned() == 0);
+  } else {
+    int go = 0;
+    w.recv(&go, 1, 0).wait();
+    g.set_timeout(20s);
+    g.all_reduce(x.data(), x.data(), x.size(), reduce_op::sum).wait();
   }
   w.barrier().wait();
 }

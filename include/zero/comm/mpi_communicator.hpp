@@ -456,8 +456,11 @@ private:
     try {
       MPI_Status status{};
       x.poll(status);
-    } catch (const timeout_error&) {
-      h.error_ = std::current_exception();
+    } catch (const timeout_error& e) {
+      // Which ranks never reached this operation: the ranks that time out here hear each other.
+      h.error_ = std::make_exception_ptr(
+          timeout_error(std::string(e.what()).substr(std::string_view("[zero.timeout_error] ").size()) +
+                        detail::arrivals_after_timeout(s, number)));
       return;
     }
     if (const std::string calls = detail::mismatched_calls({sigs, n}); !calls.empty()) {
