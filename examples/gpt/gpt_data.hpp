@@ -9,6 +9,8 @@
 /// names the file, what was found and what was expected. An out-of-range id therefore never reaches the
 /// embedding.
 
+#include "gpt_random.hpp"
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -180,14 +182,6 @@ template <class U> constexpr U little_endian(U v) noexcept {
   } else {
     return byteswap(v);
   }
-}
-
-/// splitmix64's finaliser: a bijective 64-bit mix (Steele, Lea and Flood, 2014).
-constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
 }
 
 } // namespace detail

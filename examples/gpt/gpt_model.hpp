@@ -7,6 +7,8 @@
 /// one module's parameters, run it and release them. The matmuls go through OpenBLAS's `cblas_sgemm`;
 /// everything else is plain loops in a fixed order, so the same inputs give the same bits.
 
+#include "gpt_random.hpp"
+
 #include <algorithm>
 #include <cblas.h>
 #include <cmath>
@@ -130,14 +132,6 @@ inline std::vector<param_spec> parameters(const model_config& cfg) {
 }
 
 namespace detail {
-
-/// splitmix64's finaliser: a bijection of 64-bit words whose outputs pass as independent uniforms.
-constexpr std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 /// FNV-1a of a name, so that each parameter draws its own stream.
 constexpr std::uint64_t fnv1a(std::string_view s) {

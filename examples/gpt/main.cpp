@@ -1,0 +1,345 @@
+// zero-gpt: a GPT-2 trainer whose framework side is written here (gpt_model.hpp's math on the CPU, fp32 over
+// OpenBLAS), with its parameters, gradients and optimizer in zero's engine, on in-process ranks. The same
+// DeepSpeed config drives every ZeRO stage (docs/gpt.md).
+//
+//   zero-gpt --text /usr/share/games/fortunes/literature --ranks 4 --stage 3 --steps 200
+//   zero-gpt --train train.bin --val val.bin --preset d12 --config ds_config.json   (llm.c's token shards)
+//
+// It prints the loss every --print-every steps, the validation loss every --eval-every steps and at the end,
+// --sample N generated tokens (bytes with --text), a checksum of the final parameters (equal bits at every
+// stage for fp32), and with --json one JSON line per run.
+
+#include "gpt_data.hpp"
+#include "gpt_engine.hpp"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cblas.h>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+#include <zero/backend/cpu_backend.hpp>
+#include <zero/comm/thread_communicator.hpp>
+#include <zero/config/config.hpp>
+#include <zero/engine/engine.hpp>
+
+namespace {
+
+struct options {
+  std::string text, train, val, preset, config_file;
+  gpt::model_config model;
+  int ranks = 1;
+  std::optional<int> stage;
+  int batch = 4;
+  long steps = 100;
+  long print_every = 10;
+  long eval_every = 0;
+  int sample = 0;
+  std::uint64_t seed = 1337;
+  double lr = 1e-3;
+  bool json = false;
+  std::optional<double> timeout;
+};
+
+/// The built-in config: fp32, AdamW as GPT-2 trains (betas 0.9, 0.95; weight decay 0.1 on matrices), clipping
+/// at 1, a cosine schedule over the run.
+nlohmann::json default_config(const options& o) {
+  return {
+      {"train_micro_batch_size_per_gpu", o.batch},
+      {"gradient_accumulation_steps", 1},
+      {"gradient_clipping", 1.0},
+      {"optimizer",
+       {{"type", "AdamW"}, {"params", {{"lr", o.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
+      {"scheduler",
+       {{"type", "WarmupCosineLR"},
+        {"params", {{"total_num_steps", o.steps}, {"warmup_num_steps", std::max<long>(1, o.steps / 10)}}}}},
+      {"zero_optimization", {{"stage", 0}, {"stage3_param_persistence_threshold", 0}}},
+  };
+}
+
+/// FNV-1a over bytes: the final parameters' checksum.
+std::uint64_t fnv1a(std::uint64_t h, const std::byte* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    h = (h ^ static_cast<std::uint64_t>(p[i])) * 1099511628211ull;
+  }
+  return h;
+}
+
+struct outcome {
+  int stage = 0;
+  int ranks = 1;
+  long steps = 0;
+  double train_loss = 0, val_loss = 0, seconds = 0, tokens_per_s = 0;
+  std::uint64_t checksum = 0;
+  std::string sample;
+  zero::memory_report memory;
+};
+
+template <class Engine>
+double evaluate(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::token_data& val, int batch, int rank, int ranks,
+                zero::thread_communicator& comm) {
+  // Every window of seq + 1 tokens at 0, seq, 2 seq, ... (gpt_data.hpp's eval_windows), split over the ranks;
+  // at stage 3 every forward gathers, so every rank runs as many forwards (a rank out of windows repeats its
+  // last batch without counting it).
+  const int T = model.config().seq;
+  const auto windows = gpt::eval_windows(val.tokens.size(), T);
+  const std::size_t per_rank = (windows.size() + static_cast<std::size_t>(ranks) - 1) / static_cast<std::size_t>(ranks);
+  const std::size_t first = std::min(windows.size(), per_rank * static_cast<std::size_t>(rank));
+  const std::size_t end = std::min(windows.size(), first + per_rank);
+  const std::size_t forwards = (per_rank + static_cast<std::size_t>(batch) - 1) / static_cast<std::size_t>(batch);
+  std::vector<std::int32_t> in(static_cast<std::size_t>(batch * T)), tg(in.size());
+  double sums[2] = {0, 0};
+  auto scope = eng.evaluation();
+  for (std::size_t f = 0; f < forwards; ++f) {
+    const std::size_t b0 = first + f * static_cast<std::size_t>(batch);
+    const std::size_t n = b0 < end ? std::min<std::size_t>(static_cast<std::size_t>(batch), end - b0) : 0;
+    const std::size_t rows = std::max<std::size_t>(n, 1);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t w = n > 0 ? windows[b0 + r].first : 0;
+      for (int t = 0; t < T; ++t) {
+        in[r * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)] = val.tokens[w + static_cast<std::size_t>(t)];
+        tg[r * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)] =
+            val.tokens[w + static_cast<std::size_t>(t) + 1];
+      }
+    }
+    const double loss = model.run(in.data(), tg.data(), static_cast<int>(rows), T, false, 1.0f);
+    if (n > 0) {
+      sums[0] += loss;
+      sums[1] += static_cast<double>(n) * T;
+    }
+  }
+  comm.all_reduce(sums, sums, 2, zero::reduce_op::sum).wait();
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+/// `count` tokens generated greedily-with-temperature from the first token of `prompt`, on every rank in step
+/// (each forward gathers at stage 3), with one seed so every rank draws the same tokens.
+template <class Engine>
+std::string sample_text(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::token_data& prompt, int count,
+                        std::uint64_t seed) {
+  const int T = model.config().seq;
+  const int V = model.config().vocab;
+  std::vector<std::int32_t> ctx{prompt.tokens.empty() ? 0 : static_cast<std::int32_t>(prompt.tokens[0])};
+  std::vector<std::int32_t> in(static_cast<std::size_t>(T)), tg(static_cast<std::size_t>(T), 0);
+  std::mt19937_64 rng(seed);
+  std::string out;
+  auto scope = eng.evaluation();
+  for (int i = 0; i < count; ++i) {
+    const int n = std::min<int>(static_cast<int>(ctx.size()), T);
+    std::copy(ctx.end() - n, ctx.end(), in.begin());
+    static_cast<void>(model.run(in.data(), tg.data(), 1, n, false, 1.0f));
+    const auto logits = model.logits().subspan(static_cast<std::size_t>((n - 1) * V), static_cast<std::size_t>(V));
+    const float top = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> p(static_cast<std::size_t>(V));
+    for (int v = 0; v < V; ++v) {
+      p[static_cast<std::size_t>(v)] = std::exp((logits[static_cast<std::size_t>(v)] - top) / 0.8);
+    }
+    std::discrete_distribution<int> pick(p.begin(), p.end());
+    const int next = pick(rng);
+    ctx.push_back(next);
+    if (V > 256) {
+      out += "<" + std::to_string(next) + ">";
+    } else if ((next >= 32 && next < 127) || next == '\n') {
+      out += static_cast<char>(next);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", next); // a byte that is not printable ASCII, shown as \xNN
+      out += hex;
+    }
+  }
+  return out;
+}
+
+outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, const options& o,
+              const gpt::token_data& train_set, const gpt::token_data& val_set) {
+  zero::config_inputs inputs;
+  inputs.world_size = comm.size();
+  const auto cfg = zero::config::from_json(cfg_json, inputs, o.config_file.empty() ? "built-in config" : o.config_file);
+  zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
+  zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
+  if (o.timeout) {
+    comm.set_timeout(std::chrono::milliseconds(std::llround(*o.timeout * 1000.0)));
+  }
+  const int B = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
+  const int T = o.model.seq;
+  gpt::zero_gpt model(eng, o.model, B);
+  eng.finalize();
+  model.init(o.seed);
+
+  const int gas = static_cast<int>(cfg.gradient_accumulation_steps);
+  const double tokens_per_step = static_cast<double>(cfg.train_batch_size) * T;
+  // Micro-step k of rank r draws sequences of the global batch as "rank" k * ranks + r of ranks * gas: the same
+  // global batch whatever the rank count and accumulation.
+  std::vector<gpt::batch_sampler> samplers;
+  for (int k = 0; k < gas; ++k) {
+    samplers.emplace_back(train_set, B, T, k * comm.size() + comm.rank(), comm.size() * gas, o.seed);
+  }
+  std::vector<std::int32_t> in(static_cast<std::size_t>(B * T)), tg(in.size());
+  outcome out;
+  out.stage = cfg.stage();
+  out.ranks = comm.size();
+  double window[2] = {0, 0};
+  const auto start = std::chrono::steady_clock::now();
+  for (long step = 0; step < o.steps; ++step) {
+    zero::step_result r;
+    for (int k = 0; k < gas; ++k) {
+      auto& micro = samplers[static_cast<std::size_t>(k)];
+      micro.seek(static_cast<std::uint64_t>(step));
+      micro.next(in.data(), tg.data());
+      const float scale = static_cast<float>(eng.loss_scale() / tokens_per_step);
+      window[0] += model.run(in.data(), tg.data(), B, T, true, scale);
+      window[1] += static_cast<double>(B) * T;
+      r = eng.step();
+    }
+    const bool last = step + 1 == o.steps;
+    if ((step + 1) % o.print_every == 0 || last) {
+      comm.all_reduce(window, window, 2, zero::reduce_op::sum).wait();
+      out.train_loss = window[0] / window[1];
+      if (comm.rank() == 0 && !o.json) {
+        std::printf("stage %d step %5ld  train loss %.4f  lr %.3e  grad norm %.3f\n", cfg.stage(), step + 1,
+                    out.train_loss, r.lr, r.grad_norm);
+        std::fflush(stdout);
+      }
+      window[0] = window[1] = 0;
+    }
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
+      const double v = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), comm);
+      if (comm.rank() == 0 && !o.json) {
+        std::printf("stage %d step %5ld  val loss %.4f\n", cfg.stage(), step + 1, v);
+      }
+    }
+  }
+  out.steps = o.steps;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.tokens_per_s = tokens_per_step * static_cast<double>(o.steps) / out.seconds;
+  out.val_loss = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), comm);
+  if (o.sample > 0) {
+    out.sample = sample_text(eng, model, val_set, o.sample, o.seed);
+  }
+  // The final parameters' checksum, module by module in registration order (each gathered at stage 3).
+  std::uint64_t h = 1469598103934665603ull;
+  {
+    auto scope = eng.evaluation(zero::eval_gather::whole_model);
+    for (std::size_t k = 0; k < model.specs().size(); ++k) {
+      const auto p = eng.param(model.handle(k));
+      h = fnv1a(h, static_cast<const std::byte*>(p.data), p.numel * zero::size_of(p.type));
+    }
+  }
+  out.checksum = h;
+  out.memory = eng.memory();
+  return out;
+}
+
+void report(const outcome& r, const options& o, double entropy) {
+  if (o.json) {
+    nlohmann::json j{{"stage", r.stage},
+                     {"ranks", r.ranks},
+                     {"steps", r.steps},
+                     {"train_loss", r.train_loss},
+                     {"val_loss", r.val_loss},
+                     {"unigram_entropy", entropy},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"seconds", r.seconds},
+                     {"params_checksum", r.checksum},
+                     {"model_state_peak_bytes", r.memory.model_state_peak},
+                     {"formula_bytes", r.memory.formula},
+                     {"working_set_peak_bytes", r.memory.working_set_peak}};
+    if (!r.sample.empty()) {
+      j["sample"] = r.sample;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("stage %d, %d ranks: val loss %.4f (byte unigram entropy %.4f) after %ld steps in %.1f s, %.0f "
+                "tokens/s\nparams checksum %016llx\n%s",
+                r.stage, r.ranks, r.val_loss, entropy, r.steps, r.seconds, r.tokens_per_s,
+                static_cast<unsigned long long>(r.checksum), r.memory.table().c_str());
+    if (!r.sample.empty()) {
+      std::printf("sample: %s\n", r.sample.c_str());
+    }
+  }
+  std::fflush(stdout);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  CLI::App app{"zero-gpt: GPT-2 trained with zero's engine on in-process ranks (docs/gpt.md)"};
+  app.add_option("--text", o.text, "a plain text file, one token per byte (vocab 256), split 90/10 into train/val");
+  app.add_option("--train", o.train, "llm.c token shard for training (.bin: 256 int32 header, uint16 tokens)");
+  app.add_option("--val", o.val, "llm.c token shard for validation");
+  app.add_option("--preset", o.preset, "d12, d24, d36 or d48 (GPT-2 124M ... 1.56B, as llm.c's -e dN)");
+  app.add_option("--layers", o.model.layers, "transformer blocks");
+  app.add_option("--heads", o.model.heads, "attention heads");
+  app.add_option("--d-model", o.model.d_model, "model width");
+  app.add_option("--seq", o.model.seq, "context length");
+  app.add_option("--vocab", o.model.vocab, "vocabulary size (256 with --text)");
+  app.add_option("--ranks", o.ranks, "in-process ranks")->check(CLI::Range(1, 64));
+  app.add_option("--stage", o.stage, "ZeRO stage, overriding the config's")->check(CLI::Range(0, 3));
+  app.add_option("--config", o.config_file, "a DeepSpeed config (default: built in, fp32, AdamW, WarmupCosineLR)");
+  app.add_option("--batch", o.batch, "sequences per rank and micro-step (built-in config)")->check(CLI::Range(1, 4096));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(1L, 100000000L));
+  app.add_option("--lr", o.lr, "AdamW's learning rate (built-in config)")->check(CLI::PositiveNumber);
+  app.add_option("--print-every", o.print_every, "steps between loss lines")->check(CLI::Range(1L, 100000000L));
+  app.add_option("--eval-every", o.eval_every, "steps between validation losses (0: at the end only)");
+  app.add_option("--sample", o.sample, "tokens to generate at the end")->check(CLI::Range(0, 100000));
+  app.add_option("--seed", o.seed, "seed of the initialisation, the batches and the sample");
+  app.add_option("--timeout", o.timeout, "seconds a collective may wait (the config's comm_timeout otherwise)");
+  app.add_flag("--json", o.json, "one JSON line per run");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (o.text.empty() == (o.train.empty() || o.val.empty())) {
+      throw std::invalid_argument("give --text FILE, or --train FILE and --val FILE");
+    }
+    if (!o.preset.empty()) {
+      o.model = gpt::model_config::preset(o.preset);
+    }
+    if (!o.text.empty()) {
+      o.model.vocab = 256;
+    }
+    o.model.validate();
+    gpt::token_data train_set, val_set;
+    if (!o.text.empty()) {
+      std::tie(train_set, val_set) = gpt::split_train_val(gpt::load_text_bytes(o.text));
+    } else {
+      train_set = gpt::load_llmc_shard(o.train, o.model.vocab);
+      val_set = gpt::load_llmc_shard(o.val, o.model.vocab);
+    }
+    if (gpt::eval_windows(val_set.tokens.size(), o.model.seq).empty()) {
+      throw gpt::data_error(val_set.source + ": " + std::to_string(val_set.tokens.size()) +
+                            " tokens hold no window of --seq + 1 = " + std::to_string(o.model.seq + 1) +
+                            "; expected more validation tokens or a shorter --seq");
+    }
+    nlohmann::json cfg = o.config_file.empty() ? default_config(o) : zero::config::read_json_file(o.config_file);
+    if (o.stage) {
+      cfg["zero_optimization"]["stage"] = *o.stage;
+    }
+    // Refuse a bad config and data too small for one global batch before any thread starts.
+    const auto first =
+        zero::config::from_json(cfg, {.world_size = o.ranks}, o.config_file.empty() ? "built-in" : o.config_file);
+    gpt::batch_sampler check(train_set, static_cast<int>(first.train_micro_batch_size_per_gpu), o.model.seq, 0,
+                             o.ranks * static_cast<int>(first.gradient_accumulation_steps), o.seed);
+    const double entropy = gpt::byte_unigram_entropy_nats(val_set);
+    if (o.ranks > 1) {
+      openblas_set_num_threads(1);
+    }
+    outcome result;
+    zero::run_ranks(o.ranks, [&](zero::thread_communicator& comm) {
+      auto r = train(comm, cfg, o, train_set, val_set);
+      if (comm.rank() == 0) {
+        result = r;
+      }
+    });
+    report(result, o, entropy);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-gpt: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
