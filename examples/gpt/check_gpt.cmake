@@ -1,6 +1,7 @@
 # ctest driver of zero-gpt: runs EXE with ARGS (a ;-list) once per stage of STAGES with --json, and fails unless
 # every run's validation loss ends below the validation text's byte unigram entropy by MARGIN nats and its model
-# state per rank is within 2% of the ZeRO formula. Run as cmake -DEXE=... -DARGS=... -DSTAGES=0;1;2;3 -DMARGIN=0.3
+# state per rank is within 2% of the ZeRO formula; with SAME_BITS, the final parameters' checksum must be the same
+# at every stage. Run as cmake -DEXE=... -DARGS=... -DSTAGES=0;1;2;3 -DMARGIN=0.3
 # -P check_gpt.cmake.
 foreach(stage IN LISTS STAGES)
   execute_process(COMMAND ${EXE} ${ARGS} --stage ${stage} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out
@@ -24,6 +25,14 @@ foreach(stage IN LISTS STAGES)
                  "formula's ${formula} B, params checksum ${checksum}")
   if(NOT val_milli LESS bar)
     message(FATAL_ERROR "stage ${stage}: val loss ${val} is not below the byte unigram entropy ${entropy} by ${MARGIN}")
+  endif()
+  if(SAME_BITS)
+    if(DEFINED first_checksum AND NOT checksum STREQUAL first_checksum)
+      message(FATAL_ERROR "stage ${stage}: params checksum ${checksum}, not the ${first_checksum} of stage "
+                          "${first_stage}: fp32 runs must give the same bits at every stage")
+    endif()
+    set(first_checksum ${checksum})
+    set(first_stage ${stage})
   endif()
   string(REGEX REPLACE "\\..*" "" formula_int "${formula}")
   math(EXPR allowed "${formula_int} * 102")

@@ -43,6 +43,7 @@ struct options {
   int sample = 0;
   std::uint64_t seed = 1337;
   double lr = 1e-3;
+  double clip = 1.0;
   bool json = false;
   std::optional<double> timeout;
 };
@@ -53,7 +54,7 @@ nlohmann::json default_config(const options& o) {
   return {
       {"train_micro_batch_size_per_gpu", o.batch},
       {"gradient_accumulation_steps", 1},
-      {"gradient_clipping", 1.0},
+      {"gradient_clipping", o.clip},
       {"optimizer",
        {{"type", "AdamW"}, {"params", {{"lr", o.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
       {"scheduler",
@@ -286,6 +287,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "sequences per rank and micro-step (built-in config)")->check(CLI::Range(1, 4096));
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(1L, 100000000L));
   app.add_option("--lr", o.lr, "AdamW's learning rate (built-in config)")->check(CLI::PositiveNumber);
+  app.add_option("--clip", o.clip, "gradient clipping's global norm, 0 for none (built-in config)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--print-every", o.print_every, "steps between loss lines")->check(CLI::Range(1L, 100000000L));
   app.add_option("--eval-every", o.eval_every, "steps between validation losses (0: at the end only)");
   app.add_option("--sample", o.sample, "tokens to generate at the end")->check(CLI::Range(0, 100000));
