@@ -158,12 +158,7 @@ private:
     }
     scratch_.assign(n, 0.0f);
     compute(scratch_.data(), 0.0f);
-    zero::visit_float(g.type, [&]<class G>(zero::type_tag<G>) {
-      G* dst = g.template as<G>();
-      for (std::size_t i = 0; i < n; ++i) {
-        dst[i] = zero::from_float<G>(zero::to_float(dst[i]) + scratch_[i]);
-      }
-    });
+    zero::add_floats(g, scratch_);
   }
 
   const float* weights(std::size_t l) { return as_float(w_[l], wf_, l); }
@@ -178,12 +173,7 @@ private:
     cache.resize(layers());
     auto& c = cache[l];
     c.resize(p.numel);
-    zero::visit_float(p.type, [&]<class P>(zero::type_tag<P>) {
-      const P* src = p.template as<P>();
-      for (std::size_t i = 0; i < p.numel; ++i) {
-        c[i] = zero::to_float(src[i]);
-      }
-    });
+    zero::copy_to_floats(p, c);
     return c.data();
   }
 

@@ -15,7 +15,6 @@
 #include <span>
 #include <string>
 #include <vector>
-#include <zero/core/dispatch.hpp>
 #include <zero/engine/engine.hpp>
 
 namespace gpt {
@@ -137,12 +136,7 @@ private:
     }
     auto& c = floats_[k];
     c.resize(p.numel);
-    zero::visit_float(p.type, [&]<class P>(zero::type_tag<P>) {
-      const P* src = p.template as<P>();
-      for (std::size_t i = 0; i < p.numel; ++i) {
-        c[i] = zero::to_float(src[i]);
-      }
-    });
+    zero::copy_to_floats(p, c);
     return c.data();
   }
   /// Where tensor `k`'s fp32 gradient is added: the engine's buffer for fp32, else a zeroed fp32 scratch that
@@ -160,13 +154,7 @@ private:
   /// Tensor `k`'s gradient is final for this micro-step.
   void done(std::size_t k) {
     if (auto& s = grads_[k]; !s.empty()) {
-      auto g = eng_.grad(handles_[k]);
-      zero::visit_float(g.type, [&]<class G>(zero::type_tag<G>) {
-        G* dst = g.template as<G>();
-        for (std::size_t i = 0; i < s.size(); ++i) {
-          dst[i] = zero::from_float<G>(zero::to_float(dst[i]) + s[i]);
-        }
-      });
+      zero::add_floats(eng_.grad(handles_[k]), s);
       s.clear();
     }
     eng_.grad_ready(handles_[k]);

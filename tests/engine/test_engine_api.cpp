@@ -133,3 +133,22 @@ TEST_CASE("the engine refuses what it cannot honour, by name") {
     CHECK_THROWS_WITH_AS(eng.grad_ready(w), doctest::Contains("called twice"), zero::usage_error);
   });
 }
+
+TEST_CASE("copy_to_floats and add_floats convert a 16-bit view to fp32 and add fp32 into it, each sum rounded once") {
+  std::vector<zero::bf16> store = {zero::from_float<zero::bf16>(1.0f), zero::from_float<zero::bf16>(-2.5f),
+                                   zero::from_float<zero::bf16>(256.0f)};
+  const std::vector<std::int64_t> shape = {3};
+  const zero::tensor_view v{store.data(), zero::dtype::bf16, shape, store.size()};
+  std::vector<float> f(3);
+  zero::copy_to_floats(v, f);
+  CHECK(f == std::vector<float>{1.0f, -2.5f, 256.0f});
+  // 256 + 1 rounds to 256 in bf16 (8 bits of mantissa); 1 + 0.5 is exact.
+  zero::add_floats(v, std::vector<float>{0.5f, 0.25f, 1.0f});
+  CHECK(zero::to_float(store[0]) == 1.5f);
+  CHECK(zero::to_float(store[1]) == -2.25f);
+  CHECK(zero::to_float(store[2]) == 256.0f);
+  std::vector<float> small(2);
+  CHECK_THROWS_WITH_AS(zero::copy_to_floats(v, small), doctest::Contains("2 floats for a tensor of 3"),
+                       zero::usage_error);
+  CHECK_THROWS_AS(zero::add_floats(v, small), zero::usage_error);
+}
