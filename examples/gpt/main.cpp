@@ -28,6 +28,12 @@
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#if ZERO_HAS_CHECKPOINT
+#include <filesystem>
+#include <fstream>
+#include <zero/checkpoint/checkpoint.hpp>
+#include <zero/checkpoint/safetensors.hpp>
+#endif
 
 namespace {
 
@@ -46,6 +52,8 @@ struct options {
   double clip = 1.0;
   bool json = false;
   std::optional<double> timeout;
+  std::string export_dir, init_dir, save_dir, load_dir;
+  bool eval_only = false;
 };
 
 /// The built-in config: fp32, AdamW as GPT-2 trains (betas 0.9, 0.95; weight decay 0.1 on matrices), clipping
@@ -171,14 +179,28 @@ outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, c
   const int T = o.model.seq;
   gpt::zero_gpt model(eng, o.model, B);
   eng.finalize();
+  long first_step = 0;
+#if ZERO_HAS_CHECKPOINT
+  if (!o.init_dir.empty()) {
+    eng.init_from_safetensors(std::filesystem::path(o.init_dir) / "model.safetensors");
+  } else {
+    model.init(o.seed);
+  }
+  if (!o.load_dir.empty()) {
+    // At any stage and rank count; the batches go on from the step it saved.
+    first_step = static_cast<long>(zero::checkpoint::reader(o.load_dir).info().boundaries);
+    eng.load(o.load_dir);
+  }
+#else
   model.init(o.seed);
+#endif
 
   const int gas = static_cast<int>(cfg.gradient_accumulation_steps);
   const double tokens_per_step = static_cast<double>(cfg.train_batch_size) * T;
   // Micro-step k of rank r draws sequences of the global batch as "rank" k * ranks + r of ranks * gas: the same
   // global batch whatever the rank count and accumulation.
   std::vector<gpt::batch_sampler> samplers;
-  for (int k = 0; k < gas; ++k) {
+  for (int k = 0; k < gas && !o.eval_only; ++k) {
     samplers.emplace_back(train_set, B, T, k * comm.size() + comm.rank(), comm.size() * gas, o.seed);
   }
   std::vector<std::int32_t> in(static_cast<std::size_t>(B * T)), tg(in.size());
@@ -187,7 +209,8 @@ outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, c
   out.ranks = comm.size();
   double window[2] = {0, 0};
   const auto start = std::chrono::steady_clock::now();
-  for (long step = 0; step < o.steps; ++step) {
+  const long steps = o.eval_only ? first_step : o.steps;
+  for (long step = first_step; step < steps; ++step) {
     zero::step_result r;
     for (int k = 0; k < gas; ++k) {
       auto& micro = samplers[static_cast<std::size_t>(k)];
@@ -198,7 +221,7 @@ outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, c
       window[1] += static_cast<double>(B) * T;
       r = eng.step();
     }
-    const bool last = step + 1 == o.steps;
+    const bool last = step + 1 == steps;
     if ((step + 1) % o.print_every == 0 || last) {
       comm.all_reduce(window, window, 2, zero::reduce_op::sum).wait();
       out.train_loss = window[0] / window[1];
@@ -216,9 +239,9 @@ outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, c
       }
     }
   }
-  out.steps = o.steps;
+  out.steps = steps;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out.tokens_per_s = tokens_per_step * static_cast<double>(o.steps) / out.seconds;
+  out.tokens_per_s = tokens_per_step * static_cast<double>(steps - first_step) / out.seconds;
   out.val_loss = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), comm);
   if (o.sample > 0) {
     out.sample = sample_text(eng, model, val_set, o.sample, o.seed);
@@ -234,10 +257,52 @@ outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, c
   }
   out.checksum = h;
   out.memory = eng.memory();
+#if ZERO_HAS_CHECKPOINT
+  if (!o.save_dir.empty() && !o.eval_only) {
+    eng.save(o.save_dir, "step-" + std::to_string(steps));
+  }
+  if (!o.export_dir.empty()) {
+    // Hugging Face's GPT2LMHeadModel.from_pretrained(DIR) reads these: the registered names are its names, the
+    // Conv1D weights its [in, out] layout, and lm_head is tied to wte (no tensor of its own).
+    const std::filesystem::path dir(o.export_dir);
+    if (comm.rank() == 0) {
+      std::filesystem::create_directories(dir);
+    }
+    comm.barrier().wait();
+    eng.export_safetensors(dir / "model.safetensors", zero::dtype::f32);
+    if (comm.rank() == 0) {
+      const auto& m = o.model;
+      const nlohmann::json hf{{"architectures", {"GPT2LMHeadModel"}},
+                              {"model_type", "gpt2"},
+                              {"vocab_size", m.vocab},
+                              {"n_positions", m.seq},
+                              {"n_ctx", m.seq},
+                              {"n_embd", m.d_model},
+                              {"n_layer", m.layers},
+                              {"n_head", m.heads},
+                              {"n_inner", nullptr},
+                              {"activation_function", "gelu_new"},
+                              {"layer_norm_epsilon", 1e-5},
+                              {"resid_pdrop", 0.0},
+                              {"embd_pdrop", 0.0},
+                              {"attn_pdrop", 0.0},
+                              {"tie_word_embeddings", true},
+                              {"torch_dtype", "float32"}};
+      std::ofstream(dir / "config.json") << hf.dump(2) << "\n";
+    }
+  }
+#endif
   return out;
 }
 
 void report(const outcome& r, const options& o, double entropy) {
+  if (o.eval_only) {
+    // The last line is the JSON object other tools read: the mean next-token loss over every window.
+    std::printf("%s\n",
+                nlohmann::json{{"val_loss", r.val_loss}, {"stage", r.stage}, {"ranks", r.ranks}}.dump().c_str());
+    std::fflush(stdout);
+    return;
+  }
   if (o.json) {
     nlohmann::json j{{"stage", r.stage},
                      {"ranks", r.ranks},
@@ -295,15 +360,45 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the initialisation, the batches and the sample");
   app.add_option("--timeout", o.timeout, "seconds a collective may wait (the config's comm_timeout otherwise)");
   app.add_flag("--json", o.json, "one JSON line per run");
+  app.add_option("--export", o.export_dir, "write model.safetensors and config.json for Hugging Face's GPT-2 here");
+  app.add_option("--init", o.init_dir,
+                 "start from DIR/model.safetensors (an --export, or a Hugging Face GPT-2 folder "
+                 "with safetensors); the model's sizes from DIR/config.json");
+  app.add_flag("--eval-only", o.eval_only,
+               "no training: print {\"val_loss\": ...} over every window of --seq + 1 "
+               "tokens of the validation data at 0, seq, 2 seq, ...");
+  app.add_option("--save", o.save_dir, "save a checkpoint here at the end (tag step-N)");
+  app.add_option("--load", o.load_dir, "resume from the latest checkpoint here, at any stage and rank count");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (o.text.empty() == (o.train.empty() || o.val.empty())) {
-      throw std::invalid_argument("give --text FILE, or --train FILE and --val FILE");
+    if (o.text.empty() == (o.val.empty() || (o.train.empty() && !o.eval_only))) {
+      throw std::invalid_argument("give --text FILE, or --train FILE and --val FILE (--val alone with --eval-only)");
     }
+#if !ZERO_HAS_CHECKPOINT
+    if (!o.export_dir.empty() || !o.init_dir.empty() || !o.save_dir.empty() || !o.load_dir.empty()) {
+      throw std::invalid_argument("--export, --init, --save and --load need zero::checkpoint (libxxhash-dev); this "
+                                  "build has none");
+    }
+#endif
     if (!o.preset.empty()) {
       o.model = gpt::model_config::preset(o.preset);
     }
-    if (!o.text.empty()) {
+    if (!o.init_dir.empty()) {
+      // The sizes of the model in DIR: Hugging Face's names for them.
+      const auto hf = zero::config::read_json_file(std::filesystem::path(o.init_dir) / "config.json");
+      const auto size = [&](const char* key) {
+        if (!hf.contains(key) || !hf[key].is_number_integer()) {
+          throw std::invalid_argument(o.init_dir + "/config.json: " + key + " is missing or not an integer");
+        }
+        return hf[key].get<int>();
+      };
+      o.model.vocab = size("vocab_size");
+      o.model.seq = size("n_positions");
+      o.model.d_model = size("n_embd");
+      o.model.layers = size("n_layer");
+      o.model.heads = size("n_head");
+    }
+    if (!o.text.empty() && o.init_dir.empty()) {
       o.model.vocab = 256;
     }
     o.model.validate();
@@ -311,8 +406,8 @@ int main(int argc, char** argv) {
     if (!o.text.empty()) {
       std::tie(train_set, val_set) = gpt::split_train_val(gpt::load_text_bytes(o.text));
     } else {
-      train_set = gpt::load_llmc_shard(o.train, o.model.vocab);
       val_set = gpt::load_llmc_shard(o.val, o.model.vocab);
+      train_set = o.train.empty() ? val_set : gpt::load_llmc_shard(o.train, o.model.vocab);
     }
     if (gpt::eval_windows(val_set.tokens.size(), o.model.seq).empty()) {
       throw gpt::data_error(val_set.source + ": " + std::to_string(val_set.tokens.size()) +
@@ -326,8 +421,10 @@ int main(int argc, char** argv) {
     // Refuse a bad config and data too small for one global batch before any thread starts.
     const auto first =
         zero::config::from_json(cfg, {.world_size = o.ranks}, o.config_file.empty() ? "built-in" : o.config_file);
-    gpt::batch_sampler check(train_set, static_cast<int>(first.train_micro_batch_size_per_gpu), o.model.seq, 0,
-                             o.ranks * static_cast<int>(first.gradient_accumulation_steps), o.seed);
+    if (!o.eval_only) {
+      gpt::batch_sampler check(train_set, static_cast<int>(first.train_micro_batch_size_per_gpu), o.model.seq, 0,
+                               o.ranks * static_cast<int>(first.gradient_accumulation_steps), o.seed);
+    }
     const double entropy = gpt::byte_unigram_entropy_nats(val_set);
     if (o.ranks > 1) {
       openblas_set_num_threads(1);
