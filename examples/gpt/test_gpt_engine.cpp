@@ -51,8 +51,7 @@ zero::gather_stats stage3_gathers(const std::string& reuse, int layers, int step
 
 } // namespace
 
-TEST_CASE(
-    "stage 3 gathers the tied wte exactly for its uses: embed three times a step, each module's other uses none") {
+TEST_CASE("stage 3 gathers the tied wte exactly for its uses: its module three times a step, 2 L + 5 gathers in all") {
   for (int layers : {1, 3}) {
     CAPTURE(layers);
     // Forward: embed, the blocks, ln_f, embed again for the head (its backward in the same scope); backward: ln_f,
