@@ -1,7 +1,8 @@
 # ctest driver of zero-gpt: runs EXE with ARGS (a ;-list) once per stage of STAGES with --json, and fails unless
 # every run's validation loss ends below the validation text's byte unigram entropy by MARGIN nats and its model
 # state per rank is within 2% of the ZeRO formula; with SAME_BITS, the final parameters' checksum must be the same
-# at every stage. Run as cmake -DEXE=... -DARGS=... -DSTAGES=0;1;2;3 -DMARGIN=0.3
+# at every stage; with REFERENCE (a ;-list: another command line, e.g. the same run on in-process ranks), its
+# checksum must be the last run's. Run as cmake -DEXE=... -DARGS=... -DSTAGES=0;1;2;3 -DMARGIN=0.3
 # -P check_gpt.cmake.
 foreach(stage IN LISTS STAGES)
   execute_process(COMMAND ${EXE} ${ARGS} --stage ${stage} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out
@@ -40,3 +41,15 @@ foreach(stage IN LISTS STAGES)
     message(FATAL_ERROR "stage ${stage}: model state ${peak} B is more than 2% over the ZeRO formula's ${formula} B")
   endif()
 endforeach()
+if(REFERENCE)
+  execute_process(COMMAND ${REFERENCE} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the reference run exited with ${rc}:\n${err}${out}")
+  endif()
+  string(REGEX MATCH "{[^\n]*}" line "${out}")
+  string(JSON reference GET "${line}" params_checksum)
+  message(STATUS "reference run: params checksum ${reference}")
+  if(NOT reference STREQUAL checksum)
+    message(FATAL_ERROR "params checksum ${checksum}, but the reference run's is ${reference}")
+  endif()
+endif()

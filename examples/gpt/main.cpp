@@ -1,6 +1,6 @@
 // zero-gpt: a GPT-2 trainer whose framework side is written here (gpt_model.hpp's math on the CPU, fp32 over
 // OpenBLAS), with its parameters, gradients and optimizer in zero's engine, on in-process ranks. The same
-// DeepSpeed config drives every ZeRO stage (docs/gpt.md).
+// DeepSpeed config drives every ZeRO stage (docs/gpt.md). Under mpirun each process is a rank.
 //
 //   zero-gpt --text /usr/share/games/fortunes/literature --ranks 4 --stage 3 --steps 200
 //   zero-gpt --train train.bin --val val.bin --preset d12 --config ds_config.json   (llm.c's token shards)
@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -28,6 +29,9 @@
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#if ZERO_HAS_MPI
+#include <zero/comm/mpi_communicator.hpp>
+#endif
 #if ZERO_HAS_CHECKPOINT
 #include <filesystem>
 #include <fstream>
@@ -90,9 +94,9 @@ struct outcome {
   zero::memory_report memory;
 };
 
-template <class Engine>
+template <class Engine, class Comm>
 double evaluate(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::token_data& val, int batch, int rank, int ranks,
-                zero::thread_communicator& comm) {
+                Comm& comm) {
   // Every window of seq + 1 tokens at 0, seq, 2 seq, ... (gpt_data.hpp's eval_windows), split over the ranks;
   // at stage 3 every forward gathers, so every rank runs as many forwards (a rank out of windows repeats its
   // last batch without counting it).
@@ -165,13 +169,15 @@ std::string sample_text(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::to
   return out;
 }
 
-outcome train(zero::thread_communicator& comm, const nlohmann::json& cfg_json, const options& o,
-              const gpt::token_data& train_set, const gpt::token_data& val_set) {
+/// Trains and evaluates on `comm`'s ranks (in-process threads, or processes under mpirun); every rank calls it.
+template <class Comm>
+outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, const gpt::token_data& train_set,
+              const gpt::token_data& val_set) {
   zero::config_inputs inputs;
   inputs.world_size = comm.size();
   const auto cfg = zero::config::from_json(cfg_json, inputs, o.config_file.empty() ? "built-in config" : o.config_file);
   zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
-  zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
+  zero::engine<zero::cpu_backend, Comm> eng(cfg, comm, backend);
   if (o.timeout) {
     comm.set_timeout(std::chrono::milliseconds(std::llround(*o.timeout * 1000.0)));
   }
@@ -370,6 +376,22 @@ int main(int argc, char** argv) {
   app.add_option("--save", o.save_dir, "save a checkpoint here at the end (tag step-N)");
   app.add_option("--load", o.load_dir, "resume from the latest checkpoint here, at any stage and rank count");
   CLI11_PARSE(app, argc, argv);
+  // Under mpirun each process is a rank; --ranks is the launcher's count.
+  const char* launcher = std::getenv("OMPI_COMM_WORLD_SIZE");
+  launcher = launcher != nullptr ? launcher : std::getenv("PMI_SIZE");
+  const bool under_mpi = launcher != nullptr;
+#if ZERO_HAS_MPI
+  if (under_mpi) {
+    MPI_Init(&argc, &argv);
+    o.ranks = std::atoi(launcher);
+    openblas_set_num_threads(1);
+  }
+#else
+  if (under_mpi) {
+    std::fprintf(stderr, "zero-gpt: started under mpirun but built without MPI (zero::mpi)\n");
+    return 2;
+  }
+#endif
   try {
     if (o.text.empty() == (o.val.empty() || (o.train.empty() && !o.eval_only))) {
       throw std::invalid_argument("give --text FILE, or --train FILE and --val FILE (--val alone with --eval-only)");
@@ -426,19 +448,39 @@ int main(int argc, char** argv) {
                                o.ranks * static_cast<int>(first.gradient_accumulation_steps), o.seed);
     }
     const double entropy = gpt::byte_unigram_entropy_nats(val_set);
-    if (o.ranks > 1) {
+    if (o.ranks > 1 && !under_mpi) {
       openblas_set_num_threads(1);
     }
     outcome result;
-    zero::run_ranks(o.ranks, [&](zero::thread_communicator& comm) {
-      auto r = train(comm, cfg, o, train_set, val_set);
-      if (comm.rank() == 0) {
-        result = r;
+    if (under_mpi) {
+#if ZERO_HAS_MPI
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      {
+        zero::mpi_communicator comm(MPI_COMM_WORLD);
+        result = train(comm, cfg, o, train_set, val_set);
       }
-    });
+      MPI_Finalize();
+      if (rank != 0) {
+        return 0;
+      }
+#endif
+    } else {
+      zero::run_ranks(o.ranks, [&](zero::thread_communicator& comm) {
+        auto r = train(comm, cfg, o, train_set, val_set);
+        if (comm.rank() == 0) {
+          result = r;
+        }
+      });
+    }
     report(result, o, entropy);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zero-gpt: %s\n", e.what());
+#if ZERO_HAS_MPI
+    if (under_mpi) {
+      MPI_Abort(MPI_COMM_WORLD, 1); // the other processes may wait in a collective for this one
+    }
+#endif
     return 1;
   }
   return 0;
