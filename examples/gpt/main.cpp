@@ -29,6 +29,7 @@
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/nvme_folders.hpp>
 #if ZERO_HAS_MPI
 #include <zero/comm/mpi_communicator.hpp>
 #endif
@@ -56,7 +57,7 @@ struct options {
   double clip = 1.0;
   bool json = false;
   std::optional<double> timeout;
-  std::string export_dir, init_dir, save_dir, load_dir;
+  std::string export_dir, init_dir, save_dir, load_dir, nvme_path;
   bool eval_only = false;
 };
 
@@ -373,6 +374,9 @@ int main(int argc, char** argv) {
   app.add_flag("--eval-only", o.eval_only,
                "no training: print {\"val_loss\": ...} over every window of --seq + 1 "
                "tokens of the validation data at 0, seq, 2 seq, ...");
+  app.add_option("--nvme-path", o.nvme_path,
+                 "folder of the swap files of NVMe offload, overriding the config's "
+                 "nvme_path (created if missing)");
   app.add_option("--save", o.save_dir, "save a checkpoint here at the end (tag step-N)");
   app.add_option("--load", o.load_dir, "resume from the latest checkpoint here, at any stage and rank count");
   CLI11_PARSE(app, argc, argv);
@@ -440,9 +444,15 @@ int main(int argc, char** argv) {
     if (o.stage) {
       cfg["zero_optimization"]["stage"] = *o.stage;
     }
+    if (!o.nvme_path.empty()) {
+      zero::tools::override_nvme_paths(cfg, o.nvme_path);
+    }
     // Refuse a bad config and data too small for one global batch before any thread starts.
     const auto first =
         zero::config::from_json(cfg, {.world_size = o.ranks}, o.config_file.empty() ? "built-in" : o.config_file);
+    for (const auto& [key, dir] : zero::nvme_folders(first)) {
+      zero::tools::make_nvme_folder(key, dir); // the engine creates its files in it, not the folder
+    }
     if (!o.eval_only) {
       gpt::batch_sampler check(train_set, static_cast<int>(first.train_micro_batch_size_per_gpu), o.model.seq, 0,
                                o.ranks * static_cast<int>(first.gradient_accumulation_steps), o.seed);
