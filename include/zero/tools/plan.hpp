@@ -42,6 +42,7 @@
 /// behind forward and backward would need their time, which no probe measures.
 
 #include "zero/config/config.hpp"
+#include "zero/core/detail/bytes_text.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/tools/estimate.hpp"
@@ -475,22 +476,10 @@ struct plan_result {
   return o;
 }
 
-/// `bytes` in the largest binary unit it fills, to two decimals: "13.62 GiB", "1.51 MiB", "0 B".
+/// `bytes` in the largest binary unit it fills, to two decimals: "13.62 GiB", "1.51 MiB", "0 B"
+/// (`zero::detail::show_bytes`).
 [[nodiscard]] inline std::string show_bytes(std::int64_t bytes) {
-  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  std::size_t u = 0;
-  while (u + 1 < std::size(units) && std::abs(v) >= 1024.0) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[48];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  }
-  return buf;
+  return zero::detail::show_bytes(static_cast<double>(bytes));
 }
 
 namespace detail {

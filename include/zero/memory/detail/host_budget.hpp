@@ -4,12 +4,12 @@
 /// checked against the host's physical memory before any of them is allocated. Without it,
 /// `offload_param.buffer_count: 1e8` allocated bounce buffers until the host ran out.
 
+#include "zero/core/detail/bytes_text.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -25,19 +25,6 @@ namespace zero::detail {
     return 0;
   }
   return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
-}
-
-/// "204.80 GB".
-[[nodiscard]] inline std::string show_bytes(double bytes) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
-  int u = 0;
-  while (bytes >= 1000.0 && u < 6) {
-    bytes /= 1000.0;
-    ++u;
-  }
-  char out[48];
-  std::snprintf(out, sizeof out, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-  return out;
 }
 
 /// Throws `config_error` naming `key` when `count` buffers of `each` bytes are more than `limit`
