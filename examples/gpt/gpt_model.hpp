@@ -133,15 +133,6 @@ inline std::vector<param_spec> parameters(const model_config& cfg) {
 
 namespace detail {
 
-/// FNV-1a of a name, so that each parameter draws its own stream.
-constexpr std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 0xCBF29CE484222325ULL;
-  for (char ch : s) {
-    h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001B3ULL;
-  }
-  return h;
-}
-
 /// A standard normal draw that depends only on (key, index): Box-Muller on the two 32-bit halves of one
 /// counter-based hash.
 inline double normal_at(std::uint64_t key, std::uint64_t index) {
@@ -181,7 +172,7 @@ inline void init_gpt2(const model_config& cfg, const param_spec& spec, std::span
   }
   const bool residual_projection = name.ends_with("c_proj.weight");
   const double std_dev = residual_projection ? 0.02 / std::sqrt(2.0 * cfg.layers) : 0.02;
-  const std::uint64_t key = detail::splitmix64(seed ^ detail::fnv1a(name));
+  const std::uint64_t key = detail::splitmix64(seed ^ detail::fnv1a(name.data(), name.size()));
   for (std::size_t i = 0; i < out.size(); ++i) {
     const auto index = static_cast<std::uint64_t>(first) + i;
     out[i] = static_cast<float>(std_dev * detail::normal_at(key, index));

@@ -77,14 +77,6 @@ nlohmann::json default_config(const options& o) {
   };
 }
 
-/// FNV-1a over bytes: the final parameters' checksum.
-std::uint64_t fnv1a(std::uint64_t h, const std::byte* p, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    h = (h ^ static_cast<std::uint64_t>(p[i])) * 1099511628211ull;
-  }
-  return h;
-}
-
 struct outcome {
   int stage = 0;
   int ranks = 1;
@@ -254,12 +246,12 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
     out.sample = sample_text(eng, model, val_set, o.sample, o.seed);
   }
   // The final parameters' checksum, module by module in registration order (each gathered at stage 3).
-  std::uint64_t h = 1469598103934665603ull;
+  std::uint64_t h = gpt::detail::fnv1a_basis;
   {
     auto scope = eng.evaluation(zero::eval_gather::whole_model);
     for (std::size_t k = 0; k < model.specs().size(); ++k) {
       const auto p = eng.param(model.handle(k));
-      h = fnv1a(h, static_cast<const std::byte*>(p.data), p.numel * zero::size_of(p.type));
+      h = gpt::detail::fnv1a(p.data, p.numel * zero::size_of(p.type), h);
     }
   }
   out.checksum = h;
