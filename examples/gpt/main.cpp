@@ -72,7 +72,9 @@ nlohmann::json default_config(const options& o) {
        {{"type", "AdamW"}, {"params", {{"lr", o.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
       {"scheduler",
        {{"type", "WarmupCosineLR"},
-        {"params", {{"total_num_steps", o.steps}, {"warmup_num_steps", std::max<long>(1, o.steps / 10)}}}}},
+        {"params",
+         {{"total_num_steps", std::max<long>(o.steps, std::max<long>(2, o.steps / 10) + 1)}, // --steps 0: no step runs
+          {"warmup_num_steps", std::max<long>(2, o.steps / 10)}}}}},
       {"zero_optimization", {{"stage", 0}, {"stage3_param_persistence_threshold", 0}}},
   };
 }
@@ -84,6 +86,7 @@ struct outcome {
   double train_loss = 0, val_loss = 0, seconds = 0, tokens_per_s = 0;
   std::uint64_t checksum = 0;
   std::string sample;
+  std::vector<double> losses; ///< each optimizer step's mean token loss over the global batch
   zero::memory_report memory;
 };
 
@@ -211,18 +214,23 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   const long steps = o.eval_only ? first_step : o.steps;
   for (long step = first_step; step < steps; ++step) {
     zero::step_result r;
+    double step_sums[2] = {0, 0};
     for (int k = 0; k < gas; ++k) {
       auto& micro = samplers[static_cast<std::size_t>(k)];
       micro.seek(static_cast<std::uint64_t>(step));
       micro.next(in.data(), tg.data());
       const float scale = static_cast<float>(eng.loss_scale() / tokens_per_step);
-      window[0] += model.run(in.data(), tg.data(), B, T, true, scale);
-      window[1] += static_cast<double>(B) * T;
+      step_sums[0] += model.run(in.data(), tg.data(), B, T, true, scale);
+      step_sums[1] += static_cast<double>(B) * T;
       r = eng.step();
     }
+    // The step's loss over the whole global batch (the reference in bench/gpt compares it step by step).
+    comm.all_reduce(step_sums, step_sums, 2, zero::reduce_op::sum).wait();
+    out.losses.push_back(step_sums[0] / step_sums[1]);
+    window[0] += step_sums[0];
+    window[1] += step_sums[1];
     const bool last = step + 1 == steps;
     if ((step + 1) % o.print_every == 0 || last) {
-      comm.all_reduce(window, window, 2, zero::reduce_op::sum).wait();
       out.train_loss = window[0] / window[1];
       if (comm.rank() == 0 && !o.json) {
         std::printf("stage %d step %5ld  train loss %.4f  lr %.3e  grad norm %.3f\n", cfg.stage(), step + 1,
@@ -240,7 +248,7 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   }
   out.steps = steps;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out.tokens_per_s = tokens_per_step * static_cast<double>(steps - first_step) / out.seconds;
+  out.tokens_per_s = steps > first_step ? tokens_per_step * static_cast<double>(steps - first_step) / out.seconds : 0.0;
   out.val_loss = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), comm);
   if (o.sample > 0) {
     out.sample = sample_text(eng, model, val_set, o.sample, o.seed);
@@ -314,7 +322,8 @@ void report(const outcome& r, const options& o, double entropy) {
                      {"params_checksum", r.checksum},
                      {"model_state_peak_bytes", r.memory.model_state_peak},
                      {"formula_bytes", r.memory.formula},
-                     {"working_set_peak_bytes", r.memory.working_set_peak}};
+                     {"working_set_peak_bytes", r.memory.working_set_peak},
+                     {"losses", r.losses}};
     if (!r.sample.empty()) {
       j["sample"] = r.sample;
     }
@@ -349,7 +358,8 @@ int main(int argc, char** argv) {
   app.add_option("--stage", o.stage, "ZeRO stage, overriding the config's")->check(CLI::Range(0, 3));
   app.add_option("--config", o.config_file, "a DeepSpeed config (default: built in, fp32, AdamW, WarmupCosineLR)");
   app.add_option("--batch", o.batch, "sequences per rank and micro-step (built-in config)")->check(CLI::Range(1, 4096));
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(1L, 100000000L));
+  app.add_option("--steps", o.steps, "optimizer steps (0: none; with --export, the initial model)")
+      ->check(CLI::Range(0L, 100000000L));
   app.add_option("--lr", o.lr, "AdamW's learning rate (built-in config)")->check(CLI::PositiveNumber);
   app.add_option("--clip", o.clip, "gradient clipping's global norm, 0 for none (built-in config)")
       ->check(CLI::NonNegativeNumber);
