@@ -6,7 +6,12 @@ targets the last T), the mean next-token cross-entropy over all predicted tokens
 transformers' loss beside zero's (`--zero-val-loss`) and their relative difference, and exits 1 when it exceeds
 --tolerance.
 
-    hf_check.py DIR TEXT --zero-val-loss 2.81 [--tolerance 1e-4] [--device cuda]
+With `--zero-logits FILE` (what `zero-gpt --logits FILE` writes: the first validation window's T x V logits, fp32)
+it also compares transformers' logits on the same T tokens, element by element: the relative L2 error
+||zero - hf|| / ||hf|| must be at most --logits-tolerance, and the largest absolute difference is reported.
+
+    hf_check.py DIR TEXT --zero-val-loss 2.81 [--tolerance 1e-4] [--zero-logits F --logits-tolerance 1e-5]
+                [--device cuda]
 """
 import argparse
 import json
@@ -22,6 +27,8 @@ def main():
     ap.add_argument("text")
     ap.add_argument("--zero-val-loss", type=float, required=True)
     ap.add_argument("--tolerance", type=float, default=1e-4)
+    ap.add_argument("--zero-logits", help="zero-gpt --logits FILE: the first validation window's logits")
+    ap.add_argument("--logits-tolerance", type=float, default=1e-5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -45,8 +52,22 @@ def main():
     out = {"transformers_val_loss": hf, "zero_val_loss": a.zero_val_loss, "relative_difference": rel,
            "windows": windows, "lm_head_tied": tied, "params": sum(p.numel() for p in model.parameters()),
            "device": a.device}
+    ok = rel <= a.tolerance and tied
+    if a.zero_logits:
+        V = model.config.vocab_size
+        with torch.no_grad():
+            hf_logits = model(tokens[None, :T].to(a.device)).logits[0].double().cpu()
+        raw = open(a.zero_logits, "rb").read()
+        if len(raw) != T * V * 4:
+            print(f"{a.zero_logits}: {len(raw)} bytes; expected T x V x 4 = {T * V * 4} (T {T}, V {V})")
+            return 1
+        zl = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(T, V).double()
+        l2 = ((zl - hf_logits).norm() / hf_logits.norm()).item()
+        out.update({"logits_relative_l2": l2, "logits_max_abs_difference": (zl - hf_logits).abs().max().item(),
+                    "logits_max_abs": hf_logits.abs().max().item(), "logits_tolerance": a.logits_tolerance})
+        ok = ok and l2 <= a.logits_tolerance
     print(json.dumps(out))
-    return 0 if rel <= a.tolerance and tied else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,29 +1,72 @@
 #pragma once
-// The framework side of the GPT example: gpt_model.hpp's math with its parameters and gradients living in a
-// zero engine. One module per unit stage 3 gathers: "embed" (wte, wpe), "h.<l>" (a block's 12 tensors) and
-// "ln_f". The LM head is tied to wte: one parameter, registered once, used by the embedding and by the head;
-// both uses add into its one gradient, and grad_ready(wte) comes after the second (docs/gpt.md).
+// The framework side of the GPT example: a model's math (gpt_model.hpp's `cpu_model` in fp32, or gpt_cuda.hpp's
+// `cuda_model` in bf16 on a GPU) with its parameters and gradients living in a zero engine. One module per unit
+// stage 3 gathers: "embed" (wte, wpe), "h.<l>" (a block's 12 tensors) and "ln_f". The LM head is tied to wte:
+// one parameter, registered once, used by the embedding and by the head; both uses add into its one gradient,
+// and grad_ready(wte) comes after the second (docs/gpt.md).
 //
-// The math runs in fp32. With fp32 parameters and gradients the model reads and writes the engine's memory;
-// with bf16 or fp16 it converts a module's tensors into fp32 copies after each gather, and adds its fp32
-// gradients into the engine's buffers when the module's backward ends.
+// The math reads parameters in its own type (`math_traits<Math>::param_type`): the engine's memory when the
+// config's dtype is that type, else (on the CPU) fp32 copies converted after each gather. It adds fp32
+// gradients: into the engine's buffers when they are fp32, else into an fp32 scratch that is added into the
+// engine's 16-bit buffer when the tensor's gradient is final (`done`). The scratch is one region for wte, which
+// lives across its two uses, and one for the module in backward, so it holds V·C plus the largest module.
 
 #include "gpt_model.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 #include <zero/engine/engine.hpp>
 
 namespace gpt {
 
-template <class Engine> class zero_gpt {
+/// How `zero_gpt` drives a model's math: the parameter type it reads, how it is made, and the fp32 gradient
+/// scratch for 16-bit gradients. Specialised for `cpu_model` here and for `cuda_model` in gpt_cuda_engine.hpp.
+template <class Math> struct math_traits;
+
+template <> struct math_traits<cpu_model> {
+  using param_type = float;
+  using block_params_type = block_params;
+  using block_grads_type = block_grads;
+  /// Whether 16-bit parameters are converted into fp32 copies after each gather (the CPU math is fp32 only).
+  static constexpr bool converts_params = true;
+  template <class Engine> static cpu_model make(Engine&, const model_config& cfg, int batch) {
+    return cpu_model(cfg, batch);
+  }
+  /// Host memory of `floats` fp32 values.
+  class scratch {
+  public:
+    explicit scratch(std::size_t floats) : v_(floats) {}
+    [[nodiscard]] float* data() noexcept { return v_.data(); }
+
+  private:
+    std::vector<float> v_;
+  };
+  template <class Engine> static void zero(Engine&, float* p, std::size_t n) { std::fill_n(p, n, 0.0f); }
+  template <class Engine> static void add(Engine&, const zero::tensor_view& dst, const float* src, std::size_t n) {
+    zero::add_floats(dst, std::span<const float>(src, n));
+  }
+};
+
+template <class Engine, class Math = cpu_model> class zero_gpt {
+  using traits = math_traits<Math>;
+  using param_type = typename traits::param_type;
+
 public:
   /// Registers the model's parameters with `eng` (before `finalize`): 1-D tensors train without weight decay.
-  zero_gpt(Engine& eng, const model_config& cfg, int batch) : eng_(eng), cfg_(cfg), math_(cfg, batch) {
+  zero_gpt(Engine& eng, const model_config& cfg, int batch)
+      : eng_(eng), cfg_(cfg), math_(traits::make(eng, cfg, batch)) {
     specs_ = parameters(cfg);
+    if (!traits::converts_params && eng.cfg().param_dtype() != zero::dtype_v<param_type>) {
+      throw std::invalid_argument(
+          "gpt: this model computes with " + std::string(zero::name_of(zero::dtype_v<param_type>)) +
+          " parameters, but the config's are " + std::string(zero::name_of(eng.cfg().param_dtype())) +
+          "; expected a config with bf16.enabled true");
+    }
     embed_ = eng.add_module("embed");
     for (int l = 0; l < cfg.layers; ++l) {
       blocks_.push_back(eng.add_module("h." + std::to_string(l)));
@@ -38,7 +81,21 @@ public:
       handles_.push_back(eng.add_param(m, s.name, s.shape, o));
     }
     floats_.resize(specs_.size());
-    grads_.resize(specs_.size());
+    // The fp32 gradient scratch for 16-bit gradients: wte's region first, then one module's tensors at a time.
+    std::size_t module = 0, largest = 0;
+    scratch_at_.assign(specs_.size(), 0);
+    for (std::size_t k = 1; k < specs_.size(); ++k) {
+      if (k == 2 || (k > 2 && specs_[k].block != specs_[k - 1].block)) {
+        module = 0; // a new module: its tensors start the region again
+      }
+      scratch_at_[k] = static_cast<std::size_t>(specs_[0].numel()) + module;
+      module += static_cast<std::size_t>(specs_[k].numel());
+      largest = std::max(largest, module);
+    }
+    if (eng.cfg().grad_accum_dtype != zero::dtype::f32) {
+      scratch_.emplace_back(static_cast<std::size_t>(specs_[0].numel()) + largest);
+    }
+    live_.assign(specs_.size(), false);
   }
 
   /// GPT-2's initialisation from `seed`, each rank filling only what it holds (after `finalize`).
@@ -57,7 +114,7 @@ public:
     }
     for (int l = 0; l < cfg_.layers; ++l) {
       auto on = eng_.gather(blocks_[static_cast<std::size_t>(l)]);
-      math_.block_forward(l, block_params::from(block_inputs(l)));
+      math_.block_forward(l, traits::block_params_type::from(block_inputs(l)));
     }
     double loss = 0;
     {
@@ -88,7 +145,7 @@ public:
       for (std::size_t k = 0; k < block_tensor_count; ++k) {
         g.push_back(grad(first + k));
       }
-      math_.block_backward(l, block_params::from(block_inputs(l)), block_grads::from(g));
+      math_.block_backward(l, traits::block_params_type::from(block_inputs(l)), traits::block_grads_type::from(g));
       for (std::size_t k = 0; k < block_tensor_count; ++k) {
         done(first + k);
       }
@@ -120,54 +177,65 @@ private:
     }
     throw std::invalid_argument("gpt: no parameter named " + name);
   }
-  std::vector<const float*> block_inputs(int l) {
-    std::vector<const float*> p;
+  std::vector<const param_type*> block_inputs(int l) {
+    std::vector<const param_type*> p;
     for (std::size_t k = 0; k < block_tensor_count; ++k) {
       p.push_back(param(block_first(l) + k));
     }
     return p;
   }
 
-  /// Tensor `k` in fp32: the engine's memory for fp32, else a copy converted after this gather.
-  const float* param(std::size_t k) {
+  /// Tensor `k` as the math reads it: the engine's memory in the math's type, else (CPU) a copy converted to
+  /// fp32 after this gather.
+  const param_type* param(std::size_t k) {
     auto p = eng_.param(handles_[k]);
-    if (p.type == zero::dtype::f32) {
-      return p.template as<float>();
+    if (p.type == zero::dtype_v<param_type>) {
+      return p.template as<param_type>();
     }
-    auto& c = floats_[k];
-    c.resize(p.numel);
-    zero::copy_to_floats(p, c);
-    return c.data();
+    if constexpr (traits::converts_params) {
+      auto& c = floats_[k];
+      c.resize(p.numel);
+      zero::copy_to_floats(p, c);
+      return c.data();
+    } else {
+      throw std::logic_error("gpt: parameter " + specs_[k].name + " is not " +
+                             std::string(zero::name_of(zero::dtype_v<param_type>)));
+    }
   }
-  /// Where tensor `k`'s fp32 gradient is added: the engine's buffer for fp32, else a zeroed fp32 scratch that
-  /// `done` adds into the engine's (wte's scratch lives across its two uses).
+  /// Where tensor `k`'s fp32 gradient is added: the engine's buffer for fp32, else its zeroed region of the
+  /// fp32 scratch, which `done` adds into the engine's buffer (wte's region lives across its two uses).
   float* grad(std::size_t k) {
     if (eng_.cfg().grad_accum_dtype == zero::dtype::f32) {
       return eng_.grad(handles_[k]).template as<float>();
     }
-    auto& s = grads_[k];
-    if (s.empty()) {
-      s.assign(static_cast<std::size_t>(specs_[k].numel()), 0.0f);
+    float* s = scratch_.front().data() + scratch_at_[k];
+    if (!live_[k]) {
+      traits::zero(eng_, s, static_cast<std::size_t>(specs_[k].numel()));
+      live_[k] = true;
     }
-    return s.data();
+    return s;
   }
   /// Tensor `k`'s gradient is final for this micro-step.
   void done(std::size_t k) {
-    if (auto& s = grads_[k]; !s.empty()) {
-      zero::add_floats(eng_.grad(handles_[k]), s);
-      s.clear();
+    if (live_[k]) {
+      traits::add(eng_, eng_.grad(handles_[k]), scratch_.front().data() + scratch_at_[k],
+                  static_cast<std::size_t>(specs_[k].numel()));
+      live_[k] = false;
     }
     eng_.grad_ready(handles_[k]);
   }
 
   Engine& eng_;
   model_config cfg_;
-  cpu_model math_;
+  Math math_;
   std::vector<param_spec> specs_;
   int embed_ = -1, final_ = -1;
   std::vector<int> blocks_;
   std::vector<zero::param_handle> handles_;
-  std::vector<std::vector<float>> floats_, grads_;
+  std::vector<std::vector<float>> floats_;        // fp32 copies of 16-bit parameters (CPU math)
+  std::vector<typename traits::scratch> scratch_; // the fp32 gradient scratch (none for fp32 gradients)
+  std::vector<std::size_t> scratch_at_;           // each tensor's offset in it
+  std::vector<bool> live_;                        // whether a tensor's region holds this micro-step's sum
 };
 
 } // namespace gpt

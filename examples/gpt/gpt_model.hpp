@@ -131,6 +131,17 @@ inline std::vector<param_spec> parameters(const model_config& cfg) {
   return out;
 }
 
+/// The model's training FLOPs per token, as llm.c counts them for its MFU: 6 N for the matmuls of forward and
+/// backward over the N parameters (the tied head's GEMM counted once, through wte), plus 6 L C T for attention
+/// (PaLM's 12 L C T, Appendix B, halved for the causal mask).
+inline double flops_per_token(const model_config& cfg) {
+  double n = 0;
+  for (const auto& p : parameters(cfg)) {
+    n += static_cast<double>(p.numel());
+  }
+  return 6.0 * n + 6.0 * cfg.layers * static_cast<double>(cfg.d_model) * cfg.seq;
+}
+
 namespace detail {
 
 /// A standard normal draw that depends only on (key, index): Box-Muller on the two 32-bit halves of one

@@ -1,0 +1,49 @@
+#pragma once
+// Where zero-gpt runs its ranks: `cpu_runtime` (cpu_backend, in-process threads or MPI processes, gpt_model.hpp's
+// fp32 math). gpt_cuda_engine.hpp adds `cuda_runtime` (cuda_backend, a GPU per rank over NCCL, gpt_cuda.hpp's
+// bf16 math). main.cpp's train() is written once over either.
+
+#include "gpt_engine.hpp"
+
+#include <cstddef>
+#include <string>
+#include <zero/backend/cpu_backend.hpp>
+#include <zero/comm/communicator.hpp>
+#include <zero/engine/engine.hpp>
+
+namespace gpt {
+
+/// Sums a few host doubles (losses, token counts) over the ranks: the communicator's all-reduce on host memory.
+/// gpt_cuda_engine.hpp specialises it for NCCL, whose collectives read device memory.
+template <class Comm> class host_sums {
+public:
+  explicit host_sums(Comm& comm) : comm_(comm) {}
+  template <class Engine> void operator()(Engine&, double* v, std::size_t n) {
+    comm_.all_reduce(v, v, n, zero::reduce_op::sum).wait();
+  }
+
+private:
+  Comm& comm_;
+};
+
+/// The CPU: OpenBLAS GEMMs in fp32 over the engine's host memory. One per rank.
+struct cpu_runtime {
+  template <class Comm> using engine_type = zero::engine<zero::cpu_backend, Comm>;
+  using math = cpu_model;
+  /// One thread per rank when several ranks share the machine, else the backend's default.
+  template <class Comm> zero::cpu_backend backend(const Comm& comm) const {
+    return zero::cpu_backend({.threads = comm.size() > 1 ? 1u : 0u});
+  }
+  /// Waits for the rank's queued work (none on the CPU: every call returns done).
+  template <class Engine> void synchronize(Engine&) const {}
+  /// Notes the device memory in use (nothing to note on the CPU: the engine's memory() counts the host's).
+  void sample_memory() const {}
+  /// The most device memory in use at a sample; 0 on the CPU.
+  [[nodiscard]] std::size_t device_peak_bytes() const { return 0; }
+  /// The device's peak dense bf16 rate for MFU, in FLOP/s; 0 (unknown) on the CPU.
+  [[nodiscard]] double peak_flops() const { return 0; }
+  /// The device's name for the report.
+  [[nodiscard]] std::string device_name() const { return "cpu"; }
+};
+
+} // namespace gpt
