@@ -1,0 +1,635 @@
+#pragma once
+/// @file gpt_cuda.hpp
+/// GPT-2's model math on one GPU: `cuda_model`, the CUDA twin of gpt_model.hpp's `cpu_model`, with the same
+/// modules, the same call order and the same numerics up to precision. Parameters are bf16, activations bf16
+/// (with fp32 where a statistic needs it: LayerNorm's mean and rstd, the per-token losses), the matmuls run on
+/// cuBLAS with bf16 operands and fp32 accumulation, and every gradient is accumulated in fp32 in the caller's
+/// buffers. Host code only (compiles with g++); link `zero_gpt_cuda_kernels` (gpt_kernels.cu), CUDA::cublas
+/// and the CUDA runtime. `model_config` comes from gpt_model.hpp, which also needs <cblas.h> to compile.
+
+#include "gpt_kernels.hpp"
+#include "gpt_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+#include <zero/core/cuda_check.hpp>
+#include <zero/core/dtype.hpp>
+#include <zero/core/error.hpp>
+#include <zero/core/source_location.hpp>
+#include <zero/memory/buffer.hpp>
+#include <zero/memory/device_allocator.hpp>
+#include <zero/memory/pinned_allocator.hpp>
+
+namespace gpt {
+
+/// The 12 tensors of block l on the device, bf16, read-only; the same order and layouts as `block_params`.
+struct cuda_block_params {
+  const zero::bf16* ln_1_weight = nullptr;        ///< [C]
+  const zero::bf16* ln_1_bias = nullptr;          ///< [C]
+  const zero::bf16* c_attn_weight = nullptr;      ///< [C, 3C] (q, k, v along the output)
+  const zero::bf16* c_attn_bias = nullptr;        ///< [3C]
+  const zero::bf16* attn_c_proj_weight = nullptr; ///< [C, C]
+  const zero::bf16* attn_c_proj_bias = nullptr;   ///< [C]
+  const zero::bf16* ln_2_weight = nullptr;        ///< [C]
+  const zero::bf16* ln_2_bias = nullptr;          ///< [C]
+  const zero::bf16* c_fc_weight = nullptr;        ///< [C, 4C]
+  const zero::bf16* c_fc_bias = nullptr;          ///< [4C]
+  const zero::bf16* mlp_c_proj_weight = nullptr;  ///< [4C, C]
+  const zero::bf16* mlp_c_proj_bias = nullptr;    ///< [C]
+
+  /// The block's tensors from device pointers in registration order.
+  /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` pointers.
+  static cuda_block_params from(std::span<const zero::bf16* const> p) {
+    if (p.size() != block_tensor_count) {
+      throw std::invalid_argument("cuda_block_params::from: expected 12 tensors, found " + std::to_string(p.size()));
+    }
+    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+  }
+};
+
+/// The gradients of block l's 12 tensors on the device, fp32, same layouts as `cuda_block_params`; the
+/// backward adds into them.
+struct cuda_block_grads {
+  float* ln_1_weight = nullptr;        ///< [C]
+  float* ln_1_bias = nullptr;          ///< [C]
+  float* c_attn_weight = nullptr;      ///< [C, 3C]
+  float* c_attn_bias = nullptr;        ///< [3C]
+  float* attn_c_proj_weight = nullptr; ///< [C, C]
+  float* attn_c_proj_bias = nullptr;   ///< [C]
+  float* ln_2_weight = nullptr;        ///< [C]
+  float* ln_2_bias = nullptr;          ///< [C]
+  float* c_fc_weight = nullptr;        ///< [C, 4C]
+  float* c_fc_bias = nullptr;          ///< [4C]
+  float* mlp_c_proj_weight = nullptr;  ///< [4C, C]
+  float* mlp_c_proj_bias = nullptr;    ///< [C]
+
+  /// The block's gradient buffers from device pointers in registration order.
+  /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` pointers.
+  static cuda_block_grads from(std::span<float* const> p) {
+    if (p.size() != block_tensor_count) {
+      throw std::invalid_argument("cuda_block_grads::from: expected 12 tensors, found " + std::to_string(p.size()));
+    }
+    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+  }
+};
+
+namespace detail {
+
+/// Throws `zero::cuda_error` naming the call, the place and cuBLAS's status text when a cuBLAS call fails.
+inline void check_cublas(cublasStatus_t status, const char* expr, const zero::detail::source_location& loc) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw zero::cuda_error(std::string(expr) + " failed at " + zero::detail::where(loc) + ": " +
+                               cublasGetStatusString(status),
+                           static_cast<int>(status));
+  }
+}
+
+} // namespace detail
+
+/// Evaluates the cuBLAS call `expr`; throws `zero::cuda_error` when it does not return CUBLAS_STATUS_SUCCESS.
+#define GPT_CHECK_CUBLAS(expr) ::gpt::detail::check_cublas((expr), #expr, ::zero::detail::source_location::current())
+
+/// GPT-2's forward and backward on one GPU, module by module, over device parameters the caller owns.
+/// The model holds every activation the backward needs (for up to `batch` x `cfg.seq` tokens), the
+/// backward's scratch, its cuBLAS handle and workspace, all allocated by the constructor: a step allocates
+/// nothing. All device work is enqueued on the constructor's `stream`; only `head_forward_loss` (to read the
+/// loss) and `logits()` wait for it.
+///
+/// One step, with the caller's pointers valid until the stream has passed each call's work:
+///   embed_forward, block_forward(0..L-1), final_forward, head_forward_loss(train = true),
+///   head_backward, final_backward, block_backward(L-1..0), embed_backward.
+/// Every backward ADDS its gradients into the caller's fp32 device buffers (cuBLAS with beta = 1 writing fp32,
+/// kernels with +=), so micro-batches accumulate and the tied wte collects both of its uses in one buffer. The
+/// gradients are those of grad_scale * (sum of the token losses). Every sum runs in an order fixed by the
+/// shapes, so the same inputs give the same bits.
+///
+/// Token ids and targets are HOST arrays: the model checks every id before it uploads anything.
+class cuda_model {
+public:
+  /// Allocates the activations for `batch` sequences of up to `cfg.seq` tokens on the current device, and a
+  /// cuBLAS handle bound to `stream` with a workspace of its own.
+  /// @param stream the stream every call enqueues on (the caller's; it must outlive the model)
+  /// @throws std::invalid_argument when `cfg` does not validate or `batch` < 1; zero::memory_error when the
+  ///         device memory does not fit; zero::cuda_error when a CUDA or cuBLAS call fails.
+  cuda_model(model_config cfg, int batch, cudaStream_t stream) : cfg_(cfg), batch_(batch), stream_(stream) {
+    cfg_.validate();
+    if (batch < 1) {
+      throw std::invalid_argument("--batch: expected a whole number >= 1, found " + std::to_string(batch));
+    }
+    const std::size_t bt = static_cast<std::size_t>(batch) * static_cast<std::size_t>(cfg_.seq);
+    const std::size_t c = C(), l = static_cast<std::size_t>(cfg_.layers), t = static_cast<std::size_t>(cfg_.seq);
+    const std::size_t nh = static_cast<std::size_t>(cfg_.heads);
+    encoded_ = device<zero::bf16>(bt * c);
+    ln1_ = device<zero::bf16>(l * bt * c);
+    ln1_mean_ = device<float>(l * bt);
+    ln1_rstd_ = device<float>(l * bt);
+    qkv_ = device<zero::bf16>(l * bt * 3 * c);
+    att_ = device<zero::bf16>(l * static_cast<std::size_t>(batch) * nh * t * t);
+    atty_ = device<zero::bf16>(l * bt * c);
+    res2_ = device<zero::bf16>(l * bt * c);
+    ln2_ = device<zero::bf16>(l * bt * c);
+    ln2_mean_ = device<float>(l * bt);
+    ln2_rstd_ = device<float>(l * bt);
+    fch_ = device<zero::bf16>(l * bt * 4 * c);
+    fch_gelu_ = device<zero::bf16>(l * bt * 4 * c);
+    res3_ = device<zero::bf16>(l * bt * c);
+    lnf_ = device<zero::bf16>(bt * c);
+    lnf_mean_ = device<float>(bt);
+    lnf_rstd_ = device<float>(bt);
+    logits_ = device<zero::bf16>(bt * Vp());
+    losses_ = device<float>(bt);
+    loss_ = device<double>(1);
+    dres_ = device<zero::bf16>(bt * c);
+    dln_ = device<zero::bf16>(bt * c);
+    datty_ = device<zero::bf16>(bt * c);
+    dqkv_ = device<zero::bf16>(bt * 3 * c);
+    dfch_ = device<zero::bf16>(bt * 4 * c);
+    scores_ = device<float>(nh * t * t);
+    dscores_ = device<zero::bf16>(nh * t * t);
+    // The widest column sum: c_fc's bias gradient, 4C columns (LayerNorm's needs 2C, c_attn's 3C).
+    column_workspace_ = device<float>(kernels::column_sum_workspace_floats(bt, 4 * c));
+    tokens_ = device<std::int32_t>(bt);
+    targets_ = device<std::int32_t>(bt);
+    plan_ = device<std::int32_t>(kernels::embedding_plan_ints(bt));
+    cublas_workspace_ = device<std::byte>(cublas_workspace_bytes);
+
+    tokens_host_ = pinned<std::int32_t>(bt);
+    targets_host_ = pinned<std::int32_t>(bt);
+    plan_host_ = pinned<std::int32_t>(kernels::embedding_plan_ints(bt));
+    loss_host_ = pinned<double>(1);
+    counts_.resize(V());
+    tokens_done_ = make_event();
+    targets_done_ = make_event();
+    plan_done_ = make_event();
+
+    cublasHandle_t handle = nullptr;
+    GPT_CHECK_CUBLAS(cublasCreate(&handle));
+    cublas_.reset(handle);
+    GPT_CHECK_CUBLAS(cublasSetStream(handle, stream_));
+    GPT_CHECK_CUBLAS(cublasSetWorkspace(handle, cublas_workspace_.data(), cublas_workspace_.bytes()));
+    GPT_CHECK_CUBLAS(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+
+    // The logits' padding columns [V, Vp) are never written or read; zeroed so that nothing in the buffer is
+    // undefined.
+    ZERO_CHECK_CUDA(cudaMemsetAsync(logits_.data(), 0, logits_.bytes(), stream_));
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  cuda_model(const cuda_model&) = delete;
+  cuda_model& operator=(const cuda_model&) = delete;
+  cuda_model(cuda_model&&) = delete;
+  cuda_model& operator=(cuda_model&&) = delete;
+
+  /// Waits for the model's work on the stream, then frees everything (the cuBLAS handle before its workspace).
+  ~cuda_model() { ZERO_CHECK_CUDA_NOTHROW(cudaStreamSynchronize(stream_)); }
+
+  /// The model's shape.
+  [[nodiscard]] const model_config& config() const { return cfg_; }
+  /// The most sequences one pass takes.
+  [[nodiscard]] int batch() const { return batch_; }
+  /// The stream every call enqueues on.
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+
+  /// Device bytes the model holds: activations, logits, the backward's scratch, the token buffers and the
+  /// workspaces (cuBLAS's included).
+  [[nodiscard]] std::size_t activation_bytes() const {
+    std::size_t n = 0;
+    for (const auto* b : {&encoded_, &ln1_, &qkv_, &att_, &atty_, &res2_, &ln2_, &fch_, &fch_gelu_, &res3_, &lnf_,
+                          &logits_, &dres_, &dln_, &datty_, &dqkv_, &dfch_, &dscores_}) {
+      n += b->bytes();
+    }
+    for (const auto* b : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lnf_mean_, &lnf_rstd_, &losses_, &scores_,
+                          &column_workspace_}) {
+      n += b->bytes();
+    }
+    for (const auto* b : {&tokens_, &targets_, &plan_}) {
+      n += b->bytes();
+    }
+    return n + loss_.bytes() + cublas_workspace_.bytes();
+  }
+
+  /// Starts a pass: the residual stream becomes wte[tokens] + wpe[position] (rounded to bf16).
+  /// @param wte [V, C] token embedding; @param wpe [T, C] position embedding (device, bf16)
+  /// @param tokens [B, T] row-major token ids on the HOST (uploaded by the call)
+  /// @param B sequences, 1..batch(); @param T tokens per sequence, 1..cfg.seq
+  /// @throws std::invalid_argument when B or T is out of range; std::out_of_range naming the position
+  ///         (b, t) and the id of the first token outside [0, vocab), before anything is uploaded or launched.
+  void embed_forward(const zero::bf16* wte, const zero::bf16* wpe, const std::int32_t* tokens, int B, int T) {
+    if (B < 1 || B > batch_) {
+      throw std::invalid_argument("embed_forward: B = " + std::to_string(B) + "; expected 1.." +
+                                  std::to_string(batch_));
+    }
+    if (T < 1 || T > cfg_.seq) {
+      throw std::invalid_argument("embed_forward: T = " + std::to_string(T) + "; expected 1.." +
+                                  std::to_string(cfg_.seq));
+    }
+    check_tokens(tokens, B, T, "embed_forward", "token");
+    B_ = B;
+    T_ = T;
+    have_dlogits_ = false;
+    have_logits_ = false;
+    upload(tokens, rows(), tokens_host_, tokens_, tokens_done_.get());
+    kernels::embedding_forward(encoded_.data(), tokens_.data(), wte, wpe, B, T, cfg_.d_model, stream_);
+  }
+
+  /// Block l's forward: x += attn(ln_1(x)); x += mlp(ln_2(x)).
+  /// @throws std::out_of_range when l is not a block; std::logic_error before embed_forward.
+  void block_forward(int l, cuda_block_params p) {
+    check_layer(l, "block_forward");
+    const std::size_t n = rows();
+    const int c = cfg_.d_model, n_rows = static_cast<int>(n);
+    const zero::bf16* x = block_input(l);
+    zero::bf16* ln1 = at(ln1_, l);
+    zero::bf16* qkv = at(qkv_, l);
+    zero::bf16* atty = at(atty_, l);
+    zero::bf16* res2 = at(res2_, l);
+    zero::bf16* ln2 = at(ln2_, l);
+    zero::bf16* fch = at(fch_, l);
+    zero::bf16* gelu = at(fch_gelu_, l);
+    zero::bf16* res3 = at(res3_, l);
+
+    kernels::layernorm_forward(ln1, at(ln1_mean_, l), at(ln1_rstd_, l), x, p.ln_1_weight, p.ln_1_bias, n, c, stream_);
+    // qkv[n, 3C] = ln1[n, C] · c_attn[C, 3C] + bias: C starts as the bias rows, beta = 1 adds the product.
+    kernels::bias_broadcast(qkv, p.c_attn_bias, n, 3 * c, stream_);
+    gemm(false, false, n_rows, 3 * c, c, 1.0f, ln1, c, p.c_attn_weight, 3 * c, 1.0f, qkv, CUDA_R_16BF, 3 * c);
+    attention_forward(l, atty, qkv);
+    // res2[n, C] = (x + bias) + atty[n, C] · attn.c_proj[C, C].
+    kernels::residual_bias(res2, x, p.attn_c_proj_bias, n, c, stream_);
+    gemm(false, false, n_rows, c, c, 1.0f, atty, c, p.attn_c_proj_weight, c, 1.0f, res2, CUDA_R_16BF, c);
+    kernels::layernorm_forward(ln2, at(ln2_mean_, l), at(ln2_rstd_, l), res2, p.ln_2_weight, p.ln_2_bias, n, c,
+                               stream_);
+    // fch[n, 4C] = ln2[n, C] · c_fc[C, 4C] + bias.
+    kernels::bias_broadcast(fch, p.c_fc_bias, n, 4 * c, stream_);
+    gemm(false, false, n_rows, 4 * c, c, 1.0f, ln2, c, p.c_fc_weight, 4 * c, 1.0f, fch, CUDA_R_16BF, 4 * c);
+    kernels::gelu_forward(gelu, fch, n * 4 * C(), stream_);
+    // res3[n, C] = (res2 + bias) + gelu[n, 4C] · mlp.c_proj[4C, C].
+    kernels::residual_bias(res3, res2, p.mlp_c_proj_bias, n, c, stream_);
+    gemm(false, false, n_rows, c, 4 * c, 1.0f, gelu, 4 * c, p.mlp_c_proj_weight, c, 1.0f, res3, CUDA_R_16BF, c);
+  }
+
+  /// The final LayerNorm over the last block's output.
+  /// @throws std::logic_error before embed_forward.
+  void final_forward(const zero::bf16* lnf_w, const zero::bf16* lnf_b) {
+    check_pass("final_forward");
+    kernels::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), block_input(cfg_.layers), lnf_w, lnf_b,
+                               rows(), cfg_.d_model, stream_);
+  }
+
+  /// The tied LM head and the loss: logits = ln_f(x) · wteᵀ, then softmax and cross-entropy fused per row.
+  /// Waits for the stream once, to read the loss.
+  /// @param wte [V, C] the token embedding (tied), device bf16
+  /// @param targets [B, T] row-major ids on the HOST, each in [0, vocab)
+  /// @param grad_scale the factor of the loss whose gradients the backward computes (loss scale / tokens in
+  ///        the global batch)
+  /// @param train overwrite the logits with dlogits = (softmax - onehot) * grad_scale for head_backward;
+  ///        without it the logits stay readable through `logits()`
+  /// @returns the sum of the B * T token losses (natural log): per-token losses in fp32, summed in double
+  /// @throws std::out_of_range naming the position and id of a target outside [0, vocab), before anything is
+  ///         uploaded or launched; std::logic_error before embed_forward.
+  double head_forward_loss(const zero::bf16* wte, const std::int32_t* targets, float grad_scale, bool train) {
+    check_pass("head_forward_loss");
+    check_tokens(targets, B_, T_, "head_forward_loss", "target");
+    const std::size_t n = rows();
+    const int c = cfg_.d_model, v = cfg_.vocab, vp = static_cast<int>(Vp());
+    upload(targets, n, targets_host_, targets_, targets_done_.get());
+    // logits[n, V] = lnf[n, C] · wteᵀ (wte [V, C]); the logits' rows are Vp long (see logits_).
+    gemm(false, true, static_cast<int>(n), v, c, 1.0f, lnf_.data(), c, wte, c, 0.0f, logits_.data(), CUDA_R_16BF, vp);
+    kernels::cross_entropy(logits_.data(), losses_.data(), targets_.data(), n, v, Vp(), grad_scale, train, stream_);
+    kernels::sum_losses(loss_.data(), losses_.data(), n, stream_);
+    ZERO_CHECK_CUDA(cudaMemcpyAsync(loss_host_.data(), loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    have_dlogits_ = train;
+    have_logits_ = !train;
+    return loss_host_[0];
+  }
+
+  /// The logits [B, T, V] of the last head_forward_loss, which ran with train = false, copied to the host in
+  /// fp32 (waits for the stream; for sampling and tests, not for a training step). The span stays valid until
+  /// the next call of `logits()` or the model's end.
+  /// @throws std::logic_error when the last pass had no head_forward_loss with train = false (a train pass
+  ///         overwrote its logits with their gradient).
+  [[nodiscard]] std::span<const float> logits() const {
+    if (!have_logits_) {
+      throw std::logic_error("logits: call head_forward_loss with train = false first");
+    }
+    const std::size_t n = rows(), v = V(), vp = Vp();
+    logits_staging_.resize(n * vp);
+    logits_host_.resize(n * v);
+    ZERO_CHECK_CUDA(cudaMemcpyAsync(logits_staging_.data(), logits_.data(), n * vp * sizeof(zero::bf16),
+                                    cudaMemcpyDeviceToHost, stream_));
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < v; ++i) {
+        logits_host_[r * v + i] = static_cast<float>(logits_staging_[r * vp + i]);
+      }
+    }
+    return {logits_host_.data(), n * v};
+  }
+
+  /// The head's backward: d_wte += dlogitsᵀ · ln_f(x) (fp32), and the gradient of ln_f(x) kept for
+  /// final_backward. @param wte [V, C] device bf16; @param d_wte [V, C] device fp32, added into
+  /// @throws std::logic_error unless the last head_forward_loss ran with train = true.
+  void head_backward(const zero::bf16* wte, float* d_wte) {
+    if (!have_dlogits_) {
+      throw std::logic_error("head_backward: call head_forward_loss with train = true first");
+    }
+    const int n = static_cast<int>(rows()), c = cfg_.d_model, v = cfg_.vocab, vp = static_cast<int>(Vp());
+    // dln[n, C] = dlogits[n, V] · wte[V, C]; dln holds d ln_f(x) until final_backward.
+    gemm(false, false, n, c, v, 1.0f, logits_.data(), vp, wte, c, 0.0f, dln_.data(), CUDA_R_16BF, c);
+    // d_wte[V, C] += dlogits[n, V]ᵀ · lnf[n, C].
+    gemm(true, false, v, c, n, 1.0f, logits_.data(), vp, lnf_.data(), c, 1.0f, d_wte, CUDA_R_32F, c);
+  }
+
+  /// The final LayerNorm's backward; starts the residual stream's gradient.
+  /// @param lnf_w [C] device bf16; @param d_lnf_w, @param d_lnf_b [C] device fp32, added into
+  /// @throws std::logic_error unless head_backward ran for this pass.
+  void final_backward(const zero::bf16* lnf_w, float* d_lnf_w, float* d_lnf_b) {
+    if (!have_dlogits_) {
+      throw std::logic_error("final_backward: call head_forward_loss with train = true and head_backward first");
+    }
+    const std::size_t n = rows();
+    ZERO_CHECK_CUDA(cudaMemsetAsync(dres_.data(), 0, n * C() * sizeof(zero::bf16), stream_));
+    kernels::layernorm_backward(dres_.data(), d_lnf_w, d_lnf_b, column_workspace_.data(), dln_.data(),
+                                block_input(cfg_.layers), lnf_w, lnf_mean_.data(), lnf_rstd_.data(), n, cfg_.d_model,
+                                stream_);
+  }
+
+  /// Block l's backward: the residual stream's gradient goes from block l's output to its input, and the
+  /// block's parameter gradients are added into `g` (device fp32).
+  /// @throws std::out_of_range when l is not a block; std::logic_error before a train forward.
+  void block_backward(int l, cuda_block_params p, cuda_block_grads g) {
+    check_layer(l, "block_backward");
+    if (!have_dlogits_) {
+      throw std::logic_error("block_backward: call head_forward_loss with train = true first");
+    }
+    const std::size_t n = rows();
+    const int c = cfg_.d_model;
+    const zero::bf16* x = block_input(l);
+    zero::bf16* dres = dres_.data();
+    float* ws = column_workspace_.data();
+
+    // mlp: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres holds d res3 = d of c_proj's output.
+    matmul_backward(dfch_.data(), g.mlp_c_proj_weight, g.mlp_c_proj_bias, dres, at(fch_gelu_, l), p.mlp_c_proj_weight,
+                    4 * c, c);
+    kernels::gelu_backward(dfch_.data(), at(fch_, l), dfch_.data(), n * 4 * C(), stream_);
+    matmul_backward(dln_.data(), g.c_fc_weight, g.c_fc_bias, dfch_.data(), at(ln2_, l), p.c_fc_weight, c, 4 * c);
+    kernels::layernorm_backward(dres, g.ln_2_weight, g.ln_2_bias, ws, dln_.data(), at(res2_, l), p.ln_2_weight,
+                                at(ln2_mean_, l), at(ln2_rstd_, l), n, c, stream_);
+
+    // attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))); dres now holds d res2.
+    matmul_backward(datty_.data(), g.attn_c_proj_weight, g.attn_c_proj_bias, dres, at(atty_, l), p.attn_c_proj_weight,
+                    c, c);
+    attention_backward(l, dqkv_.data(), datty_.data());
+    matmul_backward(dln_.data(), g.c_attn_weight, g.c_attn_bias, dqkv_.data(), at(ln1_, l), p.c_attn_weight, c, 3 * c);
+    kernels::layernorm_backward(dres, g.ln_1_weight, g.ln_1_bias, ws, dln_.data(), x, p.ln_1_weight, at(ln1_mean_, l),
+                                at(ln1_rstd_, l), n, c, stream_);
+  }
+
+  /// The embeddings' backward, deterministic: the rows are sorted by token on the host (a counting sort), each
+  /// distinct token's rows summed in (b, t) order into d_wte, and d_wpe[t] the sum over b in order.
+  /// @param tokens the same HOST ids as embed_forward's; @param d_wte [V, C], @param d_wpe [T, C] device fp32,
+  ///        added into
+  /// @throws std::out_of_range as embed_forward; std::logic_error before a train forward.
+  void embed_backward(const std::int32_t* tokens, float* d_wte, float* d_wpe) {
+    if (!have_dlogits_) {
+      throw std::logic_error("embed_backward: call head_forward_loss with train = true first");
+    }
+    check_tokens(tokens, B_, T_, "embed_backward", "token");
+    const std::size_t n = rows();
+    // plan_host_ may still be the source of the last call's copy.
+    ZERO_CHECK_CUDA(cudaEventSynchronize(plan_done_.get()));
+    const std::size_t distinct =
+        kernels::build_embedding_plan({tokens, n}, counts_, {plan_host_.data(), kernels::embedding_plan_ints(n)});
+    const std::size_t ints = 2 * distinct + 1 + n;
+    ZERO_CHECK_CUDA(
+        cudaMemcpyAsync(plan_.data(), plan_host_.data(), ints * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+    ZERO_CHECK_CUDA(cudaEventRecord(plan_done_.get(), stream_));
+    kernels::embedding_backward(d_wte, d_wpe, dres_.data(), plan_.data(), distinct, B_, T_, cfg_.d_model, stream_);
+  }
+
+  /// cuBLAS's workspace: 32 MiB, what PyTorch gives cuBLAS on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8).
+  static constexpr std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
+
+private:
+  template <class T> using device_buffer = zero::buffer<T, zero::device_allocator>;
+  template <class T> using pinned_buffer = zero::buffer<T, zero::pinned_allocator>;
+
+  struct event_deleter {
+    void operator()(cudaEvent_t e) const noexcept { ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e)); }
+  };
+  using event_ptr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, event_deleter>;
+  struct cublas_deleter {
+    void operator()(cublasHandle_t h) const noexcept { (void)cublasDestroy(h); }
+  };
+  using cublas_ptr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, cublas_deleter>;
+
+  template <class T> static device_buffer<T> device(std::size_t n) {
+    return device_buffer<T>(zero::device_allocator{}, n, zero::memory_tag::buffers);
+  }
+  template <class T> static pinned_buffer<T> pinned(std::size_t n) {
+    return pinned_buffer<T>(zero::pinned_allocator{}, n, zero::memory_tag::buffers);
+  }
+  static event_ptr make_event() {
+    cudaEvent_t e = nullptr;
+    ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return event_ptr(e);
+  }
+
+  [[nodiscard]] std::size_t C() const { return static_cast<std::size_t>(cfg_.d_model); }
+  [[nodiscard]] std::size_t V() const { return static_cast<std::size_t>(cfg_.vocab); }
+  // The logits' row length: V rounded up to a multiple of 8 elements (16 bytes of bf16), the alignment
+  // cuBLAS's fast kernels want of a leading dimension; GPT-2's V = 50257 is odd. wte [V, C] itself is not
+  // padded: V is only ever a GEMM dimension, never its leading dimension.
+  [[nodiscard]] std::size_t Vp() const { return (V() + 7) / 8 * 8; }
+  [[nodiscard]] std::size_t rows() const { return static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_); }
+
+  // Layer l's slice of a per-layer activation: each layer's slice is sized for the full batch, and a pass
+  // of fewer rows uses its start.
+  template <class T> T* at(device_buffer<T>& b, int l) {
+    return b.data() + static_cast<std::size_t>(l) * (b.size() / static_cast<std::size_t>(cfg_.layers));
+  }
+
+  // The residual stream entering block l (l = layers: entering ln_f).
+  const zero::bf16* block_input(int l) { return l == 0 ? encoded_.data() : at(res3_, l - 1); }
+
+  void check_pass(const char* what) const {
+    if (B_ == 0) {
+      throw std::logic_error(std::string(what) + ": call embed_forward first");
+    }
+  }
+
+  void check_layer(int l, const char* what) const {
+    check_pass(what);
+    if (l < 0 || l >= cfg_.layers) {
+      throw std::out_of_range(std::string(what) + ": block " + std::to_string(l) + " of " +
+                              std::to_string(cfg_.layers));
+    }
+  }
+
+  void check_tokens(const std::int32_t* ids, int B, int T, const char* what, const char* kind) const {
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < T; ++t) {
+        const std::int32_t id =
+            ids[static_cast<std::size_t>(b) * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)];
+        if (id < 0 || id >= cfg_.vocab) {
+          throw std::out_of_range(std::string(what) + ": " + kind + " at position (" + std::to_string(b) + ", " +
+                                  std::to_string(t) + ") is " + std::to_string(id) + ", outside the vocabulary [0, " +
+                                  std::to_string(cfg_.vocab) + ")");
+        }
+      }
+    }
+  }
+
+  // Copies n host ids to `dst` through the pinned `staging`, ordered on the stream; `done` marks the copy's
+  // end, which the next upload through the same staging waits for before overwriting it.
+  void upload(const std::int32_t* src, std::size_t n, pinned_buffer<std::int32_t>& staging,
+              device_buffer<std::int32_t>& dst, cudaEvent_t done) {
+    ZERO_CHECK_CUDA(cudaEventSynchronize(done));
+    std::copy(src, src + n, staging.data());
+    ZERO_CHECK_CUDA(
+        cudaMemcpyAsync(dst.data(), staging.data(), n * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
+    ZERO_CHECK_CUDA(cudaEventRecord(done, stream_));
+  }
+
+  // Row-major C[M, N] = alpha · op(A)[M, K] · op(B)[K, N] + beta · C, op(X) = Xᵀ where the flag says so; lda, ldb
+  // and ldc are the row-major leading dimensions (elements between the starts of two stored rows). A and B are
+  // bf16, C is `c_type` (bf16 or fp32), accumulation fp32. cuBLAS is column-major, where a stored row-major
+  // matrix reads as its transpose: it computes Cᵀ[N, M] = op(B)ᵀ · op(A)ᵀ, so B goes first, each operand keeps
+  // its own transposition flag, and m = N, n = M.
+  void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const zero::bf16* A, int lda,
+            const zero::bf16* B, int ldb, float beta, void* C, cudaDataType c_type, int ldc) {
+    GPT_CHECK_CUBLAS(cublasGemmEx(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A,
+                                  CUDA_R_16BF, lda, &beta, C, c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // `batch` of the same row-major product, operand i at A + i·stride_a, B + i·stride_b, C + i·stride_c.
+  void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const zero::bf16* A, int lda,
+                    long long stride_a, const zero::bf16* B, int ldb, long long stride_b, float beta, void* C,
+                    cudaDataType c_type, int ldc, long long stride_c, int batch) {
+    GPT_CHECK_CUBLAS(cublasGemmStridedBatchedEx(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_16BF,
+                                                ldb, stride_b, A, CUDA_R_16BF, lda, stride_a, &beta, C, c_type, ldc,
+                                                stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  // dinp = dout · wᵀ (overwritten: dinp is scratch); dw += inpᵀ · dout (fp32); dbias += column sums of dout.
+  // inp [n, ic], w [ic, oc], dout [n, oc].
+  void matmul_backward(zero::bf16* dinp, float* dw, float* dbias, const zero::bf16* dout, const zero::bf16* inp,
+                       const zero::bf16* w, int ic, int oc) {
+    const int n = static_cast<int>(rows());
+    // dinp[n, ic] = dout[n, oc] · w[ic, oc]ᵀ.
+    gemm(false, true, n, ic, oc, 1.0f, dout, oc, w, oc, 0.0f, dinp, CUDA_R_16BF, ic);
+    // dw[ic, oc] += inp[n, ic]ᵀ · dout[n, oc].
+    gemm(true, false, ic, oc, n, 1.0f, inp, ic, dout, oc, 1.0f, dw, CUDA_R_32F, oc);
+    kernels::bias_backward(dbias, column_workspace_.data(), dout, rows(), oc, stream_);
+  }
+
+  // Causal self-attention, one sequence b at a time, its NH heads as one strided batch: scores = q · kᵀ (fp32),
+  // probs = the fused causal softmax of scale · scores (kept per layer, bf16), y = probs · v. q, k, v are the
+  // column blocks [0, C), [C, 2C), [2C, 3C) of qkv (row stride 3C), head h the columns [h·hs, (h+1)·hs) of each;
+  // probs [B, NH, T, T] for this pass's T; y's head h goes to columns [h·hs, (h+1)·hs) of atty (row stride C).
+  void attention_forward(int l, zero::bf16* atty, const zero::bf16* qkv) {
+    const int c = cfg_.d_model, nh = cfg_.heads, hs = c / nh, T = T_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const long long tt = static_cast<long long>(T) * T;
+    zero::bf16* att_l = at(att_, l);
+    for (std::size_t b = 0; b < static_cast<std::size_t>(B_); ++b) {
+      const zero::bf16* q = qkv + b * static_cast<std::size_t>(T) * 3 * C();
+      const zero::bf16* k = q + C();
+      const zero::bf16* v = q + 2 * C();
+      zero::bf16* probs = att_l + b * static_cast<std::size_t>(nh) * static_cast<std::size_t>(tt);
+      // scores_h[T, T] = q_h[T, hs] · k_h[T, hs]ᵀ for each head h.
+      gemm_batched(false, true, T, T, hs, 1.0f, q, 3 * c, hs, k, 3 * c, hs, 0.0f, scores_.data(), CUDA_R_32F, T, tt,
+                   nh);
+      kernels::causal_softmax_forward(probs, scores_.data(), static_cast<std::size_t>(nh), T, scale, stream_);
+      // y_h[T, hs] = probs_h[T, T] · v_h[T, hs].
+      gemm_batched(false, false, T, hs, T, 1.0f, probs, T, tt, v, 3 * c, hs, 0.0f,
+                   atty + b * static_cast<std::size_t>(T) * C(), CUDA_R_16BF, c, hs, nh);
+    }
+  }
+
+  // dqkv (overwritten) from dy = d atty, per sequence and head: dprobs = dy · vᵀ (fp32), dv = probsᵀ · dy, the
+  // softmax's backward on the causal part, then dq = scale · dscores · k and dk = scale · dscoresᵀ · q.
+  void attention_backward(int l, zero::bf16* dqkv, const zero::bf16* dy) {
+    const int c = cfg_.d_model, nh = cfg_.heads, hs = c / nh, T = T_;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const long long tt = static_cast<long long>(T) * T;
+    const zero::bf16* qkv = at(qkv_, l);
+    const zero::bf16* att_l = at(att_, l);
+    for (std::size_t b = 0; b < static_cast<std::size_t>(B_); ++b) {
+      const std::size_t offset = b * static_cast<std::size_t>(T) * 3 * C();
+      const zero::bf16* q = qkv + offset;
+      const zero::bf16* k = q + C();
+      const zero::bf16* v = q + 2 * C();
+      zero::bf16* dq = dqkv + offset;
+      zero::bf16* dk = dq + C();
+      zero::bf16* dv = dq + 2 * C();
+      const zero::bf16* probs = att_l + b * static_cast<std::size_t>(nh) * static_cast<std::size_t>(tt);
+      const zero::bf16* dyb = dy + b * static_cast<std::size_t>(T) * C();
+      // dprobs_h[T, T] = dy_h[T, hs] · v_h[T, hs]ᵀ (into scores_, fp32).
+      gemm_batched(false, true, T, T, hs, 1.0f, dyb, c, hs, v, 3 * c, hs, 0.0f, scores_.data(), CUDA_R_32F, T, tt, nh);
+      // dv_h[T, hs] = probs_h[T, T]ᵀ · dy_h[T, hs].
+      gemm_batched(true, false, T, hs, T, 1.0f, probs, T, tt, dyb, c, hs, 0.0f, dv, CUDA_R_16BF, 3 * c, hs, nh);
+      kernels::causal_softmax_backward(dscores_.data(), probs, scores_.data(), static_cast<std::size_t>(nh), T,
+                                       stream_);
+      // dq_h[T, hs] = scale · dscores_h[T, T] · k_h[T, hs].
+      gemm_batched(false, false, T, hs, T, scale, dscores_.data(), T, tt, k, 3 * c, hs, 0.0f, dq, CUDA_R_16BF, 3 * c,
+                   hs, nh);
+      // dk_h[T, hs] = scale · dscores_h[T, T]ᵀ · q_h[T, hs].
+      gemm_batched(true, false, T, hs, T, scale, dscores_.data(), T, tt, q, 3 * c, hs, 0.0f, dk, CUDA_R_16BF, 3 * c, hs,
+                   nh);
+    }
+  }
+
+  model_config cfg_;
+  int batch_;
+  cudaStream_t stream_;
+  int B_ = 0;
+  int T_ = 0;
+  bool have_dlogits_ = false;
+  bool have_logits_ = false;
+  // The residual stream entering block 0, then per block (L slices each): ln_1's output and statistics, q|k|v,
+  // the attention probabilities [B, NH, T, T], attention's output, the stream after attention (res2), ln_2's
+  // output and statistics, c_fc's output before and after GELU, the stream after the MLP (res3).
+  device_buffer<zero::bf16> encoded_, ln1_, qkv_, att_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_;
+  device_buffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_;
+  // ln_f's output and statistics. The logits [B·T, Vp] in bf16, overwritten in place by dlogits in a train pass:
+  // head_backward's GEMMs take bf16 operands, so bf16 dlogits cost no conversion and no second buffer of the
+  // model's largest activation (B·T·V); a logit's rounding (relative 2^-9) moves a token's loss by about
+  // 2^-9 · |logit|, in either direction, which averages out over the tokens of a batch.
+  device_buffer<zero::bf16> lnf_, logits_;
+  device_buffer<float> lnf_mean_, lnf_rstd_, losses_;
+  device_buffer<double> loss_;
+  // The backward's scratch: the residual stream's gradient, a LayerNorm output's gradient, attention output's,
+  // q|k|v's, c_fc's; one sequence's attention scores (forward) or dprobs (backward) in fp32 and its dscores;
+  // the column sums' partials.
+  device_buffer<zero::bf16> dres_, dln_, datty_, dqkv_, dfch_, dscores_;
+  device_buffer<float> scores_, column_workspace_;
+  // The pass's tokens and targets on the device, and the embedding backward's plan.
+  device_buffer<std::int32_t> tokens_, targets_, plan_;
+  // Declared before cublas_, so the handle is destroyed first.
+  device_buffer<std::byte> cublas_workspace_;
+  cublas_ptr cublas_;
+  // Pinned staging for the uploads and the loss, with the events that mark each upload's copy done.
+  pinned_buffer<std::int32_t> tokens_host_, targets_host_, plan_host_;
+  pinned_buffer<double> loss_host_;
+  event_ptr tokens_done_, targets_done_, plan_done_;
+  // The embedding backward's counting sort (vocab counters).
+  std::vector<std::int32_t> counts_;
+  // logits()'s host copies, sized on first use.
+  mutable std::vector<zero::bf16> logits_staging_;
+  mutable std::vector<float> logits_host_;
+};
+
+} // namespace gpt
