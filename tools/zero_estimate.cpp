@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
   zero::tools::probe_options probe;
   std::string model_name;
   std::string largest_name;
+  std::optional<zero::tools::model_summary> described; // --model's
   try {
     if (config_file) {
       zero::config_inputs in = config_inputs.inputs();
@@ -284,7 +285,7 @@ int main(int argc, char** argv) {
       zero::check_engine_config(*cfg, ranks);
     }
     if (model_file) {
-      const auto m = zero::tools::read_model_description_file(*model_file);
+      const auto& m = described.emplace(zero::tools::read_model_description_file(*model_file));
       o.params = m.params;
       o.largest_layer_params = m.largest_layer_params;
       model_name = m.name;
@@ -311,8 +312,8 @@ int main(int argc, char** argv) {
       m.params = o.params;
       m.largest_layer_params = o.largest_layer_params;
       m.largest_param = o.largest_param_params;
-      if (model_file) {
-        m = zero::tools::read_model_description_file(*model_file);
+      if (described) {
+        m = *described;
       }
       o = zero::tools::estimate_options_from(*cfg, m, gpus_per_node, nodes);
       // The config's partial offload is its cpu rows' ratio.
@@ -357,6 +358,10 @@ int main(int argc, char** argv) {
         throw zero::usage_error("--mics-shard-size with --hpz-partition-size: the engine runs one of HSDP and hpZ");
       }
       o.mics_shard_size = mics_shard_size;
+      if (described) {
+        o.padded = zero::tools::padded_sizes_of(*described, o.param_dtype, o.shard_ranks(), o.reduce_bucket_size,
+                                                zero::tools::parse_count(persistence));
+      }
       if (plan.plan) {
         std::tie(budget, probe) = plan_inputs(plan);
       }
@@ -399,6 +404,14 @@ int main(int argc, char** argv) {
   std::cout << "dtypes: parameters " << zero::name_of(o.param_dtype) << ", gradients " << grads
             << ", optimizer Adam/AdamW (fp32 master" << (o.param_dtype == zero::dtype::f32 ? " = parameters" : "")
             << ", fp32 moments)\n";
+  if (o.padded) {
+    std::cout << "layout: the engine's, with " << o.padded->bucket_total - o.params << " elements of padding at stages "
+              << "0-2 and " << o.padded->module_shard * o.shard_ranks() - o.params << " at stage 3 (each parameter "
+              << "aligned to 256 bytes, each segment to " << o.shard_ranks() << " x 256 bytes)\n";
+  } else if (model_file) {
+    std::cout << "note: more than " << zero::tools::max_laid_out_tensors
+              << " tensors; the rows count no padding of the engine's layout\n";
+  }
   if (!model_file && largest_text.empty()) {
     std::cout << "note: largest layer unknown; stage 3 counts only the prefetch bucket as its working set "
                  "(pass --model FILE or --largest-layer-params N)\n";

@@ -466,8 +466,10 @@ TEST_CASE("a config's zero_hpz_partition_size is counted in the plan's stage 3 r
   REQUIRE(with.size() == without.size());
   for (std::size_t i = 0; i < with.size(); ++i) {
     CAPTURE(zt::setting_name(with[i]));
-    // Stage 3 keeps the rank's slice of each unit's node part: ceil(606660 / 6) x 6 / 3 x 2 bytes.
-    CHECK(with[i].gpu_bytes_per_rank - without[i].gpu_bytes_per_rank == (with[i].stage == 3 ? 101'110 * 2 * 2 : 0));
+    // Stage 3 keeps the rank's slice of each unit's node part: its shard x 6 / 3 x 2 bytes. The shard is the
+    // engine's layout (bf16: 128-element alignment, segments of 6 x 128): the 600000 weight's segment of 600576,
+    // and the persistent 600, 6000 and 60 in one of 6912, over 6 ranks 101248 (606660 / 6 = 101110 unpadded).
+    CHECK(with[i].gpu_bytes_per_rank - without[i].gpu_bytes_per_rank == (with[i].stage == 3 ? 101'248 * 2 * 2 : 0));
     CHECK(with[i].host_bytes_per_node == without[i].host_bytes_per_node);
     const auto block = zt::plan_config_block(with[i], o, "/mnt/nvme");
     CHECK(block.at("zero_optimization").contains("zero_hpz_partition_size") == (with[i].stage == 3));

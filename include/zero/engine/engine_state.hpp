@@ -84,8 +84,7 @@ public:
         buffer_alloc_(alloc), work_alloc_(alloc), stream_(backend.make_stream()),
         reg_(cfg_.param_dtype(), cfg_.optimizer ? cfg_.optimizer->lr : 1e-3,
              cfg_.optimizer ? cfg_.optimizer->weight_decay : 0.0,
-             cfg_.stage() == 3 ? static_cast<std::size_t>(cfg_.zero_optimization.stage3_param_persistence_threshold)
-                               : 0),
+             registry_persistence(cfg_.stage(), cfg_.zero_optimization.stage3_param_persistence_threshold)),
         scaler_(scaler_from_config(cfg_)), scheduler_(scheduler_from_config(cfg_)) {
     require_all_reduce<Comm>();
     if (const auto missing = missing_for_stage<Comm>(cfg_.stage()); !missing.empty()) {
@@ -138,10 +137,7 @@ public:
     const int stage = cfg_.stage();
     const std::size_t esize = size_of(cfg_.param_dtype());
     // Stages 0-2: segments are reduce buckets. Stage 3: one segment per module, the unit gathered.
-    reg_.finalize({.world_size = comm_.size(),
-                   .alignment_bytes = buffer_alignment,
-                   .grouping = stage == 3 ? segment_by::module : segment_by::bucket,
-                   .segment_bytes = static_cast<std::size_t>(z.reduce_bucket_size) * esize});
+    reg_.finalize(registry_layout(stage, comm_.size(), z.reduce_bucket_size, cfg_.param_dtype()));
     const flat_layout& layout = reg_.layout();
     if (reg_.frozen_layout().param_count() > 0) {
       frozen_ =

@@ -13,6 +13,7 @@
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
+#include "zero/memory/buffer.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -22,6 +23,24 @@
 #include <vector>
 
 namespace zero {
+
+/// The options the engine finalizes its registry with at `stage` over `world` ranks (the one rule, which
+/// zero-estimate lays a described model out by too): every parameter aligned to `buffer_alignment` bytes; at
+/// stages 0-2 the segments are reduce buckets of `reduce_bucket_size` elements of `type`, at stage 3 one segment
+/// per module, the unit gathered.
+[[nodiscard]] inline layout_options registry_layout(int stage, int world, std::int64_t reduce_bucket_size,
+                                                    dtype type) noexcept {
+  return {.world_size = world,
+          .alignment_bytes = buffer_alignment,
+          .grouping = stage == 3 ? segment_by::module : segment_by::bucket,
+          .segment_bytes = static_cast<std::size_t>(reduce_bucket_size) * size_of(type)};
+}
+
+/// The `persistence` of the engine's registry: stage 3's stage3_param_persistence_threshold, none (0) at stages
+/// 0-2.
+[[nodiscard]] inline std::size_t registry_persistence(int stage, std::int64_t threshold) noexcept {
+  return stage == 3 ? static_cast<std::size_t>(threshold) : 0;
+}
 
 /// Modules, parameters and groups; see the file comment.
 class param_registry {

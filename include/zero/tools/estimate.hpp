@@ -16,6 +16,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/param_registry.hpp"
 #include "zero/tools/model_description.hpp"
 
 #include <algorithm>
@@ -173,6 +174,75 @@ inline std::string hw_line(std::int64_t gpus_per_node, std::int64_t nodes) {
 
 // ---- zero's accounting ---------------------------------------------------------------------------
 
+/// A described model's elements as the engine lays them out (its `param_registry`, finalized by
+/// `registry_layout`): every parameter starts on a `buffer_alignment` (256-byte) boundary and every segment is
+/// padded to a multiple of ranks x 256 bytes, so a rank holds a little more than ceil(Ψ / N) elements. The
+/// padding is below 256 bytes per parameter and ranks x 256 bytes per segment: negligible for a large model,
+/// a few percent for one of many small tensors, more with 16-bit parameters (128 elements per 256 bytes).
+struct padded_sizes {
+  std::int64_t bucket_total = 0; ///< stages 0-2: elements of the flat buffer (segments: reduce buckets)
+  std::int64_t bucket_shard = 0; ///< stages 0-2: elements of one rank's shard
+  /// stage 3: elements of one rank's shard (a segment per module, and one for the parameters below
+  /// stage3_param_persistence_threshold)
+  std::int64_t module_shard = 0;
+  /// stage 3: elements of the persistent parameters' segment, which every rank also keeps whole
+  std::int64_t persistent_total = 0;
+};
+
+/// The most parameter tensors (repeats counted) `padded_sizes_of` lays out; a larger description is counted
+/// without padding.
+inline constexpr std::int64_t max_laid_out_tensors = std::int64_t{1} << 18;
+
+/// `m` laid out by the engine's registry in `type` over `shard_ranks` ranks, with reduce buckets of
+/// `reduce_bucket_size` elements at stages 0-2 and, at stage 3, the parameters below `persistence_threshold`
+/// elements in a segment of their own, as the engine does. \returns nothing when `m` lists no modules (a
+/// parameter count alone) or more than `max_laid_out_tensors` tensors.
+[[nodiscard]] inline std::optional<padded_sizes> padded_sizes_of(const model_summary& m, dtype type,
+                                                                 std::int64_t shard_ranks,
+                                                                 std::int64_t reduce_bucket_size,
+                                                                 std::int64_t persistence_threshold) {
+  std::int64_t tensors = 0;
+  for (const auto& mod : m.module_list) {
+    tensors += mod.repeat * static_cast<std::int64_t>(mod.params.size());
+  }
+  if (m.module_list.empty() || tensors > max_laid_out_tensors || shard_ranks < 1 ||
+      shard_ranks > std::numeric_limits<int>::max()) {
+    return std::nullopt;
+  }
+  struct laid_out {
+    std::int64_t total, shard, persistent;
+  };
+  // Each repeat a module of its own, as a framework registers layer after layer; names by position, since a
+  // description's module names need not be unique.
+  auto lay_out = [&](int stage) {
+    param_registry reg(type, 1e-3, 0.0, registry_persistence(stage, persistence_threshold));
+    for (std::size_t i = 0; i < m.module_list.size(); ++i) {
+      const auto& mod = m.module_list[i];
+      for (std::int64_t r = 0; r < mod.repeat; ++r) {
+        const std::string name = cat("m", std::to_string(i), ".", std::to_string(r));
+        const int id = reg.add_module(name);
+        for (std::size_t k = 0; k < mod.params.size(); ++k) {
+          static_cast<void>(reg.add_param(id, cat(name, ".", std::to_string(k)), {mod.params[k]}, {}));
+        }
+      }
+    }
+    reg.finalize(registry_layout(stage, static_cast<int>(shard_ranks), reduce_bucket_size, type));
+    laid_out out{.total = static_cast<std::int64_t>(reg.layout().total_size()),
+                 .shard = static_cast<std::int64_t>(reg.layout().shard_size()),
+                 .persistent = 0};
+    for (const std::size_t u : reg.module_units().second) {
+      out.persistent += static_cast<std::int64_t>(reg.layout().segments()[u].range.size());
+    }
+    return out;
+  };
+  const laid_out buckets = lay_out(2); // stages 0-2 share the bucket layout (and keep nothing whole)
+  const laid_out modules = lay_out(3);
+  return padded_sizes{.bucket_total = buckets.total,
+                      .bucket_shard = buckets.shard,
+                      .module_shard = modules.shard,
+                      .persistent_total = modules.persistent};
+}
+
 /// What zero-estimate accounts for. Sizes in elements unless named bytes.
 struct estimate_options {
   std::int64_t params = 0; ///< parameters in the model (Ψ)
@@ -231,6 +301,10 @@ struct estimate_options {
   /// and replicate across them, so each rank holds what an H-rank group holds; the engine runs it without
   /// offload only. -1 (or the ranks): one group. Must divide the ranks.
   std::int64_t mics_shard_size = -1;
+  /// The described model as the engine lays it out (`padded_sizes_of`, for the shard ranks, param_dtype,
+  /// reduce_bucket_size and persistence threshold above); empty (a parameter count alone): Ψ elements in all and
+  /// ceil(Ψ / N) per rank, no padding.
+  std::optional<padded_sizes> padded;
 
   /// The ranks the model state is sharded over at stages 1-3: the shard group's with HSDP, else all.
   [[nodiscard]] std::int64_t shard_ranks() const noexcept {
@@ -266,6 +340,9 @@ struct estimate_row {
 ///
 /// Per rank, with Ψ params, N ranks, shard S = ceil(Ψ/N), p/g the bytes of a parameter/gradient,
 /// m = 4 bytes of fp32 master weight (0 when parameters are fp32) and 8 bytes of Adam moments:
+/// (with `padded`, a described model's, Ψ at stages 0-2 is its padded flat buffer and S its padded shard
+/// at each stage, as the engine allocates them; stage 3 also keeps the persistent parameters, those below
+/// stage3_param_persistence_threshold, whole on every rank: `persistent_total`, or unpadded `persistent_params`)
 ///
 ///     stage 0: Ψ(p + g + m + 8)             stage 1: Ψ(p + g) + S(m + 8)
 ///     stage 2: Ψp + S(g + m + 8)            stage 3: S(p + g + m + 8)
@@ -328,6 +405,12 @@ struct estimate_row {
                           "; expected -1 (no HSDP) or a divisor of the ", std::to_string(o.ranks()),
                           " ranks (the ranks of a shard group)"));
   }
+  if (o.padded &&
+      (o.padded->bucket_total < o.params || o.padded->bucket_shard * o.shard_ranks() != o.padded->bucket_total ||
+       o.padded->module_shard * o.shard_ranks() < o.params)) {
+    throw usage_error("estimate_memory: padded sizes that do not hold the parameters over the shard ranks; expected "
+                      "padded_sizes_of's for this model and ranks");
+  }
   const bool hsdp = o.shard_ranks() < o.ranks();
   if (hsdp && o.hpz_partition_size > 1) {
     throw usage_error("estimate_memory: zero_optimization.mics_shard_size with zero_hpz_partition_size; the engine "
@@ -340,7 +423,14 @@ struct estimate_row {
   }
   const std::int64_t psi = o.params;
   const std::int64_t n = o.shard_ranks();
-  const std::int64_t shard = (psi + n - 1) / n;
+  // The flat buffer of stages 0-2 and a rank's shard at each stage: the engine's padded layout when the model
+  // is described, else Ψ and ceil(Ψ / N).
+  const std::int64_t even_shard = (psi + n - 1) / n;
+  const std::int64_t flat = o.padded ? o.padded->bucket_total : psi;
+  const std::int64_t bucket_shard = o.padded ? o.padded->bucket_shard : even_shard;
+  const std::int64_t module_shard = o.padded ? o.padded->module_shard : even_shard;
+  // Stage 3 keeps the persistent parameters whole on every rank too (the coordinator's persistent units).
+  const std::int64_t persistent_whole = o.padded ? o.padded->persistent_total : o.persistent_params;
   const auto p = static_cast<std::int64_t>(size_of(o.param_dtype));
 
   const std::int64_t master = o.param_dtype == dtype::f32 ? 0 : 4;
@@ -350,13 +440,14 @@ struct estimate_row {
   // The largest segment of stages 1-2: a bucket, or a parameter larger than one.
   const std::int64_t largest_bucket = std::max(std::min(psi, o.reduce_bucket_size), o.largest_param_params);
   const std::int64_t stage3_staging_buffers = o.persistent_params > 0 ? 2 : 1;
-  // hpZ: the rank keeps its slice of each unit's node part, N / H of its primary shards.
-  const std::int64_t secondary = o.hpz_partition_size > 1 ? shard * (n / o.hpz_partition_size) * p : 0;
+  // hpZ (stage 3): the rank keeps its slice of each unit's node part, N / H of its primary shards.
+  const std::int64_t secondary = o.hpz_partition_size > 1 ? module_shard * (n / o.hpz_partition_size) * p : 0;
 
   std::vector<estimate_row> rows;
   auto add = [&](int stage, offload_device opt, offload_device par) {
     estimate_row r;
     r.stage = stage;
+    const std::int64_t shard = stage == 3 ? module_shard : bucket_shard;
     r.grad_dtype = o.grad_dtype.value_or(default_grad_accum_dtype(o.param_dtype, stage));
     const auto g = static_cast<std::int64_t>(size_of(r.grad_dtype));
     r.offload_optimizer = opt;
@@ -418,13 +509,13 @@ struct estimate_row {
     };
     switch (stage) {
     case 0:
-      r.gpu_model_state_bytes = psi * (p + g + master + moments);
+      r.gpu_model_state_bytes = flat * (p + g + master + moments);
       break;
     case 1:
-      r.gpu_model_state_bytes = psi * (p + g) + on_gpu_state;
+      r.gpu_model_state_bytes = flat * (p + g) + on_gpu_state;
       break;
     case 2:
-      r.gpu_model_state_bytes = psi * p + on_gpu_grads + on_gpu_state;
+      r.gpu_model_state_bytes = flat * p + on_gpu_grads + on_gpu_state;
       r.gpu_buffer_bytes = streamed_staging(1) * largest_bucket * g;
       break;
     default:
@@ -433,7 +524,7 @@ struct estimate_row {
           (par == offload_device::none && (opt != offload_device::none || p == 4 || o.stage3_keep_param_shard)
                ? shard * p
                : 0) +
-          on_gpu_grads + on_gpu_state + secondary;
+          on_gpu_grads + on_gpu_state + secondary + persistent_whole * p;
       r.gpu_buffer_bytes = streamed_staging(stage3_staging_buffers) * o.largest_layer_params * g + working;
       break;
     }
@@ -479,6 +570,11 @@ struct estimate_row {
                       {"offload_forward_overlap", o.offload_forward_overlap},
                       {"hpz_partition_size", o.hpz_partition_size},
                       {"mics_shard_size", o.mics_shard_size},
+                      {"padded", o.padded ? nlohmann::json{{"bucket_total", o.padded->bucket_total},
+                                                           {"bucket_shard", o.padded->bucket_shard},
+                                                           {"module_shard", o.padded->module_shard},
+                                                           {"persistent_total", o.padded->persistent_total}}
+                                          : nlohmann::json(nullptr)},
                       {"rows", nlohmann::json::array()}};
   for (const estimate_row& r : rows) {
     j["rows"].push_back({{"stage", r.stage},

@@ -26,6 +26,13 @@ using zero::detail::cat;
 
 // ---- model descriptions --------------------------------------------------------------------------
 
+/// One module of a model description, as written.
+struct described_module {
+  std::string name;                 ///< its "name" (or "modules[i]")
+  std::int64_t repeat = 1;          ///< how many times it occurs
+  std::vector<std::int64_t> params; ///< elements of each of its parameters, in file order
+};
+
 /// Parameter counts read from a model description.
 struct model_summary {
   std::string name;                      ///< "name" of the description, if any
@@ -36,6 +43,8 @@ struct model_summary {
   std::int64_t largest_param = 0;        ///< elements of the largest single parameter
   /// Elements of each parameter and how many times it occurs (its module's repeat), in file order.
   std::vector<std::pair<std::int64_t, std::int64_t>> param_counts;
+  /// The modules in file order, each with its parameters (`padded_sizes_of` lays them out as the engine does).
+  std::vector<described_module> module_list;
 
   /// Parameters (elements, repeats counted) of the parameters smaller than `threshold` elements: the
   /// ones stage 3 keeps whole (`stage3_param_persistence_threshold`).
@@ -121,6 +130,7 @@ struct model_summary {
                                                    : cat("found ", zero::detail::show(*params), "; expected an array"));
     }
     std::int64_t module_params = 0;
+    described_module listed{.name = name, .repeat = repeat, .params = {}};
     for (std::size_t k = 0; k < params->size(); ++k) {
       const std::string pp = mp + ".params[" + std::to_string(k) + "]";
       const json& prm = (*params)[k];
@@ -152,6 +162,7 @@ struct model_summary {
       module_params += count;
       m.largest_param = std::max(m.largest_param, count);
       m.param_counts.emplace_back(count, repeat);
+      listed.params.push_back(count);
       if (module_params > max_count) {
         ctx.fail(pp, "the parameter count overflows");
       }
@@ -161,6 +172,7 @@ struct model_summary {
       ctx.fail(mp, "the parameter count overflows");
     }
     m.modules += repeat;
+    m.module_list.push_back(std::move(listed));
     if (module_params > m.largest_layer_params) {
       m.largest_layer_params = module_params;
       m.largest_layer = name;

@@ -400,7 +400,8 @@ struct plan_result {
 }
 
 /// The model counts a plan needs, from the parameter sizes (elements) of each module, in order: the
-/// parameters, the largest module and parameter, and each parameter's size (for `params_below`).
+/// parameters, the largest module and parameter, each parameter's size (for `params_below`), and the modules
+/// themselves (for `padded_sizes_of`).
 /// \throws usage_error for a size below 1 or a count that overflows.
 [[nodiscard]] inline model_summary summarize_modules(const std::vector<std::vector<std::int64_t>>& modules) {
   model_summary m;
@@ -414,6 +415,7 @@ struct plan_result {
       m.param_counts.emplace_back(n, 1);
     }
     m.largest_layer_params = std::max(m.largest_layer_params, in_module);
+    m.module_list.push_back({.name = cat("modules[", std::to_string(m.modules), "]"), .repeat = 1, .params = module});
     ++m.modules;
   }
   return m;
@@ -473,6 +475,8 @@ struct plan_result {
   o.offload_param_buffer_count = z.offload_param.buffer_count;
   o.offload_param_buffer_size = z.offload_param.buffer_size;
   o.offload_param_max_in_cpu = z.offload_param.max_in_cpu;
+  o.padded = padded_sizes_of(m, o.param_dtype, o.shard_ranks(), o.reduce_bucket_size,
+                             c.zero_optimization.stage3_param_persistence_threshold);
   return o;
 }
 
