@@ -10,6 +10,7 @@
 // stage for fp32), and with --json one JSON line per run.
 
 #include "gpt_data.hpp"
+#include "gpt_describe.hpp"
 #include "gpt_engine.hpp"
 
 #include <CLI/CLI.hpp>
@@ -58,6 +59,7 @@ struct options {
   bool json = false;
   std::optional<double> timeout;
   std::string export_dir, init_dir, save_dir, load_dir, nvme_path;
+  std::string describe_file, config_out; // --describe, --write-config
   bool eval_only = false;
 };
 
@@ -381,6 +383,11 @@ int main(int argc, char** argv) {
                  "nvme_path (created if missing)");
   app.add_option("--save", o.save_dir, "save a checkpoint here at the end (tag step-N)");
   app.add_option("--load", o.load_dir, "resume from the latest checkpoint here, at any stage and rank count");
+  app.add_option("--describe", o.describe_file,
+                 "write the model's description (zero-estimate --model FILE) and exit: no data, no training");
+  app.add_option(
+      "--write-config", o.config_out,
+      "write the run's DeepSpeed config (built in or --config's, with --stage, --nvme-path) here, then train");
   CLI11_PARSE(app, argc, argv);
   // Under mpirun each process is a rank; --ranks is the launcher's count.
   const char* launcher = std::getenv("OMPI_COMM_WORLD_SIZE");
@@ -399,7 +406,7 @@ int main(int argc, char** argv) {
   }
 #endif
   try {
-    if (o.text.empty() == (o.val.empty() || (o.train.empty() && !o.eval_only))) {
+    if (o.describe_file.empty() && o.text.empty() == (o.val.empty() || (o.train.empty() && !o.eval_only))) {
       throw std::invalid_argument("give --text FILE, or --train FILE and --val FILE (--val alone with --eval-only)");
     }
 #if !ZERO_HAS_CHECKPOINT
@@ -430,6 +437,15 @@ int main(int argc, char** argv) {
       o.model.vocab = 256;
     }
     o.model.validate();
+    if (!o.describe_file.empty()) {
+      gpt::write_json_file(o.describe_file, gpt::describe(o.model));
+#if ZERO_HAS_MPI
+      if (under_mpi) {
+        MPI_Finalize();
+      }
+#endif
+      return 0;
+    }
     gpt::token_data train_set, val_set;
     if (!o.text.empty()) {
       std::tie(train_set, val_set) = gpt::split_train_val(gpt::load_text_bytes(o.text));
@@ -454,6 +470,9 @@ int main(int argc, char** argv) {
         zero::config::from_json(cfg, {.world_size = o.ranks}, o.config_file.empty() ? "built-in" : o.config_file);
     for (const auto& [key, dir] : zero::nvme_folders(first)) {
       zero::tools::make_nvme_folder(key, dir); // the engine creates its files in it, not the folder
+    }
+    if (!o.config_out.empty()) {
+      gpt::write_json_file(o.config_out, cfg);
     }
     if (!o.eval_only) {
       gpt::batch_sampler check(train_set, static_cast<int>(first.train_micro_batch_size_per_gpu), o.model.seq, 0,
