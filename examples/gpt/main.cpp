@@ -12,6 +12,10 @@
 #include "gpt_data.hpp"
 #include "gpt_describe.hpp"
 #include "gpt_engine.hpp"
+#include "gpt_runtime.hpp"
+#if ZERO_GPT_CUDA
+#include "gpt_cuda_engine.hpp"
+#endif
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -36,7 +41,6 @@
 #endif
 #if ZERO_HAS_CHECKPOINT
 #include <filesystem>
-#include <fstream>
 #include <zero/checkpoint/checkpoint.hpp>
 #include <zero/checkpoint/safetensors.hpp>
 #endif
@@ -58,15 +62,16 @@ struct options {
   double clip = 1.0;
   bool json = false;
   std::optional<double> timeout;
-  std::string export_dir, init_dir, save_dir, load_dir, nvme_path;
+  std::string export_dir, init_dir, save_dir, load_dir, nvme_path, logits_file;
   std::string describe_file, config_out; // --describe, --write-config
   bool eval_only = false;
+  std::string device = "cpu";
 };
 
-/// The built-in config: fp32, AdamW as GPT-2 trains (betas 0.9, 0.95; weight decay 0.1 on matrices), clipping
-/// at 1, a cosine schedule over the run.
+/// The built-in config: fp32 (bf16 with --device cuda), AdamW as GPT-2 trains (betas 0.9, 0.95; weight decay 0.1 on
+/// matrices), clipping at 1, a cosine schedule over the run.
 nlohmann::json default_config(const options& o) {
-  return {
+  nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", o.batch},
       {"gradient_accumulation_steps", 1},
       {"gradient_clipping", o.clip},
@@ -79,6 +84,10 @@ nlohmann::json default_config(const options& o) {
           {"warmup_num_steps", std::max<long>(2, o.steps / 10)}}}}},
       {"zero_optimization", {{"stage", 0}, {"stage3_param_persistence_threshold", 0}}},
   };
+  if (o.device == "cuda") {
+    j["bf16"] = {{"enabled", true}}; // the GPU's math is bf16 (gpt_cuda.hpp)
+  }
+  return j;
 }
 
 struct outcome {
@@ -88,13 +97,17 @@ struct outcome {
   double train_loss = 0, val_loss = 0, seconds = 0, tokens_per_s = 0;
   std::uint64_t checksum = 0;
   std::string sample;
-  std::vector<double> losses; ///< each optimizer step's mean token loss over the global batch
+  std::vector<double> losses;     ///< each optimizer step's mean token loss over the global batch
+  std::vector<double> grad_norms; ///< each optimizer step's global gradient norm (before clipping)
+  double flops_per_token = 0;     ///< the model's training FLOPs per token (gpt::flops_per_token)
+  std::size_t device_peak_bytes = 0, activation_bytes = 0;
+  double peak_flops = 0; ///< the device's peak rate (0: unknown, no MFU)
+  std::string device;
   zero::memory_report memory;
 };
 
-template <class Engine, class Comm>
-double evaluate(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::token_data& val, int batch, int rank, int ranks,
-                Comm& comm) {
+template <class Engine, class Model, class Sums>
+double evaluate(Engine& eng, Model& model, const gpt::token_data& val, int batch, int rank, int ranks, Sums& sum) {
   // Every window of seq + 1 tokens at 0, seq, 2 seq, ... (gpt_data.hpp's eval_windows), split over the ranks;
   // at stage 3 every forward gathers, so every rank runs as many forwards (a rank out of windows repeats its
   // last batch without counting it).
@@ -125,15 +138,14 @@ double evaluate(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::token_data
       sums[1] += static_cast<double>(n) * T;
     }
   }
-  comm.all_reduce(sums, sums, 2, zero::reduce_op::sum).wait();
+  sum(eng, sums, 2);
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 /// `count` tokens generated greedily-with-temperature from the first token of `prompt`, on every rank in step
 /// (each forward gathers at stage 3), with one seed so every rank draws the same tokens.
-template <class Engine>
-std::string sample_text(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::token_data& prompt, int count,
-                        std::uint64_t seed) {
+template <class Engine, class Model>
+std::string sample_text(Engine& eng, Model& model, const gpt::token_data& prompt, int count, std::uint64_t seed) {
   const int T = model.config().seq;
   const int V = model.config().vocab;
   std::vector<std::int32_t> ctx{prompt.tokens.empty() ? 0 : static_cast<std::int32_t>(prompt.tokens[0])};
@@ -167,21 +179,48 @@ std::string sample_text(Engine& eng, gpt::zero_gpt<Engine>& model, const gpt::to
   return out;
 }
 
-/// Trains and evaluates on `comm`'s ranks (in-process threads, or processes under mpirun); every rank calls it.
-template <class Comm>
+/// Writes the logits of the first evaluation window (validation tokens 0..seq-1) to `file` from rank 0: seq x vocab
+/// little-endian fp32, row-major, what bench/gpt/hf_check.py compares with transformers' logits. Every rank runs the
+/// forward (stage 3 gathers on all).
+template <class Engine, class Model>
+void write_first_logits(Engine& eng, Model& model, const gpt::token_data& val, const std::string& file, int rank) {
+  const int T = model.config().seq;
+  std::vector<std::int32_t> in(static_cast<std::size_t>(T)), tg(in.size());
+  for (std::size_t t = 0; t < in.size(); ++t) {
+    in[t] = val.tokens[t];
+    tg[t] = val.tokens[t + 1];
+  }
+  auto scope = eng.evaluation();
+  static_cast<void>(model.run(in.data(), tg.data(), 1, T, false, 1.0f));
+  if (rank != 0) {
+    return;
+  }
+  const auto logits = model.logits();
+  std::ofstream f(file, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size_bytes()));
+  if (!f.flush()) {
+    throw std::runtime_error(file + ": could not write " + std::to_string(logits.size_bytes()) + " bytes of logits");
+  }
+}
+
+/// Trains and evaluates on `comm`'s ranks (in-process threads, processes under mpirun, or GPUs with Runtime
+/// gpt::cuda_runtime); every rank calls it.
+template <class Runtime, class Comm>
 outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, const gpt::token_data& train_set,
               const gpt::token_data& val_set) {
   zero::config_inputs inputs;
   inputs.world_size = comm.size();
   const auto cfg = zero::config::from_json(cfg_json, inputs, o.config_file.empty() ? "built-in config" : o.config_file);
-  zero::cpu_backend backend({.threads = comm.size() > 1 ? 1u : 0u});
-  zero::engine<zero::cpu_backend, Comm> eng(cfg, comm, backend);
+  Runtime rt;
+  auto backend = rt.backend(comm);
+  typename Runtime::template engine_type<Comm> eng(cfg, comm, backend);
+  gpt::host_sums<Comm> sum(comm);
   if (o.timeout) {
     comm.set_timeout(std::chrono::milliseconds(std::llround(*o.timeout * 1000.0)));
   }
   const int B = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   const int T = o.model.seq;
-  gpt::zero_gpt model(eng, o.model, B);
+  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(eng, o.model, B);
   eng.finalize();
   long first_step = 0;
 #if ZERO_HAS_CHECKPOINT
@@ -213,6 +252,7 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   out.ranks = comm.size();
   double window[2] = {0, 0};
   const auto start = std::chrono::steady_clock::now();
+  auto steady_start = start; // the end of the first step: tokens/s leaves out its one-time costs
   const long steps = o.eval_only ? first_step : o.steps;
   for (long step = first_step; step < steps; ++step) {
     zero::step_result r;
@@ -221,14 +261,21 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
       auto& micro = samplers[static_cast<std::size_t>(k)];
       micro.seek(static_cast<std::uint64_t>(step));
       micro.next(in.data(), tg.data());
-      const float scale = static_cast<float>(eng.loss_scale() / tokens_per_step);
+      // The gradient of this micro-batch's mean token loss (times the loss scale): the engine averages over the
+      // ranks and divides by the accumulation steps, as DeepSpeed does, so the step sees the global batch's mean.
+      const float scale = static_cast<float>(eng.loss_scale() / (static_cast<double>(B) * T));
       step_sums[0] += model.run(in.data(), tg.data(), B, T, true, scale);
       step_sums[1] += static_cast<double>(B) * T;
       r = eng.step();
     }
     // The step's loss over the whole global batch (the reference in bench/gpt compares it step by step).
-    comm.all_reduce(step_sums, step_sums, 2, zero::reduce_op::sum).wait();
+    sum(eng, step_sums, 2);
     out.losses.push_back(step_sums[0] / step_sums[1]);
+    out.grad_norms.push_back(r.grad_norm);
+    rt.sample_memory();
+    if (step == first_step) {
+      steady_start = std::chrono::steady_clock::now(); // the loss's sum waited for the step's work
+    }
     window[0] += step_sums[0];
     window[1] += step_sums[1];
     const bool last = step + 1 == steps;
@@ -242,18 +289,32 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
       window[0] = window[1] = 0;
     }
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && !last) {
-      const double v = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), comm);
+      const double v = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), sum);
       if (comm.rank() == 0 && !o.json) {
         std::printf("stage %d step %5ld  val loss %.4f\n", cfg.stage(), step + 1, v);
       }
     }
   }
+  rt.synchronize(eng);
+  const auto end = std::chrono::steady_clock::now();
   out.steps = steps;
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out.tokens_per_s = steps > first_step ? tokens_per_step * static_cast<double>(steps - first_step) / out.seconds : 0.0;
-  out.val_loss = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), comm);
+  out.seconds = std::chrono::duration<double>(end - start).count();
+  // Tokens per second over the steps after the first (over the one step when only one ran).
+  const long timed = steps - first_step > 1 ? steps - first_step - 1 : steps - first_step;
+  const double timed_s =
+      std::chrono::duration<double>(end - (timed < steps - first_step ? steady_start : start)).count();
+  out.tokens_per_s = timed > 0 ? tokens_per_step * static_cast<double>(timed) / timed_s : 0.0;
+  out.flops_per_token = gpt::flops_per_token(o.model);
+  out.device_peak_bytes = rt.device_peak_bytes();
+  out.peak_flops = rt.peak_flops();
+  out.device = rt.device_name();
+  out.activation_bytes = model.activation_bytes();
+  out.val_loss = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), sum);
   if (o.sample > 0) {
     out.sample = sample_text(eng, model, val_set, o.sample, o.seed);
+  }
+  if (!o.logits_file.empty()) {
+    write_first_logits(eng, model, val_set, o.logits_file, comm.rank());
   }
   // The final parameters' checksum, module by module in registration order (each gathered at stage 3).
   std::uint64_t h = gpt::detail::fnv1a_basis;
@@ -296,6 +357,9 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
                               {"embd_pdrop", 0.0},
                               {"attn_pdrop", 0.0},
                               {"tie_word_embeddings", true},
+                              // GPT-2's <|endoftext|> where the vocabulary has it (not with --text's bytes).
+                              {"bos_token_id", m.vocab > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
+                              {"eos_token_id", m.vocab > 50256 ? nlohmann::json(50256) : nlohmann::json(nullptr)},
                               {"torch_dtype", "float32"}};
       std::ofstream(dir / "config.json") << hf.dump(2) << "\n";
     }
@@ -325,7 +389,24 @@ void report(const outcome& r, const options& o, double entropy) {
                      {"model_state_peak_bytes", r.memory.model_state_peak},
                      {"formula_bytes", r.memory.formula},
                      {"working_set_peak_bytes", r.memory.working_set_peak},
-                     {"losses", r.losses}};
+                     {"peak_bytes",
+                      {{"params", r.memory.params_peak},
+                       {"grads", r.memory.grads_peak},
+                       {"optimizer", r.memory.optimizer_peak},
+                       {"buffers", r.memory.buffers_peak},
+                       {"host", r.memory.host_peak}}},
+                     {"losses", r.losses},
+                     {"grad_norms", r.grad_norms},
+                     {"device", r.device},
+                     {"flops_per_token", r.flops_per_token},
+                     {"model_tflops_per_s", r.tokens_per_s * r.flops_per_token / 1e12},
+                     {"activation_bytes", r.activation_bytes}};
+    if (r.device_peak_bytes > 0) {
+      j["device_peak_bytes"] = r.device_peak_bytes; // cudaMemGetInfo's use at its highest step end
+    }
+    if (r.peak_flops > 0) {
+      j["mfu"] = r.tokens_per_s * r.flops_per_token / r.peak_flops;
+    }
     if (!r.sample.empty()) {
       j["sample"] = r.sample;
     }
@@ -356,7 +437,13 @@ int main(int argc, char** argv) {
   app.add_option("--d-model", o.model.d_model, "model width");
   app.add_option("--seq", o.model.seq, "context length");
   app.add_option("--vocab", o.model.vocab, "vocabulary size (256 with --text)");
-  app.add_option("--ranks", o.ranks, "in-process ranks")->check(CLI::Range(1, 64));
+  app.add_option("--ranks", o.ranks, "in-process ranks (with --device cuda: GPUs, one thread each)")
+      ->check(CLI::Range(1, 64));
+#if ZERO_GPT_CUDA
+  app.add_option("--device", o.device, "where the model runs: cuda (bf16, cuBLAS, NCCL) or cpu (fp32, OpenBLAS)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  o.device = "cuda";
+#endif
   app.add_option("--stage", o.stage, "ZeRO stage, overriding the config's")->check(CLI::Range(0, 3));
   app.add_option("--config", o.config_file, "a DeepSpeed config (default: built in, fp32, AdamW, WarmupCosineLR)");
   app.add_option("--batch", o.batch, "sequences per rank and micro-step (built-in config)")->check(CLI::Range(1, 4096));
@@ -381,6 +468,8 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-path", o.nvme_path,
                  "folder of the swap files of NVMe offload, overriding the config's "
                  "nvme_path (created if missing)");
+  app.add_option("--logits", o.logits_file,
+                 "write the logits of the first validation window (seq x vocab fp32) to this file at the end");
   app.add_option("--save", o.save_dir, "save a checkpoint here at the end (tag step-N)");
   app.add_option("--load", o.load_dir, "resume from the latest checkpoint here, at any stage and rank count");
   app.add_option("--describe", o.describe_file,
@@ -408,6 +497,10 @@ int main(int argc, char** argv) {
   try {
     if (o.describe_file.empty() && o.text.empty() == (o.val.empty() || (o.train.empty() && !o.eval_only))) {
       throw std::invalid_argument("give --text FILE, or --train FILE and --val FILE (--val alone with --eval-only)");
+    }
+    if (under_mpi && o.device == "cuda") {
+      throw std::invalid_argument("--device cuda under mpirun: GPU ranks run as threads of one process here "
+                                  "(--ranks N); expected --device cpu under mpirun");
     }
 #if !ZERO_HAS_CHECKPOINT
     if (!o.export_dir.empty() || !o.init_dir.empty() || !o.save_dir.empty() || !o.load_dir.empty()) {
@@ -489,16 +582,32 @@ int main(int argc, char** argv) {
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       {
         zero::mpi_communicator comm(MPI_COMM_WORLD);
-        result = train(comm, cfg, o, train_set, val_set);
+        result = train<gpt::cpu_runtime>(comm, cfg, o, train_set, val_set);
       }
       MPI_Finalize();
       if (rank != 0) {
         return 0;
       }
 #endif
+    } else if (o.device == "cuda") {
+#if ZERO_GPT_CUDA
+      // One thread per GPU over NCCL (zero::run_gpus): --ranks GPUs of this machine.
+      int visible = 0;
+      if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < o.ranks) {
+        static_cast<void>(cudaGetLastError());
+        throw std::invalid_argument("--device cuda --ranks " + std::to_string(o.ranks) + ": " +
+                                    std::to_string(visible) + " GPU(s) visible; expected at least as many as ranks");
+      }
+      zero::run_gpus(o.ranks, [&](zero::nccl_communicator& comm) {
+        auto r = train<gpt::cuda_runtime>(comm, cfg, o, train_set, val_set);
+        if (comm.rank() == 0) {
+          result = r;
+        }
+      });
+#endif
     } else {
       zero::run_ranks(o.ranks, [&](zero::thread_communicator& comm) {
-        auto r = train(comm, cfg, o, train_set, val_set);
+        auto r = train<gpt::cpu_runtime>(comm, cfg, o, train_set, val_set);
         if (comm.rank() == 0) {
           result = r;
         }
