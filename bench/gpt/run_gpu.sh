@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The GPT example on the GPU machine, in one go (logs in $OUT):
+#   build   zero-gpt (CPU) and zero-gpt-cuda, and the kernels' test against the CPU math (example.gpt.cuda);
+#   torch   zero-gpt-cuda against bench/gpt/torch_gpt.py in bf16 on the GPU, 50 steps at stages 0-3 (and with
+#           clipping), from the same initial weights and batches; the CPU fp32 comparison too (torch on the CPU);
+#   hf      a d12 exported by zero-gpt-cuda loaded by transformers: val loss and logits against zero's bf16 ones;
+#           then --init from that folder trains on;
+#   speed   tokens/s, model TFLOP/s and MFU of d12 and d48 on one GPU (byte-valued shards of GPT-2's vocabulary).
+# Needs CLI11 and libxxhash from $ZERO_PREFIX where the machine lacks them (as scripts/gpu).
+#   ZERO_PREFIX=$PWD/.carry/prefix CORPUS=$PWD/.carry/literature bash bench/gpt/run_gpu.sh build torch hf speed
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=${ZERO_PREFIX:+$ZERO_PREFIX/lib:}${LD_LIBRARY_PATH:-}
+CORPUS=${CORPUS:-/usr/share/games/fortunes/literature}
+ARGS=" $* "
+want() { [[ "$ARGS" == *" all "* || "$ARGS" == *" $1 "* ]]; }
+build=build/gpt-gpu
+nvidia-smi -L | tee "$OUT/gpus.txt"
+if want build; then
+  start=$(date +%s)
+  cmake -S . -B $build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZERO_BUILD_TESTS=ON \
+    -DZERO_BUILD_EXAMPLES=ON -DZERO_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="${ZERO_PREFIX:-}" > "$OUT/configure.log" 2>&1 ||
+    { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build $build -j "$(nproc)" --target zero-gpt zero-gpt-cuda zero_gpt_cuda_tests > "$OUT/build.log" 2>&1 ||
+    { grep -E "error|Error" -A3 "$OUT/build.log" | head -60; exit 1; }
+  echo "build: $(($(date +%s) - start)) s"
+  timeout 300 $build/examples/gpt/zero_gpt_cuda_tests > "$OUT/cuda_tests.log" 2>&1
+  echo "example.gpt.cuda rc=$?"; grep -E "ERROR|FAILED|CHECK|status|assertions" "$OUT/cuda_tests.log" | head -40
+fi
+cpu=$build/examples/gpt/zero-gpt
+gpu=$build/examples/gpt/zero-gpt-cuda
+small=(--text "$CORPUS" --layers 2 --heads 2 --d-model 64 --seq 64 --batch 4 --steps 50)
+if want torch; then
+  # bf16 on the GPU: one rank (one GPU), every stage, without and with clipping; the tolerance is docs/gpt.md's.
+  timeout 300 python3 bench/gpt/compare_losses.py --zero-gpt $gpu "${small[@]}" --ranks 1 --stages 0,1,2,3 --clip 0 \
+    --device cuda --dtype bf16 --tol "${BF16_TOL:-1e-2}" --workdir "$OUT/torch_bf16" > "$OUT/torch_bf16.log" 2>&1
+  echo "torch bf16 stages 0-3 rc=$?"; tail -12 "$OUT/torch_bf16.log"
+  timeout 200 python3 bench/gpt/compare_losses.py --zero-gpt $gpu "${small[@]}" --ranks 1 --stages 3 --clip 1.0 \
+    --device cuda --dtype bf16 --tol "${BF16_TOL:-1e-2}" > "$OUT/torch_bf16_clip.log" 2>&1
+  echo "torch bf16 clip rc=$?"; tail -3 "$OUT/torch_bf16_clip.log"
+  # A wider model: d_model 256, 4 blocks, sequence 128 (more rounding per step).
+  timeout 200 python3 bench/gpt/compare_losses.py --zero-gpt $gpu --text "$CORPUS" --layers 4 --heads 4 --d-model 256 \
+    --seq 128 --batch 8 --steps 50 --ranks 1 --stages 0,3 --clip 1.0 --device cuda --dtype bf16 \
+    --tol "${BF16_TOL:-1e-2}" > "$OUT/torch_bf16_wide.log" 2>&1
+  echo "torch bf16 wide rc=$?"; tail -3 "$OUT/torch_bf16_wide.log"
+  # fp32 on this host's CPU: the same check CI skips for want of PyTorch.
+  timeout 120 python3 bench/gpt/compare_losses.py --zero-gpt $cpu "${small[@]}" --ranks 4 --stages 0,1,2,3 --clip 1.0 \
+    --tol 1e-4 > "$OUT/torch_fp32.log" 2>&1
+  echo "torch fp32 cpu rc=$?"; tail -3 "$OUT/torch_fp32.log"
+fi
+python3 bench/gpt/text_to_shard.py "$CORPUS" "$OUT/train.bin" "$OUT/val.bin"
+shards=(--train "$OUT/train.bin" --val "$OUT/val.bin")
+if want hf; then
+  d12=/tmp/zero-gpt-d12
+  rm -rf $d12
+  # GPT-2 d12 as zero initialises it, exported (bf16 parameters, written as fp32), then its val loss and logits on
+  # the GPU in bf16 beside transformers' in fp32 on the same folder.
+  timeout 120 $gpu --preset d12 "${shards[@]}" --steps 0 --export $d12 --json > "$OUT/hf_export.log" 2>&1
+  echo "d12 export rc=$?"
+  timeout 120 $gpu --eval-only --init $d12 "${shards[@]}" --batch 4 --logits "$OUT/d12_logits.bin" > "$OUT/hf_eval.log" 2>&1
+  echo "d12 eval-only rc=$?"; tail -1 "$OUT/hf_eval.log"
+  loss=$(tail -1 "$OUT/hf_eval.log" | python3 -c "import json,sys; print(json.load(sys.stdin)['val_loss'])")
+  python3 - "$OUT/val.bin" "$OUT/val.txt" <<'EOF'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()[1024:]
+open(sys.argv[2], "wb").write(bytes(struct.unpack(f"<{len(raw) // 2}H", raw)))
+EOF
+  # hf_check.py reads the validation part of a text: the last 10% of val.txt's bytes is not val.bin, so give it a
+  # text whose last 10% is exactly val.bin's tokens: nine copies of nothing before them.
+  python3 - "$OUT/val.txt" "$OUT/hf_text.txt" <<'EOF'
+import sys
+v = open(sys.argv[1], "rb").read()
+open(sys.argv[2], "wb").write(b"\n" * (9 * len(v)) + v)
+EOF
+  timeout 200 python3 bench/gpt/hf_check.py $d12 "$OUT/hf_text.txt" --zero-val-loss "$loss" --tolerance "${HF_TOL:-1e-2}" \
+    --zero-logits "$OUT/d12_logits.bin" --logits-tolerance "${HF_LOGITS_TOL:-2e-2}" > "$OUT/hf_check.log" 2>&1
+  echo "hf_check d12 rc=$?"; grep "^{" "$OUT/hf_check.log"
+  timeout 200 $gpu --init $d12 "${shards[@]}" --batch 4 --steps 20 --print-every 5 > "$OUT/hf_continue.log" 2>&1
+  echo "d12 --init trains on rc=$?"; tail -8 "$OUT/hf_continue.log"
+fi
+if want speed; then
+  for run in "d12 --batch 16" "d12 --batch 16 --stage 3" "d48 --batch 4" "d48 --batch 4 --stage 3"; do
+    set -- $run
+    name=$1; shift
+    timeout 300 $gpu --preset $name "${shards[@]}" "$@" --steps 12 --print-every 4 --json > "$OUT/speed_${name}_$*.log" 2>&1
+    echo "speed $name $* rc=$?"
+    grep "^{" "$OUT/speed_${name}_$*.log" | python3 -c "
+import json, sys
+d = json.loads(sys.stdin.read())
+print({k: d.get(k) for k in ('device', 'stage', 'tokens_per_s', 'model_tflops_per_s', 'mfu', 'device_peak_bytes',
+      'model_state_peak_bytes', 'activation_bytes', 'train_loss')})" || tail -5 "$OUT/speed_${name}_$*.log"
+  done
+fi

@@ -1,0 +1,136 @@
+#pragma once
+// zero-gpt on GPUs: gpt_cuda.hpp's bf16 math over a cuda_backend engine whose parameters and gradients live in
+// device memory, one GPU per rank over NCCL. `math_traits<cuda_model>` tells gpt_engine.hpp's zero_gpt how to
+// drive it; `cuda_runtime` is main.cpp's train() on a GPU; `host_sums<nccl_communicator>` sums the host's loss
+// counters through device memory, which NCCL's collectives read.
+
+#include "gpt_cuda.hpp"
+#include "gpt_engine.hpp"
+#include "gpt_kernels.hpp"
+#include "gpt_runtime.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cuda_runtime_api.h>
+#include <string>
+#include <zero/backend/cuda_backend.hpp>
+#include <zero/comm/nccl_communicator.hpp>
+#include <zero/core/cuda_check.hpp>
+#include <zero/engine/engine.hpp>
+#if ZERO_HAS_URING
+#include <zero/storage/uring_storage.hpp>
+#endif
+
+namespace gpt {
+
+template <> struct math_traits<cuda_model> {
+  using param_type = zero::bf16;
+  using block_params_type = cuda_block_params;
+  using block_grads_type = cuda_block_grads;
+  /// The GPU's math reads bf16 parameters in place: another dtype is refused when the model is made.
+  static constexpr bool converts_params = false;
+  template <class Engine> static cuda_model make(Engine& eng, const model_config& cfg, int batch) {
+    return cuda_model(cfg, batch, eng.stream().get());
+  }
+  /// Device memory of `floats` fp32 values.
+  class scratch {
+  public:
+    explicit scratch(std::size_t floats) { ZERO_CHECK_CUDA(cudaMalloc(&p_, std::max<std::size_t>(floats, 1) * 4)); }
+    scratch(scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+    scratch(const scratch&) = delete;
+    scratch& operator=(const scratch&) = delete;
+    scratch& operator=(scratch&&) = delete;
+    ~scratch() {
+      if (p_ != nullptr) {
+        ZERO_CHECK_CUDA_NOTHROW(cudaFree(p_));
+      }
+    }
+    [[nodiscard]] float* data() noexcept { return p_; }
+
+  private:
+    float* p_ = nullptr;
+  };
+  template <class Engine> static void zero(Engine& eng, float* p, std::size_t n) {
+    ZERO_CHECK_CUDA(cudaMemsetAsync(p, 0, n * sizeof(float), eng.stream().get()));
+  }
+  template <class Engine> static void add(Engine& eng, const zero::tensor_view& dst, const float* src, std::size_t n) {
+    add_into(dst.data, dst.type, src, n, eng.stream().get());
+  }
+};
+
+/// NCCL reads device memory: the host's values go through a small device buffer on the engine's stream.
+template <> class host_sums<zero::nccl_communicator> {
+public:
+  explicit host_sums(zero::nccl_communicator& comm) : comm_(comm) {
+    ZERO_CHECK_CUDA(cudaMalloc(&d_, capacity * sizeof(double)));
+  }
+  host_sums(const host_sums&) = delete;
+  host_sums& operator=(const host_sums&) = delete;
+  ~host_sums() { ZERO_CHECK_CUDA_NOTHROW(cudaFree(d_)); }
+
+  template <class Engine> void operator()(Engine& eng, double* v, std::size_t n) {
+    if (n > capacity) {
+      throw std::invalid_argument("host_sums: " + std::to_string(n) + " values; at most " + std::to_string(capacity));
+    }
+    const cudaStream_t s = eng.stream().get();
+    ZERO_CHECK_CUDA(cudaMemcpyAsync(d_, v, n * sizeof(double), cudaMemcpyHostToDevice, s));
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(s)); // the communicator's stream reads d_ next
+    comm_.all_reduce(d_, d_, n, zero::reduce_op::sum).wait();
+    ZERO_CHECK_CUDA(cudaMemcpy(v, d_, n * sizeof(double), cudaMemcpyDeviceToHost));
+  }
+
+private:
+  static constexpr std::size_t capacity = 8;
+  zero::nccl_communicator& comm_;
+  double* d_ = nullptr;
+};
+
+/// A GPU per rank: cuBLAS and gpt_kernels.cu in bf16 over the engine's device memory, NCCL between GPUs.
+struct cuda_runtime {
+#if ZERO_HAS_URING
+  using storage_type = zero::uring_storage;
+#else
+  using storage_type = zero::posix_storage;
+#endif
+  template <class Comm>
+  using engine_type = zero::basic_engine<zero::cuda_backend, Comm, zero::cuda_backend::allocator_type, storage_type>;
+  using math = cuda_model;
+
+  [[nodiscard]] zero::cuda_backend backend(const zero::nccl_communicator& comm) const {
+    return zero::cuda_backend(comm.device());
+  }
+  /// Waits until the GPU has done the rank's queued work.
+  template <class Engine> void synchronize(Engine& eng) const {
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(eng.stream().get()));
+    ZERO_CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  /// Notes the device memory in use now (cudaMemGetInfo: every allocation on the GPU, the framework's too).
+  void sample_memory() {
+    std::size_t free = 0, total = 0;
+    ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+    peak_ = std::max(peak_, total - free);
+  }
+  /// The most device memory in use at a sample.
+  [[nodiscard]] std::size_t device_peak_bytes() const { return peak_; }
+  /// Dense bf16 peak by the GPU's name, the rate llm.c's MFU divides by: H100 and H200 SXM 989.4 TFLOP/s, H100
+  /// PCIe 756; 0 (no MFU reported) for another GPU.
+  [[nodiscard]] double peak_flops() const {
+    const std::string name = device_name();
+    if (name.find("H100") == std::string::npos && name.find("H200") == std::string::npos) {
+      return 0.0;
+    }
+    return name.find("PCIe") != std::string::npos ? 756e12 : 989.4e12;
+  }
+  [[nodiscard]] std::string device_name() const {
+    int dev = 0;
+    ZERO_CHECK_CUDA(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    ZERO_CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+    return prop.name;
+  }
+
+private:
+  std::size_t peak_ = 0;
+};
+
+} // namespace gpt
