@@ -82,15 +82,18 @@ EOF
   echo "d12 --init trains on rc=$?"; tail -8 "$OUT/hf_continue.log"
 fi
 if want speed; then
-  for run in "d12 --batch 16" "d12 --batch 16 --stage 3" "d48 --batch 4" "d48 --batch 4 --stage 3"; do
+  runs=("d12 --batch 16" "d48 --batch 4") # SPEED_RUNS="d12 --batch 16 --stage 3,d48 --batch 8": others
+  if [[ -n "${SPEED_RUNS:-}" ]]; then IFS=, read -ra runs <<< "$SPEED_RUNS"; fi
+  for run in "${runs[@]}"; do
     set -- $run
     name=$1; shift
-    timeout 300 $gpu --preset $name "${shards[@]}" "$@" --steps 12 --print-every 4 --json > "$OUT/speed_${name}_$*.log" 2>&1
+    log="$OUT/speed_$(echo "$name $*" | tr -c 'a-z0-9\n' '_').log"
+    timeout 150 $gpu --preset $name "${shards[@]}" "$@" --steps ${SPEED_STEPS:-10} --print-every 5 --json > "$log" 2>&1
     echo "speed $name $* rc=$?"
-    grep "^{" "$OUT/speed_${name}_$*.log" | python3 -c "
+    grep "^{" "$log" | python3 -c "
 import json, sys
 d = json.loads(sys.stdin.read())
 print({k: d.get(k) for k in ('device', 'stage', 'tokens_per_s', 'model_tflops_per_s', 'mfu', 'device_peak_bytes',
-      'model_state_peak_bytes', 'activation_bytes', 'train_loss')})" || tail -5 "$OUT/speed_${name}_$*.log"
+      'model_state_peak_bytes', 'activation_bytes', 'train_loss')})" || tail -5 "$log"
   done
 fi
