@@ -11,12 +11,16 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cuda_runtime_api.h>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <zero/backend/cuda_backend.hpp>
 #include <zero/comm/nccl_communicator.hpp>
 #include <zero/core/cuda_check.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/probes.hpp>
 #if ZERO_HAS_URING
 #include <zero/storage/uring_storage.hpp>
 #endif
@@ -127,6 +131,35 @@ struct cuda_runtime {
     cudaDeviceProp prop{};
     ZERO_CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
     return prop.name;
+  }
+
+  /// --config auto-plan's default device budget: GPU 0's free memory less what the model's activations and
+  /// workspaces take (measured by making the model once).
+  static std::int64_t plan_device_bytes(const model_config& cfg, int batch) {
+    ZERO_CHECK_CUDA(cudaSetDevice(0));
+    std::size_t activations = 0;
+    {
+      cudaStream_t s = nullptr;
+      ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      try {
+        const cuda_model m(cfg, batch, s);
+        activations = m.activation_bytes();
+      } catch (...) {
+        ZERO_CHECK_CUDA_NOTHROW(cudaStreamDestroy(s));
+        throw;
+      }
+      ZERO_CHECK_CUDA(cudaStreamDestroy(s));
+    }
+    std::size_t free = 0, total = 0;
+    ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+    return static_cast<std::int64_t>(free > activations ? free - activations : 0);
+  }
+  /// The rates --config auto-plan ranks its candidates by, measured now on GPU 0, the host (and `nvme`).
+  static zero::tools::machine_rates plan_rates(const std::optional<std::filesystem::path>& nvme) {
+    zero::cuda_backend device(0);
+    cudaDeviceProp prop{};
+    ZERO_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    return zero::tools::measure_rates(device, prop.name, {}, nvme);
   }
 
 private:

@@ -6,10 +6,14 @@
 #include "gpt_engine.hpp"
 
 #include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <zero/backend/cpu_backend.hpp>
 #include <zero/comm/communicator.hpp>
 #include <zero/engine/engine.hpp>
+#include <zero/tools/probes.hpp>
 
 namespace gpt {
 
@@ -44,6 +48,15 @@ struct cpu_runtime {
   [[nodiscard]] double peak_flops() const { return 0; }
   /// The device's name for the report.
   [[nodiscard]] std::string device_name() const { return "cpu"; }
+
+  /// --config auto-plan's default device budget: the host's available memory, which is the CPU backend's device
+  /// memory.
+  static std::int64_t plan_device_bytes(const model_config&, int) { return zero::tools::available_host_memory(); }
+  /// The rates --config auto-plan ranks its candidates by, measured now on this host (and on `nvme`).
+  static zero::tools::machine_rates plan_rates(const std::optional<std::filesystem::path>& nvme) {
+    zero::cpu_backend device({.threads = 0});
+    return zero::tools::measure_rates(device, "cpu", {.bytes = std::size_t{16} << 20, .repeats = 2}, nvme);
+  }
 };
 
 } // namespace gpt

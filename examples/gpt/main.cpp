@@ -36,6 +36,7 @@
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/tools/nvme_folders.hpp>
+#include <zero/tools/plan.hpp>
 #if ZERO_HAS_MPI
 #include <zero/comm/mpi_communicator.hpp>
 #endif
@@ -49,6 +50,7 @@ namespace {
 
 struct options {
   std::string text, train, val, preset, config_file;
+  std::optional<std::string> gpu_memory, host_memory, nvme_budget; // --config auto-plan's budgets
   gpt::model_config model;
   int ranks = 1;
   std::optional<int> stage;
@@ -177,6 +179,56 @@ std::string sample_text(Engine& eng, Model& model, const gpt::token_data& prompt
     }
   }
   return out;
+}
+
+/// The value of --config that plans the run instead of reading a file.
+constexpr const char* auto_plan = "auto-plan";
+
+/// --config auto-plan: the fastest stage and offload setting for this GPT on --ranks ranks that fits the budgets
+/// (--gpu-memory, --host-memory, --nvme; by default the runtime's: the host's available memory on the CPU, GPU 0's
+/// free memory less the model's activations on a GPU, and the free space of --nvme-path), by the rates measured
+/// now (zero/tools/probes.hpp). Prints the plan (to stderr with --json) and merges its config block into `cfg`.
+/// \throws zero::usage_error when nothing fits, or for a bad byte count.
+template <class Runtime> void plan_run(const options& o, nlohmann::json& cfg) {
+  namespace zt = zero::tools;
+  const auto c = zero::config::from_json(cfg, {.world_size = o.ranks}, "built-in config");
+  // The modules zero_gpt registers (gpt_engine.hpp): embed, h.<l>, ln_f, each its tensors' sizes.
+  std::vector<std::vector<std::int64_t>> modules;
+  int block = -2;
+  for (const auto& p : gpt::parameters(o.model)) {
+    if (p.block != block) {
+      modules.emplace_back();
+      block = p.block;
+    }
+    modules.back().push_back(p.numel());
+  }
+  const auto model = zt::summarize_modules(modules);
+  const auto est = zt::estimate_options_from(c, model, o.ranks);
+  std::optional<std::filesystem::path> nvme;
+  if (!o.nvme_path.empty()) {
+    std::filesystem::create_directories(o.nvme_path); // the storage is measured there
+    nvme = o.nvme_path;
+  }
+  zt::memory_budget budget;
+  budget.device_bytes = o.gpu_memory
+                            ? zt::parse_bytes(*o.gpu_memory)
+                            : Runtime::plan_device_bytes(o.model, static_cast<int>(c.train_micro_batch_size_per_gpu));
+  budget.host_bytes = o.host_memory ? zt::parse_bytes(*o.host_memory) : zt::available_host_memory();
+  budget.nvme_bytes = o.nvme_budget ? zt::parse_bytes(*o.nvme_budget) : nvme ? zt::free_storage_bytes(*nvme) : 0;
+  const auto plan = zt::make_plan(est, Runtime::plan_rates(nvme), budget);
+  std::FILE* out = o.json ? stderr : stdout;
+  std::fprintf(out,
+               "auto-plan for %lld parameters on %d rank(s); budgets: %s per rank, %s of host memory, %s of NVMe\n%s",
+               static_cast<long long>(model.params), o.ranks, zt::show_bytes(budget.device_bytes).c_str(),
+               zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
+               zt::plan_table(plan).c_str());
+  if (!plan.chosen) {
+    throw zero::usage_error("--config auto-plan: no setting fits the budgets (--gpu-memory, --host-memory, --nvme)");
+  }
+  const auto block_json = zt::plan_config_block(plan.ranked[*plan.chosen].row, est, o.nvme_path);
+  std::fprintf(out, "config block:\n%s\n", block_json.dump(2).c_str());
+  std::fflush(out);
+  cfg.merge_patch(block_json);
 }
 
 /// Writes the logits of the first evaluation window (validation tokens 0..seq-1) to `file` from rank 0: seq x vocab
@@ -445,7 +497,18 @@ int main(int argc, char** argv) {
   o.device = "cuda";
 #endif
   app.add_option("--stage", o.stage, "ZeRO stage, overriding the config's")->check(CLI::Range(0, 3));
-  app.add_option("--config", o.config_file, "a DeepSpeed config (default: built in, fp32, AdamW, WarmupCosineLR)");
+  app.add_option("--config", o.config_file,
+                 "a DeepSpeed config (default: built in, fp32, AdamW, WarmupCosineLR), or auto-plan: the built-in "
+                 "config at the fastest stage and offload that fit this machine");
+  auto* gpu_opt = app.add_option("--gpu-memory", o.gpu_memory,
+                                 "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
+                                 "memory on the CPU, GPU 0's free memory less the model's activations on a GPU)");
+  auto* host_opt =
+      app.add_option("--host-memory", o.host_memory,
+                     "with --config auto-plan: bytes of host memory (default: the host's available memory)");
+  auto* nvme_budget_opt = app.add_option("--nvme", o.nvme_budget,
+                                         "with --config auto-plan: bytes on NVMe under --nvme-path (default: its free "
+                                         "space; none without --nvme-path)");
   app.add_option("--batch", o.batch, "sequences per rank and micro-step (built-in config)")->check(CLI::Range(1, 4096));
   app.add_option("--steps", o.steps, "optimizer steps (0: none; with --export, the initial model)")
       ->check(CLI::Range(0L, 100000000L));
@@ -478,6 +541,33 @@ int main(int argc, char** argv) {
       "--write-config", o.config_out,
       "write the run's DeepSpeed config (built in or --config's, with --stage, --nvme-path) here, then train");
   CLI11_PARSE(app, argc, argv);
+  const bool planned = o.config_file == auto_plan;
+  for (const CLI::Option* opt : {gpu_opt, host_opt, nvme_budget_opt}) {
+    if (opt->count() > 0 && !planned) {
+      std::fprintf(stderr, "zero-gpt: %s is a budget of --config auto-plan; this run has %s\n", opt->get_name().c_str(),
+                   o.config_file.empty() ? "no --config" : "a config file");
+      return 2;
+    }
+  }
+  for (const auto& bytes : {o.gpu_memory, o.host_memory, o.nvme_budget}) {
+    try {
+      if (bytes) {
+        static_cast<void>(zero::tools::parse_bytes(*bytes));
+      }
+    } catch (const zero::usage_error& e) {
+      std::fprintf(stderr, "zero-gpt: %s\n", e.what());
+      return 2;
+    }
+  }
+  if (o.nvme_budget && o.nvme_path.empty()) {
+    std::fprintf(stderr, "zero-gpt: --nvme needs --nvme-path DIR, the folder the state files would go to (and where "
+                         "the plan measures the storage)\n");
+    return 2;
+  }
+  if (planned && o.stage) {
+    std::fprintf(stderr, "zero-gpt: --config auto-plan chooses the stage; leave out --stage\n");
+    return 2;
+  }
   // Under mpirun each process is a rank; --ranks is the launcher's count.
   const char* launcher = std::getenv("OMPI_COMM_WORLD_SIZE");
   launcher = launcher != nullptr ? launcher : std::getenv("PMI_SIZE");
@@ -551,7 +641,23 @@ int main(int argc, char** argv) {
                             " tokens hold no window of --seq + 1 = " + std::to_string(o.model.seq + 1) +
                             "; expected more validation tokens or a shorter --seq");
     }
-    nlohmann::json cfg = o.config_file.empty() ? default_config(o) : zero::config::read_json_file(o.config_file);
+    nlohmann::json cfg =
+        o.config_file.empty() || planned ? default_config(o) : zero::config::read_json_file(o.config_file);
+    if (planned) {
+      if (under_mpi) {
+        // Each process would measure its own rates, and processes that chose differently would hang.
+        throw std::invalid_argument("--config auto-plan runs in-process ranks (--ranks), not under mpirun");
+      }
+#if ZERO_GPT_CUDA
+      if (o.device == "cuda") {
+        plan_run<gpt::cuda_runtime>(o, cfg);
+      } else {
+        plan_run<gpt::cpu_runtime>(o, cfg);
+      }
+#else
+      plan_run<gpt::cpu_runtime>(o, cfg);
+#endif
+    }
     if (o.stage) {
       cfg["zero_optimization"]["stage"] = *o.stage;
     }

@@ -54,7 +54,7 @@ using zero::nvme_folders;
 ///         that does not exist (and where it points), a file, or the error of mkdir.
 inline void make_nvme_folder(const std::string& key, const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
-  detail::check_os_path<io_error>(key, dir.native());
+  zero::detail::check_os_path<io_error>(key, dir.native());
   std::error_code ec;
   if (fs::create_directories(dir, ec) || fs::is_directory(dir)) {
     return;
@@ -65,16 +65,16 @@ inline void make_nvme_folder(const std::string& key, const std::filesystem::path
   if (!lc && fs::is_symlink(link)) {
     std::error_code rc;
     const auto target = fs::read_symlink(dir, rc);
-    throw io_error(detail::cat(key, " ", dir.string(), ": it is a symbolic link to ", rc ? "?" : target.string(),
-                               ", which is not a folder that exists; expected a folder (or a link to one)"),
+    throw io_error(zero::detail::cat(key, " ", dir.string(), ": it is a symbolic link to ", rc ? "?" : target.string(),
+                                     ", which is not a folder that exists; expected a folder (or a link to one)"),
                    err);
   }
   if (!lc && fs::exists(link)) {
-    throw io_error(detail::cat(key, " ", dir.string(), ": it is not a folder; expected a folder for the swap files"),
-                   err);
+    throw io_error(
+        zero::detail::cat(key, " ", dir.string(), ": it is not a folder; expected a folder for the swap files"), err);
   }
-  throw io_error(detail::cat(key, " ", dir.string(), ": cannot create the folder: ", ec ? ec.message() : "unknown"),
-                 err);
+  throw io_error(
+      zero::detail::cat(key, " ", dir.string(), ": cannot create the folder: ", ec ? ec.message() : "unknown"), err);
 }
 
 } // namespace zero::tools
