@@ -212,15 +212,14 @@ int main(int argc, char** argv) {
   // zero::config names what is wrong with a file.
   app.add_option("--config", opt.config_file,
                  "DeepSpeed-style JSON config, or auto-plan: the fastest setting that fits this machine");
-  auto* gpu_opt = app.add_option("--gpu-memory", opt.gpu_memory,
-                                 "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
-                                 "memory, which is the CPU backend's device memory)");
-  auto* host_opt =
-      app.add_option("--host-memory", opt.host_memory,
-                     "with --config auto-plan: bytes of host memory (default: the host's available memory)");
-  auto* nvme_budget_opt = app.add_option("--nvme", opt.nvme_budget,
-                                         "with --config auto-plan: bytes on NVMe under --nvme-path (default: its free "
-                                         "space; none without --nvme-path)");
+  app.add_option("--gpu-memory", opt.gpu_memory,
+                 "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
+                 "memory, which is the CPU backend's device memory)");
+  app.add_option("--host-memory", opt.host_memory,
+                 "with --config auto-plan: bytes of host memory (default: the host's available memory)");
+  app.add_option("--nvme", opt.nvme_budget,
+                 "with --config auto-plan: bytes on NVMe under --nvme-path (default: its free "
+                 "space; none without --nvme-path)");
   app.add_option("--data", opt.data, "folder with the Fashion-MNIST IDX files");
   app.add_option("--hidden", opt.hidden, "width of the first hidden layer")->check(CLI::Range(8, 4096));
   app.add_flag("--json", opt.json, "print one JSON object per run as the last line(s)");
@@ -253,30 +252,15 @@ int main(int argc, char** argv) {
     }
   }
   const bool planned = opt.config_file == auto_plan;
-  for (const CLI::Option* o : {gpu_opt, host_opt, nvme_budget_opt}) {
-    if (o->count() > 0 && !planned) {
-      std::fprintf(stderr, "zero-fashion-mnist: %s is a budget of --config auto-plan; this run has %s\n",
-                   o->get_name().c_str(), opt.config_file.empty() ? "no --config" : "a config file");
-      return 2;
-    }
-  }
-  for (const auto& bytes : {opt.gpu_memory, opt.host_memory, opt.nvme_budget}) {
-    try {
-      if (bytes) {
-        static_cast<void>(zero::tools::parse_bytes(*bytes));
-      }
-    } catch (const zero::usage_error& e) {
-      std::fprintf(stderr, "zero-fashion-mnist: %s\n", e.what());
-      return 2;
-    }
-  }
-  if (opt.nvme_budget && !opt.nvme_path) {
-    std::fprintf(stderr, "zero-fashion-mnist: --nvme needs --nvme-path DIR, the folder the state files would go to "
-                         "(and where the plan measures the storage)\n");
-    return 2;
-  }
-  if (planned && (opt.stage || !opt.stages.empty())) {
-    std::fprintf(stderr, "zero-fashion-mnist: --config auto-plan chooses the stage; leave out --stage and --stages\n");
+  if (const auto refusal = zero::tools::plan_flags_refusal({.planned = planned,
+                                                            .config_file = !opt.config_file.empty() && !planned,
+                                                            .gpu_memory = opt.gpu_memory,
+                                                            .host_memory = opt.host_memory,
+                                                            .nvme = opt.nvme_budget,
+                                                            .nvme_path = opt.nvme_path.has_value(),
+                                                            .stage = opt.stage || !opt.stages.empty(),
+                                                            .stage_flags = "--stage and --stages"})) {
+    std::fprintf(stderr, "zero-fashion-mnist: %s\n", refusal->c_str());
     return 2;
   }
 #if !ZERO_HAS_CHECKPOINT

@@ -500,15 +500,14 @@ int main(int argc, char** argv) {
   app.add_option("--config", o.config_file,
                  "a DeepSpeed config (default: built in, fp32, AdamW, WarmupCosineLR), or auto-plan: the built-in "
                  "config at the fastest stage and offload that fit this machine");
-  auto* gpu_opt = app.add_option("--gpu-memory", o.gpu_memory,
-                                 "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
-                                 "memory on the CPU, GPU 0's free memory less the model's activations on a GPU)");
-  auto* host_opt =
-      app.add_option("--host-memory", o.host_memory,
-                     "with --config auto-plan: bytes of host memory (default: the host's available memory)");
-  auto* nvme_budget_opt = app.add_option("--nvme", o.nvme_budget,
-                                         "with --config auto-plan: bytes on NVMe under --nvme-path (default: its free "
-                                         "space; none without --nvme-path)");
+  app.add_option("--gpu-memory", o.gpu_memory,
+                 "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
+                 "memory on the CPU, GPU 0's free memory less the model's activations on a GPU)");
+  app.add_option("--host-memory", o.host_memory,
+                 "with --config auto-plan: bytes of host memory (default: the host's available memory)");
+  app.add_option("--nvme", o.nvme_budget,
+                 "with --config auto-plan: bytes on NVMe under --nvme-path (default: its free "
+                 "space; none without --nvme-path)");
   app.add_option("--batch", o.batch, "sequences per rank and micro-step (built-in config)")->check(CLI::Range(1, 4096));
   app.add_option("--steps", o.steps, "optimizer steps (0: none; with --export, the initial model)")
       ->check(CLI::Range(0L, 100000000L));
@@ -542,30 +541,14 @@ int main(int argc, char** argv) {
       "write the run's DeepSpeed config (built in or --config's, with --stage, --nvme-path) here, then train");
   CLI11_PARSE(app, argc, argv);
   const bool planned = o.config_file == auto_plan;
-  for (const CLI::Option* opt : {gpu_opt, host_opt, nvme_budget_opt}) {
-    if (opt->count() > 0 && !planned) {
-      std::fprintf(stderr, "zero-gpt: %s is a budget of --config auto-plan; this run has %s\n", opt->get_name().c_str(),
-                   o.config_file.empty() ? "no --config" : "a config file");
-      return 2;
-    }
-  }
-  for (const auto& bytes : {o.gpu_memory, o.host_memory, o.nvme_budget}) {
-    try {
-      if (bytes) {
-        static_cast<void>(zero::tools::parse_bytes(*bytes));
-      }
-    } catch (const zero::usage_error& e) {
-      std::fprintf(stderr, "zero-gpt: %s\n", e.what());
-      return 2;
-    }
-  }
-  if (o.nvme_budget && o.nvme_path.empty()) {
-    std::fprintf(stderr, "zero-gpt: --nvme needs --nvme-path DIR, the folder the state files would go to (and where "
-                         "the plan measures the storage)\n");
-    return 2;
-  }
-  if (planned && o.stage) {
-    std::fprintf(stderr, "zero-gpt: --config auto-plan chooses the stage; leave out --stage\n");
+  if (const auto refusal = zero::tools::plan_flags_refusal({.planned = planned,
+                                                            .config_file = !o.config_file.empty() && !planned,
+                                                            .gpu_memory = o.gpu_memory,
+                                                            .host_memory = o.host_memory,
+                                                            .nvme = o.nvme_budget,
+                                                            .nvme_path = !o.nvme_path.empty(),
+                                                            .stage = o.stage.has_value()})) {
+    std::fprintf(stderr, "zero-gpt: %s\n", refusal->c_str());
     return 2;
   }
   // Under mpirun each process is a rank; --ranks is the launcher's count.

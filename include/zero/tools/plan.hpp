@@ -99,6 +99,48 @@ namespace zero::tools {
   return static_cast<std::int64_t>(bytes);
 }
 
+/// The budgets of `--config auto-plan` as a tool's command line gives them (the examples' `--gpu-memory`,
+/// `--host-memory` and `--nvme`, each its text when given), and what the rules about them depend on.
+struct plan_flags {
+  bool planned = false;     ///< --config is auto-plan
+  bool config_file = false; ///< --config names a file
+  std::optional<std::string> gpu_memory, host_memory, nvme;
+  bool nvme_path = false;                   ///< --nvme-path is given
+  bool stage = false;                       ///< a stage is given
+  std::string_view stage_flags = "--stage"; ///< the tool's flags that give one, for the message
+};
+
+/// The first thing wrong with `f`, as the sentence a tool prints after its name, or nothing: a budget without
+/// auto-plan, a text that is not a byte count (parse_bytes' message), --nvme without --nvme-path, a stage with
+/// auto-plan (which chooses it).
+[[nodiscard]] inline std::optional<std::string> plan_flags_refusal(const plan_flags& f) {
+  const std::pair<const char*, const std::optional<std::string>*> budgets[] = {
+      {"--gpu-memory", &f.gpu_memory}, {"--host-memory", &f.host_memory}, {"--nvme", &f.nvme}};
+  for (const auto& [flag, value] : budgets) {
+    if (value->has_value() && !f.planned) {
+      return cat(flag, " is a budget of --config auto-plan; this run has ",
+                 f.config_file ? "a config file" : "no --config");
+    }
+  }
+  for (const auto& [flag, value] : budgets) {
+    try {
+      if (value->has_value()) {
+        static_cast<void>(parse_bytes(**value));
+      }
+    } catch (const usage_error& e) {
+      return std::string(e.what());
+    }
+  }
+  if (f.nvme && !f.nvme_path) {
+    return std::string("--nvme needs --nvme-path DIR, the folder the state files would go to (and where the plan "
+                       "measures the storage)");
+  }
+  if (f.planned && f.stage) {
+    return cat("--config auto-plan chooses the stage; leave out ", f.stage_flags);
+  }
+  return std::nullopt;
+}
+
 /// The memory a plan may use: device bytes per rank (one GPU; the host's for the CPU backend), host
 /// bytes per node, NVMe bytes per node (0: no NVMe).
 struct memory_budget {
