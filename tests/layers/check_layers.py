@@ -7,6 +7,9 @@ check_layers.py [--root DIR] includes
     file:line and both layers, on an include of a layer above the file's own (up the order) or of a
     layer the row does not name under "depends on", directly or through the rows it names (beside
     it). Also fails when an entry of include/zero has no row, or the table names what is not there.
+    A forwarding header (docs/api.md: a moved public header's old path, kept for a release) may include
+    its new path whatever the layers: a file with exactly one zero include whose `#pragma message`
+    reads "zero: <its own path> is deprecated: include <that include>".
 
 check_layers.py [--root DIR] header_length --max-lines N [--allow-long PATH ...]
     Fails on a header under include/zero longer than N lines, unless it is allowed; an allowed
@@ -21,6 +24,7 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](zero/[^>"]+)[>"]')
+FORWARD = re.compile(r'^\s*#\s*pragma\s+message\s*\(\s*"zero: <(zero/[^>]+)> is deprecated: include <(zero/[^>]+)>', re.M)
 SOURCES = (".hpp", ".h", ".cuh", ".cu", ".cpp")
 NONE = {"", "-", "—", "none"}
 
@@ -148,24 +152,30 @@ def check_includes(root, design_rel, table):
                     continue
                 seen.add(rel)
                 with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
-                    for number, line in enumerate(f, 1):
-                        m = INCLUDE.match(line)
-                        if not m:
-                            continue
-                        includes += 1
-                        target = m.group(1)
-                        other = layer_of(target)
-                        if other in allowed[layer]:
-                            continue
-                        said = ", ".join(deps_of[layer]) or "nothing"
-                        if other not in order:
-                            why = "which is in no layer of the table"
-                        elif order[other] > order[layer]:
-                            why = "which is above it: includes point down only"
-                        else:
-                            why = "which its row does not name under 'depends on'"
-                        errors.append(f'{rel}:{number}: layer {layer} includes "{target}" of layer {other}, {why} '
-                                      f"({design_rel}: {layer} depends on {said})")
+                    text = f.read()
+                targets = [m.group(1) for m in map(INCLUDE.match, text.splitlines()) if m]
+                forward = FORWARD.search(text)
+                forwards_to = None
+                if forward and len(targets) == 1 and rel == "include/" + forward.group(1):
+                    forwards_to = forward.group(2)
+                for number, line in enumerate(text.splitlines(), 1):
+                    m = INCLUDE.match(line)
+                    if not m:
+                        continue
+                    includes += 1
+                    target = m.group(1)
+                    other = layer_of(target)
+                    if other in allowed[layer] or target == forwards_to:
+                        continue
+                    said = ", ".join(deps_of[layer]) or "nothing"
+                    if other not in order:
+                        why = "which is in no layer of the table"
+                    elif order[other] > order[layer]:
+                        why = "which is above it: includes point down only"
+                    else:
+                        why = "which its row does not name under 'depends on'"
+                    errors.append(f'{rel}:{number}: layer {layer} includes "{target}" of layer {other}, {why} '
+                                  f"({design_rel}: {layer} depends on {said})")
     return report(errors, f"layers: {{}} problem(s) with the layer order of {design_rel}",
                   f"layers: {includes} includes in {len(seen)} files follow the {len(table)} layers of {design_rel}")
 
