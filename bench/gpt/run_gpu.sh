@@ -36,17 +36,17 @@ small=(--text "$CORPUS" --layers 2 --heads 2 --d-model 64 --seq 64 --batch 4 --s
 if want torch; then
   # bf16 on the GPU: one rank (one GPU), every stage, without and with clipping; the tolerance is docs/gpt.md's.
   timeout 150 python3 bench/gpt/compare_losses.py --zero-gpt $gpu "${small[@]}" --ranks 1 --stages 0,1,2,3 --clip 0 \
-    --device cuda --dtype bf16 --tol "${BF16_TOL:-1e-2}" --workdir "$OUT/torch_bf16" > "$OUT/torch_bf16.log" 2>&1
+    --device cuda --dtype bf16 --tol "${BF16_TOL:-3.9e-3}" --workdir "$OUT/torch_bf16" > "$OUT/torch_bf16.log" 2>&1
   echo "torch bf16 stages 0-3 rc=$?"; tail -12 "$OUT/torch_bf16.log"
 fi
 if want torch_more; then
   timeout 200 python3 bench/gpt/compare_losses.py --zero-gpt $gpu "${small[@]}" --ranks 1 --stages 3 --clip 1.0 \
-    --device cuda --dtype bf16 --tol "${BF16_TOL:-1e-2}" > "$OUT/torch_bf16_clip.log" 2>&1
+    --device cuda --dtype bf16 --tol "${BF16_TOL:-3.9e-3}" > "$OUT/torch_bf16_clip.log" 2>&1
   echo "torch bf16 clip rc=$?"; tail -3 "$OUT/torch_bf16_clip.log"
   # A wider model: d_model 256, 4 blocks, sequence 128 (more rounding per step).
   timeout 200 python3 bench/gpt/compare_losses.py --zero-gpt $gpu --text "$CORPUS" --layers 4 --heads 4 --d-model 256 \
     --seq 128 --batch 8 --steps 50 --ranks 1 --stages 0,3 --clip 1.0 --device cuda --dtype bf16 \
-    --tol "${BF16_TOL:-1e-2}" > "$OUT/torch_bf16_wide.log" 2>&1
+    --tol "${BF16_TOL:-3.9e-3}" > "$OUT/torch_bf16_wide.log" 2>&1
   echo "torch bf16 wide rc=$?"; tail -3 "$OUT/torch_bf16_wide.log"
   # fp32 on this host's CPU: the same check CI skips for want of PyTorch.
   timeout 120 python3 bench/gpt/compare_losses.py --zero-gpt $cpu "${small[@]}" --ranks 4 --stages 0,1,2,3 --clip 1.0 \
