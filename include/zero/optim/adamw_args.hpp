@@ -9,5 +9,5 @@
 #include "zero/backend/adamw_args.hpp"
 
 #ifndef ZERO_NO_DEPRECATION_MESSAGES
-#pragma message("zero: <zero/optim/adamw_args.hpp> is deprecated: include <zero/backend/adamw_args.hpp>, where zero 0.2.0 moved it; the old path goes away in zero 0.3.0")
+#pragma message("zero: <zero/optim/adamw_args.hpp> is deprecated: include <zero/backend/adamw_args.hpp> (gone in 0.3)")
 #endif
