@@ -33,55 +33,9 @@
 namespace gpt {
 
 /// The 12 tensors of block l on the device, bf16, read-only; the same order and layouts as `block_params`.
-struct cuda_block_params {
-  const zero::bf16* ln_1_weight = nullptr;        ///< [C]
-  const zero::bf16* ln_1_bias = nullptr;          ///< [C]
-  const zero::bf16* c_attn_weight = nullptr;      ///< [C, 3C] (q, k, v along the output)
-  const zero::bf16* c_attn_bias = nullptr;        ///< [3C]
-  const zero::bf16* attn_c_proj_weight = nullptr; ///< [C, C]
-  const zero::bf16* attn_c_proj_bias = nullptr;   ///< [C]
-  const zero::bf16* ln_2_weight = nullptr;        ///< [C]
-  const zero::bf16* ln_2_bias = nullptr;          ///< [C]
-  const zero::bf16* c_fc_weight = nullptr;        ///< [C, 4C]
-  const zero::bf16* c_fc_bias = nullptr;          ///< [4C]
-  const zero::bf16* mlp_c_proj_weight = nullptr;  ///< [4C, C]
-  const zero::bf16* mlp_c_proj_bias = nullptr;    ///< [C]
-
-  /// The block's tensors from device pointers in registration order.
-  /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` pointers.
-  static cuda_block_params from(std::span<const zero::bf16* const> p) {
-    if (p.size() != block_tensor_count) {
-      throw std::invalid_argument("cuda_block_params::from: expected 12 tensors, found " + std::to_string(p.size()));
-    }
-    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
-  }
-};
-
-/// The gradients of block l's 12 tensors on the device, fp32, same layouts as `cuda_block_params`; the
-/// backward adds into them.
-struct cuda_block_grads {
-  float* ln_1_weight = nullptr;        ///< [C]
-  float* ln_1_bias = nullptr;          ///< [C]
-  float* c_attn_weight = nullptr;      ///< [C, 3C]
-  float* c_attn_bias = nullptr;        ///< [3C]
-  float* attn_c_proj_weight = nullptr; ///< [C, C]
-  float* attn_c_proj_bias = nullptr;   ///< [C]
-  float* ln_2_weight = nullptr;        ///< [C]
-  float* ln_2_bias = nullptr;          ///< [C]
-  float* c_fc_weight = nullptr;        ///< [C, 4C]
-  float* c_fc_bias = nullptr;          ///< [4C]
-  float* mlp_c_proj_weight = nullptr;  ///< [4C, C]
-  float* mlp_c_proj_bias = nullptr;    ///< [C]
-
-  /// The block's gradient buffers from device pointers in registration order.
-  /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` pointers.
-  static cuda_block_grads from(std::span<float* const> p) {
-    if (p.size() != block_tensor_count) {
-      throw std::invalid_argument("cuda_block_grads::from: expected 12 tensors, found " + std::to_string(p.size()));
-    }
-    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
-  }
-};
+using cuda_block_params = basic_block_params<zero::bf16>;
+/// The gradients of block l's 12 tensors on the device, fp32, added into: `block_grads` over device memory.
+using cuda_block_grads = block_grads;
 
 namespace detail {
 
@@ -477,17 +431,7 @@ private:
   }
 
   void check_tokens(const std::int32_t* ids, int B, int T, const char* what, const char* kind) const {
-    for (int b = 0; b < B; ++b) {
-      for (int t = 0; t < T; ++t) {
-        const std::int32_t id =
-            ids[static_cast<std::size_t>(b) * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)];
-        if (id < 0 || id >= cfg_.vocab) {
-          throw std::out_of_range(std::string(what) + ": " + kind + " at position (" + std::to_string(b) + ", " +
-                                  std::to_string(t) + ") is " + std::to_string(id) + ", outside the vocabulary [0, " +
-                                  std::to_string(cfg_.vocab) + ")");
-        }
-      }
-    }
+    check_token_ids(ids, B, T, cfg_.vocab, what, kind);
   }
 
   // Copies n host ids to `dst` through the pinned `staging`, ordered on the stream; `done` marks the copy's

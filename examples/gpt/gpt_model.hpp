@@ -190,32 +190,35 @@ inline void init_gpt2(const model_config& cfg, const param_spec& spec, std::span
   }
 }
 
-/// The 12 tensors of block l, read-only, each laid out as `parameters()` gives it.
-struct block_params {
-  const float* ln_1_weight = nullptr;        ///< [C]
-  const float* ln_1_bias = nullptr;          ///< [C]
-  const float* c_attn_weight = nullptr;      ///< [C, 3C] (q, k, v along the output)
-  const float* c_attn_bias = nullptr;        ///< [3C]
-  const float* attn_c_proj_weight = nullptr; ///< [C, C]
-  const float* attn_c_proj_bias = nullptr;   ///< [C]
-  const float* ln_2_weight = nullptr;        ///< [C]
-  const float* ln_2_bias = nullptr;          ///< [C]
-  const float* c_fc_weight = nullptr;        ///< [C, 4C]
-  const float* c_fc_bias = nullptr;          ///< [4C]
-  const float* mlp_c_proj_weight = nullptr;  ///< [4C, C]
-  const float* mlp_c_proj_bias = nullptr;    ///< [C]
+/// The 12 tensors of block l, read-only, each laid out as `parameters()` gives it, in the math's type `T`
+/// (`block_params`: fp32 on the CPU; gpt_cuda.hpp's `cuda_block_params`: bf16 on the GPU).
+template <class T> struct basic_block_params {
+  const T* ln_1_weight = nullptr;        ///< [C]
+  const T* ln_1_bias = nullptr;          ///< [C]
+  const T* c_attn_weight = nullptr;      ///< [C, 3C] (q, k, v along the output)
+  const T* c_attn_bias = nullptr;        ///< [3C]
+  const T* attn_c_proj_weight = nullptr; ///< [C, C]
+  const T* attn_c_proj_bias = nullptr;   ///< [C]
+  const T* ln_2_weight = nullptr;        ///< [C]
+  const T* ln_2_bias = nullptr;          ///< [C]
+  const T* c_fc_weight = nullptr;        ///< [C, 4C]
+  const T* c_fc_bias = nullptr;          ///< [4C]
+  const T* mlp_c_proj_weight = nullptr;  ///< [4C, C]
+  const T* mlp_c_proj_bias = nullptr;    ///< [C]
 
   /// The block's tensors from pointers in registration order.
   /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` pointers.
-  static block_params from(std::span<const float* const> p) {
+  static basic_block_params from(std::span<const T* const> p) {
     if (p.size() != block_tensor_count) {
       throw std::invalid_argument("block_params::from: expected 12 tensors, found " + std::to_string(p.size()));
     }
     return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
   }
 };
+using block_params = basic_block_params<float>;
 
-/// The gradients of block l's 12 tensors, same layouts as `block_params`; the backward adds into them.
+/// The fp32 gradients of block l's 12 tensors, same layouts as `block_params`; a backward adds into them (on the
+/// CPU, or in device memory on the GPU).
 struct block_grads {
   float* ln_1_weight = nullptr;        ///< [C]
   float* ln_1_bias = nullptr;          ///< [C]
@@ -239,6 +242,23 @@ struct block_grads {
     return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
   }
 };
+
+/// Checks B x T token ids before anything reads them: every id in [0, vocab).
+/// @throws std::out_of_range naming `what` (the call), `kind` ("token" or "target"), the position (b, t) and the
+///         id of the first one outside the vocabulary.
+inline void check_token_ids(const std::int32_t* ids, int B, int T, int vocab, const char* what, const char* kind) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const std::int32_t id =
+          ids[static_cast<std::size_t>(b) * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)];
+      if (id < 0 || id >= vocab) {
+        throw std::out_of_range(std::string(what) + ": " + kind + " at position (" + std::to_string(b) + ", " +
+                                std::to_string(t) + ") is " + std::to_string(id) + ", outside the vocabulary [0, " +
+                                std::to_string(vocab) + ")");
+      }
+    }
+  }
+}
 
 /// GPT-2's forward and backward on the CPU in fp32, module by module, over parameters the caller owns.
 /// The model holds every activation the backward needs (for up to `batch` x `cfg.seq` tokens) and the
@@ -535,17 +555,7 @@ private:
   }
 
   void check_tokens(const std::int32_t* ids, int B, int T, const char* what, const char* kind) const {
-    for (int b = 0; b < B; ++b) {
-      for (int t = 0; t < T; ++t) {
-        const std::int32_t id =
-            ids[static_cast<std::size_t>(b) * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)];
-        if (id < 0 || id >= cfg_.vocab) {
-          throw std::out_of_range(std::string(what) + ": " + kind + " at position (" + std::to_string(b) + ", " +
-                                  std::to_string(t) + ") is " + std::to_string(id) + ", outside the vocabulary [0, " +
-                                  std::to_string(cfg_.vocab) + ")");
-        }
-      }
-    }
+    check_token_ids(ids, B, T, cfg_.vocab, what, kind);
   }
 
   // out = (x - mean) * rstd * w + b per row of C; mean and rstd kept for the backward. The statistics
