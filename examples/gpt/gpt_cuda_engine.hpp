@@ -103,11 +103,8 @@ struct cuda_runtime {
   [[nodiscard]] zero::cuda_backend backend(const zero::nccl_communicator& comm) const {
     return zero::cuda_backend(comm.device());
   }
-  /// Waits until the GPU has done the rank's queued work.
-  template <class Engine> void synchronize(Engine& eng) const {
-    ZERO_CHECK_CUDA(cudaStreamSynchronize(eng.stream().get()));
-    ZERO_CHECK_CUDA(cudaDeviceSynchronize());
-  }
+  /// Waits until the GPU has done the rank's queued work (the engine's streams and NCCL's: the whole device).
+  template <class Engine> void synchronize(Engine&) const { ZERO_CHECK_CUDA(cudaDeviceSynchronize()); }
   /// Notes the device memory in use now (cudaMemGetInfo: every allocation on the GPU, the framework's too).
   void sample_memory() {
     std::size_t free = 0, total = 0;
