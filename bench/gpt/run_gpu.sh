@@ -22,7 +22,7 @@ nvidia-smi -L | tee "$OUT/gpus.txt"
 if want build; then
   start=$(date +%s)
   cmake -S . -B $build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZERO_BUILD_TESTS=ON \
-    -DZERO_BUILD_EXAMPLES=ON -DZERO_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="${ZERO_PREFIX:-}" > "$OUT/configure.log" 2>&1 ||
+    -DZERO_BUILD_EXAMPLES=ON -DZERO_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="${ZERO_PREFIX:-}" -DZERO_GPT_CORPUS="$CORPUS" > "$OUT/configure.log" 2>&1 ||
     { tail -30 "$OUT/configure.log"; exit 1; }
   cmake --build $build -j "$(nproc)" --target zero-gpt zero-gpt-cuda zero_gpt_cuda_tests > "$OUT/build.log" 2>&1 ||
     { grep -E "error|Error" -A3 "$OUT/build.log" | head -60; exit 1; }

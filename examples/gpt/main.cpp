@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 #include <zero/backend/cpu_backend.hpp>
+#include <zero/backend/transfer.hpp>
 #include <zero/comm/thread_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
@@ -371,10 +372,15 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   // The final parameters' checksum, module by module in registration order (each gathered at stage 3).
   std::uint64_t h = gpt::detail::fnv1a_basis;
   {
+    // Read through the backend's copy: on a GPU the parameters are device memory.
     auto scope = eng.evaluation(zero::eval_gather::whole_model);
+    std::vector<std::byte> bytes;
     for (std::size_t k = 0; k < model.specs().size(); ++k) {
       const auto p = eng.param(model.handle(k));
-      h = gpt::detail::fnv1a(p.data, p.numel * zero::size_of(p.type), h);
+      bytes.resize(p.numel * zero::size_of(p.type));
+      zero::copy_and_wait<decltype(eng)::allocator_type::host_accessible>(
+          eng.backend(), eng.stream(), static_cast<const std::byte*>(p.data), bytes.data(), bytes.size());
+      h = gpt::detail::fnv1a(bytes.data(), bytes.size(), h);
     }
   }
   out.checksum = h;
