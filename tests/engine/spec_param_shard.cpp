@@ -40,6 +40,10 @@ template <bool Copy> struct logging_backend {
   void synchronize(const named_stream& s) { log->push_back("sync s" + std::to_string(s.id)); }
   void synchronize(const named_event& /*e*/) {}
   template <class T> T read_scalar(const T* p, const named_stream& /*s*/) { return *p; }
+  template <class T> void fill(T* x, std::size_t n, T value, const named_stream& s) {
+    log->push_back("fill " + std::to_string(n) + " on s" + std::to_string(s.id));
+    std::fill(x, x + n, value);
+  }
   template <class S, class D> void cast(const S* src, D* dst, std::size_t n, const named_stream& s) {
     log->push_back("cast " + std::to_string(n) + " on s" + std::to_string(s.id));
     std::transform(src, src + n, dst, [](S x) { return from_float<D>(to_float(x)); });
@@ -82,7 +86,10 @@ TEST_CASE("param_shard: in model-state memory a slice reaches its unit by a cast
     CHECK(shard.host_memory() == nullptr);
     CHECK(k.state.live(memory_tag::params) == 6 * sizeof(float));
     CHECK(k.host.total().peak == 0);
+    // Zeroed when made, padding included (qwZ quantizes whole blocks of it): 24 bytes as 12 bf16 zeros.
+    CHECK(k.take() == std::vector<std::string>{"fill 12 on s0"});
     auto* mine = as<float>(shard.data());
+    CHECK(std::all_of(mine, mine + 6, [](float x) { return x == 0.0f; }));
     std::fill(mine, mine + 6, 1.5f);
     std::vector<float> unit(3, 0.0f);
     const named_event update{9};

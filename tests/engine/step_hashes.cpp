@@ -4,7 +4,7 @@
 // and each configuration prints one line `<name> <hash>`: FNV-1a 64 over every step's gradient norm, loss scale
 // and applied flag, every rank's whole parameters at the end, and the whole model's optimizer state (master, m,
 // v) assembled from the ranks' owned pieces, so the hash does not depend on which rank owns what. A config the
-// engine refuses (config_error) prints `<name> refused`; one known not to reproduce, `<name> skipped`.
+// engine refuses (config_error) prints `<name> refused`.
 // tests/engine/step_hashes.txt is the table at a known-good commit; ctest's engine.step_hashes runs `--check`
 // against it, so a change that moves one bit of one configuration names that configuration. One golden file
 // serves every build: the bits were the same with GCC 12 (-O1, -O3, -O3 -march=native, which contracts into FMAs)
@@ -44,7 +44,6 @@ namespace {
 struct sweep_case {
   std::string name;
   run_spec spec;
-  bool skip = false; ///< not run (the table says `skipped`): its bits are not reproducible (see where it is set)
 };
 
 /// FNV-1a 64 over the bytes of what it is fed.
@@ -264,13 +263,6 @@ std::vector<sweep_case> sweep(const fs::path& scratch) {
     for (dtype type : types) {
       for (const auto& p : groups) {
         add(std::string(p.name) + ".clip1", {.stage = stage, .world = 4, .type = type, .clip = 1.0}, p.keys);
-        // qwZ at stage 3 with fp32 parameters quantizes the padding of the rank's parameter shard, which
-        // nothing initialises (param_shard's buffer): the dequantized weights of a block that holds padding,
-        // and every bit after them, depend on what the heap held before. Skipped until the shard's padding
-        // is zeroed; then drop this and regenerate the golden file.
-        if (stage == 3 && type == dtype::f32 && std::string(p.name) == "qwz") {
-          out.back().skip = true;
-        }
       }
     }
   }
@@ -281,10 +273,6 @@ std::vector<sweep_case> sweep(const fs::path& scratch) {
 std::vector<std::pair<std::string, std::string>> run_sweep(const fs::path& scratch, zero::simd_level simd) {
   std::vector<std::pair<std::string, std::string>> table;
   for (const auto& c : sweep(scratch)) {
-    if (c.skip) {
-      table.emplace_back(c.name, "skipped");
-      continue;
-    }
     std::string result;
     try {
       std::ostringstream hex;

@@ -32,6 +32,7 @@
 #include "zero/storage/posix_storage.hpp"
 
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <utility>
@@ -97,6 +98,9 @@ public:
     if (!host_alloc_) {
       device_ = buffer<std::byte, counting>(std::move(state), bytes, memory_tag::params);
       data_ = device_.data();
+      // Zeroed: the padding between and after the rank's pieces is never written, but qwZ quantizes whole
+      // blocks of the shard, padding included (a block's scale read from stale memory changed the weights).
+      backend_.fill(reinterpret_cast<bf16*>(data_), bytes / sizeof(bf16), bf16{}, stream_);
       return;
     }
     if (!can_offload) {
@@ -109,6 +113,7 @@ public:
     } else {
       host_ = buffer<std::byte, host_counting>(*host_alloc_, bytes, memory_tag::params);
       data_ = host_.data();
+      std::memset(data_, 0, bytes); // the padding too, as in backend memory
     }
     upload_.emplace(backend_.make_stream());
     called_.emplace(backend_.make_event());
