@@ -71,7 +71,7 @@ TEST_CASE("frozen parameters get no gradient and no optimizer state; groups keep
     CHECK(static_cast<float>(eng.param(frozen).as<zero::bf16>()[0]) == 1.0f);
     // Stepping one owned range (what the engine does segment by segment): a range that does not exist
     // is refused, naming it and how many there are.
-    auto& opt = eng.optimizer();
+    auto& opt = *eng.optimizer().device();
     const std::size_t owned = opt.ranges().size();
     const std::string named = "range " + std::to_string(owned) + " does not exist";
     std::byte never_read[4]{};

@@ -21,32 +21,27 @@
 /// whole, but the all-gathers of the updated parameters that end a step are only posted there: `gather`
 /// (and `param`) wait for the module's buckets, so those all-gathers run beside the next forward. Take
 /// parameter pointers after `gather(m)` (or from `param(p)`) in each step, not from before `step()`.
-
 ///
 /// The engine is a front door over three parts (docs/design.md): the parameter residency
 /// (`replicated_params` at stages 0-2, stage 3's `param_coordinator`, chosen at `finalize`), the
-/// gradient pipeline (`bucket_reducer`, `grad_stats`) and the optimizer step (`partitioned_adamw`,
-/// run beside the next forward by `update_overlap`). `static_engine` fixes the stage at compile time.
+/// gradient pipeline (`bucket_reducer`, `grad_stats`) and the step plan of the optimizer state's
+/// placement (`engine/step/`: on the device, on the host, split between them, or on NVMe; chosen at
+/// `finalize`). `step()` is one protocol for every placement: finish the reductions, the plan's check,
+/// the loss scaler, the plan's update and the end of its writes. `static_engine` fixes the stage at
+/// compile time; `step_together` (step_together.hpp) steps engines that share a model.
 
-#include "zero/backend/transfer.hpp"
-#include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/engine_state.hpp"
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/tensor_view.hpp"
 
 #include <array>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
-#include <limits>
-#include <span>
 #include <string>
-#include <tuple>
 #include <type_traits>
-#include <vector>
 
 namespace zero {
 
@@ -55,14 +50,11 @@ namespace zero {
 template <class Backend, class Comm, class Allocator = typename Backend::allocator_type, class Storage = posix_storage>
 class basic_engine : public engine_state<Backend, Comm, Allocator, Storage> {
   using base = engine_state<Backend, Comm, Allocator, Storage>;
-  using base::any_rank, base::begin_micro_step, base::check_final, base::check_gradients, base::check_open,
-      base::end_early, base::finish_for_reader, base::finish_gathers, base::gradients_landed, base::join_update,
-      base::reduced, base::zero_gradients;
   using base::average_, base::replicas_, base::backend_, base::buffer_alloc_, base::cfg_, base::comm_, base::counters_,
-      base::deferred_, base::frozen_, base::host_async_, base::log_, base::model_at_, base::model_group_,
-      base::optimizer_, base::overlap_, base::reducer_, base::reg_, base::residency_, base::scaler_, base::scheduler_,
-      base::stream_;
-  using base::param_file;
+      base::deferred_, base::frozen_, base::log_, base::model_at_, base::model_group_, base::overlap_, base::parts_,
+      base::plan_, base::reducer_, base::reg_, base::residency_, base::scaler_, base::scheduler_, base::stream_;
+  using base::begin_micro_step, base::check_final, base::check_open, base::finish_for_reader, base::finish_gathers,
+      base::join_update;
   using typename base::stream_type;
 
 public:
@@ -70,42 +62,6 @@ public:
   /// allocator of model state. \throws config_error for settings the engine cannot honour.
   using base::base;
   using base::is_boundary, base::owned_by;
-
-  /// Initialises parameters: `fn` fills the elements this rank owns in fp32; the engine rounds them
-  /// to the parameter dtype, keeps the fp32 values as the master copy, and all-gathers the rest.
-  /// Frozen parameters are filled whole on every rank.
-  void init_params(const init_fn& fn) {
-    check_final("init_params");
-    finish_for_reader(); // nothing of an earlier step may still write the parameters or the state
-    const std::size_t esize = size_of(cfg_.param_dtype());
-    std::byte* store = residency_([](auto& r) { return r.store(); });
-    if (store == nullptr) {
-      init_master(fn); // stage 3 keeps no 16-bit shard: the master is the parameters' only home
-    } else {
-      for (const auto& pc : owned_by(comm_.rank())) {
-        fill(fn, reg_.layout().param(pc.id), pc.param_offset, pc.count, cfg_.param_dtype(), store + pc.store * esize);
-      }
-    }
-    const auto& frozen = reg_.frozen_layout();
-    for (std::size_t id = 0; id < frozen.param_count(); ++id) {
-      const auto& p = frozen.param(id);
-      fill(fn, p, 0, p.numel, p.type, frozen_.data() + p.offset * esize);
-    }
-    // The master copy takes the values the framework gave, rounded as the parameters are (or exact).
-    optimizer_.load_master();
-    if (optimizer_.has_master() && init_master_exact_ && store != nullptr) {
-      std::vector<float> exact;
-      for (const auto& pc : owned_by(comm_.rank())) {
-        exact.resize(pc.count);
-        fn(reg_.layout().param(pc.id), pc.param_offset, exact);
-        optimizer_.write_state(state_tensor::master, pc.state, exact);
-      }
-    }
-    residency_([](auto& r) { r.refresh(); });
-  }
-  /// With `true`, `init_params` keeps the fp32 values the init function gave as the master copy
-  /// (DeepSpeed keeps the rounded 16-bit values, which is the default here too).
-  void keep_exact_master(bool exact) noexcept { init_master_exact_ = exact; }
 
   /// Averages the gradients over `ranks` ranks instead of this communicator's: an MoE layer's engine
   /// over the expert-data group averages over the whole data group, as its experts' gradients sum the
@@ -212,11 +168,12 @@ public:
     return scope(this, scope_all, modifier_rank);
   }
 
-  /// This rank's optimizer (master weights, m, v over the owned ranges), on the backend or offloaded.
-  [[nodiscard]] optimizer_step<Backend, Allocator, Storage>& optimizer() {
+  /// This rank's optimizer (master weights, m, v over the owned ranges), on the backend or offloaded: the
+  /// step plan of its placement, whose state view checkpoints read and write.
+  [[nodiscard]] step_plan<Backend, Comm, Allocator, Storage>& optimizer() {
     check_final("optimizer");
     finish_for_reader(); // the state is read or written on the engine's stream, after the last update
-    return optimizer_;
+    return plan_;
   }
   /// Where parameter values live, after every kernel and all-gather so far (a host wait).
   [[nodiscard]] param_stores stores() {
@@ -286,8 +243,7 @@ public:
 
 private:
   friend scope;
-  bool init_master_exact_ = false;
-  /// An io_error of a step that was applied anyway, thrown when `step()` has ended (see agree_on_writes).
+  /// An io_error of a step that was applied anyway, thrown when `step()` has ended (the plan's `end_writes`).
   std::exception_ptr applied_error_;
   static constexpr int scope_module = 0, scope_all = 1, scope_eval = 2;
 
@@ -299,7 +255,7 @@ private:
     } else {
       residency_([&](auto& r) { r.release_everything(arg); });
       if (arg >= 0) {
-        optimizer_.load_master();
+        plan_.load_master();
       }
     }
   }
@@ -313,36 +269,6 @@ private:
     }
     return e;
   }
-  /// `init_params` without a parameter store: the master takes `fn`'s values of the owned pieces,
-  /// rounded through the parameter dtype (as `load_master` would from the store) unless kept exact.
-  void init_master(const init_fn& fn) {
-    constexpr std::size_t chunk = std::size_t{1} << 20;
-    std::vector<float> values;
-    for (const auto& pc : owned_by(comm_.rank())) {
-      for (std::size_t done = 0; done < pc.count; done += chunk) {
-        values.resize(std::min(chunk, pc.count - done));
-        fn(reg_.layout().param(pc.id), pc.param_offset + done, values);
-        if (!init_master_exact_) {
-          visit_float(cfg_.param_dtype(), [&]<class P>(type_tag<P>) {
-            for (float& x : values) {
-              x = to_float(from_float<P>(x));
-            }
-          });
-        }
-        optimizer_.write_state(state_tensor::master, pc.state + done, values);
-      }
-    }
-  }
-
-  /// Fills `count` elements of `p` from element `first` on with `fn`'s values, as `type`, into `dst`.
-  void fill(const init_fn& fn, const param_info& p, std::size_t first, std::size_t count, dtype type, std::byte* dst) {
-    visit_float(type, [&]<class P>(type_tag<P>) {
-      fill_from_host<Allocator::host_accessible>(
-          backend_, stream_, buffer_alloc_, count, reinterpret_cast<P*>(dst),
-          [&](std::size_t done, std::span<float> out) { fn(p, first + done, out); });
-    });
-  }
-
   /// `step()` up to the gradients' check: the reductions finished and, on the last micro-step of an
   /// accumulation, `g` their check (this engine's parameters only). \returns the step's result so far.
   step_result check_step(grad_check& g) {
@@ -352,13 +278,13 @@ private:
     {
       auto t = log_.time("reduce");
       reducer_->finish(cfg_.zero_optimization.ignore_unused_parameters);
-      gradients_landed();
+      plan_.landed();
     }
     check_reads();
     ++counters_.micro_step;
     if (r.boundary) {
       auto t = log_.time("step");
-      g = check_gradients(this->unscale());
+      g = plan_.check(this->unscale());
     }
     return r;
   }
@@ -369,7 +295,7 @@ private:
     if (r.boundary) {
       const loss_scaler_state scaler_before = scaler_.state();
       applied = scaler_.update(g.overflow).applied;
-      end_early(applied, g.norm);
+      plan_.end_early(applied, g.norm);
       r.overflow = g.overflow;
       r.grad_norm = g.norm;
       r.lr = scheduler_.group_lr(cfg_.optimizer->lr);
@@ -401,77 +327,18 @@ private:
     return r;
   }
 
-  /// AdamW over the rank's part with the clip of gradient norm `norm`: segment by segment on the
-  /// update stream, each segment handed to the residency after its update (`update_overlap`), or all
-  /// at once on the engine's stream (stage 0, one rank).
+  /// AdamW over the rank's part with the clip of gradient norm `norm` (the plan's `apply`: segment by
+  /// segment on the update stream, each handed to the residency behind its update, or all at once on the
+  /// engine's stream), then the agreement on its NVMe writes (the plan's `end_writes`).
   void apply(double norm) {
     const auto args = adamw_args_from_config(*cfg_.optimizer, counters_.applied_steps + 1,
                                              clip_coefficient(norm, cfg_.gradient_clipping));
-    auto group_lr = [&](double lr) { return scheduler_.group_lr(lr); };
-    if (host_async_) {
-      // The host steps beside the next forward, after scheduler_.step(): it keeps this step's schedule.
-      optimizer_.host_part()->begin_async(args, [sched = scheduler_](double lr) { return sched.group_lr(lr); });
-    }
-    if (overlap_) {
-      overlap_->run(
-          reg_.layout().segments().size(),
-          [&](std::size_t k, const stream_type& s) { optimizer_.step_range(k, s, args, group_lr, reduced()); },
-          [&](std::size_t k, const stream_type& s) { residency_([&](auto& r) { r.after_update(k, s); }); });
-    } else {
-      optimizer_.step(args, group_lr, reduced());
-    }
-    if (optimizer_.nvme() != nullptr || param_file() != nullptr) {
-      agree_on_writes();
+    plan_.apply(args, [&](std::size_t k, const stream_type& s) { residency_([&](auto& r) { r.after_update(k, s); }); });
+    if (auto e = plan_.end_writes(residency_.param_file(), [&] { finish_gathers(); })) {
+      applied_error_ = e;
     }
     scheduler_.step();
     ++counters_.applied_steps;
-  }
-
-  /// NVMe: waits for the step's writes (optimizer state, parameters) and agrees with the other
-  /// ranks; the step counts only where every rank wrote everything. Otherwise, with the optimizer
-  /// state on NVMe, every rank gives the device its previous parameters again, makes them whole, and
-  /// throws io_error (this rank's own, or one that names the cause elsewhere). With the optimizer state
-  /// in memory, which the step has already moved on, the step stays: the parameters that could not be
-  /// written stay in host memory (`detail::param_file`), and `step()` throws once it has ended.
-  void agree_on_writes() {
-    auto* file = param_file();
-    std::exception_ptr mine = optimizer_.finish_step();
-    if (file != nullptr) {
-      if (auto e = file->finish_step(); e && !mine) {
-        mine = e;
-      }
-    }
-    if (!any_rank(mine != nullptr)) {
-      optimizer_.commit();
-      if (file != nullptr) {
-        file->commit();
-      }
-      return;
-    }
-    if (optimizer_.nvme() == nullptr) {
-      if (file != nullptr) { // always: with the optimizer in memory only the parameter file writes
-        file->commit();
-      }
-      try {
-        throw_agreed(mine, "could not write its parameters to NVMe",
-                     "; the optimizer step was applied (its state is in memory and has moved on): the parameters "
-                     "that could not be written stay in host memory until a later step writes them");
-      } catch (const io_error&) {
-        applied_error_ = std::current_exception();
-      }
-      return;
-    }
-    finish_gathers(); // every all-gather of the failed step has landed and the update stream joined
-    optimizer_.rollback(stream_);
-    if (file != nullptr) {
-      file->rollback();
-    }
-    residency_([](auto& r) { r.refresh(); });
-    throw_agreed(mine,
-                 file != nullptr ? "could not write its optimizer state or parameters to NVMe"
-                                 : "could not write its optimizer state to NVMe",
-                 "; the optimizer step was not applied: parameters, optimizer state and its file are the previous "
-                 "step's on every rank");
   }
 
   /// Parameters on NVMe: when a gather's read failed on any rank since the last `step()` (the rank
@@ -479,12 +346,12 @@ private:
   /// this accumulation: its gradients are zeroed and the next micro-step starts it again. A read of
   /// the persistent parameters after a step is reported at the next `step()`, which drops that one.
   void check_reads() {
-    auto* file = param_file();
+    auto* file = residency_.param_file();
     if (file == nullptr) {
       return;
     }
     const std::exception_ptr mine = file->take_read_error();
-    if (!any_rank(mine != nullptr)) {
+    if (!parts_.any_rank(mine != nullptr)) {
       return;
     }
     counters_.micro_step -= counters_.micro_step % cfg_.gradient_accumulation_steps;
@@ -492,33 +359,20 @@ private:
       p.end_step(false);
       p.refresh(); // the persistent parameters are read again (a failed read may have been theirs)
     });
-    this->zero_gradients(nullptr); // the device's, or the host's copy when they stream there
+    plan_.zero_gradients(nullptr); // the device's, or the host's copy when they stream there
     begin_micro_step();
     throw_agreed(mine, "could not read its parameters from NVMe",
                  "; the micro-batches of this accumulation were dropped (their gradients are zeroed): run them "
                  "again");
   }
 
-  /// Throws `mine` (an io_error) with `kept` appended, or on a rank without an error of its own an echo
-  /// saying another rank `what`.
-  [[noreturn]] static void throw_agreed(const std::exception_ptr& mine, const char* what, const char* kept) {
-    if (mine) {
-      try {
-        std::rethrow_exception(mine);
-      } catch (const io_error& e) {
-        throw io_error(std::string(e.what()).substr(std::string("[zero.io_error] ").size()) + kept, e.status());
-      }
-    }
-    throw as_echo(io_error(std::string("another rank ") + what + kept));
-  }
-
   /// Ends an accumulation: zeroes the gradients (behind the update, on its stream, when it overlaps).
   void end_accumulation(bool applied) {
     if (applied && overlap_) {
-      zero_gradients(&overlap_->stream());
+      plan_.zero_gradients(&overlap_->stream());
       overlap_->close();
     } else {
-      zero_gradients(nullptr);
+      plan_.zero_gradients(nullptr);
     }
     ++counters_.boundaries;
     if (cfg_.wall_clock_breakdown && cfg_.steps_per_print) {
@@ -527,54 +381,10 @@ private:
   }
 };
 
-/// Steps the engines of one rank that hold its model between them as one optimizer: the dense
-/// parameters' engine over the data group and a mixture-of-experts layer's engine over the
-/// expert-data group (docs/parallelism.md). Each finishes its reductions and checks its gradients;
-/// then every engine clips by the norm of them all (the square root of the sum of their squared
-/// norms, each already summed over its own group and model group) and an fp16 overflow in any skips
-/// the step in all. Every rank steps the same engines in the same order. \returns each engine's
-/// result, with that joint norm. \throws usage_error, before any engine has done anything, when
-/// they differ in accumulation steps, gradient clipping or loss scale.
-template <class... Engines> std::array<step_result, sizeof...(Engines)> step_together(Engines&... engines) { // NOLINT
-  static_assert(sizeof...(Engines) >= 1, "zero::step_together: give it the engines to step");
-  const auto& first = std::get<0>(std::tie(engines...));
-  const auto same = [&](const auto& e, std::size_t k) {
-    const auto say = [&](const std::string& what, const std::string& mine, const std::string& theirs) {
-      throw usage_error("step_together: engine " + std::to_string(k) + " has " + what + " " + mine + ", engine 0 has " +
-                        theirs + "; engines stepped together take one setting");
-    };
-    if (e.cfg().gradient_accumulation_steps != first.cfg().gradient_accumulation_steps) {
-      say("gradient_accumulation_steps", std::to_string(e.cfg().gradient_accumulation_steps),
-          std::to_string(first.cfg().gradient_accumulation_steps));
-    }
-    if (e.cfg().gradient_clipping != first.cfg().gradient_clipping) {
-      say("gradient_clipping", std::to_string(e.cfg().gradient_clipping),
-          std::to_string(first.cfg().gradient_clipping));
-    }
-    if (e.loss_scale() != first.loss_scale()) {
-      say("loss scale", std::to_string(e.loss_scale()), std::to_string(first.loss_scale()));
-    }
-  };
-  std::size_t k = 0;
-  (same(engines, k++), ...);
-  std::array<grad_check, sizeof...(Engines)> checks;
-  std::array<step_result, sizeof...(Engines)> results;
-  k = 0;
-  ((results[k] = engines.check_step(checks[k]), ++k), ...);
-  grad_check joint;
-  double squares = 0;
-  for (const auto& c : checks) {
-    joint.overflow = joint.overflow || c.overflow;
-    squares += c.squared_norm;
-  }
-  joint.norm = joint.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(squares);
-  k = 0;
-  ((results[k] = engines.finish_step(results[k], joint), ++k), ...);
-  return results;
-}
-
 /// The engine with the backend's allocator and POSIX storage: `zero::engine<zero::cpu_backend,
 /// zero::thread_communicator>`.
 template <class Backend, class Comm> using engine = basic_engine<Backend, Comm>;
 
 } // namespace zero
+
+#include "zero/engine/step_together.hpp" // IWYU pragma: export

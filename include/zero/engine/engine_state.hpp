@@ -5,14 +5,17 @@
 ///
 /// It holds the policies and the three parts: the parameter residency (`replicated_params` at
 /// stages 0-2, stage 3's `param_coordinator`, made at `finalize`), the gradient pipeline
-/// (`bucket_reducer`, `grad_stats`) and the optimizer step (`partitioned_adamw`, beside the next
-/// forward through `update_overlap`). Its public part is the state view checkpoints read and restore
-/// through (`registered`, `owned_by`, `stores`, `counters`, `restore`) besides the accessors a
-/// framework uses (`cfg`, `layout`, `memory`, ...).
+/// (`bucket_reducer`, `grad_stats`) and the step plan of the optimizer state's placement
+/// (`engine/step/step_plan.hpp`, made at `finalize`, with the update stream of `update_overlap`). Its
+/// public part is the state view checkpoints read and restore through (`registered`, `owned_by`,
+/// `stores`, `counters`, `restore`, `init_params`) besides the accessors a framework uses (`cfg`,
+/// `layout`, `memory`, ...).
 
 #include "zero/backend/backend.hpp"
+#include "zero/backend/transfer.hpp"
 #include "zero/comm/communicator.hpp"
 #include "zero/config/config.hpp"
+#include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/bucket_reducer.hpp"
 #include "zero/engine/detail/node_groups.hpp"
@@ -20,11 +23,11 @@
 #include "zero/engine/grad_stats.hpp"
 #include "zero/engine/memory_report.hpp"
 #include "zero/engine/offload_storage.hpp"
-#include "zero/engine/optimizer_step.hpp"
 #include "zero/engine/parallel_config.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/residency.hpp"
 #include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/step/step_plan.hpp"
 #include "zero/engine/step_log.hpp"
 #include "zero/engine/update_overlap.hpp"
 #include "zero/engine/update_rates.hpp"
@@ -154,75 +157,97 @@ public:
                           .grad_type = cfg_.grad_accum_dtype,
                           .params_sharded = residency_([](auto& r) { return r.sharded_store; }),
                           .params_on_host = stage == 3 && z.offload_param.device == offload_device::cpu};
-    if (auto* f = param_file()) {
+    if (auto* f = residency_.param_file()) {
       place.params_in_file = [f](param_use use, std::size_t k) { return f->params_for(use, k); };
     } else {
       place.params = residency_([](auto& r) { return r.store(); });
       place.params_from_master = place.params == nullptr; // stage 3 without a kept shard
     }
-    split_ = optimizer_.make(cfg_, reg_, place, backend_, state_alloc_, stream_, storage_ ? &*storage_ : nullptr,
-                             offload_threads_ != 0 ? offload_threads_ : default_offload_threads(), offload_rates_);
+    // The step plan of the config's placement (docs/design.md, "Step plans"); it says what the reducer keeps.
+    split_ = plan_.make(cfg_, reg_, place, backend_, state_alloc_, stream_, storage_ ? &*storage_ : nullptr,
+                        offload_threads_ != 0 ? offload_threads_ : default_offload_threads(), offload_rates_);
     if constexpr (can_all_gather<Comm>) {
-      if (optimizer_.device() != nullptr && place.params_from_master) {
-        residency_.coordinator()->derive_from(optimizer_.device()->master());
+      if (float* master = plan_.derived_master()) {
+        residency_.coordinator()->derive_from(master);
       }
     }
-    // Stages 2-3 with the optimizer on the host: the reducer keeps no gradient shard (or, with the state
-    // split, only the device part's gradients); each bucket's reduced slice goes to the host during
-    // backward (docs/offload.md).
-    auto* streamed = stage >= 2 ? optimizer_.host_grads() : nullptr;
-    auto reducing = reducer_options_from(cfg_, streamed != nullptr);
-    if (streamed != nullptr) {
-      streamed->stream();
-      streamed_ = true;
-      reducing.kept = optimizer_.device_elements();
+    auto reducing = reducer_options_from(cfg_, plan_.streams());
+    if (plan_.streams()) {
+      reducing.kept = plan_.kept();
     }
     reducer_.emplace(layout, backend_, comm_, state_alloc_, buffer_alloc_, std::move(reducing), stream_);
     use_quantized_nodes();
     if (replicas_ != nullptr) {
       reducer_->use_replicas(*replicas_);
     }
-    if (streamed != nullptr) {
-      reducer_->stream_to([ this, streamed ](std::size_t segment, std::byte * slice) -> const auto& {
-        if (stats_in_take_ && reducer_boundary_) {
-          // The slice is final on the device (no accumulation follows): check it there, as in memory.
-          stats_->check_range(segment, slice, unscale());
-        }
-        const std::size_t skip = optimizer_.host_grads_offset(segment) * size_of(cfg_.grad_accum_dtype);
-        const auto& copied = streamed->take(segment, slice + skip, stream_);
-        if (stats_in_take_ && reducer_boundary_) {
-          update_early(segment);
-        }
-        return copied;
-      });
-      stats_in_take_ = cfg_.gradient_accumulation_steps == 1;
-    }
-    if (streamed == nullptr || optimizer_.partial() != nullptr) {
-      // Stages 2-3 in memory: a segment's gradient slice goes back to the allocator once the engine's
-      // stream is ordered after the update that read it (the next forward's wait for that segment).
-      residency_([this](auto& r) { r.on_joined([this](std::size_t k) { reducer_->release(k); }); });
-    }
-    stats_.emplace(optimizer_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
+    stats_.emplace(plan_.ranges(), cfg_.grad_accum_dtype, stage >= 1, backend_, comm_, buffer_alloc_, stream_);
     stats_->set_model_group(model_group_, buffer_alloc_);
     if (auto replicated = reg_.tensor_replicated_extents();
         model_group_ != nullptr && model_at_.tensor != 0 && !replicated.empty()) {
       // Tensor rank 0 counts the replicated parameters; this rank leaves them out of the norm.
       std::vector<flat_range> extent;
-      for (std::size_t k = 0; k < optimizer_.ranges().size(); ++k) {
+      for (std::size_t k = 0; k < plan_.ranges().size(); ++k) {
         extent.push_back(stage >= 1 ? layout.segments()[k].range : flat_range{0, layout.total_size()});
       }
-      stats_->count_only(norm_slots::without(optimizer_.ranges(), extent, std::move(replicated)), buffer_alloc_);
+      stats_->count_only(norm_slots::without(plan_.ranges(), extent, std::move(replicated)), buffer_alloc_);
     }
     // Stages 1-2 on several ranks, stage 3, and a host step beside the next forward: the optimizer
     // steps on the update stream, beside the next forward.
-    const auto* host = optimizer_.host_part();
-    host_async_ = host != nullptr && host->can_run_async() && streamed != nullptr;
-    if (stage == 3 || (stage >= 1 && comm_.size() > 1) || host_async_) {
+    if (stage == 3 || (stage >= 1 && comm_.size() > 1) || plan_.steps_async()) {
       overlap_.emplace(backend_, comm_, stream_);
     }
+    parts_ = {.cfg = &cfg_,
+              .layout = &layout,
+              .backend = &backend_,
+              .comm = &comm_,
+              .stream = &stream_,
+              .reducer = &*reducer_,
+              .stats = &*stats_,
+              .params = &residency_,
+              .overlap = overlap_ ? &*overlap_ : nullptr,
+              .scheduler = &scheduler_,
+              .counters = &counters_,
+              .agree = &agree_};
+    plan_.connect(parts_);
     finalized_ = true;
     begin_micro_step();
   }
+
+  /// Initialises parameters: `fn` fills the elements this rank owns in fp32; the engine rounds them
+  /// to the parameter dtype, keeps the fp32 values as the master copy, and all-gathers the rest.
+  /// Frozen parameters are filled whole on every rank.
+  void init_params(const init_fn& fn) {
+    check_final("init_params");
+    finish_for_reader(); // nothing of an earlier step may still write the parameters or the state
+    const std::size_t esize = size_of(cfg_.param_dtype());
+    std::byte* store = residency_([](auto& r) { return r.store(); });
+    if (store == nullptr) {
+      init_master(fn); // stage 3 keeps no 16-bit shard: the master is the parameters' only home
+    } else {
+      for (const auto& pc : owned_by(comm_.rank())) {
+        fill(fn, reg_.layout().param(pc.id), pc.param_offset, pc.count, cfg_.param_dtype(), store + pc.store * esize);
+      }
+    }
+    const auto& frozen = reg_.frozen_layout();
+    for (std::size_t id = 0; id < frozen.param_count(); ++id) {
+      const auto& p = frozen.param(id);
+      fill(fn, p, 0, p.numel, p.type, frozen_.data() + p.offset * esize);
+    }
+    // The master copy takes the values the framework gave, rounded as the parameters are (or exact).
+    plan_.load_master();
+    if (plan_.has_master() && init_master_exact_ && store != nullptr) {
+      std::vector<float> exact;
+      for (const auto& pc : owned_by(comm_.rank())) {
+        exact.resize(pc.count);
+        fn(reg_.layout().param(pc.id), pc.param_offset, exact);
+        plan_.write_state(state_tensor::master, pc.state, exact);
+      }
+    }
+    residency_([](auto& r) { r.refresh(); });
+  }
+  /// With `true`, `init_params` keeps the fp32 values the init function gave as the master copy
+  /// (DeepSpeed keeps the rounded 16-bit values, which is the default here too).
+  void keep_exact_master(bool exact) noexcept { init_master_exact_ = exact; }
 
   /// Stage 3's gathering counters (null at stages 0-2).
   [[nodiscard]] const engine_coordinator<Backend, Comm, Allocator, Storage>*
@@ -250,14 +275,7 @@ public:
   [[nodiscard]] memory_report memory() const {
     auto m = make_memory_report(cfg_.stage(), comm_.size(), reg_.layout(), cfg_.grad_accum_dtype, state_alloc_,
                                 buffer_alloc_, work_alloc_);
-    if (const auto* host = optimizer_.host()) {
-      add_host_memory(m, host->host_memory(), 1.0, streamed_ ? 1.0 : 0.0);
-    } else if (const auto* both = optimizer_.partial()) {
-      const double share = static_cast<double>(split_.host_elements) / static_cast<double>(split_.state_elements);
-      add_host_memory(m, both->host().host_memory(), share, streamed_ ? share : 0.0);
-    } else if (const auto* nvme = optimizer_.nvme()) {
-      add_nvme_memory(m, nvme->host_memory(), nvme->nvme_bytes(), streamed_);
-    }
+    plan_.add_memory(m, split_);
     if constexpr (can_all_gather<Comm>) {
       const auto* c = residency_.coordinator();
       add_secondary(m, c != nullptr ? c->secondary_bytes() : 0, cfg_.zero_optimization.zero_hpz_partition_size);
@@ -266,10 +284,7 @@ public:
       } else if (c != nullptr && c->file() != nullptr) {
         add_nvme_params(m, c->file()->host_memory(), c->file()->file_bytes(), c->file()->resident_elements());
       } else if (c != nullptr && c->host_memory() != nullptr) {
-        add_host_params(m, *c->host_memory(),
-                        optimizer_.host() != nullptr      ? 1.0
-                        : optimizer_.partial() != nullptr ? m.offload_ratio
-                                                          : 0.0);
+        add_host_params(m, *c->host_memory(), plan_.host_param_share(m));
       }
     }
     return m;
@@ -396,15 +411,34 @@ protected:
     reducer_->use_nodes(node, nodes.cross(comm_, h, key));
   }
 
-  /// Stage 3's parameter shard in a file (offload_param nvme), after the uploads out of it; or null.
-  [[nodiscard]] auto* param_file() {
-    if constexpr (can_all_gather<Comm>) {
-      auto* c = residency_.coordinator();
-      return c != nullptr ? c->file() : nullptr;
-    } else {
-      return static_cast<detail::param_file<Backend, counting_allocator<offload_allocator_t<Backend>>, Storage>*>(
-          nullptr);
+  /// `init_params` without a parameter store: the master takes `fn`'s values of the owned pieces,
+  /// rounded through the parameter dtype (as `load_master` would from the store) unless kept exact.
+  void init_master(const init_fn& fn) {
+    constexpr std::size_t chunk = std::size_t{1} << 20;
+    std::vector<float> values;
+    for (const auto& pc : owned_by(comm_.rank())) {
+      for (std::size_t done = 0; done < pc.count; done += chunk) {
+        values.resize(std::min(chunk, pc.count - done));
+        fn(reg_.layout().param(pc.id), pc.param_offset + done, values);
+        if (!init_master_exact_) {
+          visit_float(cfg_.param_dtype(), [&]<class P>(type_tag<P>) {
+            for (float& x : values) {
+              x = to_float(from_float<P>(x));
+            }
+          });
+        }
+        plan_.write_state(state_tensor::master, pc.state + done, values);
+      }
     }
+  }
+
+  /// Fills `count` elements of `p` from element `first` on with `fn`'s values, as `type`, into `dst`.
+  void fill(const init_fn& fn, const param_info& p, std::size_t first, std::size_t count, dtype type, std::byte* dst) {
+    visit_float(type, [&]<class P>(type_tag<P>) {
+      fill_from_host<Allocator::host_accessible>(
+          backend_, stream_, buffer_alloc_, count, reinterpret_cast<P*>(dst),
+          [&](std::size_t done, std::span<float> out) { fn(p, first + done, out); });
+    });
   }
 
   /// The host's threads shared among the ranks of this communicator (they may share the host).
@@ -426,42 +460,13 @@ protected:
     }
   }
 
-  /// Queues the host's update of owned range `k` during backward (`offloaded_adamw::update_early`),
-  /// beginning the step's updates with its first range: the arguments of the step that follows,
-  /// unclipped.
-  void update_early(std::size_t k) {
-    auto* host = optimizer_.host_part();
-    if (host == nullptr || host->overlap_elements() == 0) {
-      return;
-    }
-    if (!host->early()) {
-      // The schedule by value: an update may still run after the step has moved it on.
-      host->begin_early(adamw_args_from_config(*cfg_.optimizer, counters_.applied_steps + 1, 1.0),
-                        [sched = scheduler_](double lr) { return sched.group_lr(lr); });
-    }
-    host->update_early(k);
-  }
-  /// Ends the host's updates during backward: kept when the step applies unclipped, else dropped.
-  void end_early(bool applied, double norm) {
-    if (auto* host = optimizer_.host_part()) {
-      host->end_early(applied && clip_coefficient(norm, cfg_.gradient_clipping) == 1.0, applied);
-    }
-  }
-
   void begin_micro_step() {
-    end_early(false, 0.0); // a step that ended early (an error) keeps none of its updates
-    reducer_boundary_ = is_boundary();
-    reducer_->begin_micro_step(reducer_boundary_);
+    plan_.begin_micro_step(is_boundary(), unscale()); // first: a step that ended early keeps none of its updates
+    reducer_->begin_micro_step(is_boundary());
     // Stage 3 keeps a gather trace per micro-step of the accumulation (a pipeline's 1F1B orders differ by position).
     residency_([&](auto& r) {
       r.begin_micro_step(static_cast<std::size_t>(counters_.micro_step % cfg_.gradient_accumulation_steps));
     });
-    if (stats_in_take_ && reducer_boundary_) {
-      stats_->begin_ranges(unscale() != 1.0);
-    }
-  }
-  auto reduced() {
-    return [this](const flat_range& range, std::size_t off) { return reducer_->reduced(range, off); };
   }
 
   /// What the reduced gradients are multiplied by before their check and the update: the inverse of
@@ -469,55 +474,11 @@ protected:
   [[nodiscard]] double unscale() const noexcept {
     return average_ / (scaler_.scale() * static_cast<double>(cfg_.gradient_accumulation_steps));
   }
-  /// The reduced gradients' check (`grad_stats`): on the device, or on the host's copy when streamed
-  /// (a split state streams only without accumulation, so its check is always the one made as it landed).
-  grad_check check_gradients(double unscale) {
-    if (!streamed_) {
-      return stats_->check(unscale, reduced());
-    }
-    if (stats_in_take_) {
-      return stats_->finish_ranges(unscale != 1.0);
-    }
-    const auto host = optimizer_.host_grads()->check(unscale, stats_->slots());
-    return stats_->combine(host.squared_norms, host.nonfinite, unscale != 1.0);
-  }
-  /// Ends the gradients of a micro-step: the streamed host copy adds its last slices.
-  void gradients_landed() {
-    if (streamed_) {
-      optimizer_.host_grads()->finish();
-    }
-  }
-  /// Zeroes the gradients of an ended accumulation: the device's (on `s` when given), or the host's, or
-  /// with a split state both.
-  void zero_gradients(const stream_type* s) {
-    if (streamed_) {
-      optimizer_.host_grads()->reset();
-      if (optimizer_.partial() == nullptr) {
-        return;
-      }
-    }
-    if (s != nullptr) {
-      reducer_->retire(*s);
-    } else {
-      reducer_->zero();
-    }
-  }
-
-  /// True when `mine` is true on any rank (one all-reduce of an int in backend memory).
-  bool any_rank(bool mine) {
-    if (comm_.size() == 1) {
-      return mine;
-    }
-    backend_.fill(agree_.data(), 1, mine ? 1 : 0, stream_);
-    comm_.all_reduce(agree_.data(), agree_.data(), 1, reduce_op::max).wait();
-    return backend_.read_scalar(agree_.data(), stream_) != 0;
-  }
-
   /// `finish_gathers` for what reads or writes the parameters or the state outside a step: between
   /// backward and the step the host's updates during backward end first, dropped (stage 3's host
   /// shard, which they write in place, put back), and the step then runs as without them.
   void finish_for_reader() {
-    end_early(false, 0.0);
+    plan_.end_early(false, 0.0);
     finish_gathers();
   }
   /// Waits for every posted all-gather, and orders the engine's stream after the last update.
@@ -528,9 +489,7 @@ protected:
   /// Waits for a host step running beside the forward (`forward_overlap`), and makes the engine's
   /// stream wait for the update stream's last step (without blocking the host), once.
   void join_update() {
-    if (host_async_) {
-      optimizer_.host_part()->join_async();
-    }
+    plan_.join();
     if (overlap_ && overlap_->join()) {
       residency_([](auto& r) { r.updates_joined(); });
       reducer_->release_retired();
@@ -555,7 +514,9 @@ protected:
   std::optional<Storage> storage_;
   residency<Backend, Comm, Allocator, Storage> residency_;
   std::optional<bucket_reducer<Backend, Comm, Allocator>> reducer_;
-  optimizer_step<Backend, Allocator, Storage> optimizer_;
+  step_plan<Backend, Comm, Allocator, Storage> plan_;
+  /// What the plan works with, set at finalize.
+  step_parts<Backend, Comm, Allocator, Storage> parts_;
   std::optional<grad_stats<Backend, Comm, Allocator>> stats_;
   std::optional<update_overlap<Backend, Comm>> overlap_;
   /// One int in backend memory: the ranks agree on whether an NVMe step's I/O failed anywhere.
@@ -567,12 +528,6 @@ protected:
   /// An error of a scope ended in a destructor, thrown by the next call (see `engine_scope`).
   mutable std::exception_ptr deferred_;
   unsigned offload_threads_ = 0;
-  /// The reducer hands reduced gradients to the host optimizer during backward (stages 2-3, offloaded).
-  bool streamed_ = false;
-  /// The host's AdamW runs beside the next forward (`offload_optimizer.forward_overlap`, docs/offload.md).
-  bool host_async_ = false;
-  /// Streamed without accumulation: each range is checked on the device as its slice is handed over.
-  bool stats_in_take_ = false, reducer_boundary_ = true;
   /// The rest of the model replica (`set_model_group`), or null.
   Comm* model_group_ = nullptr;
   /// The communicator's size over the ranks gradients average over (`set_gradient_average`).
@@ -583,6 +538,7 @@ protected:
   std::optional<update_rates> offload_rates_;
   offload_split split_;
   bool finalized_ = false;
+  bool init_master_exact_ = false;
 };
 
 } // namespace zero

@@ -158,6 +158,16 @@ public:
     return std::get_if<coordinator_type>(&v_);
   }
 
+  /// Stage 3's parameter shard in a file (offload_param nvme), after the uploads out of it; or null.
+  [[nodiscard]] auto* param_file() noexcept {
+    if constexpr (can_all_gather<Comm>) {
+      auto* c = coordinator();
+      return c != nullptr ? c->file() : nullptr;
+    } else {
+      return static_cast<detail::param_file<Backend, counting_allocator<host_alloc>, Storage>*>(nullptr);
+    }
+  }
+
 private:
   /// hpZ: this rank's node group (`size` consecutive ranks of `comm`, `nodes_`) and the coordinator's
   /// secondary partition over it (in `state`).

@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// `host_plan`: ZeRO-Offload's step, the optimizer state in host memory and AdamW on the host
+/// (`offloaded_adamw`). At stages 2-3 the reducer streams each reduced slice to the host during
+/// backward (`gradient_intake`) and keeps no gradient shard; without accumulation a range whose slice
+/// landed may be updated during backward (`backward_overlap`: kept when the step applies unclipped,
+/// else dropped), and the host may step beside the next forward (`forward_overlap`). At stages 0-1 the
+/// step copies each range's reduced gradients to the host as it begins. docs/offload.md.
+
+#include "zero/engine/memory_report.hpp"
+#include "zero/engine/offloaded_adamw.hpp"
+#include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/step/gradient_intake.hpp"
+#include "zero/engine/step/step_parts.hpp"
+
+#include <exception>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace zero {
+
+namespace detail {
+/// The host AdamW's updates during backward and beside the next forward, for the plans that have one:
+/// the whole offloaded state (`host_plan`) and a split state's host share (`split_plan`).
+template <class Parts, class HostOptimizer> struct host_updates {
+  /// Queues the host's update of owned range `k` during backward, beginning the step's updates with
+  /// its first range: the arguments of the step that follows, unclipped.
+  static void early(Parts& p, HostOptimizer& host, std::size_t k) {
+    if (host.overlap_elements() == 0) {
+      return;
+    }
+    if (!host.early()) {
+      // The schedule by value: an update may still run after the step has moved it on.
+      host.begin_early(adamw_args_from_config(*p.cfg->optimizer, p.counters->applied_steps + 1, 1.0),
+                       [sched = *p.scheduler](double lr) { return sched.group_lr(lr); });
+    }
+    host.update_early(k);
+  }
+  /// Ends the updates during backward: kept when the step applies unclipped, else dropped.
+  static void end(Parts& p, HostOptimizer& host, bool applied, double norm) {
+    host.end_early(applied && clip_coefficient(norm, p.cfg->gradient_clipping) == 1.0, applied);
+  }
+  /// Hands the step to the host's thread when it runs beside the next forward, after which the
+  /// schedule moves on: it keeps this step's.
+  static void begin_async(Parts& p, HostOptimizer& host, const adamw_step_args& args) {
+    host.begin_async(args, [sched = *p.scheduler](double lr) { return sched.group_lr(lr); });
+  }
+};
+} // namespace detail
+
+/// The step plan of state in host memory; the verbs are `step_plan`'s (see there).
+template <class Parts, class Optimizer> class host_plan {
+  using updates = detail::host_updates<Parts, Optimizer>;
+
+public:
+  using optimizer_type = Optimizer;
+  using stream_type = typename Parts::stream_type;
+
+  /// Makes the optimizer from `args` (as `offloaded_adamw`'s); `streams`: stages 2-3, whose gradients
+  /// go to the host during backward.
+  template <class... Args>
+  explicit host_plan(bool streams, Args&&... args)
+      : opt_(std::forward<Args>(args)...), intake_(streams ? &opt_.grads() : nullptr, false) {}
+
+  [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
+  [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }
+  [[nodiscard]] bool streams() const noexcept { return intake_.streams(); }
+  [[nodiscard]] bool steps_async() const noexcept { return streams() && opt_.can_run_async(); }
+  [[nodiscard]] std::vector<std::size_t> kept() const { return {}; }
+  [[nodiscard]] static constexpr float* derived_master() noexcept { return nullptr; }
+
+  void connect(Parts& p) {
+    p_ = &p;
+    intake_.connect(
+        p, [](std::size_t) { return std::size_t{0}; }, [this](std::size_t k) { updates::early(*p_, opt_, k); });
+  }
+  void begin_micro_step(bool boundary, double unscale) {
+    end_early(false, 0.0); // a step that ended early (an error) keeps none of its updates
+    intake_.begin_micro_step(boundary, unscale);
+  }
+  /// Waits for a step running beside the forward.
+  void join() {
+    if (steps_async()) {
+      opt_.join_async();
+    }
+  }
+  void landed() { intake_.landed(); }
+  grad_check check(double unscale) { return intake_.check(unscale); }
+  void end_early(bool applied, double norm) { updates::end(*p_, opt_, applied, norm); }
+  void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
+    if (steps_async()) {
+      updates::begin_async(*p_, opt_, args);
+    }
+    run_update(opt_, *p_, args, after);
+  }
+  template <class File, class Finish> std::exception_ptr end_writes(File* file, Finish&& /*finish_gathers*/) {
+    return end_param_writes(*p_, file);
+  }
+  void zero_gradients(const stream_type* s) { intake_.zero(s); }
+  void add_memory(memory_report& m, const offload_split& /*split*/) const {
+    add_host_memory(m, opt_.host_memory(), 1.0, streams() ? 1.0 : 0.0);
+  }
+  [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 1.0; }
+
+private:
+  Optimizer opt_;
+  Parts* p_ = nullptr;
+  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<Optimizer&>().grads())>> intake_;
+};
+
+} // namespace zero

@@ -1,0 +1,93 @@
+#pragma once
+/// \file
+/// `nvme_plan`: ZeRO-Infinity's step, the optimizer state in a file of the storage policy, streamed
+/// through host buffers (`nvme_adamw`). Gradients come to the host as with `host_plan` (streamed
+/// during backward at stages 2-3). A step's writes (the state, and stage 3's parameter file when the
+/// parameters are on NVMe too) count only where every rank wrote everything: otherwise every rank
+/// gives the device its previous parameters again and the step is not applied (`end_writes`).
+/// docs/offload.md, docs/storage.md.
+
+#include "zero/engine/memory_report.hpp"
+#include "zero/engine/nvme_adamw.hpp"
+#include "zero/engine/step/gradient_intake.hpp"
+#include "zero/engine/step/step_parts.hpp"
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+namespace zero {
+
+/// The step plan of state on NVMe; the verbs are `step_plan`'s (see there).
+template <class Parts, class Optimizer> class nvme_plan {
+public:
+  using optimizer_type = Optimizer;
+  using stream_type = typename Parts::stream_type;
+
+  /// Makes the optimizer from `args` (as `nvme_adamw`'s); `streams`: stages 2-3.
+  template <class... Args>
+  explicit nvme_plan(bool streams, Args&&... args)
+      : opt_(std::forward<Args>(args)...), intake_(streams ? &opt_.grads() : nullptr, false) {}
+
+  [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
+  [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }
+  [[nodiscard]] bool streams() const noexcept { return intake_.streams(); }
+  [[nodiscard]] static constexpr bool steps_async() noexcept { return false; }
+  [[nodiscard]] std::vector<std::size_t> kept() const { return {}; }
+  [[nodiscard]] static constexpr float* derived_master() noexcept { return nullptr; }
+
+  void connect(Parts& p) {
+    p_ = &p;
+    intake_.connect(p, [](std::size_t) { return std::size_t{0}; });
+  }
+  void begin_micro_step(bool boundary, double unscale) { intake_.begin_micro_step(boundary, unscale); }
+  void join() {}
+  void landed() { intake_.landed(); }
+  grad_check check(double unscale) { return intake_.check(unscale); }
+  void end_early(bool /*applied*/, double /*norm*/) {}
+  void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
+    run_update(opt_, *p_, args, after);
+  }
+  /// Waits for the step's writes (the state's, and `file`'s: stage 3's parameters on NVMe, or null) and
+  /// agrees with the other ranks. Where any rank failed, every rank waits for the step's all-gathers
+  /// (`finish_gathers`), gives the device its previous parameters again, makes them whole, and throws
+  /// io_error (this rank's own, or one that names the cause elsewhere). \returns null.
+  template <class File, class Finish> std::exception_ptr end_writes(File* file, Finish&& finish_gathers) {
+    std::exception_ptr mine = opt_.finish_step();
+    if (file != nullptr) {
+      if (auto e = file->finish_step(); e && !mine) {
+        mine = e;
+      }
+    }
+    if (!p_->any_rank(mine != nullptr)) {
+      opt_.commit();
+      if (file != nullptr) {
+        file->commit();
+      }
+      return nullptr;
+    }
+    finish_gathers(); // every all-gather of the failed step has landed and the update stream joined
+    opt_.rollback(*p_->stream);
+    if (file != nullptr) {
+      file->rollback();
+    }
+    (*p_->params)([](auto& r) { r.refresh(); });
+    throw_agreed(mine,
+                 file != nullptr ? "could not write its optimizer state or parameters to NVMe"
+                                 : "could not write its optimizer state to NVMe",
+                 "; the optimizer step was not applied: parameters, optimizer state and its file are the previous "
+                 "step's on every rank");
+  }
+  void zero_gradients(const stream_type* s) { intake_.zero(s); }
+  void add_memory(memory_report& m, const offload_split& /*split*/) const {
+    add_nvme_memory(m, opt_.host_memory(), opt_.nvme_bytes(), streams());
+  }
+  [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 0.0; }
+
+private:
+  Optimizer opt_;
+  Parts* p_ = nullptr;
+  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<Optimizer&>().grads())>> intake_;
+};
+
+} // namespace zero
