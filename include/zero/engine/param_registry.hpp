@@ -12,7 +12,7 @@
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/engine_types.hpp"
-#include "zero/engine/partitioned_adamw.hpp"
+#include "zero/engine/adamw_placement.hpp"
 #include "zero/memory/buffer.hpp"
 
 #include <algorithm>

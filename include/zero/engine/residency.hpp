@@ -16,7 +16,7 @@
 #include "zero/core/error.hpp"
 #include "zero/engine/detail/node_groups.hpp"
 #include "zero/engine/detail/visit_made.hpp"
-#include "zero/engine/offloaded_adamw.hpp"
+#include "zero/engine/offload_options.hpp"
 #include "zero/engine/param_coordinator.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/replicated_params.hpp"

@@ -6,6 +6,7 @@
 
 #include "zero/core/error.hpp"
 #include "zero/engine/engine_types.hpp"
+#include "zero/engine/grad_stats.hpp"
 
 #include <array>
 #include <cmath>

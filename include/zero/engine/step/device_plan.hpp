@@ -4,6 +4,7 @@
 /// own. The reducer keeps the rank's reduced gradients (a shard at stages 2-3, the whole buffer at
 /// 0-1: `gradient_intake`, kept), the step checks them there and updates each owned range from them.
 
+#include "zero/engine/memory_report.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/engine/schedule_from_config.hpp"
 #include "zero/engine/step/gradient_intake.hpp"

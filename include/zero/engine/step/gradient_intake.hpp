@@ -12,6 +12,7 @@
 
 #include "zero/core/dtype.hpp"
 #include "zero/engine/engine_types.hpp"
+#include "zero/engine/grad_stats.hpp"
 
 #include <cstddef>
 #include <functional>
