@@ -4,6 +4,7 @@
 /// offloaded state lives in (`offload_allocator_t`): what the engine's parts that hold host state
 /// (the optimizers, stage 3's host shard, the rates probe) share.
 
+#include "zero/config/config.hpp"
 #include "zero/memory/host_allocator.hpp"
 
 namespace zero {
@@ -20,6 +21,16 @@ struct offload_allocator_of<B> {
 /// The host memory a backend's offloaded state lives in: `B::host_allocator_type` where the backend
 /// names one (cuda_backend: pinned), else pageable `host_allocator`.
 template <class B> using offload_allocator_t = typename detail::offload_allocator_of<B>::type;
+
+/// Whether the reduced gradients go to the host during backward (docs/offload.md): at stages 2-3, with the
+/// optimizer state on NVMe, wholly in host memory (`whole_state`), or split with the device when its host share
+/// steps beside the next forward (`forward_overlap`); otherwise the reducer keeps them on the device. The one rule
+/// the engine's step plans (`step_plan::make`) and zero-estimate follow.
+[[nodiscard]] constexpr bool gradients_stream_to_host(int stage, offload_device device, bool whole_state,
+                                                      bool forward_overlap) noexcept {
+  return stage >= 2 &&
+         (device == offload_device::nvme || (device == offload_device::cpu && (whole_state || forward_overlap)));
+}
 
 /// How an `offloaded_adamw` runs on the host.
 struct offload_options {

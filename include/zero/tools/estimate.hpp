@@ -16,6 +16,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/offload_options.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/tools/model_description.hpp"
 
@@ -500,9 +501,8 @@ struct estimate_row {
     // The whole state offloaded (not a ratio < 1) at stages 2-3: reduced gradients go to the host during
     // backward, through two staging buffers at least (one fills while the other's slice is copied); a
     // ratio below 1 beside the next forward streams the host share's, and the GPU keeps the rest.
-    const bool split_streamed = opt == offload_device::cpu && o.offload_ratio < 1.0 && o.offload_forward_overlap;
-    const bool streamed =
-        opt == offload_device::nvme || (opt == offload_device::cpu && o.offload_ratio >= 1.0) || split_streamed;
+    const bool streamed = gradients_stream_to_host(stage, opt, o.offload_ratio >= 1.0, o.offload_forward_overlap);
+    const bool split_streamed = streamed && opt == offload_device::cpu && o.offload_ratio < 1.0;
     const std::int64_t on_gpu_grads = split_streamed ? (shard - offloaded) * g : streamed ? 0 : shard * g;
     auto streamed_staging = [&](std::int64_t buffers) {
       return streamed ? std::max<std::int64_t>(buffers, 2) : buffers;

@@ -27,12 +27,16 @@ public:
   using optimizer_type = Optimizer;
   using stream_type = typename Parts::stream_type;
 
-  /// Makes the optimizer from `args` (as `partial_adamw`'s); `stage`: the config's (the host share
-  /// streams its gradients at stages 2-3 when it steps beside the next forward).
+  /// Makes the optimizer from `args` (as `partial_adamw`'s); `streams`: the host share streams its
+  /// gradients (stages 2-3, stepping beside the next forward: `gradients_stream_to_host`).
   template <class... Args>
-  explicit split_plan(int stage, Args&&... args)
-      : opt_(std::forward<Args>(args)...),
-        intake_(stage >= 2 && opt_.host().can_run_async() ? &opt_.host().grads() : nullptr, true) {}
+  explicit split_plan(bool streams, Args&&... args)
+      : opt_(std::forward<Args>(args)...), intake_(streams ? &opt_.host().grads() : nullptr, true) {
+    if (streams && !opt_.host().can_run_async()) {
+      throw usage_error("split_plan: the host share streams its gradients only when it steps beside the next "
+                        "forward (offload_options::forward_overlap)");
+    }
+  }
 
   [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
   [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }

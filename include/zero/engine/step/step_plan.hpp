@@ -71,7 +71,6 @@ public:
                      unsigned threads, const std::optional<update_rates>& rates) {
     const auto& o = cfg.zero_optimization.offload_optimizer;
     const flat_layout& layout = reg.layout();
-    const bool streams = cfg.stage() >= 2; // the whole state off the device: gradients go to it in backward
     offload_split split;
     if (o.device == offload_device::nvme) {
       if (storage == nullptr) {
@@ -79,8 +78,8 @@ public:
       }
       const auto io = storage_options_from(cfg.aio);
       v_.template emplace<nvme_plan<parts_type, on_nvme>>(
-          streams, layout, place, reg.group_of(), reg.groups(), backend, host_allocator_type{}, stream, *storage,
-          place.rank,
+          gradients_stream_to_host(cfg.stage(), o.device, true, o.forward_overlap), layout, place, reg.group_of(),
+          reg.groups(), backend, host_allocator_type{}, stream, *storage, place.rank,
           nvme_options{.dir = o.nvme_path,
                        .chunk_elements = io.block_size / sizeof(float) * io.queue_depth,
                        .buffer_count = static_cast<std::size_t>(o.buffer_count),
@@ -102,10 +101,11 @@ public:
       const std::size_t host = offloaded_state_elements(split.ratio, state);
       split.host_elements = host;
       auto opt = offload_options{.threads = threads};
-      // Updates during backward need the gradients streamed (stages 2-3) and final at their hand-over.
-      // A state split with the device streams only beside the next forward, which needs the host part's
-      // gradients checked as they land (no accumulation: the reader refuses the keys with one).
-      if (streams && (host == state || o.forward_overlap) && cfg.gradient_accumulation_steps == 1) {
+      // Updates during backward need the gradients streamed and final at their hand-over. A state split with
+      // the device streams only beside the next forward, which needs the host part's gradients checked as they
+      // land (no accumulation: the reader refuses the keys with one).
+      const bool streams = gradients_stream_to_host(cfg.stage(), o.device, host == state, o.forward_overlap);
+      if (streams && cfg.gradient_accumulation_steps == 1) {
         opt.backward_overlap = o.backward_overlap;
       }
       // The step beside the next forward needs the gradients on the host when it begins (streamed).
@@ -116,7 +116,7 @@ public:
       } else if (host == 0) {
         make_on_device(reg, place, backend, device, stream);
       } else {
-        v_.template emplace<split_plan<parts_type, on_both>>(cfg.stage(), layout, place, reg.group_of(), reg.groups(),
+        v_.template emplace<split_plan<parts_type, on_both>>(streams, layout, place, reg.group_of(), reg.groups(),
                                                              backend, device, host_allocator_type{}, stream, host, opt);
       }
     } else {
