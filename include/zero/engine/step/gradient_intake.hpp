@@ -28,7 +28,7 @@ template <class Parts, class Grads = void> class gradient_intake {
 public:
   using stream_type = typename Parts::stream_type;
   /// Where in segment `k`'s reduced slice the host shard's part starts, in elements (a split state's
-  /// device share of the range the split falls in; 0 otherwise).
+  /// device share of the range the split falls in); none: at 0.
   using offset_fn = std::function<std::size_t(std::size_t k)>;
   /// The update during backward of owned range `k`, whose gradients are final and on their way.
   using early_fn = std::function<void(std::size_t k)>;
@@ -117,7 +117,7 @@ private:
     if (final) {
       p_->stats->check_range(segment, slice, unscale_); // the slice is final on the device: check it there
     }
-    const std::size_t skip = offset_(segment) * size_of(p_->cfg->grad_accum_dtype);
+    const std::size_t skip = offset_ ? offset_(segment) * size_of(p_->cfg->grad_accum_dtype) : 0;
     decltype(auto) copied = grads_->take(segment, slice + skip, *p_->stream);
     if (final && early_) {
       early_(segment);

@@ -72,8 +72,7 @@ public:
 
   void connect(Parts& p) {
     p_ = &p;
-    intake_.connect(
-        p, [](std::size_t) { return std::size_t{0}; }, [this](std::size_t k) { updates::early(*p_, opt_, k); });
+    intake_.connect(p, {}, [this](std::size_t k) { updates::early(*p_, opt_, k); });
   }
   void begin_micro_step(bool boundary, double unscale) {
     end_early(false, 0.0); // a step that ended early (an error) keeps none of its updates

@@ -38,7 +38,7 @@ public:
 
   void connect(Parts& p) {
     p_ = &p;
-    intake_.connect(p, [](std::size_t) { return std::size_t{0}; });
+    intake_.connect(p);
   }
   void begin_micro_step(bool boundary, double unscale) { intake_.begin_micro_step(boundary, unscale); }
   void join() {}
