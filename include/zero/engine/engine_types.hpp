@@ -154,7 +154,7 @@ public:
       try {
         e_->end_scope(kind_, arg_);
       } catch (...) {
-        e_->deferred_ = std::current_exception();
+        e_->defer(std::current_exception());
       }
     }
   }

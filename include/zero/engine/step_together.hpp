@@ -2,9 +2,11 @@
 /// \file
 /// `step_together`: one optimizer step over the engines of one rank that hold its model between them
 /// (the dense parameters' engine and a mixture-of-experts layer's, docs/parallelism.md). Included by
-/// engine.hpp; a friend of `basic_engine`, whose `check_step` and `finish_step` it calls.
+/// engine.hpp; a friend of `basic_engine`, it runs `check_step` and `finish_step` (engine_protocol.hpp) over
+/// each engine's state.
 
 #include "zero/core/error.hpp"
+#include "zero/engine/engine_protocol.hpp"
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/grad_stats.hpp"
 
@@ -50,7 +52,7 @@ template <class... Engines> std::array<step_result, sizeof...(Engines)> step_tog
   std::array<grad_check, sizeof...(Engines)> checks;
   std::array<step_result, sizeof...(Engines)> results;
   k = 0;
-  ((results[k] = engines.check_step(checks[k]), ++k), ...);
+  ((results[k] = detail::check_step(engines.s_, checks[k]), ++k), ...);
   grad_check joint;
   double squares = 0;
   for (const auto& c : checks) {
@@ -59,7 +61,7 @@ template <class... Engines> std::array<step_result, sizeof...(Engines)> step_tog
   }
   joint.norm = joint.overflow ? std::numeric_limits<double>::infinity() : std::sqrt(squares);
   k = 0;
-  ((results[k] = engines.finish_step(results[k], joint), ++k), ...);
+  ((results[k] = detail::finish_step(engines.s_, results[k], joint), ++k), ...);
   return results;
 }
 
