@@ -24,3 +24,14 @@ function(zero_feature package switch result)
     message(STATUS "zero: ${package} not found, skipping its target (${switch}=ON makes it required)")
   endif()
 endfunction()
+
+# zero_component(<name> <define> <dependency>...)
+# The INTERFACE target zero_<name>, aliased and exported as zero::<name>: it links <dependency>... and
+# defines <define>=1 for the code that uses it.
+function(zero_component name define)
+  add_library(zero_${name} INTERFACE)
+  add_library(zero::${name} ALIAS zero_${name})
+  set_target_properties(zero_${name} PROPERTIES EXPORT_NAME ${name})
+  target_link_libraries(zero_${name} INTERFACE ${ARGN})
+  target_compile_definitions(zero_${name} INTERFACE ${define}=1)
+endfunction()
