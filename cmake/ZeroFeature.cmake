@@ -35,3 +35,14 @@ function(zero_component name define)
   target_link_libraries(zero_${name} INTERFACE ${ARGN})
   target_compile_definitions(zero_${name} INTERFACE ${define}=1)
 endfunction()
+
+# zero_link_optional(<target> <optional-target>...)
+# Links <target> privately to each <optional-target> this build has (zero_warnings, zero::mpi, ...) and
+# leaves out the others: the code they guard says at run time that the build lacks them.
+function(zero_link_optional target)
+  foreach(optional ${ARGN})
+    if(TARGET ${optional})
+      target_link_libraries(${target} PRIVATE ${optional})
+    endif()
+  endforeach()
+endfunction()
