@@ -6,11 +6,5 @@ find_path(NCCL_INCLUDE_DIR nccl.h
 find_library(NCCL_LIBRARY NAMES nccl
   HINTS $ENV{NCCL_HOME} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}
   PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu targets/x86_64-linux/lib)
-include(FindPackageHandleStandardArgs)
-find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR)
-if(NCCL_FOUND AND NOT TARGET NCCL::NCCL)
-  add_library(NCCL::NCCL UNKNOWN IMPORTED)
-  set_target_properties(NCCL::NCCL PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
-                                              INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
-endif()
-mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)
+include(${CMAKE_CURRENT_LIST_DIR}/ZeroImportedLibrary.cmake)
+zero_imported_library(NCCL)
