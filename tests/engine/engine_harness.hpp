@@ -264,6 +264,24 @@ void with_engine_group(const run_spec& s, RunGroup run_group, MakeBackend make_b
   });
 }
 
+/// Builds, on each of `s.world` in-process ranks (thread_communicator), an `Engine` over a one-thread
+/// cpu_backend with the small model of `s` registered, finalized and initialised with `init_model`, and
+/// calls `body(eng, handles, comm)`.
+template <class Engine = engine<cpu_backend, thread_communicator>, class Body>
+void with_cpu_engines(const run_spec& s, Body body) {
+  run_ranks(s.world, [&](thread_communicator& comm) {
+    config_inputs inputs;
+    inputs.world_size = s.world;
+    const auto cfg = config::from_string(config_json(s), inputs);
+    cpu_backend backend({.threads = 1});
+    Engine eng(cfg, comm, backend);
+    const auto mh = register_model(eng);
+    eng.finalize();
+    init_model(eng);
+    body(eng, mh, comm);
+  });
+}
+
 /// Trains the small model with an engine over `Backend` and the communicators `run_group(world, fn)`
 /// hands to `fn`; `make_backend(comm)` makes each rank's backend, `io` moves view contents to and from
 /// the host.

@@ -69,18 +69,9 @@ inline held_state hold(failing_engine& eng) {
 }
 
 /// Runs `body(eng, handles, comm)` on every rank of a group of `s.world` failing-storage engines of
-/// `s`, finalized and initialised with `init_model`.
+/// `s`, finalized and initialised with `init_model` (`with_cpu_engines`).
 template <class Body> void with_failing_engines(const run_spec& s, Body body) {
-  run_ranks(s.world, [&](thread_communicator& comm) {
-    config_inputs in;
-    in.world_size = s.world;
-    cpu_backend backend({.threads = 1});
-    failing_engine eng(config::from_string(config_json(s), in), comm, backend);
-    const auto mh = register_model(eng);
-    eng.finalize();
-    init_model(eng);
-    body(eng, mh, comm);
-  });
+  with_cpu_engines<failing_engine>(s, std::move(body));
 }
 
 /// Checks the io_error of a failure the ranks agreed on: on `failing_rank` it names one of `files`

@@ -8,6 +8,7 @@
 
 using zero::dtype;
 using zero::testing::check_same_run;
+using zero::testing::for_each_training_shape;
 using zero::testing::run_spec;
 using zero::testing::train_with_engine;
 
@@ -64,30 +65,14 @@ wide_step step_a_wide_model(const std::string& zero_keys) {
 
 TEST_CASE("offload_optimizer cpu, whole or partial (ratio 0.3, 0.7), trains to the bits of the in-memory optimizer "
           "at stages 1-3") {
-  struct shape {
-    int accumulation;
-    double clip;
-  };
-  for (int stage : {1, 2, 3}) {
-    for (int world : {1, 2, 3}) {
-      for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
-        for (shape sh : {shape{1, 0.0}, shape{2, 1.0}}) {
-          CAPTURE(stage);
-          CAPTURE(world);
-          CAPTURE(zero::name_of(type));
-          CAPTURE(sh.accumulation);
-          CAPTURE(sh.clip);
-          run_spec s{.stage = stage, .world = world, .type = type, .accumulation = sh.accumulation, .clip = sh.clip};
-          const auto want = train_with_engine(s);
-          for (const char* extra : {offload_cpu, offload_03, offload_07}) {
-            CAPTURE(extra);
-            s.zero_extra = extra;
-            check_same_run(train_with_engine(s), want);
-          }
-        }
-      }
+  for_each_training_shape({1, 2, 3}, [](run_spec s) {
+    const auto want = train_with_engine(s);
+    for (const char* extra : {offload_cpu, offload_03, offload_07}) {
+      CAPTURE(extra);
+      s.zero_extra = extra;
+      check_same_run(train_with_engine(s), want);
     }
-  }
+  });
 }
 
 TEST_CASE("an fp16 overflow skips the offloaded step on every rank, as in memory") {
@@ -244,43 +229,39 @@ scoped_run train_with_scopes(const run_spec& s) {
   namespace zt = zero::testing;
   scoped_run out;
   out.trained.applied_by_rank.resize(static_cast<std::size_t>(s.world));
-  zt::with_engine_group<zero::cpu_backend>(
-      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
-      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
-      [&](auto& eng, const zt::model_handles& mh, auto& comm) {
-        const auto model = zt::small_model();
-        zt::init_model(eng);
-        zt::train_steps(eng, mh, comm, s, 0, 2, out.trained);
-        for (const auto mode : {zero::eval_gather::per_module, zero::eval_gather::whole_model}) {
-          auto ev = eng.evaluation(mode);
-          std::vector<float> seen;
-          for (std::size_t m = 0; m < mh.modules.size(); ++m) {
-            auto on = eng.gather(mh.modules[m]);
-            for (std::size_t k = 0; k < model.size(); ++k) {
-              if (static_cast<std::size_t>(model[k].module) == m) {
-                const auto v = eng.param(mh.params[k]);
-                zero::visit_float(v.type, [&]<class P>(zero::type_tag<P>) {
-                  for (std::size_t i = 0; i < v.numel; ++i) {
-                    seen.push_back(zero::to_float(v.template as<P>()[i]));
-                  }
-                });
+  zt::with_cpu_engines(s, [&](auto& eng, const zt::model_handles& mh, auto& comm) {
+    const auto model = zt::small_model();
+    zt::train_steps(eng, mh, comm, s, 0, 2, out.trained);
+    for (const auto mode : {zero::eval_gather::per_module, zero::eval_gather::whole_model}) {
+      auto ev = eng.evaluation(mode);
+      std::vector<float> seen;
+      for (std::size_t m = 0; m < mh.modules.size(); ++m) {
+        auto on = eng.gather(mh.modules[m]);
+        for (std::size_t k = 0; k < model.size(); ++k) {
+          if (static_cast<std::size_t>(model[k].module) == m) {
+            const auto v = eng.param(mh.params[k]);
+            zero::visit_float(v.type, [&]<class P>(zero::type_tag<P>) {
+              for (std::size_t i = 0; i < v.numel; ++i) {
+                seen.push_back(zero::to_float(v.template as<P>()[i]));
               }
-            }
-          }
-          if (comm.rank() == 0) {
-            out.seen.push_back(std::move(seen));
+            });
           }
         }
-        {
-          auto all = eng.gather_all(/*modifier_rank=*/s.world - 1);
-          const auto v = eng.param(mh.params[2]); // fc2.weight
-          zero::visit_float(v.type, [&]<class P>(zero::type_tag<P>) {
-            v.template as<P>()[3] = zero::from_float<P>(comm.rank() == s.world - 1 ? 0.75f : -2.0f);
-          });
-        }
-        zt::train_steps(eng, mh, comm, s, 2, s.steps, out.trained);
-        zt::collect_params(eng, mh, comm, out.trained);
+      }
+      if (comm.rank() == 0) {
+        out.seen.push_back(std::move(seen));
+      }
+    }
+    {
+      auto all = eng.gather_all(/*modifier_rank=*/s.world - 1);
+      const auto v = eng.param(mh.params[2]); // fc2.weight
+      zero::visit_float(v.type, [&]<class P>(zero::type_tag<P>) {
+        v.template as<P>()[3] = zero::from_float<P>(comm.rank() == s.world - 1 ? 0.75f : -2.0f);
       });
+    }
+    zt::train_steps(eng, mh, comm, s, 2, s.steps, out.trained);
+    zt::collect_params(eng, mh, comm, out.trained);
+  });
   return out;
 }
 

@@ -3,6 +3,7 @@
 // the previous step, from which training goes on.
 
 #include "nvme_harness.hpp"
+#include "same_run.hpp"
 
 #include <cerrno>
 #include <cstdint>
@@ -13,11 +14,7 @@
 
 namespace fs = std::filesystem;
 using zero::dtype;
-using zero::testing::failing_engine;
-using zero::testing::run_spec;
-using zero::testing::scratch_dir;
-using zero::testing::small_chunks;
-using zero::testing::train_with_engine;
+using namespace zero::testing;
 
 namespace {
 
@@ -30,30 +27,15 @@ std::string nvme_config(const fs::path& dir, int buffer_count = 2) {
 
 TEST_CASE("offload_optimizer nvme trains to the bits of the in-memory optimizer at stages 1-3") {
   scratch_dir dir("nvme-bits");
-  struct shape {
-    int accumulation;
-    double clip;
-  };
-  for (int stage : {1, 2, 3}) {
-    for (int world : {1, 2, 3}) {
-      for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
-        for (shape sh : {shape{1, 0.0}, shape{2, 1.0}}) {
-          CAPTURE(stage);
-          CAPTURE(world);
-          CAPTURE(zero::name_of(type));
-          CAPTURE(sh.accumulation);
-          run_spec s{.stage = stage, .world = world, .type = type, .accumulation = sh.accumulation, .clip = sh.clip};
-          const auto want = train_with_engine(s);
-          s.zero_extra = nvme_config(dir.path, 2 + world % 2);
-          s.top_extra = small_chunks;
-          const auto got = train_with_engine(s);
-          CHECK(got.params == want.params);
-          CHECK(got.norms == want.norms);
-          CHECK(got.applied == want.applied);
-        }
-      }
-    }
-  }
+  for_each_training_shape({1, 2, 3}, [&](run_spec s) {
+    const auto want = train_with_engine(s);
+    s.zero_extra = nvme_config(dir.path, 2 + s.world % 2);
+    s.top_extra = small_chunks;
+    const auto got = train_with_engine(s);
+    CHECK(got.params == want.params);
+    CHECK(got.norms == want.norms);
+    CHECK(got.applied == want.applied);
+  });
   // Every engine removed its state file.
   CHECK(fs::is_empty(dir.path));
 }
@@ -91,29 +73,24 @@ TEST_CASE("the state file is 0600, two slots of the rank's state; the host keeps
   scratch_dir dir("nvme-memory");
   run_spec s{
       .stage = 2, .world = 2, .type = dtype::bf16, .zero_extra = nvme_config(dir.path), .top_extra = small_chunks};
-  zero::testing::with_engine_group<zero::cpu_backend>(
-      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
-      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
-      [&](auto& eng, const zero::testing::model_handles&, zero::thread_communicator&) {
-        zero::testing::init_model(eng);
-        auto* nvme = eng.optimizer().nvme();
-        REQUIRE(nvme != nullptr);
-        CHECK(nvme->path().parent_path() == dir.path);
-        CHECK((fs::status(nvme->path()).permissions() & fs::perms::all) ==
-              (fs::perms::owner_read | fs::perms::owner_write));
-        const auto m = eng.memory();
-        CHECK(m.optimizer == 0);
-        CHECK(m.host_optimizer == 0);
-        // Two slots of master, m and v, each range rounded up to the posix storage's alignment (1).
-        CHECK(m.nvme == 2 * 3 * sizeof(float) * eng.optimizer().state_size());
-        CHECK(m.nvme == fs::file_size(nvme->path()));
-        // Host: the gradient shard and two parameter copies (bf16), and 2 chunk buffers of 3 x 64 floats.
-        CHECK(m.host_grads == 2 * eng.optimizer().state_size());
-        CHECK(m.host_params == 2 * 2 * eng.optimizer().state_size());
-        CHECK(m.host_buffers == 2 * 3 * 64 * sizeof(float));
-        CHECK(m.table().find("on NVMe: the optimizer state file " + std::to_string(m.nvme) + " B") !=
-              std::string::npos);
-      });
+  with_cpu_engines(s, [&](auto& eng, const model_handles&, zero::thread_communicator&) {
+    auto* nvme = eng.optimizer().nvme();
+    REQUIRE(nvme != nullptr);
+    CHECK(nvme->path().parent_path() == dir.path);
+    CHECK((fs::status(nvme->path()).permissions() & fs::perms::all) ==
+          (fs::perms::owner_read | fs::perms::owner_write));
+    const auto m = eng.memory();
+    CHECK(m.optimizer == 0);
+    CHECK(m.host_optimizer == 0);
+    // Two slots of master, m and v, each range rounded up to the posix storage's alignment (1).
+    CHECK(m.nvme == 2 * 3 * sizeof(float) * eng.optimizer().state_size());
+    CHECK(m.nvme == fs::file_size(nvme->path()));
+    // Host: the gradient shard and two parameter copies (bf16), and 2 chunk buffers of 3 x 64 floats.
+    CHECK(m.host_grads == 2 * eng.optimizer().state_size());
+    CHECK(m.host_params == 2 * 2 * eng.optimizer().state_size());
+    CHECK(m.host_buffers == 2 * 3 * 64 * sizeof(float));
+    CHECK(m.table().find("on NVMe: the optimizer state file " + std::to_string(m.nvme) + " B") != std::string::npos);
+  });
 }
 
 TEST_CASE("ENOSPC or EIO at any write of a step: an error naming the file and bytes, every rank at the "

@@ -37,22 +37,18 @@ counted_run train_counting(const run_spec& s) {
   namespace zt = zero::testing;
   counted_run out;
   out.run.applied_by_rank.resize(static_cast<std::size_t>(s.world));
-  zt::with_engine_group<zero::cpu_backend>(
-      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
-      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
-      [&](auto& eng, const zt::model_handles& mh, auto& comm) {
-        zt::init_model(eng);
-        zt::train_steps(eng, mh, comm, s, 0, s.steps, out.run);
-        if (comm.rank() == 0) {
-          const auto* host = eng.optimizer().host_part();
-          REQUIRE(host != nullptr);
-          out.kept = host->early_updates().kept;
-          out.dropped = host->early_updates().dropped;
-          out.cancelled = host->early_updates().cancelled;
-          out.async_steps = host->async_steps();
-        }
-        zt::collect_params(eng, mh, comm, out.run);
-      });
+  zt::with_cpu_engines(s, [&](auto& eng, const zt::model_handles& mh, auto& comm) {
+    zt::train_steps(eng, mh, comm, s, 0, s.steps, out.run);
+    if (comm.rank() == 0) {
+      const auto* host = eng.optimizer().host_part();
+      REQUIRE(host != nullptr);
+      out.kept = host->early_updates().kept;
+      out.dropped = host->early_updates().dropped;
+      out.cancelled = host->early_updates().cancelled;
+      out.async_steps = host->async_steps();
+    }
+    zt::collect_params(eng, mh, comm, out.run);
+  });
   return out;
 }
 

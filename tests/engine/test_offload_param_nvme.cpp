@@ -3,6 +3,7 @@
 // failed write or read leaves.
 
 #include "nvme_harness.hpp"
+#include "same_run.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -18,14 +19,7 @@
 
 namespace fs = std::filesystem;
 using zero::dtype;
-using zero::testing::check_agreed_error;
-using zero::testing::failing_engine;
-using zero::testing::hold;
-using zero::testing::run_spec;
-using zero::testing::scratch_dir;
-using zero::testing::small_chunks;
-using zero::testing::train_with_engine;
-using zero::testing::with_failing_engines;
+using namespace zero::testing;
 
 namespace {
 
@@ -48,38 +42,22 @@ std::string param_nvme(const fs::path& dir, const std::string& optimizer = "none
 
 TEST_CASE("offload_param nvme trains to the in-memory bits with the optimizer in memory, on the host or on NVMe") {
   scratch_dir dir("param-nvme-bits");
-  struct shape {
-    int accumulation;
-    double clip;
-  };
-  for (int world : {1, 2, 3}) {
-    for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
-      for (shape sh : {shape{1, 0.0}, shape{2, 1.0}}) {
-        run_spec s{.stage = 3, .world = world, .type = type, .accumulation = sh.accumulation, .clip = sh.clip};
-        const auto want = train_with_engine(s);
-        for (const char* optimizer : {"none", "cpu", "nvme"}) {
-          if (type == dtype::f32 && std::string(optimizer) == "none") {
-            continue; // refused: see the last test case
-          }
-          // One or two bounce buffers; every range in the file, or the first ones in host memory.
-          for (std::int64_t max_in_cpu : {0, 640}) {
-            CAPTURE(world);
-            CAPTURE(zero::name_of(type));
-            CAPTURE(sh.accumulation);
-            CAPTURE(optimizer);
-            CAPTURE(max_in_cpu);
-            s.zero_extra = param_nvme(dir.path, optimizer, 1 + world % 2, max_in_cpu);
-            s.top_extra = small_chunks;
-            const auto got = train_with_engine(s);
-            CHECK(got.params == want.params);
-            CHECK(got.norms == want.norms);
-            CHECK(got.applied == want.applied);
-            CHECK(got.scales == want.scales);
-          }
-        }
+  for_each_training_shape({3}, [&](run_spec s) {
+    const auto want = train_with_engine(s);
+    for (const char* optimizer : {"none", "cpu", "nvme"}) {
+      if (s.type == dtype::f32 && std::string(optimizer) == "none") {
+        continue; // refused: see the last test case
+      }
+      // One or two bounce buffers; every range in the file, or the first ones in host memory.
+      for (std::int64_t max_in_cpu : {0, 640}) {
+        CAPTURE(optimizer);
+        CAPTURE(max_in_cpu);
+        s.zero_extra = param_nvme(dir.path, optimizer, 1 + s.world % 2, max_in_cpu);
+        s.top_extra = small_chunks;
+        check_same_run(train_with_engine(s), want);
       }
     }
-  }
+  });
   CHECK(fs::is_empty(dir.path)); // every engine removed its files
 }
 
@@ -109,44 +87,40 @@ TEST_CASE("the parameter file is 0600, two slots of the shard beyond max_in_cpu;
                .type = dtype::bf16,
                .persistence_threshold = 0,
                .zero_extra = param_nvme(dir.path, "none", 3, max_in_cpu)};
-    zero::testing::with_engine_group<zero::cpu_backend>(
-        s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
-        [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
-        [&](auto& eng, const zero::testing::model_handles& mh, zero::thread_communicator& comm) {
-          zero::testing::init_model(eng);
-          zero::testing::run_result r;
-          r.applied_by_rank.resize(2);
-          zero::testing::train_steps(eng, mh, comm, s, 0, 1, r);
-          const auto* file = eng.coordinator()->file();
-          REQUIRE(file != nullptr);
-          CHECK(file->path().parent_path() == dir.path);
-          CHECK((fs::status(file->path()).permissions() & fs::perms::all) ==
-                (fs::perms::owner_read | fs::perms::owner_write));
-          // The ranges of the shard: those ending within max_in_cpu stay in host memory, the others are
-          // in the file twice (posix storage: alignment 1); the bounce buffers hold the largest of those.
-          std::size_t resident = 0, in_file = 0, largest = 0;
-          for (const auto& seg : eng.layout().segments()) {
-            if (seg.shard_offset + seg.slice <= static_cast<std::size_t>(max_in_cpu)) {
-              resident = seg.shard_offset + seg.slice;
-            } else {
-              in_file += seg.slice;
-              largest = std::max(largest, seg.slice);
-            }
-          }
-          CHECK(in_file > 0);
-          CHECK((max_in_cpu == 0) == (resident == 0));
-          const auto m = eng.memory();
-          CHECK(m.params == 0); // nothing of the shard on the device
-          CHECK(m.nvme == 2 * 2 * in_file);
-          CHECK(m.nvme_params == m.nvme);
-          CHECK(m.nvme == fs::file_size(file->path()));
-          CHECK(m.host_params == 2 * resident);
-          CHECK(m.host_buffers == 3 * 2 * largest);
-          CHECK(m.host_formula == doctest::Approx(2.0 * static_cast<double>(resident)));
-          const double psi_n = static_cast<double>(m.parameters) / 2;
-          CHECK(m.formula == doctest::Approx(14 * psi_n)); // gradients and optimizer state only
-          CHECK(m.table().find("of which the parameter file " + std::to_string(m.nvme) + " B") != std::string::npos);
-        });
+    with_cpu_engines(s, [&](auto& eng, const model_handles& mh, zero::thread_communicator& comm) {
+      zero::testing::run_result r;
+      r.applied_by_rank.resize(2);
+      zero::testing::train_steps(eng, mh, comm, s, 0, 1, r);
+      const auto* file = eng.coordinator()->file();
+      REQUIRE(file != nullptr);
+      CHECK(file->path().parent_path() == dir.path);
+      CHECK((fs::status(file->path()).permissions() & fs::perms::all) ==
+            (fs::perms::owner_read | fs::perms::owner_write));
+      // The ranges of the shard: those ending within max_in_cpu stay in host memory, the others are
+      // in the file twice (posix storage: alignment 1); the bounce buffers hold the largest of those.
+      std::size_t resident = 0, in_file = 0, largest = 0;
+      for (const auto& seg : eng.layout().segments()) {
+        if (seg.shard_offset + seg.slice <= static_cast<std::size_t>(max_in_cpu)) {
+          resident = seg.shard_offset + seg.slice;
+        } else {
+          in_file += seg.slice;
+          largest = std::max(largest, seg.slice);
+        }
+      }
+      CHECK(in_file > 0);
+      CHECK((max_in_cpu == 0) == (resident == 0));
+      const auto m = eng.memory();
+      CHECK(m.params == 0); // nothing of the shard on the device
+      CHECK(m.nvme == 2 * 2 * in_file);
+      CHECK(m.nvme_params == m.nvme);
+      CHECK(m.nvme == fs::file_size(file->path()));
+      CHECK(m.host_params == 2 * resident);
+      CHECK(m.host_buffers == 3 * 2 * largest);
+      CHECK(m.host_formula == doctest::Approx(2.0 * static_cast<double>(resident)));
+      const double psi_n = static_cast<double>(m.parameters) / 2;
+      CHECK(m.formula == doctest::Approx(14 * psi_n)); // gradients and optimizer state only
+      CHECK(m.table().find("of which the parameter file " + std::to_string(m.nvme) + " B") != std::string::npos);
+    });
   }
   CHECK(fs::is_empty(dir.path));
 }
@@ -448,74 +422,70 @@ TEST_CASE("offload_param nvme: a parameter file truncated before evaluation fail
              .type = dtype::f32,
              .persistence_threshold = 0,
              .zero_extra = param_nvme(dir.path, "cpu", 2, 0)};
-  zero::testing::with_engine_group<zero::cpu_backend>(
-      s, [](int world, auto&& fn) { zero::run_ranks(world, fn); },
-      [](zero::thread_communicator&) { return zero::cpu_backend({.threads = 1}); },
-      [&](auto& eng, const zero::testing::model_handles& mh, zero::thread_communicator& comm) {
-        zero::testing::init_model(eng);
-        zero::testing::run_result r;
-        r.applied_by_rank.resize(2);
-        zero::testing::train_steps(eng, mh, comm, s, 0, 1, r);
-        const fs::path file = eng.coordinator()->file()->path();
-        CHECK(file.parent_path() == dir.path);
-        CHECK(file.filename().string().starts_with("zero-params-"));
-        CHECK(file.filename().string().ends_with("-rank" + std::to_string(comm.rank()) + ".swap"));
-        // What an evaluation reads from the intact file: every parameter's values.
-        const auto evaluate = [&](zero::eval_gather mode) {
-          std::vector<float> seen;
-          auto ev = eng.evaluation(mode);
-          for (std::size_t k = 0; k < mh.params.size(); ++k) {
-            auto on = eng.gather(mh.modules[static_cast<std::size_t>(zero::testing::small_model()[k].module)]);
-            const auto v = eng.param(mh.params[k]);
-            seen.insert(seen.end(), v.template as<float>(), v.template as<float>() + v.numel);
-          }
-          return seen;
-        };
-        const auto intact = evaluate(zero::eval_gather::per_module);
-        REQUIRE(!intact.empty());
-        CHECK(std::any_of(intact.begin(), intact.end(), [](float x) { return x != 0.0f; }));
-        const fs::path copy = file.string() + ".intact";
-        fs::copy_file(file, copy);
-        comm.barrier().wait(); // no rank truncates while another still reads
-        fs::resize_file(file, 0);
-        const auto check_failure = [&](const zero::io_error& e) {
-          const std::string what = e.what();
-          CAPTURE(what);
-          CHECK(what.starts_with("[zero.io_error] read of "));
-          CHECK(what.find("[zero.io_error]", 1) == std::string::npos); // one id prefix
-          CHECK(what.find(file.string()) != std::string::npos);
-          CHECK(what.find("could not be read from NVMe") != std::string::npos);
-          CHECK(e.status() == ENODATA);
-        };
-        for (const auto mode : {zero::eval_gather::per_module, zero::eval_gather::whole_model}) {
-          CAPTURE(static_cast<int>(mode));
-          bool threw = false;
-          try {
-            static_cast<void>(evaluate(mode));
-          } catch (const zero::io_error& e) {
-            threw = true;
-            check_failure(e);
-            CHECK(std::string(e.what()).find("for evaluation") != std::string::npos);
-          }
-          CHECK(threw);
-        }
-        bool threw = false;
-        try {
-          auto all = eng.gather_all();
-        } catch (const zero::io_error& e) {
-          threw = true;
-          check_failure(e);
-        }
-        CHECK(threw);
-        // The file back as it was: the same values again, and training goes on (the failures were
-        // reported where they happened, not left for the next step).
-        comm.barrier().wait();
-        fs::copy_file(copy, file, fs::copy_options::overwrite_existing);
-        fs::remove(copy);
-        CHECK(evaluate(zero::eval_gather::per_module) == intact);
-        CHECK(evaluate(zero::eval_gather::whole_model) == intact);
-        zero::testing::train_steps(eng, mh, comm, s, 1, 2, r);
-        CHECK(r.applied_by_rank[static_cast<std::size_t>(comm.rank())] == std::vector<bool>{true, true});
-      });
+  with_cpu_engines(s, [&](auto& eng, const model_handles& mh, zero::thread_communicator& comm) {
+    zero::testing::run_result r;
+    r.applied_by_rank.resize(2);
+    zero::testing::train_steps(eng, mh, comm, s, 0, 1, r);
+    const fs::path file = eng.coordinator()->file()->path();
+    CHECK(file.parent_path() == dir.path);
+    CHECK(file.filename().string().starts_with("zero-params-"));
+    CHECK(file.filename().string().ends_with("-rank" + std::to_string(comm.rank()) + ".swap"));
+    // What an evaluation reads from the intact file: every parameter's values.
+    const auto evaluate = [&](zero::eval_gather mode) {
+      std::vector<float> seen;
+      auto ev = eng.evaluation(mode);
+      for (std::size_t k = 0; k < mh.params.size(); ++k) {
+        auto on = eng.gather(mh.modules[static_cast<std::size_t>(zero::testing::small_model()[k].module)]);
+        const auto v = eng.param(mh.params[k]);
+        seen.insert(seen.end(), v.template as<float>(), v.template as<float>() + v.numel);
+      }
+      return seen;
+    };
+    const auto intact = evaluate(zero::eval_gather::per_module);
+    REQUIRE(!intact.empty());
+    CHECK(std::any_of(intact.begin(), intact.end(), [](float x) { return x != 0.0f; }));
+    const fs::path copy = file.string() + ".intact";
+    fs::copy_file(file, copy);
+    comm.barrier().wait(); // no rank truncates while another still reads
+    fs::resize_file(file, 0);
+    const auto check_failure = [&](const zero::io_error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.starts_with("[zero.io_error] read of "));
+      CHECK(what.find("[zero.io_error]", 1) == std::string::npos); // one id prefix
+      CHECK(what.find(file.string()) != std::string::npos);
+      CHECK(what.find("could not be read from NVMe") != std::string::npos);
+      CHECK(e.status() == ENODATA);
+    };
+    for (const auto mode : {zero::eval_gather::per_module, zero::eval_gather::whole_model}) {
+      CAPTURE(static_cast<int>(mode));
+      bool threw = false;
+      try {
+        static_cast<void>(evaluate(mode));
+      } catch (const zero::io_error& e) {
+        threw = true;
+        check_failure(e);
+        CHECK(std::string(e.what()).find("for evaluation") != std::string::npos);
+      }
+      CHECK(threw);
+    }
+    bool threw = false;
+    try {
+      auto all = eng.gather_all();
+    } catch (const zero::io_error& e) {
+      threw = true;
+      check_failure(e);
+    }
+    CHECK(threw);
+    // The file back as it was: the same values again, and training goes on (the failures were
+    // reported where they happened, not left for the next step).
+    comm.barrier().wait();
+    fs::copy_file(copy, file, fs::copy_options::overwrite_existing);
+    fs::remove(copy);
+    CHECK(evaluate(zero::eval_gather::per_module) == intact);
+    CHECK(evaluate(zero::eval_gather::whole_model) == intact);
+    zero::testing::train_steps(eng, mh, comm, s, 1, 2, r);
+    CHECK(r.applied_by_rank[static_cast<std::size_t>(comm.rank())] == std::vector<bool>{true, true});
+  });
   CHECK(fs::is_empty(dir.path));
 }
