@@ -4,6 +4,7 @@
 #include "zero/config/config.hpp"
 
 #include <doctest/doctest.h>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,20 @@ inline bool has(const std::string& haystack, std::string_view needle) {
     MESSAGE("looked for [" << needle << "] in [" << haystack << "]");
   }
   return found;
+}
+
+/// A config's text and a fragment of the message of the config_error that reading it throws.
+struct refused_config {
+  std::string_view text;
+  std::string_view message;
+};
+
+/// Checks, for each of `cases`, that reading its text throws a config_error whose message has its fragment.
+inline void check_refused(std::initializer_list<refused_config> cases) {
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    CHECK(has(error_of(c.text), c.message));
+  }
 }
 
 /// Inputs a Hugging Face run would give: 4 ranks, micro batch 8, AdamW hyper-parameters, bf16.
