@@ -40,6 +40,20 @@ zt::estimate_options seven_b() {
 
 std::string text_of(const zt::plan_result& p) { return zt::plan_table(p); }
 
+/// A bf16 stage 3 config on `world` ranks with one more zero_optimization key, `key` (e.g.
+/// `"mics_shard_size": 4`), and the model the hpZ and HSDP cases plan for: modules of 600000 + 600 and
+/// 6000 + 60 parameters.
+struct stage3_case {
+  zero::config config;
+  zt::model_summary model;
+  stage3_case(const std::string& key, int world)
+      : config(zero::config::from_string(
+            R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, )" +
+                key + "}}",
+            {.world_size = world})),
+        model(zt::summarize_modules({{600'000, 600}, {6'000, 60}})) {}
+};
+
 std::string usage_message(std::string_view bytes) {
   try {
     static_cast<void>(zt::parse_bytes(bytes));
@@ -453,11 +467,8 @@ TEST_CASE("estimate_options_from takes the sizes of a config") {
 }
 
 TEST_CASE("a config's zero_hpz_partition_size is counted in the plan's stage 3 rows and carried by its block") {
-  const auto c = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-      "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}})",
-                                           {.world_size = 6});
-  const auto m = zt::summarize_modules({{600'000, 600}, {6'000, 60}});
-  const auto o = zt::estimate_options_from(c, m, 3, 2);
+  const stage3_case hpz(R"("zero_hpz_partition_size": 3)", 6);
+  const auto o = zt::estimate_options_from(hpz.config, hpz.model, 3, 2);
   CHECK(o.hpz_partition_size == 3);
   auto flat = o;
   flat.hpz_partition_size = 1;
@@ -475,18 +486,15 @@ TEST_CASE("a config's zero_hpz_partition_size is counted in the plan's stage 3 r
     CHECK(block.at("zero_optimization").contains("zero_hpz_partition_size") == (with[i].stage == 3));
   }
   // A size that does not divide the ranks: the key, the ranks and what was expected.
-  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_options_from(c, m, 2, 2)),
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_options_from(hpz.config, hpz.model, 2, 2)),
                        doctest::Contains("zero_optimization.zero_hpz_partition_size 3 does not divide the 4 ranks of "
                                          "the data group; expected the ranks of a node"),
                        zero::config_error);
 }
 
 TEST_CASE("a config's mics_shard_size (HSDP): each rank holds a shard group's share; offload settings are not run") {
-  const auto c = zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-      "zero_optimization": {"stage": 3, "mics_shard_size": 4}})",
-                                           {.world_size = 8});
-  const auto m = zt::summarize_modules({{600'000, 600}, {6'000, 60}});
-  const auto o = zt::estimate_options_from(c, m, 4, 2);
+  const stage3_case hsdp(R"("mics_shard_size": 4)", 8);
+  const auto o = zt::estimate_options_from(hsdp.config, hsdp.model, 4, 2);
   CHECK(o.mics_shard_size == 4);
   CHECK(o.shard_ranks() == 4);
   // The rows of 4 ranks without HSDP, but the offload rows, which the engine refuses with it.
@@ -527,7 +535,7 @@ TEST_CASE("a config's mics_shard_size (HSDP): each rank holds a shard group's sh
     CHECK(cand.row.offload_optimizer == offload_device::none);
   }
   // A size that does not divide the ranks: the key, the ranks and what was expected.
-  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_options_from(c, m, 3, 2)),
+  CHECK_THROWS_WITH_AS(static_cast<void>(zt::estimate_options_from(hsdp.config, hsdp.model, 3, 2)),
                        doctest::Contains("zero_optimization.mics_shard_size 4 does not divide the 6 ranks; expected "
                                          "the ranks of a shard group"),
                        zero::config_error);
