@@ -32,14 +32,11 @@ set(config_args)
 if(CONFIG)
   set(config_args --config ${CONFIG})
 endif()
+include(${CMAKE_CURRENT_LIST_DIR}/json_line.cmake)
 foreach(stage IN LISTS STAGES)
   set(config ${DIR}/config-stage${stage}.json)
-  execute_process(COMMAND ${EXE} ${ARGS} ${config_args} --stage ${stage} --json --write-config ${config}
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "zero-gpt --stage ${stage} exited with ${rc}:\n${err}${out}")
-  endif()
-  string(REGEX MATCH "{[^\n]*}" line "${out}")
+  zero_gpt_json_line("zero-gpt --stage ${stage}" line ${EXE} ${ARGS} ${config_args} --stage ${stage} --json
+                     --write-config ${config})
   string(JSON measured GET "${line}" model_state_peak_bytes)
   string(JSON measured_host ERROR_VARIABLE no_host GET "${line}" peak_bytes host)
 

@@ -4,13 +4,9 @@
 # at every stage; with REFERENCE (a ;-list: another command line, e.g. the same run on in-process ranks), its
 # checksum must be the last run's. Run as cmake -DEXE=... -DARGS=... -DSTAGES=0;1;2;3 -DMARGIN=0.3
 # -P check_gpt.cmake.
+include(${CMAKE_CURRENT_LIST_DIR}/json_line.cmake)
 foreach(stage IN LISTS STAGES)
-  execute_process(COMMAND ${EXE} ${ARGS} --stage ${stage} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                  ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "zero-gpt --stage ${stage} exited with ${rc}:\n${err}${out}")
-  endif()
-  string(REGEX MATCH "{[^\n]*}" line "${out}")
+  zero_gpt_json_line("zero-gpt --stage ${stage}" line ${EXE} ${ARGS} --stage ${stage} --json)
   string(JSON val GET "${line}" val_loss)
   string(JSON entropy GET "${line}" unigram_entropy)
   string(JSON peak GET "${line}" model_state_peak_bytes)
@@ -42,11 +38,7 @@ foreach(stage IN LISTS STAGES)
   endif()
 endforeach()
 if(REFERENCE)
-  execute_process(COMMAND ${REFERENCE} --json RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "the reference run exited with ${rc}:\n${err}${out}")
-  endif()
-  string(REGEX MATCH "{[^\n]*}" line "${out}")
+  zero_gpt_json_line("the reference run" line ${REFERENCE} --json)
   string(JSON reference GET "${line}" params_checksum)
   message(STATUS "reference run: params checksum ${reference}")
   if(NOT reference STREQUAL checksum)

@@ -7,12 +7,9 @@
 #    fresh one's.
 set(model --layers 2 --heads 2 --d-model 64 --seq 64)
 file(REMOVE_RECURSE ${DIR})
-execute_process(COMMAND ${EXE} --text ${CORPUS} --ranks 4 --stage 0 --steps 200 ${model} --export ${DIR} --json
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "training with --export failed (${rc}):\n${err}${out}")
-endif()
-string(REGEX MATCH "{[^\n]*}" line "${out}")
+include(${CMAKE_CURRENT_LIST_DIR}/json_line.cmake)
+zero_gpt_json_line("training with --export" line ${EXE} --text ${CORPUS} --ranks 4 --stage 0 --steps 200 ${model}
+                   --export ${DIR} --json)
 string(JSON trained GET "${line}" val_loss)
 string(JSON entropy GET "${line}" unigram_entropy)
 
