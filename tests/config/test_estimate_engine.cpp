@@ -100,6 +100,17 @@ double relative(std::int64_t a, std::size_t b) {
   return std::abs(static_cast<double>(a) - static_cast<double>(b)) / static_cast<double>(b);
 }
 
+/// The row's device bytes (model state) and host bytes per rank within 2% of what the engine held (`m`), each
+/// captured beside the engine's.
+void check_device_and_host(const zero::tools::estimate_row& row, const zero::memory_report& m) {
+  CAPTURE(row.gpu_model_state_bytes);
+  CAPTURE(m.model_state_peak);
+  CAPTURE(row.host_bytes_per_rank);
+  CAPTURE(m.host_peak);
+  CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
+  CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+}
+
 } // namespace
 
 TEST_CASE("zero-estimate's model-state bytes are within 2% of what the counting allocator measures") {
@@ -138,15 +149,10 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows are within 2% of what the 
         CAPTURE(world);
         const auto m = measure(stage, world, pr.json, R"("device": "cpu")");
         const auto row = estimate(stage, world, pr.type, zero::offload_device::cpu);
-        CAPTURE(row.gpu_model_state_bytes);
-        CAPTURE(m.model_state_peak);
-        CAPTURE(row.host_bytes_per_rank);
-        CAPTURE(m.host_peak);
         CHECK(row.implemented);
         CHECK(m.optimizer_peak == 0);
         REQUIRE(m.host_peak > 0);
-        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
-        CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+        check_device_and_host(row, m);
         CHECK(row.host_bytes_per_node == world * row.host_bytes_per_rank);
       }
     }
@@ -163,14 +169,11 @@ TEST_CASE("zero-estimate's offload_optimizer=nvme rows are within 2% of the engi
       const auto m = measure(stage, world, R"("bf16": {"enabled": true},)",
                              R"("device": "nvme", "nvme_path": ")" + dir.string() + R"(")");
       const auto row = estimate(stage, world, zero::dtype::bf16, zero::offload_device::nvme);
-      CAPTURE(row.host_bytes_per_rank);
-      CAPTURE(m.host_peak);
       CAPTURE(row.nvme_bytes_per_node);
       CAPTURE(m.nvme);
       CHECK(row.implemented);
       CHECK(m.optimizer_peak == 0);
-      CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
-      CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+      check_device_and_host(row, m);
       CHECK(relative(row.nvme_bytes_per_node / world, m.nvme) <= 0.02);
     }
   }
@@ -184,14 +187,9 @@ TEST_CASE("zero-estimate's stage 3 offload_param=cpu row is within 2% of what th
     CAPTURE(world);
     const auto m = measure(3, world, R"("bf16": {"enabled": true},)", R"("device": "cpu")", R"("device": "cpu")");
     const auto row = estimate(3, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::cpu);
-    CAPTURE(row.gpu_model_state_bytes);
-    CAPTURE(m.model_state_peak);
-    CAPTURE(row.host_bytes_per_rank);
-    CAPTURE(m.host_peak);
     CHECK(row.implemented);
     CHECK(m.params_peak == 0);
-    CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
-    CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+    check_device_and_host(row, m);
   }
 }
 
@@ -208,13 +206,8 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with a ratio below 1 are w
         const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", keys);
         const auto row =
             estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::none, ratio);
-        CAPTURE(row.gpu_model_state_bytes);
-        CAPTURE(m.model_state_peak);
-        CAPTURE(row.host_bytes_per_rank);
-        CAPTURE(m.host_peak);
         CHECK(m.optimizer_peak > 0);
-        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
-        CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+        check_device_and_host(row, m);
       }
     }
     for (int stage : {2, 3}) {
@@ -230,19 +223,15 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with a ratio below 1 are w
                                   zero::offload_device::none, ratio, 1'000'000'000, 5, 1, true);
         const auto kept =
             estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::none, ratio);
-        CAPTURE(row.gpu_model_state_bytes);
-        CAPTURE(m.model_state_peak);
         CHECK(row.gpu_model_state_bytes < kept.gpu_model_state_bytes);
-        CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
-        CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+        check_device_and_host(row, m);
       }
     }
     CAPTURE(ratio);
     const auto m = measure(3, 2, R"("bf16": {"enabled": true},)",
                            R"("device": "cpu", "ratio": )" + std::to_string(ratio), R"("device": "cpu")");
     const auto row = estimate(3, 2, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::cpu, ratio);
-    CHECK(relative(row.gpu_model_state_bytes, m.model_state_peak) <= 0.02);
-    CHECK(relative(row.host_bytes_per_rank, m.host_peak) <= 0.02);
+    check_device_and_host(row, m);
   }
 }
 
