@@ -29,6 +29,16 @@ std::string engine_refusal(std::string_view text, std::optional<std::int64_t> ra
   return {};
 }
 
+/// The message check_engine_config throws for a config made in code; empty when it accepts.
+std::string engine_error(const config& c) {
+  try {
+    zero::check_engine_config(c, 1);
+  } catch (const zero::config_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 bool check_noted(const config& c, std::string_view needle) {
   for (const std::string& n : c.notes) {
     if (n.find(needle) != std::string::npos) {
@@ -104,6 +114,53 @@ TEST_CASE("check_engine_config refuses what the engine does not run, naming the 
       CHECK(has(e.what(), "communication_data_type: found \"fp16\", but zero reduces gradients only in their "
                           "accumulation dtype, bf16 here"));
     }
+  }
+}
+
+TEST_CASE("the offload rules the reader and check_engine_config share: one sentence for a file and for code") {
+  // Each config read from a file is refused by the reader; the same setting made in code on an accepted
+  // config is refused by check_engine_config with the same sentence (zero/config/detail/offload_rules.hpp).
+  struct rule {
+    const char* file;                  // the zero_optimization block the reader refuses
+    void (*in_code)(config&);          // the same setting made on {"stage": 3} in code
+    const char* message;
+  };
+  const rule rules[] = {
+      {R"({"stage": 2, "offload_param": {"device": "cpu"}})",
+       [](config& c) {
+         c.zero_optimization.stage = 2;
+         c.zero_optimization.offload_param.device = zero::offload_device::cpu;
+       },
+       "zero_optimization.offload_param.device: found \"cpu\", but offload_param needs ZeRO stage 3 and "
+       "zero_optimization.stage is 2"},
+      {R"({"stage": 3, "offload_param": {"device": "nvme"}})",
+       [](config& c) { c.zero_optimization.offload_param.device = zero::offload_device::nvme; },
+       "zero_optimization.offload_param.nvme_path: missing; device \"nvme\" keeps the parameter shard in a file "
+       "under this folder"},
+      {R"({"stage": 3, "offload_optimizer": {"device": "nvme"}})",
+       [](config& c) { c.zero_optimization.offload_optimizer.device = zero::offload_device::nvme; },
+       "zero_optimization.offload_optimizer.nvme_path: missing; device \"nvme\" keeps the optimizer state in a "
+       "file under this folder"},
+      {R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "ratio": 0.25}})",
+       [](config& c) {
+         auto& o = c.zero_optimization.offload_optimizer;
+         o.device = zero::offload_device::nvme;
+         o.nvme_path = "/tmp";
+         o.ratio = 0.25;
+       },
+       "zero_optimization.offload_optimizer.ratio: found 0.25 with device \"nvme\"; a ratio below 1 keeps part of "
+       "the optimizer state on the device"},
+  };
+  for (const rule& r : rules) {
+    CAPTURE(r.file);
+    CHECK(has(error_of(with_adamw(std::string(R"("train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "zero_optimization": )") + r.file)),
+              r.message));
+    config c = config::from_string(with_adamw(R"("train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+        "zero_optimization": {"stage": 3})"));
+    CHECK_NOTHROW(zero::check_engine_config(c, 1));
+    r.in_code(c);
+    CHECK(has(engine_error(c), r.message));
   }
 }
 

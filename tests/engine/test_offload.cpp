@@ -123,11 +123,15 @@ TEST_CASE("parameter offload to the cpu is accepted at stage 3; the engine refus
     CHECK_NOTHROW(eng_t(cfg, comm, backend));
     // What the reader refuses, in a config built in code: the engine refuses it too.
     cfg.zero_optimization.offload_param.device = zero::offload_device::nvme;
-    CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend), doctest::Contains("zero_optimization.offload_param.device"),
+    CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend),
+                         doctest::Contains("zero_optimization.offload_param.nvme_path: missing; device \"nvme\""),
                          zero::config_error);
     cfg.zero_optimization.offload_param.device = zero::offload_device::cpu;
     cfg.zero_optimization.stage = 2;
-    CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend), doctest::Contains("\"cpu\" at stage 2"), zero::config_error);
+    CHECK_THROWS_WITH_AS(eng_t(cfg, comm, backend),
+                         doctest::Contains("offload_param.device: found \"cpu\", but offload_param needs ZeRO stage 3 "
+                                           "and zero_optimization.stage is 2"),
+                         zero::config_error);
   });
 }
 

@@ -286,9 +286,11 @@ TEST_CASE("the engine refuses bad update rates, rates after finalize, and ratios
                          zero::config_error);
     cfg.zero_optimization.offload_optimizer.ratio = 0.5;
     cfg.zero_optimization.offload_optimizer.device = zero::offload_device::nvme;
+    cfg.zero_optimization.offload_optimizer.nvme_path = "/tmp";
     CHECK_THROWS_WITH_AS(ratio_engine(cfg, comm, backend),
-                         doctest::Contains("ratio: 0.500000 with device \"nvme\"; a ratio below 1 needs device "
-                                           "\"cpu\""),
+                         doctest::Contains("ratio: found 0.5 with device \"nvme\"; a ratio below 1 keeps part of the "
+                                           "optimizer state on the device and the rest in host memory, which needs "
+                                           "device \"cpu\""),
                          zero::config_error);
     // A partial offload writes the parameters through the shard in memory: not with the shard in a file.
     cfg.zero_optimization.offload_optimizer.device = zero::offload_device::cpu;

@@ -8,6 +8,7 @@
 /// `zero-estimate --config` call it with `--world-size`, so the three agree on every config.
 
 #include "zero/config/config.hpp"
+#include "zero/config/detail/offload_rules.hpp"
 #include "zero/core/error.hpp"
 
 #include <cstdint>
@@ -64,12 +65,15 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
 inline void check_engine_config(const config& c, std::optional<std::int64_t> ranks = std::nullopt) {
   const auto& op = c.zero_optimization.offload_param;
   const offload_device param = op.device;
-  if (param != offload_device::none &&
-      ((param != offload_device::cpu && param != offload_device::nvme) || c.stage() != 3)) {
-    throw config_error(std::string("zero_optimization.offload_param.device: \"") + std::string(name_of(param)) +
-                       "\" at stage " + std::to_string(c.stage()) +
-                       "; this engine offloads parameters to \"cpu\" or \"nvme\" at stage 3 only");
-  }
+  const auto& o = c.zero_optimization.offload_optimizer;
+  const auto refuse = [](const char* key, const std::string& why) {
+    if (!why.empty()) {
+      throw config_error(std::string("zero_optimization.") + key + ": " + why);
+    }
+  };
+  refuse("offload_param.device", detail::offload_param_stage_refusal(param, c.stage()));
+  refuse("offload_param.nvme_path", detail::nvme_path_refusal(param, op.nvme_path, "the parameter shard"));
+  refuse("offload_optimizer.nvme_path", detail::nvme_path_refusal(o.device, o.nvme_path, "the optimizer state"));
   if (param == offload_device::nvme && c.param_dtype() == dtype::f32 &&
       c.zero_optimization.offload_optimizer.device == offload_device::none) {
     throw config_error("zero_optimization.offload_param.device: \"nvme\" with fp32 parameters needs "
@@ -77,21 +81,11 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
                        "the parameters, and with the optimizer state in device memory a step that could not read "
                        "them back from NVMe could not be undone");
   }
-  if (param == offload_device::nvme && op.nvme_path.empty()) {
-    throw config_error("zero_optimization.offload_param.nvme_path: missing; device \"nvme\" keeps the parameter "
-                       "shard in a file under this folder");
-  }
-  const auto& o = c.zero_optimization.offload_optimizer;
   if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
     throw config_error("zero_optimization.offload_optimizer.ratio: " + std::to_string(o.ratio) +
                        "; expected a number >= 0 and <= 1 (the share of the optimizer state offloaded), or \"auto\"");
   }
-  if (o.device == offload_device::nvme && (o.ratio_auto || o.ratio < 1)) {
-    throw config_error("zero_optimization.offload_optimizer.ratio: " +
-                       (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
-                       " with device \"nvme\"; a ratio below 1 needs device \"cpu\" (with nvme the whole state is "
-                       "in the file)");
-  }
+  refuse("offload_optimizer.ratio", detail::nvme_ratio_refusal(o));
   if (param == offload_device::nvme && o.device == offload_device::cpu && (o.ratio_auto || o.ratio < 1)) {
     throw config_error("zero_optimization.offload_optimizer.ratio: " +
                        (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +

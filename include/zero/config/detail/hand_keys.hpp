@@ -4,6 +4,7 @@
 /// `"auto"` resolved by Hugging Face's formulas, and values whose default, check or meaning derives
 /// from other keys. Each first reads its value by its row (`read_typed`) where it can.
 
+#include "zero/config/detail/offload_rules.hpp"
 #include "zero/config/schema.hpp" // the rows that name these functions, and the settings they fill
 
 #include <string>
@@ -84,11 +85,8 @@ inline void read_offload_ratio(const key_read<offload_optimizer_config>& k) {
     static_cast<void>(read_typed(k));
   }
   const std::string path = k.r.path_of(k.row.name);
-  if (o.device == offload_device::nvme && (o.ratio_auto || o.ratio < 1)) {
-    k.r.ctx().fail(path, cat("found ", show(*v),
-                             " with device \"nvme\"; a ratio below 1 keeps part of the optimizer state on the "
-                             "device and the rest in host memory, which needs device \"cpu\" (with nvme the whole "
-                             "state is in the file): write 1 or leave it out"));
+  if (const std::string why = nvme_ratio_refusal(o); !why.empty()) {
+    k.r.ctx().fail(path, why);
   }
   if (o.device == offload_device::none) {
     k.r.ctx().note(path, "no effect: device is none; ratio splits the optimizer state between the device and host "

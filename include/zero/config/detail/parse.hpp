@@ -10,6 +10,7 @@
 #include "zero/config/detail/hand_keys.hpp"
 #include "zero/config/detail/json_text.hpp"
 #include "zero/config/detail/key_row.hpp"
+#include "zero/config/detail/offload_rules.hpp"
 #include "zero/config/detail/reader.hpp"
 #include "zero/config/schema.hpp" // the tables; includes this file at its end
 
@@ -145,25 +146,22 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
              cat("found \"", name_of(z.offload_optimizer.device),
                  "\", but offload_optimizer needs ZeRO stage 1, 2 or 3 and zero_optimization.stage is 0"));
   }
-  if (z.offload_param.device != offload_device::none && stage != 3) {
-    ctx.fail("zero_optimization.offload_param.device",
-             cat("found \"", name_of(z.offload_param.device),
-                 "\", but offload_param needs ZeRO stage 3 and zero_optimization.stage is ", std::to_string(stage)));
-  }
-  if (z.offload_optimizer.device == offload_device::nvme && z.offload_optimizer.nvme_path.empty()) {
-    ctx.fail("zero_optimization.offload_optimizer.nvme_path",
-             "missing; device \"nvme\" keeps the optimizer state in a file under this folder");
-  }
+  const auto refuse = [&](const char* key, const std::string& why) {
+    if (!why.empty()) {
+      ctx.fail(cat("zero_optimization.", key), why);
+    }
+  };
+  refuse("offload_param.device", offload_param_stage_refusal(z.offload_param.device, stage));
+  refuse("offload_optimizer.nvme_path",
+         nvme_path_refusal(z.offload_optimizer.device, z.offload_optimizer.nvme_path, "the optimizer state"));
   const auto& opt = z.offload_optimizer;
   if (opt.device == offload_device::cpu && stage < 3 && (opt.ratio_auto || opt.ratio < 1)) {
     ctx.note("zero_optimization.offload_optimizer.ratio",
              cat("DeepSpeed applies ratio at stage 3 only (at stage ", std::to_string(stage),
                  " it offloads all the optimizer state); zero splits the state at stages 1 and 2 too"));
   }
-  if (z.offload_param.device == offload_device::nvme && z.offload_param.nvme_path.empty()) {
-    ctx.fail("zero_optimization.offload_param.nvme_path",
-             "missing; device \"nvme\" keeps the parameter shard in a file under this folder");
-  }
+  refuse("offload_param.nvme_path",
+         nvme_path_refusal(z.offload_param.device, z.offload_param.nvme_path, "the parameter shard"));
   // qgZ's node: consecutive ranks of the data group, so a divisor of its size; one node size with hpZ.
   if (z.zero_quantized_gradients_node_size && stage >= 2) {
     const std::int64_t h = *z.zero_quantized_gradients_node_size;
