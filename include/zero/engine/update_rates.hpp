@@ -20,9 +20,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 namespace zero {
 
@@ -85,9 +88,14 @@ double rate_of(Backend& b, const typename Backend::stream_type& s, double per_ca
   }
 }
 
-/// AdamW elements per second of `b` over `n` elements from `alloc`, in `s.param` / `s.grad`.
+} // namespace detail
+
+/// AdamW elements per second of `b` on its stream `st` over `s.elements` elements from `alloc`, in `s.param` /
+/// `s.grad` (fp32 master, m and v): the one AdamW probe, which `measure_update_rates` and zero-estimate's and
+/// zero-report's rates (`tools::probe_adamw`) run. \throws memory_error when the buffers do not fit.
 template <class Backend, class Alloc>
-double adamw_rate(Backend& b, const typename Backend::stream_type& st, Alloc alloc, const update_sample& s) {
+[[nodiscard]] double measure_adamw_rate(Backend& b, const typename Backend::stream_type& st, Alloc alloc,
+                                        const update_sample& s) {
   const std::size_t n = s.elements;
   buffer<float, Alloc> master(alloc, n, memory_tag::other);
   buffer<float, Alloc> m(alloc, n, memory_tag::other);
@@ -105,7 +113,7 @@ double adamw_rate(Backend& b, const typename Backend::stream_type& st, Alloc all
     b.fill(g, n, G(0.25f), st);
     return visit_float(s.param, [&]<class P>(type_tag<P>) {
       P* p = reinterpret_cast<P*>(param.data());
-      return rate_of(b, st, static_cast<double>(n), s.min_seconds, [&] {
+      return detail::rate_of(b, st, static_cast<double>(n), s.min_seconds, [&] {
         // fp32 training: the parameters are the master copy, and nothing else is written.
         if constexpr (std::is_same_v<P, float>) {
           b.adamw_step(p, m.data(), v.data(), g, static_cast<float*>(nullptr), n, args, st);
@@ -117,7 +125,23 @@ double adamw_rate(Backend& b, const typename Backend::stream_type& st, Alloc all
   });
 }
 
-} // namespace detail
+/// Bytes per second of `b.copy` between its host memory (`offload_allocator_t<Backend>`: pinned for CUDA) and
+/// `alloc`'s, `bytes` each way, on `st`: {host to device, device to host}. The one copy probe, which
+/// `measure_update_rates` and `tools::probe_copy` run. \throws memory_error when the buffers do not fit.
+template <class Backend, class Alloc>
+requires can_copy<Backend>
+[[nodiscard]] std::pair<double, double> measure_copy_rates(Backend& b, const typename Backend::stream_type& st,
+                                                           Alloc alloc, std::size_t bytes, double min_seconds) {
+  using host_alloc = offload_allocator_t<Backend>;
+  buffer<std::byte, Alloc> on_device(alloc, bytes, memory_tag::other);
+  buffer<std::byte, host_alloc> on_host(host_alloc{}, bytes, memory_tag::other);
+  std::memset(on_host.data(), 0x3c, bytes);
+  const double to_device = detail::rate_of(b, st, static_cast<double>(bytes), min_seconds,
+                                           [&] { b.copy(on_host.data(), on_device.data(), bytes, st); });
+  const double to_host = detail::rate_of(b, st, static_cast<double>(bytes), min_seconds,
+                                         [&] { b.copy(on_device.data(), on_host.data(), bytes, st); });
+  return {to_device, to_host};
+}
 
 /// Times AdamW on `b` (state from `alloc`, the engine's memory) and on the host (`cpu_backend`
 /// with `sample.host_threads` threads over `offload_allocator_t<Backend>`, where an offloaded step
@@ -136,18 +160,13 @@ template <backend Backend, allocator Alloc>
   using host_alloc = offload_allocator_t<Backend>;
   update_rates r;
   const auto stream = b.make_stream();
-  r.device = detail::adamw_rate(b, stream, alloc, sample);
+  r.device = measure_adamw_rate(b, stream, alloc, sample);
   basic_cpu_backend<host_alloc> host({.threads = sample.host_threads}, host_alloc{});
   const auto host_stream = host.make_stream();
-  r.host = detail::adamw_rate(host, host_stream, host_alloc{}, sample);
+  r.host = measure_adamw_rate(host, host_stream, host_alloc{}, sample);
   if constexpr (can_copy<Backend>) {
     const std::size_t bytes = sample.elements * std::max(size_of(sample.grad), size_of(sample.param));
-    buffer<std::byte, Alloc> on_device(alloc, bytes, memory_tag::other);
-    buffer<std::byte, host_alloc> on_host(host_alloc{}, bytes, memory_tag::other);
-    r.to_host = detail::rate_of(b, stream, static_cast<double>(bytes), sample.min_seconds,
-                                [&] { b.copy(on_device.data(), on_host.data(), bytes, stream); });
-    r.to_device = detail::rate_of(b, stream, static_cast<double>(bytes), sample.min_seconds,
-                                  [&] { b.copy(on_host.data(), on_device.data(), bytes, stream); });
+    std::tie(r.to_device, r.to_host) = measure_copy_rates(b, stream, alloc, bytes, sample.min_seconds);
   }
   return r;
 }

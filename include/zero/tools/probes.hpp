@@ -6,19 +6,21 @@
 /// (`available_host_memory`, `free_storage_bytes`). `zero-report --save-rates`, `zero-estimate
 /// --plan` without `--rates` and the examples' `--config auto-plan` measure with them.
 ///
-/// Each probe runs once to warm up, then `repeats` times, and reports the best run: the rate the
-/// hardware reaches, which the overlapped offload pipeline approaches. AdamW runs the mixed-precision
+/// AdamW and the copies are the engine's own probes (`measure_adamw_rate`, `measure_copy_rates` in
+/// zero/engine/update_rates.hpp, which `offload_optimizer.ratio: "auto"` runs too): after a warm-up call,
+/// 1, 2, 4, ... calls until a batch takes `min_seconds`, its rate reported. AdamW runs the mixed-precision
 /// step the engine runs (fp32 master, m and v; bf16 gradients and parameters); copies move one buffer
-/// each way; the storage probe writes a file with the storage policy, flushes it to the drive
-/// (fdatasync, counted in the write time), drops it from the page cache (posix_fadvise) and reads it
-/// back, so a page cache does not stand in for the drive. The probes allocate what they measure:
-/// 16 bytes per AdamW element, twice the copy size, and the file on the drive.
+/// each way. The storage probe runs once to warm up, then `repeats` times, and reports the best run: it
+/// writes a file with the storage policy, flushes it to the drive (fdatasync, counted in the write time), drops it from
+/// the page cache (posix_fadvise) and reads it back, so a page cache does not stand in for the drive. The probes
+/// allocate what they measure: 16 bytes per AdamW element, twice the copy size, and the file on the drive.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
+#include "zero/engine/update_rates.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/storage/posix_storage.hpp"
 #include "zero/storage/storage.hpp"
@@ -47,10 +49,12 @@
 namespace zero::tools {
 
 /// How long the probes run: `bytes` sizes each (AdamW over bytes / 16 elements, copies of `bytes`,
-/// a file of `bytes`), run `repeats` times after a warm-up.
+/// a file of `bytes`); AdamW and the copies are timed over calls that take `min_seconds` together, the
+/// storage `repeats` times after a warm-up.
 struct probe_options {
   std::size_t bytes = std::size_t{256} << 20;
   int repeats = 3;
+  double min_seconds = 0.05;
 };
 
 namespace detail {
@@ -68,47 +72,26 @@ template <class Run> double best_seconds(int repeats, Run&& run) {
 }
 } // namespace detail
 
-/// Parameters per second of `b`'s AdamW over `elements` elements (fp32 master, m, v; bf16 gradients
-/// and parameters), in `b`'s memory. \throws memory_error when the buffers cannot be allocated.
-template <backend B> [[nodiscard]] double probe_adamw(B& b, std::size_t elements, int repeats = 3) {
-  using A = typename B::allocator_type;
-  const std::size_t n = std::max<std::size_t>(elements, 1);
-  buffer<float, A> master(b.get_allocator(), n), m(b.get_allocator(), n), v(b.get_allocator(), n);
-  buffer<bf16, A> grad(b.get_allocator(), n), param(b.get_allocator(), n);
+/// Parameters per second of `b`'s AdamW over `elements` elements (fp32 master, m, v; bf16 gradients and
+/// parameters), in `b`'s memory: the engine's probe (`measure_adamw_rate`), timed over calls that take at least
+/// `min_seconds` together. \throws memory_error when the buffers cannot be allocated.
+template <backend B> [[nodiscard]] double probe_adamw(B& b, std::size_t elements, double min_seconds = 0.05) {
   const auto s = b.make_stream();
-  b.fill(master.data(), n, 0.5f, s);
-  b.fill(m.data(), n, 0.0f, s);
-  b.fill(v.data(), n, 0.0f, s);
-  b.fill(grad.data(), n, bf16(0.25f), s);
-  adamw_step_args args;
-  args.set_step(1);
-  const double seconds = detail::best_seconds(repeats, [&] {
-    b.adamw_step(master.data(), m.data(), v.data(), grad.data(), param.data(), n, args, s);
-    b.synchronize(s);
-  });
-  return static_cast<double>(n) / seconds;
+  return measure_adamw_rate(b, s, b.get_allocator(),
+                            update_sample{.param = dtype::bf16,
+                                          .grad = dtype::bf16,
+                                          .elements = std::max<std::size_t>(elements, 1),
+                                          .min_seconds = min_seconds});
 }
 
 /// Bytes per second of `b.copy` from the backend's host memory (`offload_allocator_t<B>`: pinned for
-/// CUDA) to its device memory and back, `bytes` each way: {host to device, device to host}.
+/// CUDA) to its device memory and back, `bytes` each way: {host to device, device to host}; the engine's
+/// probe (`measure_copy_rates`).
 template <backend B>
 requires can_copy<B>
-[[nodiscard]] std::pair<double, double> probe_copy(B& b, std::size_t bytes, int repeats = 3) {
-  using host_alloc = offload_allocator_t<B>;
-  const std::size_t n = std::max<std::size_t>(bytes, 1);
-  buffer<std::byte, host_alloc> host(host_alloc{}, n);
-  buffer<std::byte, typename B::allocator_type> device(b.get_allocator(), n);
-  std::memset(host.data(), 0x3c, n);
+[[nodiscard]] std::pair<double, double> probe_copy(B& b, std::size_t bytes, double min_seconds = 0.05) {
   const auto s = b.make_stream();
-  const double up = detail::best_seconds(repeats, [&] {
-    b.copy(host.data(), device.data(), n, s);
-    b.synchronize(s);
-  });
-  const double down = detail::best_seconds(repeats, [&] {
-    b.copy(device.data(), host.data(), n, s);
-    b.synchronize(s);
-  });
-  return {static_cast<double>(n) / up, static_cast<double>(n) / down};
+  return measure_copy_rates(b, s, b.get_allocator(), std::max<std::size_t>(bytes, 1), min_seconds);
 }
 
 /// Bytes per second that storage `s` reads and writes a file of `bytes` (rounded up to whole pieces)
@@ -225,7 +208,7 @@ template <storage S>
   r.device = std::move(device_name);
   const std::size_t elements = std::max<std::size_t>(p.bytes / 16, 1);
   cpu_backend host({.threads = 0});
-  r.host_adamw = probe_adamw(host, elements, p.repeats);
+  r.host_adamw = probe_adamw(host, elements, p.min_seconds);
   r.host_threads = host.threads();
   if (nvme_dir) {
     posix_storage storage;
@@ -242,8 +225,8 @@ template <backend B>
                                           const std::optional<std::filesystem::path>& nvme_dir = std::nullopt) {
   machine_rates r = measure_host_rates(std::move(device_name), p, nvme_dir);
   const std::size_t elements = std::max<std::size_t>(p.bytes / 16, 1);
-  r.device_adamw = probe_adamw(device, elements, p.repeats);
-  std::tie(r.host_to_device, r.device_to_host) = probe_copy(device, p.bytes, p.repeats);
+  r.device_adamw = probe_adamw(device, elements, p.min_seconds);
+  std::tie(r.host_to_device, r.device_to_host) = probe_copy(device, p.bytes, p.min_seconds);
   return r;
 }
 
