@@ -179,14 +179,7 @@ public:
   /// @throws std::invalid_argument when B or T is out of range; std::out_of_range naming the position
   ///         (b, t) and the id of the first token outside [0, vocab), before anything is uploaded or launched.
   void embed_forward(const zero::bf16* wte, const zero::bf16* wpe, const std::int32_t* tokens, int B, int T) {
-    if (B < 1 || B > batch_) {
-      throw std::invalid_argument("embed_forward: B = " + std::to_string(B) + "; expected 1.." +
-                                  std::to_string(batch_));
-    }
-    if (T < 1 || T > cfg_.seq) {
-      throw std::invalid_argument("embed_forward: T = " + std::to_string(T) + "; expected 1.." +
-                                  std::to_string(cfg_.seq));
-    }
+    check_batch(B, T, batch_, cfg_.seq, "embed_forward");
     check_tokens(tokens, B, T, "embed_forward", "token");
     B_ = B;
     T_ = T;
@@ -416,19 +409,8 @@ private:
   // The residual stream entering block l (l = layers: entering ln_f).
   const zero::bf16* block_input(int l) { return l == 0 ? encoded_.data() : at(res3_, l - 1); }
 
-  void check_pass(const char* what) const {
-    if (B_ == 0) {
-      throw std::logic_error(std::string(what) + ": call embed_forward first");
-    }
-  }
-
-  void check_layer(int l, const char* what) const {
-    check_pass(what);
-    if (l < 0 || l >= cfg_.layers) {
-      throw std::out_of_range(std::string(what) + ": block " + std::to_string(l) + " of " +
-                              std::to_string(cfg_.layers));
-    }
-  }
+  void check_pass(const char* what) const { check_pass_open(B_, what); }
+  void check_layer(int l, const char* what) const { check_block(B_, l, cfg_.layers, what); }
 
   void check_tokens(const std::int32_t* ids, int B, int T, const char* what, const char* kind) const {
     check_token_ids(ids, B, T, cfg_.vocab, what, kind);

@@ -260,6 +260,35 @@ inline void check_token_ids(const std::int32_t* ids, int B, int T, int vocab, co
   }
 }
 
+/// Checks a pass's shape: B sequences in 1..`batch`, T tokens in 1..`seq`. @throws std::invalid_argument naming
+/// `what` and the value out of range.
+inline void check_batch(int B, int T, int batch, int seq, const char* what) {
+  if (B < 1 || B > batch) {
+    throw std::invalid_argument(std::string(what) + ": B = " + std::to_string(B) + "; expected 1.." +
+                                std::to_string(batch));
+  }
+  if (T < 1 || T > seq) {
+    throw std::invalid_argument(std::string(what) + ": T = " + std::to_string(T) + "; expected 1.." +
+                                std::to_string(seq));
+  }
+}
+
+/// Checks that a pass is open: `rows`, its batch, above 0 (embed_forward ran). The CPU and GPU models' check.
+/// @throws std::logic_error naming `what`.
+inline void check_pass_open(int rows, const char* what) {
+  if (rows == 0) {
+    throw std::logic_error(std::string(what) + ": call embed_forward first");
+  }
+}
+
+/// `check_pass_open`, then that block `l` is one of `layers`. @throws std::out_of_range naming `what` and `l`.
+inline void check_block(int rows, int l, int layers, const char* what) {
+  check_pass_open(rows, what);
+  if (l < 0 || l >= layers) {
+    throw std::out_of_range(std::string(what) + ": block " + std::to_string(l) + " of " + std::to_string(layers));
+  }
+}
+
 /// GPT-2's forward and backward on the CPU in fp32, module by module, over parameters the caller owns.
 /// The model holds every activation the backward needs (for up to `batch` x `cfg.seq` tokens) and the
 /// backward's scratch, all allocated by the constructor: a step allocates nothing.
@@ -333,14 +362,7 @@ public:
   /// @throws std::invalid_argument when B or T is out of range; std::out_of_range naming the position
   ///         (b, t) and the id of the first token outside [0, vocab), before anything is read from wte.
   void embed_forward(const float* wte, const float* wpe, const std::int32_t* tokens, int B, int T) {
-    if (B < 1 || B > batch_) {
-      throw std::invalid_argument("embed_forward: B = " + std::to_string(B) + "; expected 1.." +
-                                  std::to_string(batch_));
-    }
-    if (T < 1 || T > cfg_.seq) {
-      throw std::invalid_argument("embed_forward: T = " + std::to_string(T) + "; expected 1.." +
-                                  std::to_string(cfg_.seq));
-    }
+    check_batch(B, T, batch_, cfg_.seq, "embed_forward");
     check_tokens(tokens, B, T, "embed_forward", "token");
     B_ = B;
     T_ = T;
@@ -540,19 +562,8 @@ private:
   // The residual stream entering block l (l = layers: entering ln_f).
   const float* block_input(int l) { return l == 0 ? encoded_.data() : at(res3_, l - 1); }
 
-  void check_pass(const char* what) const {
-    if (B_ == 0) {
-      throw std::logic_error(std::string(what) + ": call embed_forward first");
-    }
-  }
-
-  void check_layer(int l, const char* what) const {
-    check_pass(what);
-    if (l < 0 || l >= cfg_.layers) {
-      throw std::out_of_range(std::string(what) + ": block " + std::to_string(l) + " of " +
-                              std::to_string(cfg_.layers));
-    }
-  }
+  void check_pass(const char* what) const { check_pass_open(B_, what); }
+  void check_layer(int l, const char* what) const { check_block(B_, l, cfg_.layers, what); }
 
   void check_tokens(const std::int32_t* ids, int B, int T, const char* what, const char* kind) const {
     check_token_ids(ids, B, T, cfg_.vocab, what, kind);

@@ -6,6 +6,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "gpt_cuda.hpp"
 #include "gpt_model.hpp"
+#include "test_support.hpp"
 
 #include <algorithm>
 #include <array>
@@ -26,7 +27,9 @@
 
 namespace {
 
-using tensors = std::vector<std::vector<float>>;
+using gpt_test::tensors;
+using gpt_test::thrown_message;
+using gpt_test::zeros_like;
 using zero::bf16;
 template <class T> using device_buffer = zero::buffer<T, zero::device_allocator>;
 
@@ -59,31 +62,11 @@ constexpr double grad_rtol = 2e-2;
 
 // ---- Inputs ----------------------------------------------------------------------------------------------------
 
-// Zeroed tensors shaped as the model's parameters.
-tensors zeros_like(const gpt::model_config& cfg) {
-  tensors out;
-  for (const auto& s : gpt::parameters(cfg)) {
-    out.emplace_back(static_cast<std::size_t>(s.numel()), 0.0f);
-  }
-  return out;
-}
-
 // Parameters where every gradient is well above bf16's noise, rounded to bf16 so that both models read the same
 // values: matrices and embeddings N(0, 0.1) (with C = 64: q·k / sqrt(hs) and the logits have RMS ~0.8, a softmax
 // neither flat nor saturated), biases N(0, 0.1), LayerNorm weights 1 + N(0, 0.1).
 tensors test_params(const gpt::model_config& cfg) {
-  tensors out = zeros_like(cfg);
-  const auto specs = gpt::parameters(cfg);
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const bool matrix = specs[i].shape.size() == 2;
-    const bool ln_weight = specs[i].name.find("ln_") != std::string::npos && specs[i].name.ends_with(".weight");
-    for (std::size_t j = 0; j < out[i].size(); ++j) {
-      const double z = gpt::detail::normal_at(2000 + i, j);
-      const auto v = static_cast<float>(matrix ? 0.1 * z : (ln_weight ? 1.0 + 0.1 * z : 0.1 * z));
-      out[i][j] = static_cast<float>(bf16(v));
-    }
-  }
-  return out;
+  return gpt_test::spread_params(cfg, 2000, 0.1, [](float x) { return static_cast<float>(bf16(x)); });
 }
 
 // B * T ids in [0, vocab) from a key: about 80 distinct ids among 96, so some repeat and most rows of wte are
@@ -98,22 +81,6 @@ std::vector<std::int32_t> ids(std::uint64_t key, int vocab, int count = test_b *
 
 // ---- The CPU reference -----------------------------------------------------------------------------------------
 
-gpt::block_params cpu_block(const tensors& w, int l) {
-  std::array<const float*, gpt::block_tensor_count> p{};
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    p[i] = w[2 + static_cast<std::size_t>(l) * p.size() + i].data();
-  }
-  return gpt::block_params::from(p);
-}
-
-gpt::block_grads cpu_grads(tensors& g, int l) {
-  std::array<float*, gpt::block_tensor_count> p{};
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    p[i] = g[2 + static_cast<std::size_t>(l) * p.size() + i].data();
-  }
-  return gpt::block_grads::from(p);
-}
-
 // One pass on the CPU (a train pass also runs the backward into g): returns the summed token loss.
 double cpu_pass(gpt::cpu_model& m, const tensors& w, tensors* g, const std::vector<std::int32_t>& tokens,
                 const std::vector<std::int32_t>& targets, float grad_scale, int B = test_b, int T = test_t) {
@@ -121,7 +88,7 @@ double cpu_pass(gpt::cpu_model& m, const tensors& w, tensors* g, const std::vect
   const std::size_t lnf = w.size() - 2;
   m.embed_forward(w[0].data(), w[1].data(), tokens.data(), B, T);
   for (int l = 0; l < layers; ++l) {
-    m.block_forward(l, cpu_block(w, l));
+    m.block_forward(l, gpt_test::block_of(w, l));
   }
   m.final_forward(w[lnf].data(), w[lnf + 1].data());
   const double loss = m.head_forward_loss(w[0].data(), targets.data(), grad_scale, g != nullptr);
@@ -129,7 +96,7 @@ double cpu_pass(gpt::cpu_model& m, const tensors& w, tensors* g, const std::vect
     m.head_backward(w[0].data(), (*g)[0].data());
     m.final_backward(w[lnf].data(), (*g)[lnf].data(), (*g)[lnf + 1].data());
     for (int l = layers - 1; l >= 0; --l) {
-      m.block_backward(l, cpu_block(w, l), cpu_grads(*g, l));
+      m.block_backward(l, gpt_test::block_of(w, l), gpt_test::grads_of(*g, l));
     }
     m.embed_backward(tokens.data(), (*g)[0].data(), (*g)[1].data());
   }
@@ -268,15 +235,6 @@ double l2(std::span<const float> a) {
     s += static_cast<double>(v) * static_cast<double>(v);
   }
   return std::sqrt(s);
-}
-
-std::string thrown_message(auto&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(nothing thrown)";
 }
 
 } // namespace

@@ -2,6 +2,7 @@
 // and counts, every gradient against central finite differences, the tied embedding, determinism, token
 // checks and the initialisation's statistics.
 #include "gpt_model.hpp"
+#include "test_support.hpp"
 
 #include <array>
 #include <cmath>
@@ -15,7 +16,9 @@
 
 namespace {
 
-using tensors = std::vector<std::vector<float>>;
+using gpt_test::tensors;
+using gpt_test::thrown_message;
+using gpt_test::zeros_like;
 
 // The tiny model of the gradient checks: vocab 11, seq 5, 2 layers of 2 heads over 8 channels, batch 2.
 gpt::model_config tiny_config() {
@@ -36,45 +39,10 @@ std::size_t index_of(const gpt::model_config& cfg, std::string_view name) {
   throw std::invalid_argument(std::string(name));
 }
 
-// Zeroed tensors shaped as the model's parameters.
-tensors zeros_like(const gpt::model_config& cfg) {
-  tensors out;
-  for (const auto& s : gpt::parameters(cfg)) {
-    out.emplace_back(static_cast<std::size_t>(s.numel()), 0.0f);
-  }
-  return out;
-}
-
 // Parameters far from GPT-2's init (std 0.02 would make most gradients vanish under the finite
 // differences' rounding): matrices and embeddings N(0, 0.5), biases N(0, 0.1), LayerNorm weights 1 + N(0, 0.1).
 tensors rough_params(const gpt::model_config& cfg) {
-  tensors out = zeros_like(cfg);
-  const auto specs = gpt::parameters(cfg);
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const bool matrix = specs[i].shape.size() == 2;
-    const bool ln_weight = specs[i].name.find("ln_") != std::string::npos && specs[i].name.ends_with(".weight");
-    for (std::size_t j = 0; j < out[i].size(); ++j) {
-      const double z = gpt::detail::normal_at(1000 + i, j);
-      out[i][j] = static_cast<float>(matrix ? 0.5 * z : (ln_weight ? 1.0 + 0.1 * z : 0.1 * z));
-    }
-  }
-  return out;
-}
-
-gpt::block_params block_of(const tensors& w, int l) {
-  std::array<const float*, gpt::block_tensor_count> p{};
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    p[i] = w[2 + static_cast<std::size_t>(l) * p.size() + i].data();
-  }
-  return gpt::block_params::from(p);
-}
-
-gpt::block_grads grads_of(tensors& g, int l) {
-  std::array<float*, gpt::block_tensor_count> p{};
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    p[i] = g[2 + static_cast<std::size_t>(l) * p.size() + i].data();
-  }
-  return gpt::block_grads::from(p);
+  return gpt_test::spread_params(cfg, 1000, 0.5, [](float x) { return x; });
 }
 
 // A whole forward, the head reading head_wte (wte itself when tied): returns grad_scale * the loss sum.
@@ -83,7 +51,7 @@ double forward(gpt::cpu_model& m, const tensors& w, const float* head_wte, float
   const int layers = m.config().layers;
   m.embed_forward(w[0].data(), w[1].data(), tiny_tokens.data(), B, T);
   for (int l = 0; l < layers; ++l) {
-    m.block_forward(l, block_of(w, l));
+    m.block_forward(l, gpt_test::block_of(w, l));
   }
   const std::size_t lnf = w.size() - 2;
   m.final_forward(w[lnf].data(), w[lnf + 1].data());
@@ -97,7 +65,7 @@ void backward(gpt::cpu_model& m, const tensors& w, const float* head_wte, tensor
   m.head_backward(head_wte, d_head_wte);
   m.final_backward(w[lnf].data(), g[lnf].data(), g[lnf + 1].data());
   for (int l = layers - 1; l >= 0; --l) {
-    m.block_backward(l, block_of(w, l), grads_of(g, l));
+    m.block_backward(l, gpt_test::block_of(w, l), gpt_test::grads_of(g, l));
   }
   m.embed_backward(tiny_tokens.data(), g[0].data(), g[1].data());
 }
@@ -107,15 +75,6 @@ double step(gpt::cpu_model& m, const tensors& w, tensors& g, float grad_scale) {
   const double loss = forward(m, w, w[0].data(), grad_scale, true);
   backward(m, w, w[0].data(), g, g[0].data());
   return loss;
-}
-
-std::string thrown_message(auto&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(nothing thrown)";
 }
 
 } // namespace
@@ -411,7 +370,7 @@ TEST_CASE("cpu_model: a token outside the vocabulary never indexes the embedding
   // Targets are checked the same way.
   m.embed_forward(w[0].data(), w[1].data(), tiny_tokens.data(), 2, 5);
   for (int l = 0; l < 2; ++l) {
-    m.block_forward(l, block_of(w, l));
+    m.block_forward(l, gpt_test::block_of(w, l));
   }
   m.final_forward(w[w.size() - 2].data(), w.back().data());
   CHECK_THROWS_AS(m.head_forward_loss(w[0].data(), bad.data(), 1.0f, true), std::out_of_range);
@@ -420,6 +379,6 @@ TEST_CASE("cpu_model: a token outside the vocabulary never indexes the embedding
   CHECK_THROWS_AS(m.embed_forward(w[0].data(), w[1].data(), tiny_tokens.data(), 2, 6), std::invalid_argument);
   std::vector<float> d(w[0].size());
   CHECK_THROWS_AS(m.head_backward(w[0].data(), d.data()), std::logic_error);
-  CHECK_THROWS_AS(m.block_forward(2, block_of(w, 1)), std::out_of_range);
+  CHECK_THROWS_AS(m.block_forward(2, gpt_test::block_of(w, 1)), std::out_of_range);
   CHECK_THROWS_AS(gpt::cpu_model(cfg, 0), std::invalid_argument);
 }

@@ -6,6 +6,7 @@
 // slightly smaller one (more on the device: faster) that must not fit. And the probes that measure the
 // rates the plan ranks by.
 
+#include "../support/framework_step.hpp"
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
@@ -74,26 +75,18 @@ peak measure(const zt::estimate_row& r, int world, bool allgather_bucket, const 
     zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
     eng.set_offload_threads(1);
     std::vector<int> modules;
-    std::vector<zero::param_handle> params;
+    std::vector<std::vector<zero::param_handle>> params;
     for (int l = 0; l < 3; ++l) {
       const std::string n = "fc" + std::to_string(l + 1);
       modules.push_back(eng.add_module(n));
-      params.push_back(eng.add_param(modules.back(), n + ".weight", {dims[l + 1], dims[l]}));
-      params.push_back(eng.add_param(modules.back(), n + ".bias", {dims[l + 1]}, {.weight_decay = 0.0}));
+      params.push_back({eng.add_param(modules.back(), n + ".weight", {dims[l + 1], dims[l]}),
+                        eng.add_param(modules.back(), n + ".bias", {dims[l + 1]}, {.weight_decay = 0.0})});
     }
     eng.finalize();
     eng.init_params(
         [](const zero::param_info&, std::size_t, std::span<float> out) { std::fill(out.begin(), out.end(), 0.25f); });
     for (int step = 0; step < 2; ++step) {
-      for (int m : modules) {
-        auto on = eng.gather(m);
-      }
-      for (int l = 3; l-- > 0;) {
-        auto on = eng.gather(modules[static_cast<std::size_t>(l)]);
-        eng.grad_ready(params[static_cast<std::size_t>(2 * l + 1)]);
-        eng.grad_ready(params[static_cast<std::size_t>(2 * l)]);
-      }
-      CHECK(eng.step().applied);
+      CHECK(zero_test::framework_step(eng, modules, params, [](zero::param_handle) {}).applied);
     }
     reports[static_cast<std::size_t>(comm.rank())] = eng.memory();
   });

@@ -1,3 +1,4 @@
+#include "../support/framework_step.hpp"
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/config/config.hpp"
@@ -157,24 +158,19 @@ TEST_CASE("zero-estimate's buffer terms match the counting allocator's peaks at 
       zero::cpu_backend backend({.threads = 1});
       zero::engine<zero::cpu_backend, zero::thread_communicator> eng(cfg, comm, backend);
       std::vector<int> modules;
+      std::vector<std::vector<zero::param_handle>> params;
       for (int l = 0; l < 4; ++l) {
         modules.push_back(eng.add_module("layer" + std::to_string(l)));
-        eng.add_param(modules.back(), "layer" + std::to_string(l) + ".weight", {128, 200});
+        params.push_back({eng.add_param(modules.back(), "layer" + std::to_string(l) + ".weight", {128, 200})});
       }
       eng.finalize();
       eng.init_params(
           [](const zero::param_info&, std::size_t, std::span<float> out) { std::fill(out.begin(), out.end(), 0.25f); });
       // Two steps, forward then backward (last module first), as a framework runs them.
       for (int step = 0; step < 2; ++step) {
-        for (int m : modules) {
-          auto on = eng.gather(m);
-        }
-        for (int l = 4; l-- > 0;) {
-          auto on = eng.gather(modules[static_cast<std::size_t>(l)]);
-          CHECK(eng.grad(zero::param_handle{static_cast<std::size_t>(l)}).numel == weight);
-          eng.grad_ready(zero::param_handle{static_cast<std::size_t>(l)});
-        }
-        CHECK(eng.step().applied);
+        CHECK(zero_test::framework_step(eng, modules, params, [&](zero::param_handle p) {
+                CHECK(eng.grad(p).numel == weight);
+              }).applied);
       }
       reports[static_cast<std::size_t>(comm.rank())] = eng.memory();
     });

@@ -184,14 +184,7 @@ namespace {
 constexpr std::int64_t tp_rows = 8, tp_cols = 6;
 
 zero::config tp_config(int stage, const std::string& top, const std::string& zero_keys) {
-  zero::config_inputs in;
-  in.world_size = 2;
-  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.05, )" + top +
-                                       R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
-             "zero_optimization": {"stage": )" +
-                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0)" +
-                                       zero_keys + "}}",
-                                   in);
+  return zero_test::parallel_config(2, stage, top, zero_keys);
 }
 
 struct tp_result {
@@ -244,9 +237,7 @@ tp_result tp_train(mg_engine& eng, int data_rank, std::int64_t row0, std::int64_
 
 TEST_CASE("tensor parallelism: a replicated parameter counts once in the clipping norm; the weights and norms of "
           "one engine holding the whole model") {
-  for (const auto& set : zero_test::parallel_settings()) {
-    CAPTURE(set.stage);
-    CAPTURE(set.zero_keys);
+  zero_test::for_each_parallel_setting([&](const zero_test::parallel_setting& set) {
     tp_result want;
     zero::run_ranks(2, [&](zero::thread_communicator& comm) {
       zero::cpu_backend backend({.threads = 1});
@@ -289,7 +280,7 @@ TEST_CASE("tensor parallelism: a replicated parameter counts once in the clippin
         }
       }
     }
-  }
+  });
 }
 
 TEST_CASE("set_model_group refuses coordinates outside their axes; add_param a tensor_split outside the shape") {

@@ -30,14 +30,7 @@ constexpr std::size_t moe_expert = 40; // elements of each expert's weight
 constexpr int moe_steps = 3;
 
 zero::config moe_config(int ranks, int stage, const std::string& top = "", const std::string& zero_keys = "") {
-  zero::config_inputs in;
-  in.world_size = ranks;
-  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.05, )" + top +
-                                       R"("optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
-             "zero_optimization": {"stage": )" +
-                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0)" +
-                                       zero_keys + "}}",
-                                   in);
+  return zero_test::parallel_config(ranks, stage, top, zero_keys);
 }
 
 /// The gradient data rank `rank`'s tokens give parameter `which` (-1: the dense weight, else the
@@ -221,9 +214,7 @@ moe_result moe_parallel(int stage, int micro, const std::string& top, const std:
 
 TEST_CASE("MoE: experts over the expert-data group, stepped together with the dense engine, train as one engine "
           "holding every expert") {
-  for (const auto& set : zero_test::parallel_settings()) {
-    CAPTURE(set.stage);
-    CAPTURE(set.zero_keys);
+  zero_test::for_each_parallel_setting([&](const zero_test::parallel_setting& set) {
     const auto want = moe_reference(set.stage, set.micro, set.top, set.zero_keys);
     REQUIRE(want.weights.size() == 1 + moe_experts);
     REQUIRE(want.norms.size() == moe_steps);
@@ -237,7 +228,7 @@ TEST_CASE("MoE: experts over the expert-data group, stepped together with the de
     const auto alone = moe_parallel(set.stage, set.micro, set.top, set.zero_keys, false);
     CHECK(alone.weights.at("dense.w") != want.weights.at("dense.w"));
     CHECK(alone.weights.at("expert0.w") != want.weights.at("expert0.w"));
-  }
+  });
 }
 
 TEST_CASE("MoE: without set_gradient_average the experts' gradients are averaged over the expert-data group only") {
