@@ -5,7 +5,8 @@
 #
 #   ZERO_PREFIX=... bash bench/engine/ab_gpu.sh A_DIR B_DIR build bits speed offload
 #
-#   build    zero-gpt-cuda and zero-deep-mlp-cuda in each tree (A_DIR/build/ab, B_DIR/build/ab), both at once;
+#   build    zero-gpt-cuda and zero-deep-mlp-cuda (or $TARGETS) in each tree (A_DIR/build/ab, B_DIR/build/ab), both
+#            at once;
 #   bits     zero-gpt-cuda (2 blocks, width 64, T 64, B 4, 20 steps, bf16) over a sweep of stage x clipping x
 #            accumulation x offload (cpu, both, overlap, ratio, nvme) x ZeRO++: the final parameters' checksum
 #            of A and B, one line a setting, "same" or "DIFFERENT" (exit status 1 if any differs);
@@ -34,7 +35,7 @@ status=0
 build_tree() { # $1: tree, $2: jobs
   cmake -S "$1" -B "$1/build/ab" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DZERO_BUILD_EXAMPLES=ON \
     -DZERO_BUILD_TESTS=OFF -DZERO_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH="${ZERO_PREFIX:-}" > "$OUT/configure-$3.log" 2>&1 &&
-    cmake --build "$1/build/ab" -j "$2" --target zero-gpt-cuda zero-deep-mlp-cuda > "$OUT/build-$3.log" 2>&1
+    cmake --build "$1/build/ab" -j "$2" --target ${TARGETS:-zero-gpt-cuda zero-deep-mlp-cuda} > "$OUT/build-$3.log" 2>&1
 }
 if want build; then
   start=$(date +%s)
@@ -127,7 +128,7 @@ ab_mlp() {
       [[ $t == B ]] && tree=$B
       line=$(timeout 300 "$(mlp "$tree")" --gpus 1 --json "$@" 2> "$OUT/mlp-$t-$label-$i.err" | grep '"impl"')
       echo "$line" > "$OUT/mlp-$t-$label-$i.json"
-      ms=$(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print(f"{j[\"step_ms\"]:.1f} {j[\"loss_last\"]!r}")' \
+      ms=$(python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print("%.1f %r" % (j["step_ms"], j["loss_last"]))' \
         "$line" 2> /dev/null || echo "failed -")
       [[ $t == A ]] && a+=("$ms") || b+=("$ms")
     done
@@ -154,10 +155,10 @@ PY
 }
 cfgs=$B/examples/deep_mlp_cuda
 if want speed; then
-  for s in 0 2 3; do ab_mlp "stage $s" --stage "$s" --steps 10 --warmup 3 | tee -a "$OUT/speed.txt"; done
+  for s in ${STAGES:-0 2 3}; do ab_mlp "stage $s" --stage "$s" --steps 10 --warmup 3 | tee -a "$OUT/speed.txt"; done
 fi
 if want offload; then
-  for c in offload_cpu offload_overlap offload_partial_overlap offload_both_partial; do
+  for c in ${OFFLOAD:-offload_cpu offload_overlap offload_partial_overlap offload_both_partial}; do
     ab_mlp "$c" --config "$cfgs/$c.json" --steps 5 --warmup 2 | tee -a "$OUT/speed.txt"
   done
 fi

@@ -19,12 +19,12 @@
 /// the state, the parameters and the file are the previous step's.
 
 #include "zero/backend/backend.hpp"
-#include "zero/backend/cpu_backend.hpp"
 #include "zero/backend/transfer.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/detail/host_gradients.hpp"
+#include "zero/engine/offload_options.hpp"
 #include "zero/engine/offloaded_adamw.hpp"
 #include "zero/engine/partitioned_adamw.hpp"
 #include "zero/memory/buffer.hpp"
@@ -65,7 +65,7 @@ struct nvme_options {
 /// interface is `offloaded_adamw`'s, plus `finish_step`, `commit` and `rollback`.
 template <backend Backend, allocator DeviceAlloc, storage Storage, allocator HostAlloc = offload_allocator_t<Backend>>
 class nvme_adamw {
-  using host_backend = basic_cpu_backend<HostAlloc>;
+  using host_backend = host_backend_t<HostAlloc>;
   using host_counting = counting_allocator<HostAlloc>;
   using stream_type = typename Backend::stream_type;
   using file_type = typename Storage::file_type;
@@ -76,7 +76,7 @@ public:
              std::vector<param_group> groups, Backend& backend, HostAlloc host, stream_type& stream, Storage& storage,
              int rank, const nvme_options& opt)
       : backend_(backend), stream_(stream), storage_(storage), counted_(host),
-        host_(cpu_backend_options{.threads = opt.threads}, host), device_params_(place.params),
+        host_(make_host_backend(opt.threads, host)), device_params_(place.params),
         device_sharded_(place.params_sharded), in_file_(place.params_in_file), param_size_(size_of(layout.type())),
         param_type_(layout.type()), inner_(layout,
                                            adamw_placement{.rank = place.rank,

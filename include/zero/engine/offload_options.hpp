@@ -1,11 +1,14 @@
 #pragma once
 /// \file
-/// How `offloaded_adamw` runs on the host (`offload_options`) and the host memory a backend's
-/// offloaded state lives in (`offload_allocator_t`): what the engine's parts that hold host state
-/// (the optimizers, stage 3's host shard, the rates probe) share.
+/// How `offloaded_adamw` runs on the host (`offload_options`), the host memory a backend's offloaded
+/// state lives in (`offload_allocator_t`) and the kernels that step it there (`host_backend_t`): what the
+/// engine's parts that hold host state (the optimizers, stage 3's host shard, the rates probe) share.
 
+#include "zero/backend/cpu_backend.hpp"
 #include "zero/config/config.hpp"
 #include "zero/memory/host_allocator.hpp"
+
+#include <utility>
 
 namespace zero {
 
@@ -21,6 +24,17 @@ struct offload_allocator_of<B> {
 /// The host memory a backend's offloaded state lives in: `B::host_allocator_type` where the backend
 /// names one (cuda_backend: pinned), else pageable `host_allocator`.
 template <class B> using offload_allocator_t = typename detail::offload_allocator_of<B>::type;
+
+/// The kernels that step offloaded state on the host, over its memory `HostAlloc`: `basic_cpu_backend` (SIMD
+/// kernels, a thread pool). The one place the engine names a concrete backend; the host optimizers
+/// (`offloaded_adamw`, `nvme_adamw`) and the rates probe make theirs with `make_host_backend`.
+template <class HostAlloc> using host_backend_t = basic_cpu_backend<HostAlloc>;
+
+/// The host's kernels with `threads` threads (0: the host's hardware concurrency) over `alloc`'s memory.
+template <class HostAlloc>
+[[nodiscard]] host_backend_t<HostAlloc> make_host_backend(unsigned threads, HostAlloc alloc) {
+  return host_backend_t<HostAlloc>(cpu_backend_options{.threads = threads}, std::move(alloc));
+}
 
 /// Whether the reduced gradients go to the host during backward (docs/offload.md): at stages 2-3, with the
 /// optimizer state on NVMe, wholly in host memory (`whole_state`), or split with the device when its host share

@@ -35,7 +35,6 @@
 /// `join_async` waits for the host; whatever reads or writes the state here joins first.
 
 #include "zero/backend/backend.hpp"
-#include "zero/backend/cpu_backend.hpp"
 #include "zero/backend/transfer.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
@@ -69,7 +68,7 @@ namespace zero {
 /// `step`, `step_range`, `read_state`, `write_state`).
 template <backend Backend, allocator DeviceAlloc, allocator HostAlloc = offload_allocator_t<Backend>>
 class offloaded_adamw {
-  using host_backend = basic_cpu_backend<HostAlloc>;
+  using host_backend = host_backend_t<HostAlloc>;
   using host_counting = counting_allocator<HostAlloc>;
   using stream_type = typename Backend::stream_type;
   static constexpr bool device_host_accessible = DeviceAlloc::host_accessible;
@@ -84,7 +83,7 @@ public:
   offloaded_adamw(const flat_layout& layout, adamw_placement place, std::vector<std::size_t> group_of,
                   std::vector<param_group> groups, Backend& backend, HostAlloc host, stream_type& stream,
                   offload_options opt = {})
-      : backend_(backend), stream_(stream), counted_(host), host_(cpu_backend_options{.threads = opt.threads}, host),
+      : backend_(backend), stream_(stream), counted_(host), host_(make_host_backend(opt.threads, host)),
         device_params_(place.params), device_sharded_(place.params_sharded), params_on_host_(place.params_on_host),
         in_file_(place.params_in_file), param_type_(layout.type()), param_size_(size_of(param_type_)),
         host_params_(params_on_host_ ? buffer<std::byte, host_counting>()

@@ -8,12 +8,11 @@
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
-#include "zero/backend/cpu_backend.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/offloaded_adamw.hpp"
+#include "zero/engine/offload_options.hpp"
 #include "zero/memory/buffer.hpp"
 
 #include <algorithm>
@@ -161,7 +160,7 @@ template <backend Backend, allocator Alloc>
   update_rates r;
   const auto stream = b.make_stream();
   r.device = measure_adamw_rate(b, stream, alloc, sample);
-  basic_cpu_backend<host_alloc> host({.threads = sample.host_threads}, host_alloc{});
+  auto host = make_host_backend(sample.host_threads, host_alloc{});
   const auto host_stream = host.make_stream();
   r.host = measure_adamw_rate(host, host_stream, host_alloc{}, sample);
   if constexpr (can_copy<Backend>) {
