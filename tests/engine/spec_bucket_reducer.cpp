@@ -3,7 +3,7 @@
 
 #include "../support/recording_communicator.hpp"
 #include "part_kit.hpp"
-#include "zero/engine/bucket_reducer.hpp"
+#include "zero/engine/gradients/bucket_reducer.hpp"
 
 #include <cstddef>
 #include <doctest/doctest.h>

@@ -3,9 +3,9 @@
 // (the words a stream or a thread waits for) and `detail::second_home` (where an update during backward
 // writes).
 
-#include "zero/engine/detail/job_thread.hpp"
-#include "zero/engine/detail/range_flags.hpp"
-#include "zero/engine/detail/second_home.hpp"
+#include "zero/engine/step/detail/job_thread.hpp"
+#include "zero/engine/step/detail/range_flags.hpp"
+#include "zero/engine/step/detail/second_home.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
 

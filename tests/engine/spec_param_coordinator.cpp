@@ -3,7 +3,7 @@
 
 #include "../support/recording_communicator.hpp"
 #include "part_kit.hpp"
-#include "zero/engine/param_coordinator.hpp"
+#include "zero/engine/residency/param_coordinator.hpp"
 
 #include <cstddef>
 #include <doctest/doctest.h>

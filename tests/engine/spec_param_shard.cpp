@@ -4,7 +4,7 @@
 // through a backend that logs each call (what a GPU run relies on), and where the bytes are counted.
 
 #include "part_kit.hpp"
-#include "zero/engine/detail/param_shard.hpp"
+#include "zero/engine/residency/detail/param_shard.hpp"
 
 #include <algorithm>
 #include <cstddef>

@@ -2,7 +2,7 @@
 // buffer (stage 0) — split into runs by parameter group, checked against AdamW written out by hand.
 
 #include "part_kit.hpp"
-#include "zero/engine/partitioned_adamw.hpp"
+#include "zero/engine/step/partitioned_adamw.hpp"
 
 #include <cmath>
 #include <cstddef>

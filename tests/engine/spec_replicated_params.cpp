@@ -4,7 +4,7 @@
 
 #include "../support/recording_communicator.hpp"
 #include "part_kit.hpp"
-#include "zero/engine/replicated_params.hpp"
+#include "zero/engine/residency/replicated_params.hpp"
 
 #include <cstddef>
 #include <doctest/doctest.h>

@@ -3,7 +3,7 @@
 // and the stream and event protocol itself through a backend and a communicator that log each call.
 
 #include "part_kit.hpp"
-#include "zero/engine/update_overlap.hpp"
+#include "zero/engine/step/update_overlap.hpp"
 
 #include <cstddef>
 #include <doctest/doctest.h>

@@ -4,7 +4,7 @@
 // split trains to the bits of the in-memory optimizer is in test_offload.cpp.
 
 #include "engine_harness.hpp"
-#include "zero/engine/update_rates.hpp"
+#include "zero/engine/step/update_rates.hpp"
 
 #include <cmath>
 #include <doctest/doctest.h>

@@ -5,7 +5,7 @@
 
 #include "nvme_harness.hpp"
 #include "part_kit.hpp"
-#include "zero/engine/nvme_adamw.hpp"
+#include "zero/engine/step/nvme_adamw.hpp"
 #include "zero/memory/failing_allocator.hpp"
 #include "zero/storage/detail/swap_file.hpp"
 

@@ -12,11 +12,11 @@
 #include "zero/backend/transfer.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/adamw_placement.hpp"
 #include "zero/engine/engine_types.hpp"
 #include "zero/engine/grad_stats.hpp"
 #include "zero/engine/memory_report.hpp"
 #include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/step/adamw_placement.hpp"
 #include "zero/engine/step/step_parts.hpp"
 #include "zero/engine/tensor_view.hpp"
 

@@ -11,8 +11,8 @@
 
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/adamw_placement.hpp"
 #include "zero/engine/engine_types.hpp"
+#include "zero/engine/step/adamw_placement.hpp"
 #include "zero/memory/buffer.hpp"
 
 #include <algorithm>

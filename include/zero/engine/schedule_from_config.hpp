@@ -7,7 +7,7 @@
 #include "zero/config/check.hpp" // check_engine_config: what the engine refuses
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/bucket_reducer.hpp"
+#include "zero/engine/gradients/bucket_reducer.hpp"
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
 

@@ -16,8 +16,8 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/offload_options.hpp"
 #include "zero/engine/param_registry.hpp"
+#include "zero/engine/step/offload_options.hpp"
 #include "zero/tools/model_description.hpp"
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 /// --plan` without `--rates` and the examples' `--config auto-plan` measure with them.
 ///
 /// AdamW and the copies are the engine's own probes (`measure_adamw_rate`, `measure_copy_rates` in
-/// zero/engine/update_rates.hpp, which `offload_optimizer.ratio: "auto"` runs too): after a warm-up call,
+/// zero/engine/step/update_rates.hpp, which `offload_optimizer.ratio: "auto"` runs too): after a warm-up call,
 /// 1, 2, 4, ... calls until a batch takes `min_seconds`, its rate reported. AdamW runs the mixed-precision
 /// step the engine runs (fp32 master, m and v; bf16 gradients and parameters); copies move one buffer
 /// each way. The storage probe runs once to warm up, then `repeats` times, and reports the best run: it
@@ -19,8 +19,8 @@
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/offloaded_adamw.hpp"
-#include "zero/engine/update_rates.hpp"
+#include "zero/engine/step/offloaded_adamw.hpp"
+#include "zero/engine/step/update_rates.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/storage/posix_storage.hpp"
 #include "zero/storage/storage.hpp"

@@ -5,9 +5,9 @@
 /// 0-1: `gradient_intake`, kept), the step checks them there and updates each owned range from them.
 
 #include "zero/engine/memory_report.hpp"
-#include "zero/engine/partitioned_adamw.hpp"
 #include "zero/engine/schedule_from_config.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
+#include "zero/engine/step/partitioned_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
 #include <exception>

@@ -8,9 +8,9 @@
 /// step copies each range's reduced gradients to the host as it begins. docs/offload.md.
 
 #include "zero/engine/memory_report.hpp"
-#include "zero/engine/offloaded_adamw.hpp"
 #include "zero/engine/schedule_from_config.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
+#include "zero/engine/step/offloaded_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
 #include <exception>

@@ -8,8 +8,8 @@
 /// docs/offload.md, docs/storage.md.
 
 #include "zero/engine/memory_report.hpp"
-#include "zero/engine/nvme_adamw.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
+#include "zero/engine/step/nvme_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
 #include <exception>

@@ -7,9 +7,9 @@
 /// the next forward, while the device share steps at once. docs/offload.md.
 
 #include "zero/engine/memory_report.hpp"
-#include "zero/engine/partial_adamw.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
 #include "zero/engine/step/host_plan.hpp"
+#include "zero/engine/step/partial_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
 #include <exception>

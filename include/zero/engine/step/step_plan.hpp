@@ -37,7 +37,7 @@
 #include "zero/engine/step/nvme_plan.hpp"
 #include "zero/engine/step/split_plan.hpp"
 #include "zero/engine/step/step_parts.hpp"
-#include "zero/engine/update_rates.hpp"
+#include "zero/engine/step/update_rates.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/storage/storage.hpp"
 

@@ -33,8 +33,8 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/offloaded_adamw.hpp"
-#include "zero/engine/partitioned_adamw.hpp"
+#include "zero/engine/step/offloaded_adamw.hpp"
+#include "zero/engine/step/partitioned_adamw.hpp"
 #include "zero/memory/counting_allocator.hpp"
 
 #include <algorithm>

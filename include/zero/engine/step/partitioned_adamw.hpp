@@ -13,7 +13,7 @@
 #include "zero/backend/transfer.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/adamw_placement.hpp"
+#include "zero/engine/step/adamw_placement.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 

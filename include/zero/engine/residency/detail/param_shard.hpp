@@ -26,7 +26,7 @@
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/detail/param_file.hpp"
+#include "zero/engine/residency/detail/param_file.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/storage/posix_storage.hpp"

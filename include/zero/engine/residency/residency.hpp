@@ -16,10 +16,10 @@
 #include "zero/core/error.hpp"
 #include "zero/engine/detail/node_groups.hpp"
 #include "zero/engine/detail/visit_made.hpp"
-#include "zero/engine/offload_options.hpp"
-#include "zero/engine/param_coordinator.hpp"
 #include "zero/engine/param_registry.hpp"
-#include "zero/engine/replicated_params.hpp"
+#include "zero/engine/residency/param_coordinator.hpp"
+#include "zero/engine/residency/replicated_params.hpp"
+#include "zero/engine/step/offload_options.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/storage/posix_storage.hpp"
 

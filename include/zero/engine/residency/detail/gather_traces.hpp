@@ -4,9 +4,9 @@
 /// against its recorded trace, and `detail::gather_traces`, the passes the coordinator keeps.
 ///
 /// The first step records the order in which modules are gathered; later steps replay it (the prefetch policy,
-/// `detail/prefetch_policy.hpp`, reads what comes next from it). When the order of a step differs from the trace,
-/// prefetching stops for the rest of that step, a log line says where, and the trace is recorded again. A trace is
-/// kept per schedule position, the micro-step's place in its accumulation (`begin_micro_step`): under a pipeline's
+/// `residency/detail/prefetch_policy.hpp`, reads what comes next from it). When the order of a step differs from the
+/// trace, prefetching stops for the rest of that step, a log line says where, and the trace is recorded again. A trace
+/// is kept per schedule position, the micro-step's place in its accumulation (`begin_micro_step`): under a pipeline's
 /// 1F1B schedule the micro-steps of an accumulation gather in different orders (the warm-up's forwards, the steady
 /// state's forward-backward pairs, the cool-down's backwards), and each repeats at its position every step. A
 /// position without a trace yet replays the last one recorded, as a guess that leaves no log line when it does not

@@ -22,9 +22,9 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/detail/param_shard.hpp"
-#include "zero/engine/detail/secondary_partition.hpp"
 #include "zero/engine/gather_stats.hpp"
+#include "zero/engine/residency/detail/param_shard.hpp"
+#include "zero/engine/residency/detail/secondary_partition.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 

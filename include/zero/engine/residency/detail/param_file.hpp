@@ -28,7 +28,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/adamw_placement.hpp"
+#include "zero/engine/step/adamw_placement.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/detail/host_budget.hpp"
 #include "zero/storage/detail/swap_file.hpp"

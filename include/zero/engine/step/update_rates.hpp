@@ -12,7 +12,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
-#include "zero/engine/offload_options.hpp"
+#include "zero/engine/step/offload_options.hpp"
 #include "zero/memory/buffer.hpp"
 
 #include <algorithm>

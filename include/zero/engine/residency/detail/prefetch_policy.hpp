@@ -10,8 +10,8 @@
 /// within stage3_max_reuse_distance elements stays gathered (the turn from the last forward layer to the first
 /// backward one). A pass that left its trace, or has none, prefetches and keeps nothing.
 
-#include "zero/engine/detail/gather_traces.hpp"
 #include "zero/engine/gather_stats.hpp"
+#include "zero/engine/residency/detail/gather_traces.hpp"
 
 #include <cstddef>
 #include <vector>

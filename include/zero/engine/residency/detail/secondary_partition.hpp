@@ -13,7 +13,7 @@
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/detail/param_shard.hpp"
+#include "zero/engine/residency/detail/param_shard.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 

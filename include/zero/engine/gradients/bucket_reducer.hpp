@@ -39,7 +39,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/detail/quantized_exchange.hpp"
+#include "zero/engine/gradients/detail/quantized_exchange.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 

@@ -9,7 +9,7 @@
 
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/adamw_placement.hpp"
+#include "zero/engine/step/adamw_placement.hpp"
 #include "zero/memory/buffer.hpp"
 
 #include <algorithm>
