@@ -5,9 +5,11 @@
 #           initial weights and batches; torch_more: with clipping, a wider model, and the CPU fp32 comparison;
 #   hf      a d12 exported by zero-gpt-cuda loaded by transformers: val loss and logits against zero's bf16 ones;
 #           then --init from that folder trains on;
-#   speed   tokens/s, model TFLOP/s and MFU of d12 and d48 on one GPU (byte-valued shards of GPT-2's vocabulary).
+#   speed   tokens/s, model TFLOP/s and MFU of d12 and d48 on one GPU (byte-valued shards of GPT-2's vocabulary);
+#   compare bench/gpt/compare.sh: d12 at B 32 and d48 at B 8 beside llm.c (from $LLMC) and PyTorch (issue 42).
 # Needs CLI11 and libxxhash from $ZERO_PREFIX where the machine lacks them (as scripts/gpu).
-#   ZERO_PREFIX=$PWD/.carry/prefix CORPUS=$PWD/.carry/literature bash bench/gpt/run_gpu.sh build torch torch_more hf speed
+#   ZERO_PREFIX=$PWD/.carry/prefix CORPUS=$PWD/.carry/literature LLMC=$PWD/.carry/llmc \
+#     bash bench/gpt/run_gpu.sh build torch torch_more hf speed compare
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -97,5 +99,12 @@ import json, sys
 d = json.loads(sys.stdin.read())
 print({k: d.get(k) for k in ('device', 'stage', 'tokens_per_s', 'model_tflops_per_s', 'mfu', 'device_peak_bytes',
       'model_state_peak_bytes', 'activation_bytes', 'train_loss')})" || tail -5 "$log"
+  done
+fi
+if want compare; then
+  for run in "d12 32" "d48 8"; do # COMPARE_RUNS="d12 32,d48 8": others
+    set -- $run
+    OUT=$OUT ZERO_GPT=$gpu LLMC=${LLMC:-} STEPS=${COMPARE_STEPS:-20} timeout 580 bash bench/gpt/compare.sh "$1" "$2" \
+      2>&1 | tail -16
   done
 fi
