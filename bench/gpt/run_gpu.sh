@@ -102,7 +102,9 @@ print({k: d.get(k) for k in ('device', 'stage', 'tokens_per_s', 'model_tflops_pe
   done
 fi
 if want compare; then
-  for run in "d12 32" "d48 8"; do # COMPARE_RUNS="d12 32,d48 8": others
+  runs=("d12 32" "d48 8") # COMPARE_RUNS="d12 16,d24 8": others
+  if [[ -n "${COMPARE_RUNS:-}" ]]; then IFS=, read -ra runs <<< "$COMPARE_RUNS"; fi
+  for run in "${runs[@]}"; do
     set -- $run
     OUT=$OUT ZERO_GPT=$gpu LLMC=${LLMC:-} STEPS=${COMPARE_STEPS:-20} timeout 580 bash bench/gpt/compare.sh "$1" "$2" \
       2>&1 | tail -16
