@@ -583,7 +583,7 @@ TEST_CASE("the check every key table passes to compile: names once, aliases of a
   static_assert(!d::well_formed(two_aliases));
   static_assert(!d::well_formed(alias_and_input));
   static_assert(d::key_names<good>[1] == "intra_op_parallelism");
-  CHECK(zero::config_blocks.size() == 16); // every table, and bf16's once more as bfloat16
+  CHECK(zero::config_blocks.size() == 17); // every table, and bf16's once more as bfloat16
 }
 
 TEST_CASE("docs/config.md documents every key zero reads and every key it refuses") {
@@ -767,4 +767,27 @@ TEST_CASE("pipeline and tensor_parallel: the sizes are read, the framework's key
             "layers"));
   CHECK(has(error_of(R"({"tensor_parallel": {"tp": {"tp_size": 2}}})"),
             "the tensor-parallel size goes in tensor_parallel.autotp_size"));
+}
+
+TEST_CASE("activation_checkpointing: cpu_checkpointing and number_checkpoints read and written back; "
+          "partition_activations refused, the no-op keys noted") {
+  const auto c = config::from_string(R"({"train_batch_size": 1, "activation_checkpointing": {
+      "partition_activations": false, "cpu_checkpointing": true, "contiguous_memory_optimization": true,
+      "number_checkpoints": 24, "synchronize_checkpoint_boundary": true, "profile": false}})");
+  const auto& a = c.activation_checkpointing;
+  CHECK(a.cpu_checkpointing);
+  CHECK(a.contiguous_memory_optimization);
+  REQUIRE(a.number_checkpoints.has_value());
+  CHECK(*a.number_checkpoints == 24);
+  CHECK(has_note(c, "activation_checkpointing.synchronize_checkpoint_boundary: true has no effect"));
+  CHECK(config::from_json(c.to_json()).activation_checkpointing == a);
+  // DeepSpeed's defaults (the commented example's block) read as off.
+  CHECK(config::from_string(R"({"train_batch_size": 1, "activation_checkpointing": {"partition_activations": false,
+      "cpu_checkpointing": false, "number_checkpoints": null}})")
+            .activation_checkpointing == zero::activation_checkpointing_config{});
+  CHECK(zero_test::has(zero_test::error_of(R"({"activation_checkpointing": {"partition_activations": true}})"),
+                       "activation_checkpointing.partition_activations: found true; this needs splitting activation "
+                       "checkpoints over the model-parallel group"));
+  CHECK(zero_test::has(zero_test::error_of(R"({"activation_checkpointing": {"number_checkpoints": 0}})"),
+                       "activation_checkpointing.number_checkpoints"));
 }

@@ -196,8 +196,8 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
         has(error_of(R"({"amp": {"enabled": true}})"),
             "amp: found {\"enabled\":true}; this needs NVIDIA Apex AMP (use fp16 or bf16), which is not implemented"));
     CHECK(has(error_of(R"({"activation_checkpointing": {"partition_activations": true}})"),
-              "activation_checkpointing: found {\"partition_activations\":true}; this needs DeepSpeed activation "
-              "checkpointing"));
+              "activation_checkpointing.partition_activations: found true; this needs splitting activation "
+              "checkpoints over the model-parallel group"));
     CHECK(has(error_of(R"({"tensorboard": {"enabled": true, "output_path": "runs"}})"), "TensorBoard monitoring"));
     CHECK(has(error_of(R"({"tensor_parallel": {"tensor_parallel": {"tp_size": 2}}})"),
               "the inference engine's tensor-parallel settings"));

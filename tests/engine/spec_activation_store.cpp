@@ -3,6 +3,7 @@
 // bookkeeping; the streams' order is the GPU's to show).
 
 #include "zero/backend/cpu_backend.hpp"
+#include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/activation_store.hpp"
 #include "zero/memory/host_allocator.hpp"
@@ -144,4 +145,24 @@ TEST_CASE("activation_store: the lookahead uploads the next checkpoints while th
     CHECK(std::memcmp(store.fetch(k), acts[k].data(), 256) == 0);
     store.release(k);
   }
+}
+
+TEST_CASE("activation_store_options_from: the activation_checkpointing block sizes the store") {
+  const auto read = [](const std::string& block) {
+    return zero::config::from_string(R"({"train_batch_size": 1, "activation_checkpointing": )" + block + "}");
+  };
+  CHECK_FALSE(zero::activation_store_options_from(read(R"({"cpu_checkpointing": false})"), 1000).has_value());
+  // 12 checkpoints of 1000 bytes, each on a 256-byte boundary (1024); a ring of 3, two fetched ahead.
+  const auto o =
+      zero::activation_store_options_from(read(R"({"cpu_checkpointing": true, "number_checkpoints": 12})"), 1000);
+  REQUIRE(o.has_value());
+  CHECK(o->host_bytes == 12 * 1024);
+  CHECK(o->device_bytes == 3 * 1024);
+  CHECK(o->lookahead == 2);
+  // null: the framework's count, or a refusal naming the key.
+  const auto open = read(R"({"cpu_checkpointing": true, "number_checkpoints": null})");
+  CHECK(zero::activation_store_options_from(open, 256, 4, 2)->host_bytes == 4 * 256);
+  CHECK(thrown([&] {
+          (void)zero::activation_store_options_from(open, 256);
+        }).find("activation_checkpointing.number_checkpoints: null with cpu_checkpointing true") != std::string::npos);
 }

@@ -376,6 +376,23 @@ struct tensor_parallel_config {
   friend bool operator==(const tensor_parallel_config&, const tensor_parallel_config&) = default;
 };
 
+/// `activation_checkpointing`: where the activations a framework checkpoints live between forward and backward.
+/// zero does not checkpoint (the framework decides what to keep and recomputes the rest); with
+/// `cpu_checkpointing` it keeps what the framework saves in host memory (`zero::activation_store`,
+/// `activation_store_options_from`; docs/activations.md). `partition_activations` (splitting checkpoints over the
+/// model-parallel group) is refused by name; `synchronize_checkpoint_boundary` and `profile` are noted.
+struct activation_checkpointing_config {
+  /// `cpu_checkpointing`: checkpoints in host memory, fetched back ahead of backward. Default false.
+  bool cpu_checkpointing = false;
+  /// `contiguous_memory_optimization`: the checkpoints in one contiguous buffer (the store's host arena always
+  /// is one). Default false.
+  bool contiguous_memory_optimization = false;
+  /// `number_checkpoints`: checkpoints per forward, which size the host arena; empty (DeepSpeed's null): the
+  /// framework gives the count.
+  std::optional<std::int64_t> number_checkpoints;
+  friend bool operator==(const activation_checkpointing_config&, const activation_checkpointing_config&) = default;
+};
+
 /// The three batch keys as the config and the inputs give them, before DeepSpeed's rule
 /// train = micro x accumulation x world fills in the missing ones. Empty means not given (absent,
 /// or `"auto"` with no input to resolve it).
@@ -489,6 +506,8 @@ struct config {
   pipeline_config pipeline;
   /// `tensor_parallel`.
   tensor_parallel_config tensor_parallel;
+  /// `activation_checkpointing`.
+  activation_checkpointing_config activation_checkpointing;
   /// Settings accepted but without effect here, and aliases read under their new name, one line
   /// each, e.g. "zero_optimization.stage3_max_live_parameters: no effect at stage 2". Tools print them.
   std::vector<std::string> notes;

@@ -86,6 +86,7 @@ inline constexpr key_row<config> top_keys[] = {
     hand<config>("pipeline"),
     hand<config>("tensor_parallel"),
     hand<config>("checkpoint"),
+    hand<config>("activation_checkpointing"),
     checked<config, bool>("zero_allow_untested_optimizer").noted_if("true", "no effect: zero runs its own Adam/AdamW"),
     checked<config, bool>("zero_force_ds_cpu_optimizer")
         .noted_if("false", "no effect: zero's CPU optimizer is its own"),
@@ -368,6 +369,22 @@ inline constexpr key_row<tensor_parallel_config> tensor_parallel_keys[] = {
         "", "no effect: the fp16 and bf16 blocks give the parameters' dtype (the framework converts its model)"),
 };
 
+// ---- activation checkpointing --------------------------------------------------------------------
+
+inline constexpr key_row<activation_checkpointing_config> activation_checkpointing_keys[] = {
+    key<&activation_checkpointing_config::cpu_checkpointing>("cpu_checkpointing"),
+    key<&activation_checkpointing_config::contiguous_memory_optimization>("contiguous_memory_optimization"),
+    key<&activation_checkpointing_config::number_checkpoints>("number_checkpoints").at_least(1).or_null(),
+    // true is a row of unimplemented_features; false is read.
+    checked<activation_checkpointing_config, bool>("partition_activations"),
+    checked<activation_checkpointing_config, bool>("synchronize_checkpoint_boundary")
+        .noted_if("true", "true has no effect: zero's activation_store orders its copies by events, without "
+                          "synchronizing the device"),
+    checked<activation_checkpointing_config, bool>("profile").noted_if(
+        "true", "true has no effect: zero does not time checkpoints (wall_clock_breakdown times the phases "
+                "a framework names)"),
+};
+
 // ---- checkpoints ---------------------------------------------------------------------------------
 
 inline void read_tag_validation(const key_read<config>&);
@@ -398,6 +415,7 @@ template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<pipeline_keys>("pipeline");
   f.template operator()<tensor_parallel_keys>("tensor_parallel");
   f.template operator()<checkpoint_keys>("checkpoint");
+  f.template operator()<activation_checkpointing_keys>("activation_checkpointing");
 }
 
 static_assert(
@@ -419,7 +437,7 @@ struct config_block {
 /// Every block zero reads and the keys it reads there, from the key tables above. `bfloat16` is
 /// DeepSpeed's old name of `bf16`.
 inline constexpr auto config_blocks = [] {
-  std::array<config_block, 16> out{};
+  std::array<config_block, 17> out{};
   std::size_t i = 0;
   detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
     out.at(i++) = {path, detail::key_names<Table>};

@@ -149,8 +149,11 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
     {"pipeline.activation_checkpoint_interval", unimplemented_when::differs_from, "0",
      "activation checkpointing in the pipeline (the framework checkpoints its own activations)", "not planned", ""},
     // ---- training features outside ZeRO ------------------------------------------------------
-    {"activation_checkpointing", unimplemented_when::active, "",
-     "DeepSpeed activation checkpointing (the framework checkpoints its own activations)", "not planned", ""},
+    // activation_checkpointing's other keys are read (schema.hpp): cpu_checkpointing keeps the framework's
+    // checkpoints in host memory (activation_store).
+    {"activation_checkpointing.partition_activations", unimplemented_when::differs_from, "false",
+     "splitting activation checkpoints over the model-parallel group", "not planned",
+     "false: zero keeps each rank's checkpoints whole (cpu_checkpointing puts them in host memory)"},
     // checkpoint.tag_validation "Warn" (DeepSpeed's default) and "Ignore" are read (schema.hpp).
     {"checkpoint.tag_validation", unimplemented_when::equals, R"("Fail")",
      "failing a save whose tag differs across ranks", "planned with checkpoints",

@@ -14,6 +14,7 @@
 /// docs/activations.md.
 
 #include "zero/backend/backend.hpp"
+#include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/step/offload_options.hpp"
@@ -38,6 +39,35 @@ struct activation_store_options {
   /// Checkpoints uploaded ahead of the one backward asks for.
   std::size_t lookahead = 1;
 };
+
+/// The store's sizes from the config's `activation_checkpointing` block: a host arena for `number_checkpoints`
+/// checkpoints of `checkpoint_bytes` each (or `checkpoints`, the framework's count, where the config leaves it
+/// null), and a ring of `ring_checkpoints` of them, the ones after the first fetched ahead.
+/// \returns nothing without `cpu_checkpointing` (the framework keeps its checkpoints on the device).
+/// \throws config_error when `cpu_checkpointing` is on and neither the config nor `checkpoints` gives the count;
+/// usage_error for a checkpoint of 0 bytes or a ring of fewer than 1.
+[[nodiscard]] inline std::optional<activation_store_options>
+activation_store_options_from(const config& c, std::size_t checkpoint_bytes,
+                              std::optional<std::size_t> checkpoints = {}, std::size_t ring_checkpoints = 3) {
+  const auto& a = c.activation_checkpointing;
+  if (!a.cpu_checkpointing) {
+    return std::nullopt;
+  }
+  if (checkpoint_bytes == 0 || ring_checkpoints == 0) {
+    throw usage_error(detail::cat("activation_store_options_from: checkpoints of ", std::to_string(checkpoint_bytes),
+                                  " bytes, a ring of ", std::to_string(ring_checkpoints), "; expected both above 0"));
+  }
+  const std::size_t n =
+      a.number_checkpoints ? static_cast<std::size_t>(*a.number_checkpoints) : checkpoints.value_or(0);
+  if (n == 0) {
+    throw config_error("activation_checkpointing.number_checkpoints: null with cpu_checkpointing true and no count "
+                       "from the framework; expected the checkpoints of one forward (e.g. the number of layers), "
+                       "which size the host memory");
+  }
+  const std::size_t each = (checkpoint_bytes + 255) / 256 * 256;
+  return activation_store_options{
+      .host_bytes = n * each, .device_bytes = ring_checkpoints * each, .lookahead = ring_checkpoints - 1};
+}
 
 /// See the file comment. `Backend` copies between its device memory (`DeviceAlloc`) and its host memory
 /// (`HostAlloc`, pinned for CUDA: `offload_allocator_t`).

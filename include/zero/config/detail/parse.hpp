@@ -422,6 +422,8 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
   parse_plain_block<pipeline_keys>(ctx, top.get("pipeline"), "pipeline", in, c.pipeline);
   parse_plain_block<tensor_parallel_keys>(ctx, top.get("tensor_parallel"), "tensor_parallel", in, c.tensor_parallel);
   parse_plain_block<checkpoint_keys>(ctx, top.get("checkpoint"), "checkpoint", in, c);
+  parse_plain_block<activation_checkpointing_keys>(ctx, top.get("activation_checkpointing"), "activation_checkpointing",
+                                                   in, c.activation_checkpointing);
   note_values(top, top_keys, 0);
 
   // The batch rule comes last: it needs the world size and is the least specific error.
@@ -510,6 +512,7 @@ inline nlohmann::json config::to_json() const {
   j["aio"] = write_keys(aio_keys, aio);
   j["pipeline"] = write_keys(pipeline_keys, pipeline);
   j["tensor_parallel"] = write_keys(tensor_parallel_keys, tensor_parallel);
+  j["activation_checkpointing"] = write_keys(activation_checkpointing_keys, activation_checkpointing);
   return j;
 }
 
