@@ -2,15 +2,6 @@
 /// \file
 /// `activation_store<Backend>`: the activations a framework checkpoints, kept in host memory from forward to
 /// backward (ZeRO-R's CPU checkpointing; DeepSpeed's `activation_checkpointing.cpu_checkpointing`).
-///
-/// Forward: `save(src, bytes)` copies a checkpoint down to a host arena on the store's own stream, after the
-/// work the compute stream has enqueued so far; `wait_saved(id, s)` orders a stream after that copy, so the
-/// framework may reuse the device memory from there on. Backward asks for the checkpoints back in the reverse
-/// order: `fetch(id)` returns them in a device ring, uploaded on a second stream of the store's and ordered
-/// before the compute stream's next work; each fetch starts the uploads of the next `lookahead` checkpoints
-/// (ids below it) while backward computes. `release(id)` hands a checkpoint's ring space back once the work
-/// that reads it is enqueued; `clear()` ends the pass. Nothing on the host waits: every order is an event
-/// between the three streams. Both memories are allocated once, at their size, through counting allocators.
 /// docs/activations.md.
 
 #include "zero/backend/backend.hpp"
@@ -30,9 +21,16 @@
 
 namespace zero {
 
+/// Where each checkpoint starts in the store's host arena and device ring: a multiple of this many bytes.
+inline constexpr std::size_t activation_alignment = 256;
+/// The bytes a checkpoint of `bytes` bytes takes in the arena and the ring.
+[[nodiscard]] constexpr std::size_t activation_footprint(std::size_t bytes) noexcept {
+  return (bytes + activation_alignment - 1) / activation_alignment * activation_alignment;
+}
+
 /// Sizes of an `activation_store`.
 struct activation_store_options {
-  /// Host bytes for one forward's checkpoints (each starts on a 256-byte boundary).
+  /// Host bytes for one forward's checkpoints (each starts on an `activation_alignment` boundary).
   std::size_t host_bytes = 0;
   /// Device bytes of the ring the backward's checkpoints come back into.
   std::size_t device_bytes = 0;
@@ -64,13 +62,21 @@ activation_store_options_from(const config& c, std::size_t checkpoint_bytes,
                        "from the framework; expected the checkpoints of one forward (e.g. the number of layers), "
                        "which size the host memory");
   }
-  const std::size_t each = (checkpoint_bytes + 255) / 256 * 256;
+  const std::size_t each = activation_footprint(checkpoint_bytes);
   return activation_store_options{
       .host_bytes = n * each, .device_bytes = ring_checkpoints * each, .lookahead = ring_checkpoints - 1};
 }
 
-/// See the file comment. `Backend` copies between its device memory (`DeviceAlloc`) and its host memory
-/// (`HostAlloc`, pinned for CUDA: `offload_allocator_t`).
+/// Forward: `save(src, bytes)` copies a checkpoint down to a host arena on the store's own stream, after the
+/// work the compute stream has enqueued so far; `wait_saved(id, s)` orders a stream after that copy, so the
+/// framework may reuse the device memory from there on. Backward asks for the checkpoints back in the reverse
+/// order: `fetch(id)` returns them in a device ring, uploaded on a second stream of the store's and ordered
+/// before the compute stream's next work; each fetch starts the uploads of the next `lookahead` checkpoints
+/// (ids below it) while backward computes. `release(id)` hands a checkpoint's ring space back once the work
+/// that reads it is enqueued; `clear()` ends the pass. Nothing on the host waits: every order is an event
+/// between the three streams. Both memories are allocated once, at their size, through counting allocators.
+/// `Backend` copies between its device memory (`DeviceAlloc`) and its host memory (`HostAlloc`, pinned for CUDA:
+/// `offload_allocator_t`).
 template <backend Backend, allocator DeviceAlloc = typename Backend::allocator_type,
           allocator HostAlloc = offload_allocator_t<Backend>>
 requires can_copy<Backend>
@@ -99,7 +105,7 @@ public:
   /// \throws memory_error naming the bytes this pass needs when the host arena cannot take it (the
   /// checkpoints saved so far stay).
   std::size_t save(const void* src, std::size_t bytes) {
-    const std::size_t at = round_up(host_used_);
+    const std::size_t at = activation_footprint(host_used_);
     if (bytes == 0 || at + bytes > opt_.host_bytes) {
       if (bytes == 0) {
         throw usage_error("activation_store::save: a checkpoint of 0 bytes; expected at least one");
@@ -202,7 +208,6 @@ public:
   [[nodiscard]] const counting_allocator<DeviceAlloc>& device_memory() const noexcept { return device_alloc_; }
 
 private:
-  static constexpr std::size_t align = 256;
   struct checkpoint {
     std::size_t host = 0;
     std::size_t bytes = 0;
@@ -213,8 +218,6 @@ private:
   struct ring_slot {
     std::size_t id, offset, bytes;
   };
-
-  static std::size_t round_up(std::size_t n) { return (n + align - 1) / align * align; }
 
   checkpoint& at(std::size_t id, const char* what) {
     if (id >= slots_.size()) {
@@ -230,7 +233,7 @@ private:
     if (ring_slots_.empty()) {
       return bytes <= cap ? std::optional<std::size_t>(0) : std::nullopt;
     }
-    const std::size_t head = round_up(ring_slots_.back().offset + ring_slots_.back().bytes);
+    const std::size_t head = activation_footprint(ring_slots_.back().offset + ring_slots_.back().bytes);
     const std::size_t tail = ring_slots_.front().offset;
     if (head > tail) { // free: [head, cap) and [0, tail)
       if (head + bytes <= cap) {
