@@ -780,6 +780,8 @@ TEST_CASE("activation_checkpointing: cpu_checkpointing and number_checkpoints re
   REQUIRE(a.number_checkpoints.has_value());
   CHECK(*a.number_checkpoints == 24);
   CHECK(has_note(c, "activation_checkpointing.synchronize_checkpoint_boundary: true has no effect"));
+  CHECK(has_note(c, "activation_checkpointing.cpu_checkpointing: true takes effect where the framework keeps its "
+                    "checkpoints in a zero::activation_store"));
   CHECK(config::from_json(c.to_json()).activation_checkpointing == a);
   // DeepSpeed's defaults (the commented example's block) read as off.
   CHECK(config::from_string(R"({"train_batch_size": 1, "activation_checkpointing": {"partition_activations": false,

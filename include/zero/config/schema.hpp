@@ -372,7 +372,10 @@ inline constexpr key_row<tensor_parallel_config> tensor_parallel_keys[] = {
 // ---- activation checkpointing --------------------------------------------------------------------
 
 inline constexpr key_row<activation_checkpointing_config> activation_checkpointing_keys[] = {
-    key<&activation_checkpointing_config::cpu_checkpointing>("cpu_checkpointing"),
+    key<&activation_checkpointing_config::cpu_checkpointing>("cpu_checkpointing")
+        .noted_if("true", "true takes effect where the framework keeps its checkpoints in a zero::activation_store "
+                          "sized by activation_store_options_from (docs/activations.md): the engine does not "
+                          "checkpoint"),
     key<&activation_checkpointing_config::contiguous_memory_optimization>("contiguous_memory_optimization"),
     key<&activation_checkpointing_config::number_checkpoints>("number_checkpoints").at_least(1).or_null(),
     // true is a row of unimplemented_features; false is read.
