@@ -121,8 +121,8 @@ TEST_CASE("the offload rules the reader and check_engine_config share: one sente
   // Each config read from a file is refused by the reader; the same setting made in code on an accepted
   // config is refused by check_engine_config with the same sentence (zero/config/detail/offload_rules.hpp).
   struct rule {
-    const char* file;                  // the zero_optimization block the reader refuses
-    void (*in_code)(config&);          // the same setting made on {"stage": 3} in code
+    const char* file;         // the zero_optimization block the reader refuses
+    void (*in_code)(config&); // the same setting made on {"stage": 3} in code
     const char* message;
   };
   const rule rules[] = {
