@@ -110,6 +110,7 @@ TEST_CASE("activation_store: a ring full of checkpoints not released refuses the
   // Misuse, named.
   CHECK(thrown([&] { (void)store.fetch(2); }).find("checkpoint 2 was released in this pass") != std::string::npos);
   CHECK(thrown([&] { (void)store.fetch(3); }).find("checkpoint 3; this pass has 3") != std::string::npos);
+  CHECK(thrown([&] { store.release(2); }).find("checkpoint 2 was released already in this pass") != std::string::npos);
   store.clear();
   CHECK(thrown([&] { store.release(0); }).find("checkpoint 0; this pass has 0") != std::string::npos);
   CHECK(thrown([] {

@@ -105,12 +105,12 @@ public:
   /// \throws memory_error naming the bytes this pass needs when the host arena cannot take it (the
   /// checkpoints saved so far stay).
   std::size_t save(const void* src, std::size_t bytes) {
+    if (bytes == 0) {
+      throw usage_error("activation_store::save: a checkpoint of 0 bytes; expected at least one");
+    }
     const std::size_t at = activation_footprint(host_used_);
-    if (bytes == 0 || at + bytes > opt_.host_bytes) {
-      if (bytes == 0) {
-        throw usage_error("activation_store::save: a checkpoint of 0 bytes; expected at least one");
-      }
-      throw memory_error(detail::cat("activation_store::save: checkpoint ", std::to_string(slots_.size()), " of ",
+    if (at + bytes > opt_.host_bytes) {
+      throw memory_error(detail::cat("activation_store::save: checkpoint ", std::to_string(count_), " of ",
                                      std::to_string(bytes), " bytes needs ", std::to_string(at + bytes),
                                      " host bytes in this pass, host_bytes is ", std::to_string(opt_.host_bytes),
                                      "; expected a larger host_bytes (activation_checkpointing.number_checkpoints)"));
@@ -119,20 +119,18 @@ public:
       b_.wait(down_, cleared_up_);
       cleared_ = false;
     }
-    checkpoint c{.host = at,
-                 .bytes = bytes,
-                 .device = std::nullopt,
-                 .done = false,
-                 .saved = b_.make_event(),
-                 .loaded = b_.make_event(),
-                 .released = b_.make_event()};
+    if (count_ == slots_.size()) { // a checkpoint's events are made once and serve every pass
+      slots_.push_back({.saved = b_.make_event(), .loaded = b_.make_event()});
+    }
+    checkpoint& c = slots_[count_];
+    c.host = at;
+    c.bytes = bytes;
     b_.record(written_, compute_); // the compute stream has written src
     b_.wait(down_, written_);
     b_.copy(src, host_.data() + at, bytes, down_);
     b_.record(c.saved, down_);
     host_used_ = at + bytes;
-    slots_.push_back(std::move(c));
-    return slots_.size() - 1;
+    return count_++;
   }
 
   /// Orders `s` after checkpoint `id`'s copy down: the framework's device memory it came from may be reused
@@ -173,19 +171,23 @@ public:
   /// reads it). \throws usage_error for an unknown id or one not fetched.
   void release(std::size_t id) {
     checkpoint& c = at(id, "release");
-    if (!c.device) {
+    if (c.done || !c.device) {
       throw usage_error(detail::cat("activation_store::release: checkpoint ", std::to_string(id),
-                                    " is not in device memory; expected fetch(", std::to_string(id), ") first"));
+                                    c.done ? " was released already in this pass" : " is not in device memory",
+                                    "; expected one fetch(", std::to_string(id), ") before one release"));
     }
-    b_.record(c.released, compute_);
     c.done = true;
-    // The ring frees from its oldest slot: released ones leave in the order they were uploaded.
+    // The ring frees from its oldest slot: released ones leave in the order they were uploaded, their space
+    // reused by uploads ordered after the work enqueued so far.
+    if (ring_slots_.empty() || !slots_[ring_slots_.front().id].done) {
+      return;
+    }
     while (!ring_slots_.empty() && slots_[ring_slots_.front().id].done) {
-      b_.record(freed_, compute_);
-      freed_pending_ = true;
       slots_[ring_slots_.front().id].device.reset();
       ring_slots_.pop_front();
     }
+    b_.record(freed_, compute_);
+    freed_pending_ = true;
   }
 
   /// Ends the pass: every checkpoint is dropped, both memories free for the next forward once the work
@@ -195,13 +197,17 @@ public:
     b_.record(cleared_compute_, compute_);
     cleared_ = true;
     cleared_ring_ = true;
-    slots_.clear();
+    for (std::size_t k = 0; k < count_; ++k) {
+      slots_[k].device.reset();
+      slots_[k].done = false;
+    }
+    count_ = 0;
     ring_slots_.clear();
     host_used_ = 0;
   }
 
   /// Checkpoints saved in this pass, and the host bytes they take (alignment included).
-  [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
   [[nodiscard]] std::size_t host_used() const noexcept { return host_used_; }
   /// What the store holds of each memory (counting_allocator's view: the arena and the ring).
   [[nodiscard]] const counting_allocator<HostAlloc>& host_memory() const noexcept { return host_alloc_; }
@@ -211,18 +217,18 @@ private:
   struct checkpoint {
     std::size_t host = 0;
     std::size_t bytes = 0;
-    std::optional<std::size_t> device; // its offset in the ring while it is there
-    bool done = false;                 // released in this pass
-    event_type saved, loaded, released;
+    std::optional<std::size_t> device{}; // its offset in the ring while it is there
+    bool done = false;                   // released in this pass
+    event_type saved, loaded;
   };
   struct ring_slot {
     std::size_t id, offset, bytes;
   };
 
   checkpoint& at(std::size_t id, const char* what) {
-    if (id >= slots_.size()) {
+    if (id >= count_) {
       throw usage_error(detail::cat("activation_store::", what, ": checkpoint ", std::to_string(id), "; this pass has ",
-                                    std::to_string(slots_.size()), " (ids 0 to size() - 1)"));
+                                    std::to_string(count_), " (ids 0 to size() - 1)"));
     }
     return slots_[id];
   }
@@ -276,7 +282,8 @@ private:
   buffer<std::byte, counting_allocator<DeviceAlloc>> ring_;
   stream_type down_, up_;
   event_type written_, freed_, cleared_up_, cleared_compute_;
-  std::vector<checkpoint> slots_;
+  std::vector<checkpoint> slots_; // kept from pass to pass: the first count_ are this pass's
+  std::size_t count_ = 0;
   std::deque<ring_slot> ring_slots_;
   std::size_t host_used_ = 0;
   bool freed_pending_ = false, cleared_ = false, cleared_ring_ = false;
