@@ -71,15 +71,18 @@ measure() {
 
 if want llmc; then
   LLMC=${LLMC:?LLMC names a copy of karpathy/llm.c (Makefile, train_gpt2.cu, llmc/)}
-  build=$out/llmc-build
-  rm -rf "$build" && cp -r "$LLMC" "$build"
-  # CUDA 13: cudaMemAdvise's location is a cudaMemLocation, not a device number.
-  if nvcc --version | grep -q "release 1[3-9]"; then
-    sed -i 's/cudaMemAdvise(\*out, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdvise(*out, bytes, cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \
-      "$build/llmc/cuda_utils.cuh"
+  # One build serves every preset of this $OUT.
+  build=$OUT/llmc-build
+  if [[ ! -x $build/train_gpt2cu ]]; then
+    rm -rf "$build" && cp -r "$LLMC" "$build"
+    # CUDA 13: cudaMemAdvise's location is a cudaMemLocation, not a device number.
+    if nvcc --version | grep -q "release 1[3-9]"; then
+      sed -i 's/cudaMemAdvise(\*out, bytes, cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdvise(*out, bytes, cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \
+        "$build/llmc/cuda_utils.cuh"
+    fi
+    (cd "$build" && make train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY=90 > build.log 2>&1) ||
+      { tail -20 "$build/build.log"; exit 1; }
   fi
-  (cd "$build" && make train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 GPU_COMPUTE_CAPABILITY=90 > build.log 2>&1) ||
-    { tail -20 "$build/build.log"; exit 1; }
   # -e dN: from scratch at GPT-2's size. Its validation runs at the first and the last step only (-v past the end:
   # -v 0 would divide by zero), one batch (-m 1), outside the steps it times; no sampling, checkpoints or HellaSwag.
   measure llmc "$build/train_gpt2cu" -i "$out/train.bin" -j "$out/val.bin" -e "$preset" -b "$B" -t "$T" \
