@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPT example on the GPU machine, in one go (logs in $OUT):
 #   build   zero-gpt (CPU) and zero-gpt-cuda, and the kernels' test against the CPU math (example.gpt.cuda);
+#   tests   that test alone, over a build already in build/gpt-gpu; sanitize: compute-sanitizer on its new cases;
 #   torch   zero-gpt-cuda against bench/gpt/torch_gpt.py in bf16 on the GPU, 50 steps at stages 0-3, from the same
 #           initial weights and batches; torch_more: with clipping, a wider model, and the CPU fp32 comparison;
 #   hf      a d12 exported by zero-gpt-cuda loaded by transformers: val loss and logits against zero's bf16 ones;
 #           then --init from that folder trains on;
 #   speed   tokens/s, model TFLOP/s and MFU of d12 and d48 on one GPU (byte-valued shards of GPT-2's vocabulary);
+#   checkpoint  --checkpoint-activations at a long sequence, the block inputs on the device and then on the host;
 #   compare bench/gpt/compare.sh: d12 at B 32 and d48 at B 8 beside llm.c (from $LLMC) and PyTorch (issue 42).
 # Needs CLI11 and libxxhash from $ZERO_PREFIX where the machine lacks them (as scripts/gpu).
 #   ZERO_PREFIX=$PWD/.carry/prefix CORPUS=$PWD/.carry/literature LLMC=$PWD/.carry/llmc \
@@ -29,8 +31,21 @@ if want build; then
   cmake --build $build -j "$(nproc)" --target zero-gpt zero-gpt-cuda zero_gpt_cuda_tests > "$OUT/build.log" 2>&1 ||
     { grep -E "error|Error" -A3 "$OUT/build.log" | head -60; exit 1; }
   echo "build: $(($(date +%s) - start)) s"
-  timeout 60 $build/examples/gpt/zero_gpt_cuda_tests > "$OUT/cuda_tests.log" 2>&1
+fi
+if want build || want tests; then
+  timeout 90 $build/examples/gpt/zero_gpt_cuda_tests > "$OUT/cuda_tests.log" 2>&1
   echo "example.gpt.cuda rc=$?"; grep -E "ERROR|FAILED|CHECK|status|assertions" "$OUT/cuda_tests.log" | head -40
+fi
+if want sanitize; then
+  # compute-sanitizer on the fused attention's and the activation store's test cases: memcheck on both, racecheck
+  # and synccheck (shared memory, barriers) on the attention's.
+  for tool in memcheck racecheck synccheck; do
+    cases="*fused attention*"
+    [[ $tool == memcheck ]] && cases="*fused attention*,*activation checkpointing*"
+    timeout ${SANITIZE_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 $build/examples/gpt/zero_gpt_cuda_tests \
+      -tc="$cases" > "$OUT/sanitize_$tool.log" 2>&1
+    echo "compute-sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|assertions" "$OUT/sanitize_$tool.log" | tail -2
+  done
 fi
 cpu=$build/examples/gpt/zero-gpt
 gpu=$build/examples/gpt/zero-gpt-cuda
@@ -99,6 +114,35 @@ import json, sys
 d = json.loads(sys.stdin.read())
 print({k: d.get(k) for k in ('device', 'stage', 'tokens_per_s', 'model_tflops_per_s', 'mfu', 'device_peak_bytes',
       'model_state_peak_bytes', 'activation_bytes', 'train_loss')})" || tail -5 "$log"
+  done
+fi
+if want checkpoint; then
+  # Activation checkpointing (--checkpoint-activations) at a long sequence, CKPT_RUN="PRESET B T" (default the d48 at
+  # B 8, T 4096, where keeping every block's activations does not fit): the block inputs kept on the device, then in
+  # host memory (activation_checkpointing.cpu_checkpointing), the configs otherwise the same. Tokens/s, the device's
+  # peak and the final parameters' checksum (the same bits expected).
+  read -r name b t <<< "${CKPT_RUN:-d48 8 4096}"
+  python3 - "$OUT" "$b" <<'PY'
+import json, sys
+out, b = sys.argv[1], int(sys.argv[2])
+for where in ("device", "host"):
+    cfg = {"train_micro_batch_size_per_gpu": b, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+           "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+           "zero_optimization": {"stage": 0},
+           "activation_checkpointing": {"cpu_checkpointing": where == "host"}}
+    json.dump(cfg, open(f"{out}/ckpt_{where}.json", "w"))
+PY
+  for where in device host; do
+    log="$OUT/ckpt_${name}_t${t}_${where}.log"
+    timeout 150 $gpu --preset $name --seq "$t" "${shards[@]}" --config "$OUT/ckpt_$where.json" --checkpoint-activations \
+      --steps ${CKPT_STEPS:-6} --print-every 2 --json > "$log" 2>&1
+    echo "checkpoint $name B $b T $t on the $where rc=$?"
+    grep "^{" "$log" | python3 -c "
+import json, sys
+d = json.loads(sys.stdin.read())
+print({k: d.get(k) for k in ('tokens_per_s', 'mfu', 'device_peak_bytes', 'activation_bytes', 'checkpoint_host_bytes',
+      'params_checksum', 'train_loss', 'val_loss')})" || tail -5 "$log"
   done
 fi
 if want compare; then

@@ -17,15 +17,18 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <zero/backend/cuda_backend.hpp>
 #include <zero/core/cuda_check.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
 #include <zero/core/source_location.hpp>
+#include <zero/engine/activation_store.hpp>
 #include <zero/memory/buffer.hpp>
 #include <zero/memory/device_allocator.hpp>
 #include <zero/memory/pinned_allocator.hpp>
@@ -53,6 +56,38 @@ inline void check_cublas(cublasStatus_t status, const char* expr, const zero::de
 /// Evaluates the cuBLAS call `expr`; throws `zero::cuda_error` when it does not return CUBLAS_STATUS_SUCCESS.
 #define GPT_CHECK_CUBLAS(expr) ::gpt::detail::check_cublas((expr), #expr, ::zero::detail::source_location::current())
 
+/// How `cuda_model` computes causal self-attention.
+enum class attention_path {
+  /// gpt_attention.cu's fused kernels: no [T, T] scores in memory, the rows' log-sum-exp kept per layer
+  /// ([B, NH, T] fp32); head sizes 16, 32, 64 and 128.
+  fused,
+  /// cuBLAS batched GEMMs per sequence over the probabilities [B, NH, T, T] kept per layer (bf16); any head size.
+  materialized,
+};
+
+/// The path `cuda_model` takes by default: fused where the head size allows it.
+[[nodiscard]] inline attention_path default_attention(const model_config& cfg) {
+  return kernels::fused_attention_supports(cfg.d_model / cfg.heads) ? attention_path::fused
+                                                                    : attention_path::materialized;
+}
+
+/// What `cuda_model` keeps between a block's forward and its backward, and how it computes attention.
+struct cuda_model_options {
+  /// The attention's path; `default_attention(cfg)` when empty.
+  std::optional<attention_path> attention{};
+  /// Activation checkpointing: each block's input is kept and the rest of its activations are recomputed in its
+  /// backward (up to the MLP's GELU: the block's output is not needed), in one block's buffers shared by all.
+  /// The recomputation runs the same kernels on the same inputs, so the gradients have the same bits as
+  /// without it.
+  bool checkpoint = false;
+  /// With `checkpoint`: the block inputs in host memory through a `zero::activation_store` of these sizes
+  /// (DeepSpeed's `activation_checkpointing.cpu_checkpointing`): two of them on the device during forward,
+  /// the ring's during backward.
+  std::optional<zero::activation_store_options> offload{};
+  /// With `offload`: the zero stream whose handle is the model's stream (the store orders its copies by it).
+  const zero::cuda_stream* compute = nullptr;
+};
+
 /// GPT-2's forward and backward on one GPU, module by module, over device parameters the caller owns.
 /// The model holds every activation the backward needs (for up to `batch` x `cfg.seq` tokens), the
 /// backward's scratch, its cuBLAS handle and workspace, all allocated by the constructor: a step allocates
@@ -73,30 +108,56 @@ public:
   /// Allocates the activations for `batch` sequences of up to `cfg.seq` tokens on the current device, and a
   /// cuBLAS handle bound to `stream` with a workspace of its own.
   /// @param stream the stream every call enqueues on (the caller's; it must outlive the model)
-  /// @throws std::invalid_argument when `cfg` does not validate or `batch` < 1; zero::memory_error when the
-  ///         device memory does not fit; zero::cuda_error when a CUDA or cuBLAS call fails.
-  cuda_model(model_config cfg, int batch, cudaStream_t stream) : cfg_(cfg), batch_(batch), stream_(stream) {
+  /// @param o the attention's path and what the model keeps for the backward (see cuda_model_options)
+  /// @throws std::invalid_argument when `cfg` does not validate, `batch` < 1, the fused path is asked for
+  ///         with a head size it does not take, or `o.offload` comes without `o.checkpoint` or without the
+  ///         stream's `o.compute`; zero::memory_error when the device (or the store's host) memory does not
+  ///         fit; zero::cuda_error when a CUDA or cuBLAS call fails.
+  cuda_model(model_config cfg, int batch, cudaStream_t stream, cuda_model_options o = {})
+      : cfg_(cfg), batch_(batch), stream_(stream), checkpoint_(o.checkpoint) {
     cfg_.validate();
     if (batch < 1) {
       throw std::invalid_argument("--batch: expected a whole number >= 1, found " + std::to_string(batch));
     }
+    if (o.offload && (!o.checkpoint || o.compute == nullptr || o.compute->get() != stream)) {
+      throw std::invalid_argument(
+          "cuda_model: activation offload keeps the checkpoints of activation checkpointing; expected "
+          "checkpoint = true and compute = the zero::cuda_stream whose handle is the model's stream");
+    }
+    attention_ = o.attention.value_or(default_attention(cfg_));
+    if (attention_ == attention_path::fused && !kernels::fused_attention_supports(cfg_.d_model / cfg_.heads)) {
+      throw std::invalid_argument("cuda_model: the fused attention takes heads of 16, 32, 64 or 128 elements, found " +
+                                  std::to_string(cfg_.d_model / cfg_.heads) + " (--d-model / --heads)");
+    }
+    const bool fused = attention_ == attention_path::fused;
     const std::size_t bt = static_cast<std::size_t>(batch) * static_cast<std::size_t>(cfg_.seq);
     const std::size_t c = C(), l = static_cast<std::size_t>(cfg_.layers), t = static_cast<std::size_t>(cfg_.seq);
     const std::size_t nh = static_cast<std::size_t>(cfg_.heads);
+    // A block's activations: one slice per block, or one shared by all when checkpointing.
+    const std::size_t kept = checkpoint_ ? 1 : l;
     encoded_ = device<zero::bf16>(bt * c);
-    ln1_ = device<zero::bf16>(l * bt * c);
-    ln1_mean_ = device<float>(l * bt);
-    ln1_rstd_ = device<float>(l * bt);
-    qkv_ = device<zero::bf16>(l * bt * 3 * c);
-    att_ = device<zero::bf16>(l * static_cast<std::size_t>(batch) * nh * t * t);
-    atty_ = device<zero::bf16>(l * bt * c);
-    res2_ = device<zero::bf16>(l * bt * c);
-    ln2_ = device<zero::bf16>(l * bt * c);
-    ln2_mean_ = device<float>(l * bt);
-    ln2_rstd_ = device<float>(l * bt);
-    fch_ = device<zero::bf16>(l * bt * 4 * c);
-    fch_gelu_ = device<zero::bf16>(l * bt * 4 * c);
-    res3_ = device<zero::bf16>(l * bt * c);
+    ln1_ = device<zero::bf16>(kept * bt * c);
+    ln1_mean_ = device<float>(kept * bt);
+    ln1_rstd_ = device<float>(kept * bt);
+    qkv_ = device<zero::bf16>(kept * bt * 3 * c);
+    if (fused) {
+      lse_ = device<float>(kept * static_cast<std::size_t>(batch) * nh * t);
+      dsum_ = device<float>(static_cast<std::size_t>(batch) * nh * t);
+    } else {
+      att_ = device<zero::bf16>(kept * static_cast<std::size_t>(batch) * nh * t * t);
+      scores_ = device<float>(nh * t * t);
+      dscores_ = device<zero::bf16>(nh * t * t);
+    }
+    atty_ = device<zero::bf16>(kept * bt * c);
+    res2_ = device<zero::bf16>(kept * bt * c);
+    ln2_ = device<zero::bf16>(kept * bt * c);
+    ln2_mean_ = device<float>(kept * bt);
+    ln2_rstd_ = device<float>(kept * bt);
+    fch_ = device<zero::bf16>(kept * bt * 4 * c);
+    fch_gelu_ = device<zero::bf16>(kept * bt * 4 * c);
+    // The blocks' outputs (the next blocks' inputs): every block's, or two in turn when they go to the host.
+    res3_ = device<zero::bf16>((o.offload ? 2 : l) * bt * c);
+    ids_.assign(l, 0);
     lnf_ = device<zero::bf16>(bt * c);
     lnf_mean_ = device<float>(bt);
     lnf_rstd_ = device<float>(bt);
@@ -108,8 +169,6 @@ public:
     datty_ = device<zero::bf16>(bt * c);
     dqkv_ = device<zero::bf16>(bt * 3 * c);
     dfch_ = device<zero::bf16>(bt * 4 * c);
-    scores_ = device<float>(nh * t * t);
-    dscores_ = device<zero::bf16>(nh * t * t);
     // The widest column sum: c_fc's bias gradient, 4C columns (LayerNorm's needs 2C, c_attn's 3C).
     column_workspace_ = device<float>(kernels::column_sum_workspace_floats(bt, 4 * c));
     tokens_ = device<std::int32_t>(bt);
@@ -125,6 +184,14 @@ public:
     tokens_done_ = make_event();
     targets_done_ = make_event();
     plan_done_ = make_event();
+
+    if (o.offload) {
+      int dev = 0;
+      ZERO_CHECK_CUDA(cudaGetDevice(&dev));
+      store_backend_.emplace(dev);
+      compute_ = o.compute;
+      store_ = std::make_unique<store_type>(*store_backend_, *compute_, *o.offload);
+    }
 
     cublasHandle_t handle = nullptr;
     GPT_CHECK_CUBLAS(cublasCreate(&handle));
@@ -153,6 +220,13 @@ public:
   [[nodiscard]] int batch() const { return batch_; }
   /// The stream every call enqueues on.
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  /// The attention's path.
+  [[nodiscard]] attention_path attention() const { return attention_; }
+  /// Whether the model checkpoints (see cuda_model_options), and whether its checkpoints go to the host.
+  [[nodiscard]] bool checkpointing() const { return checkpoint_; }
+  [[nodiscard]] bool offloading() const { return store_ != nullptr; }
+  /// Host bytes the checkpoints' store holds (pinned), 0 without offload.
+  [[nodiscard]] std::size_t checkpoint_host_bytes() const { return store_ ? store_->host_memory().total().live : 0; }
 
   /// Device bytes the model holds: activations, logits, the backward's scratch, the token buffers and the
   /// workspaces (cuBLAS's included).
@@ -163,13 +237,14 @@ public:
       n += b->bytes();
     }
     for (const auto* b : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_, &lnf_mean_, &lnf_rstd_, &losses_, &scores_,
-                          &column_workspace_}) {
+                          &lse_, &dsum_, &column_workspace_}) {
       n += b->bytes();
     }
     for (const auto* b : {&tokens_, &targets_, &plan_}) {
       n += b->bytes();
     }
-    return n + loss_.bytes() + cublas_workspace_.bytes();
+    const std::size_t ring = store_ ? store_->device_memory().total().live : 0;
+    return n + loss_.bytes() + cublas_workspace_.bytes() + ring;
   }
 
   /// Starts a pass: the residual stream becomes wte[tokens] + wpe[position] (rounded to bf16).
@@ -185,43 +260,32 @@ public:
     T_ = T;
     have_dlogits_ = false;
     have_logits_ = false;
+    held_ = -1;
+    if (store_) {
+      // The last pass's checkpoints came from encoded_ and the two output slots this pass overwrites: every
+      // copy down has landed first. A pass without backward leaves some unread; the store starts again.
+      for (std::size_t id = 0; id < store_->size(); ++id) {
+        store_->wait_saved(id, *compute_);
+      }
+      store_->clear();
+    }
     upload(tokens, rows(), tokens_host_, tokens_, tokens_done_.get());
     kernels::embedding_forward(encoded_.data(), tokens_.data(), wte, wpe, B, T, cfg_.d_model, stream_);
   }
 
-  /// Block l's forward: x += attn(ln_1(x)); x += mlp(ln_2(x)).
+  /// Block l's forward: x += attn(ln_1(x)); x += mlp(ln_2(x)). With offload, the block's input is copied down
+  /// to the host first (blocks in order 0..L-1).
   /// @throws std::out_of_range when l is not a block; std::logic_error before embed_forward.
   void block_forward(int l, cuda_block_params p) {
     check_layer(l, "block_forward");
-    const std::size_t n = rows();
-    const int c = cfg_.d_model, n_rows = static_cast<int>(n);
     const zero::bf16* x = block_input(l);
-    zero::bf16* ln1 = at(ln1_, l);
-    zero::bf16* qkv = at(qkv_, l);
-    zero::bf16* atty = at(atty_, l);
-    zero::bf16* res2 = at(res2_, l);
-    zero::bf16* ln2 = at(ln2_, l);
-    zero::bf16* fch = at(fch_, l);
-    zero::bf16* gelu = at(fch_gelu_, l);
-    zero::bf16* res3 = at(res3_, l);
-
-    kernels::layernorm_forward(ln1, at(ln1_mean_, l), at(ln1_rstd_, l), x, p.ln_1_weight, p.ln_1_bias, n, c, stream_);
-    // qkv[n, 3C] = ln1[n, C] · c_attn[C, 3C] + bias: C starts as the bias rows, beta = 1 adds the product.
-    kernels::bias_broadcast(qkv, p.c_attn_bias, n, 3 * c, stream_);
-    gemm(false, false, n_rows, 3 * c, c, 1.0f, ln1, c, p.c_attn_weight, 3 * c, 1.0f, qkv, CUDA_R_16BF, 3 * c);
-    attention_forward(l, atty, qkv);
-    // res2[n, C] = (x + bias) + atty[n, C] · attn.c_proj[C, C].
-    kernels::residual_bias(res2, x, p.attn_c_proj_bias, n, c, stream_);
-    gemm(false, false, n_rows, c, c, 1.0f, atty, c, p.attn_c_proj_weight, c, 1.0f, res2, CUDA_R_16BF, c);
-    kernels::layernorm_forward(ln2, at(ln2_mean_, l), at(ln2_rstd_, l), res2, p.ln_2_weight, p.ln_2_bias, n, c,
-                               stream_);
-    // fch[n, 4C] = ln2[n, C] · c_fc[C, 4C] + bias.
-    kernels::bias_broadcast(fch, p.c_fc_bias, n, 4 * c, stream_);
-    gemm(false, false, n_rows, 4 * c, c, 1.0f, ln2, c, p.c_fc_weight, 4 * c, 1.0f, fch, CUDA_R_16BF, 4 * c);
-    kernels::gelu_forward(gelu, fch, n * 4 * C(), stream_);
-    // res3[n, C] = (res2 + bias) + gelu[n, 4C] · mlp.c_proj[4C, C].
-    kernels::residual_bias(res3, res2, p.mlp_c_proj_bias, n, c, stream_);
-    gemm(false, false, n_rows, c, 4 * c, 1.0f, gelu, 4 * c, p.mlp_c_proj_weight, c, 1.0f, res3, CUDA_R_16BF, c);
+    if (store_) {
+      ids_[static_cast<std::size_t>(l)] = store_->save(x, rows() * C() * sizeof(zero::bf16));
+      if (l >= 2) { // the output slot held block l - 1's input: its copy down has landed
+        store_->wait_saved(ids_[static_cast<std::size_t>(l - 1)], *compute_);
+      }
+    }
+    forward_block(l, p, x, block_output(l));
   }
 
   /// The final LayerNorm over the last block's output.
@@ -321,7 +385,11 @@ public:
     }
     const std::size_t n = rows();
     const int c = cfg_.d_model;
-    const zero::bf16* x = block_input(l);
+    const auto id = static_cast<std::size_t>(l);
+    const zero::bf16* x = store_ ? static_cast<const zero::bf16*>(store_->fetch(ids_[id])) : block_input(l);
+    if (checkpoint_ && held_ != l) {
+      forward_block(l, p, x, nullptr); // the block's activations again, from its input
+    }
     zero::bf16* dres = dres_.data();
     float* ws = column_workspace_.data();
 
@@ -340,6 +408,9 @@ public:
     matmul_backward(dln_.data(), g.c_attn_weight, g.c_attn_bias, dqkv_.data(), at(ln1_, l), p.c_attn_weight, c, 3 * c);
     kernels::layernorm_backward(dres, g.ln_1_weight, g.ln_1_bias, ws, dln_.data(), x, p.ln_1_weight, at(ln1_mean_, l),
                                 at(ln1_rstd_, l), n, c, stream_);
+    if (store_) {
+      store_->release(ids_[id]); // the work reading x is enqueued
+    }
   }
 
   /// The embeddings' backward, deterministic: the rows are sorted by token on the host (a counting sort), each
@@ -400,14 +471,21 @@ private:
   [[nodiscard]] std::size_t Vp() const { return (V() + 7) / 8 * 8; }
   [[nodiscard]] std::size_t rows() const { return static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_); }
 
-  // Layer l's slice of a per-layer activation: each layer's slice is sized for the full batch, and a pass
-  // of fewer rows uses its start.
+  // Layer l's slice of a per-layer activation: each slice is sized for the full batch, and a pass of fewer rows
+  // uses its start. Checkpointing keeps one slice, which every layer uses.
   template <class T> T* at(device_buffer<T>& b, int l) {
-    return b.data() + static_cast<std::size_t>(l) * (b.size() / static_cast<std::size_t>(cfg_.layers));
+    return checkpoint_ ? b.data()
+                       : b.data() + static_cast<std::size_t>(l) * (b.size() / static_cast<std::size_t>(cfg_.layers));
   }
 
-  // The residual stream entering block l (l = layers: entering ln_f).
-  const zero::bf16* block_input(int l) { return l == 0 ? encoded_.data() : at(res3_, l - 1); }
+  // Block l's output: its own slice, or with offload slot l % 2.
+  zero::bf16* block_output(int l) {
+    const std::size_t slots = store_ ? 2 : static_cast<std::size_t>(cfg_.layers);
+    return res3_.data() + static_cast<std::size_t>(l) % slots * (res3_.size() / slots);
+  }
+
+  // The residual stream entering block l (l = layers: entering ln_f), as the forward left it.
+  const zero::bf16* block_input(int l) { return l == 0 ? encoded_.data() : block_output(l - 1); }
 
   void check_pass(const char* what) const { check_pass_open(B_, what); }
   void check_layer(int l, const char* what) const { check_block(B_, l, cfg_.layers, what); }
@@ -461,12 +539,53 @@ private:
     kernels::bias_backward(dbias, column_workspace_.data(), dout, rows(), oc, stream_);
   }
 
-  // Causal self-attention, one sequence b at a time, its NH heads as one strided batch: scores = q · kᵀ (fp32),
+  // Block l's forward from its input x into the layer's slices; its output to res3, or with res3 null only up
+  // to the MLP's GELU (a checkpointed block's recomputation: the backward does not read the output).
+  void forward_block(int l, const cuda_block_params& p, const zero::bf16* x, zero::bf16* res3) {
+    const std::size_t n = rows();
+    const int c = cfg_.d_model, n_rows = static_cast<int>(n);
+    zero::bf16* ln1 = at(ln1_, l);
+    zero::bf16* qkv = at(qkv_, l);
+    zero::bf16* atty = at(atty_, l);
+    zero::bf16* res2 = at(res2_, l);
+    zero::bf16* ln2 = at(ln2_, l);
+    zero::bf16* fch = at(fch_, l);
+    zero::bf16* gelu = at(fch_gelu_, l);
+    held_ = l;
+
+    kernels::layernorm_forward(ln1, at(ln1_mean_, l), at(ln1_rstd_, l), x, p.ln_1_weight, p.ln_1_bias, n, c, stream_);
+    // qkv[n, 3C] = ln1[n, C] · c_attn[C, 3C] + bias: C starts as the bias rows, beta = 1 adds the product.
+    kernels::bias_broadcast(qkv, p.c_attn_bias, n, 3 * c, stream_);
+    gemm(false, false, n_rows, 3 * c, c, 1.0f, ln1, c, p.c_attn_weight, 3 * c, 1.0f, qkv, CUDA_R_16BF, 3 * c);
+    attention_forward(l, atty, qkv);
+    // res2[n, C] = (x + bias) + atty[n, C] · attn.c_proj[C, C].
+    kernels::residual_bias(res2, x, p.attn_c_proj_bias, n, c, stream_);
+    gemm(false, false, n_rows, c, c, 1.0f, atty, c, p.attn_c_proj_weight, c, 1.0f, res2, CUDA_R_16BF, c);
+    kernels::layernorm_forward(ln2, at(ln2_mean_, l), at(ln2_rstd_, l), res2, p.ln_2_weight, p.ln_2_bias, n, c,
+                               stream_);
+    // fch[n, 4C] = ln2[n, C] · c_fc[C, 4C] + bias.
+    kernels::bias_broadcast(fch, p.c_fc_bias, n, 4 * c, stream_);
+    gemm(false, false, n_rows, 4 * c, c, 1.0f, ln2, c, p.c_fc_weight, 4 * c, 1.0f, fch, CUDA_R_16BF, 4 * c);
+    kernels::gelu_forward(gelu, fch, n * 4 * C(), stream_);
+    if (res3 == nullptr) {
+      return;
+    }
+    // res3[n, C] = (res2 + bias) + gelu[n, 4C] · mlp.c_proj[4C, C].
+    kernels::residual_bias(res3, res2, p.mlp_c_proj_bias, n, c, stream_);
+    gemm(false, false, n_rows, c, 4 * c, 1.0f, gelu, 4 * c, p.mlp_c_proj_weight, c, 1.0f, res3, CUDA_R_16BF, c);
+  }
+
+  // Causal self-attention. Fused: gpt_attention.cu's kernels. Materialized: one sequence b at a time, its NH
+  // heads as one strided batch: scores = q · kᵀ (fp32),
   // probs = the fused causal softmax of scale · scores (kept per layer, bf16), y = probs · v. q, k, v are the
   // column blocks [0, C), [C, 2C), [2C, 3C) of qkv (row stride 3C), head h the columns [h·hs, (h+1)·hs) of each;
   // probs [B, NH, T, T] for this pass's T; y's head h goes to columns [h·hs, (h+1)·hs) of atty (row stride C).
   void attention_forward(int l, zero::bf16* atty, const zero::bf16* qkv) {
     const int c = cfg_.d_model, nh = cfg_.heads, hs = c / nh, T = T_;
+    if (attention_ == attention_path::fused) {
+      kernels::fused_attention_forward(atty, at(lse_, l), qkv, B_, T, nh, c, stream_);
+      return;
+    }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     const long long tt = static_cast<long long>(T) * T;
     zero::bf16* att_l = at(att_, l);
@@ -489,6 +608,11 @@ private:
   // softmax's backward on the causal part, then dq = scale · dscores · k and dk = scale · dscoresᵀ · q.
   void attention_backward(int l, zero::bf16* dqkv, const zero::bf16* dy) {
     const int c = cfg_.d_model, nh = cfg_.heads, hs = c / nh, T = T_;
+    if (attention_ == attention_path::fused) {
+      kernels::fused_attention_backward(dqkv, dsum_.data(), dy, at(atty_, l), at(qkv_, l), at(lse_, l), B_, T, nh, c,
+                                        stream_);
+      return;
+    }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     const long long tt = static_cast<long long>(T) * T;
     const zero::bf16* qkv = at(qkv_, l);
@@ -518,9 +642,15 @@ private:
     }
   }
 
+  using store_type = zero::activation_store<zero::cuda_backend, zero::device_allocator>;
+
   model_config cfg_;
   int batch_;
   cudaStream_t stream_;
+  bool checkpoint_;
+  attention_path attention_ = attention_path::fused;
+  // The layer whose activations the shared slices hold (checkpointing; -1: none).
+  int held_ = -1;
   int B_ = 0;
   int T_ = 0;
   bool have_dlogits_ = false;
@@ -530,6 +660,9 @@ private:
   // output and statistics, c_fc's output before and after GELU, the stream after the MLP (res3).
   device_buffer<zero::bf16> encoded_, ln1_, qkv_, att_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_;
   device_buffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_;
+  // The fused path's rows' log-sum-exp per layer [B, NH, T] and the backward's row terms (empty when
+  // materialized; att_, scores_ and dscores_ are empty when fused).
+  device_buffer<float> lse_, dsum_;
   // ln_f's output and statistics. The logits [B·T, Vp] in bf16, overwritten in place by dlogits in a train pass:
   // head_backward's GEMMs take bf16 operands, so bf16 dlogits cost no conversion and no second buffer of the
   // model's largest activation (B·T·V); a logit's rounding (relative 2^-9) moves a token's loss by about
@@ -556,6 +689,12 @@ private:
   // logits()'s host copies, sized on first use.
   mutable std::vector<zero::bf16> logits_staging_;
   mutable std::vector<float> logits_host_;
+  // With offload: the store (its backend first, so the store goes before it), the compute stream, and each
+  // block input's checkpoint id in this pass.
+  std::optional<zero::cuda_backend> store_backend_;
+  const zero::cuda_stream* compute_ = nullptr;
+  std::unique_ptr<store_type> store_;
+  std::vector<std::size_t> ids_;
 };
 
 } // namespace gpt

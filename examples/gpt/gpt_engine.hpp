@@ -34,7 +34,14 @@ template <> struct math_traits<cpu_model> {
   using block_grads_type = block_grads;
   /// Whether 16-bit parameters are converted into fp32 copies after each gather (the CPU math is fp32 only).
   static constexpr bool converts_params = true;
-  template <class Engine> static cpu_model make(Engine&, const model_config& cfg, int batch) {
+  /// @throws std::invalid_argument with `checkpoint` or the config's cpu_checkpointing: the CPU math keeps every
+  /// activation.
+  template <class Engine> static cpu_model make(Engine& eng, const model_config& cfg, int batch, bool checkpoint) {
+    if (checkpoint || eng.cfg().activation_checkpointing.cpu_checkpointing) {
+      throw std::invalid_argument(
+          std::string(checkpoint ? "--checkpoint-activations" : "activation_checkpointing.cpu_checkpointing") +
+          ": the CPU model (--device cpu) keeps every activation; expected --device cuda");
+    }
     return cpu_model(cfg, batch);
   }
   /// Host memory of `floats` fp32 values.
@@ -58,8 +65,10 @@ template <class Engine, class Math = cpu_model> class zero_gpt {
 
 public:
   /// Registers the model's parameters with `eng` (before `finalize`): 1-D tensors train without weight decay.
-  zero_gpt(Engine& eng, const model_config& cfg, int batch)
-      : eng_(eng), cfg_(cfg), math_(traits::make(eng, cfg, batch)) {
+  /// `checkpoint`: activation checkpointing (the math keeps each block's input and recomputes the rest in the
+  /// backward; where the config's activation_checkpointing.cpu_checkpointing says so, the inputs go to the host).
+  zero_gpt(Engine& eng, const model_config& cfg, int batch, bool checkpoint = false)
+      : eng_(eng), cfg_(cfg), math_(traits::make(eng, cfg, batch, checkpoint)) {
     specs_ = parameters(cfg);
     if (!traits::converts_params && eng.cfg().param_dtype() != zero::dtype_v<param_type>) {
       throw std::invalid_argument(
@@ -163,6 +172,14 @@ public:
   [[nodiscard]] std::span<const float> logits() const { return math_.logits(); }
   [[nodiscard]] const model_config& config() const noexcept { return cfg_; }
   [[nodiscard]] std::size_t activation_bytes() const { return math_.activation_bytes(); }
+  /// Host bytes of the math's activation checkpoints (0 where it keeps none there).
+  [[nodiscard]] std::size_t checkpoint_host_bytes() const {
+    if constexpr (requires { math_.checkpoint_host_bytes(); }) {
+      return math_.checkpoint_host_bytes();
+    } else {
+      return 0;
+    }
+  }
   [[nodiscard]] const std::vector<param_spec>& specs() const noexcept { return specs_; }
   [[nodiscard]] zero::param_handle handle(std::size_t k) const { return handles_[k]; }
 

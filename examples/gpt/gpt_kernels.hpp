@@ -137,6 +137,27 @@ void causal_softmax_forward(bf16* probs, const float* scores, std::size_t matric
 void causal_softmax_backward(bf16* dscores, const bf16* probs, const float* dprobs, std::size_t matrices, int T,
                              cudaStream_t stream);
 
+/// Whether the fused attention below takes heads of `head_size` elements: 16, 32, 64 or 128.
+[[nodiscard]] bool fused_attention_supports(int head_size);
+
+/// Causal self-attention without the scores in memory (gpt_attention.cu, FlashAttention-2's schedule on the
+/// tensor cores): for each sequence b and head h, `out[b, t, h] = sum_{s <= t} softmax_s(q_t · k_s / sqrt(HD)) v_s`,
+/// the probabilities rounded to bf16 before they weight v (as the materialized path's bf16 probs), and
+/// `lse[b, h, t]`, the row's log-sum-exp of the scaled scores in base 2 (log2 of the softmax's denominator),
+/// which the backward reads.
+/// @param out [B, T, C] bf16; @param lse [B, NH, T] fp32
+/// @param qkv [B, T, 3C] bf16: q, k, v at columns h·HD, C + h·HD, 2C + h·HD, HD = C / NH
+/// @throws zero::usage_error unless B, T >= 1, B · NH <= 65535 and fused_attention_supports(C / NH).
+void fused_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int C, cudaStream_t stream);
+
+/// The fused attention's backward: `dqkv` [B, T, 3C] overwritten with dq, dk, dv from `dout` = d out, the
+/// forward's `out`, `qkv` and `lse`; P recomputed from lse tile by tile. Each element is summed by one warp
+/// in a fixed order (dK and dV per key tile, dQ per query tile): no atomics, the same bits every run.
+/// @param dsum [B, NH, T] fp32 scratch (the rows' dout · out)
+/// @throws zero::usage_error as fused_attention_forward.
+void fused_attention_backward(bf16* dqkv, float* dsum, const bf16* dout, const bf16* out, const bf16* qkv,
+                              const float* lse, int B, int T, int NH, int C, cudaStream_t stream);
+
 /// The LM head's softmax fused with cross-entropy, one thread block per row of `logits` [rows, V] (leading
 /// dimension `ld` >= V): the row's maximum, its sum of exp in fp32, and
 /// `losses[r] = log(sum) - (logits[r, target] - max)`. With `train` the row is overwritten in place by its

@@ -68,6 +68,7 @@ struct options {
   std::string export_dir, init_dir, save_dir, load_dir, nvme_path, logits_file;
   std::string describe_file, config_out; // --describe, --write-config
   bool eval_only = false;
+  bool checkpoint_activations = false;
   std::string device = "cpu";
 };
 
@@ -104,6 +105,8 @@ struct outcome {
   std::vector<double> grad_norms; ///< each optimizer step's global gradient norm (before clipping)
   double flops_per_token = 0;     ///< the model's training FLOPs per token (gpt::flops_per_token)
   std::size_t device_peak_bytes = 0, activation_bytes = 0;
+  std::size_t checkpoint_host_bytes = 0; ///< host memory of the activation checkpoints (cpu_checkpointing)
+  bool checkpoint_activations = false;
   double peak_flops = 0; ///< the device's peak rate (0: unknown, no MFU)
   std::string device;
   zero::memory_report memory;
@@ -273,7 +276,7 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   }
   const int B = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   const int T = o.model.seq;
-  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(eng, o.model, B);
+  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(eng, o.model, B, o.checkpoint_activations);
   eng.finalize();
   long first_step = 0;
 #if ZERO_HAS_CHECKPOINT
@@ -362,6 +365,8 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   out.peak_flops = rt.peak_flops();
   out.device = rt.device_name();
   out.activation_bytes = model.activation_bytes();
+  out.checkpoint_host_bytes = model.checkpoint_host_bytes();
+  out.checkpoint_activations = o.checkpoint_activations;
   out.val_loss = evaluate(eng, model, val_set, B, comm.rank(), comm.size(), sum);
   if (o.sample > 0) {
     out.sample = sample_text(eng, model, val_set, o.sample, o.seed);
@@ -458,7 +463,9 @@ void report(const outcome& r, const options& o, double entropy) {
                      {"device", r.device},
                      {"flops_per_token", r.flops_per_token},
                      {"model_tflops_per_s", r.tokens_per_s * r.flops_per_token / 1e12},
-                     {"activation_bytes", r.activation_bytes}};
+                     {"activation_bytes", r.activation_bytes},
+                     {"checkpoint_activations", r.checkpoint_activations},
+                     {"checkpoint_host_bytes", r.checkpoint_host_bytes}};
     if (r.device_peak_bytes > 0) {
       j["device_peak_bytes"] = r.device_peak_bytes; // cudaMemGetInfo's use at its highest step end
     }
@@ -526,6 +533,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the initialisation, the batches and the sample");
   app.add_option("--timeout", o.timeout, "seconds a collective may wait (the config's comm_timeout otherwise)");
   app.add_flag("--json", o.json, "one JSON line per run");
+  app.add_flag("--checkpoint-activations", o.checkpoint_activations,
+               "keep each block's input only and recompute the block in backward (--device cuda); with the config's "
+               "activation_checkpointing.cpu_checkpointing the inputs live in host memory");
   app.add_option("--export", o.export_dir, "write model.safetensors and config.json for Hugging Face's GPT-2 here");
   app.add_option("--init", o.init_dir,
                  "start from DIR/model.safetensors (an --export, or a Hugging Face GPT-2 folder "
@@ -588,7 +598,19 @@ int main(int argc, char** argv) {
     }
 #endif
     if (!o.preset.empty()) {
+      // The preset gives the sizes; --seq may change its context (wpe grows or shrinks with it).
+      for (const char* size : {"--layers", "--heads", "--d-model", "--vocab"}) {
+        if (app.count(size) > 0) {
+          throw std::invalid_argument(std::string(size) + " with --preset " + o.preset +
+                                      ": the preset sets it; expected --preset or the sizes, not both (--seq may "
+                                      "change the preset's context)");
+        }
+      }
+      const int seq = o.model.seq;
       o.model = gpt::model_config::preset(o.preset);
+      if (app.count("--seq") > 0) {
+        o.model.seq = seq;
+      }
     }
     if (!o.init_dir.empty()) {
       // The sizes of the model in DIR: Hugging Face's names for them.

@@ -19,9 +19,12 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
+#include <zero/backend/cuda_backend.hpp>
 #include <zero/core/cuda_check.hpp>
 #include <zero/core/dtype.hpp>
+#include <zero/engine/activation_store.hpp>
 #include <zero/memory/buffer.hpp>
 #include <zero/memory/device_allocator.hpp>
 
@@ -237,6 +240,38 @@ double l2(std::span<const float> a) {
   return std::sqrt(s);
 }
 
+// The GPU model of `cfg` over `path` against the CPU model on B sequences of T tokens: the train loss and every
+// gradient within the tolerances above.
+void check_against_cpu(const gpt::model_config& cfg, int B, int T, gpt::attention_path path) {
+  const tensors w = test_params(cfg);
+  const auto tokens = ids(21, cfg.vocab, B * T);
+  const auto targets = ids(22, cfg.vocab, B * T);
+  const float grad_scale = 1.0f / static_cast<float>(B * T);
+  gpt::cpu_model cpu(cfg, B);
+  tensors cpu_g = zeros_like(cfg);
+  const double cpu_loss = cpu_pass(cpu, w, &cpu_g, tokens, targets, grad_scale, B, T);
+
+  test_stream stream;
+  gpt::cuda_model gpu(cfg, B, stream.get(), gpt::cuda_model_options{.attention = path});
+  REQUIRE(gpu.attention() == path);
+  const auto dw = upload(w);
+  auto dg = grads_on_device(cfg);
+  const double gpu_loss = gpu_step(gpu, dw, dg, tokens, targets, grad_scale, B, T);
+  const tensors gpu_g = download(dg, stream.get());
+  CHECK(std::abs(gpu_loss - cpu_loss) <= loss_rtol * std::abs(cpu_loss));
+  const auto specs = gpt::parameters(cfg);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const double err = relative_l2(gpu_g[i], cpu_g[i]);
+    worst = std::max(worst, err);
+    INFO(specs[i].name, ": relative L2 error ", err);
+    CHECK(err <= grad_rtol);
+  }
+  const std::string kind = path == gpt::attention_path::fused ? "fused" : "materialized";
+  MESSAGE("head size ", cfg.d_model / cfg.heads, ", T ", T, ", ", kind, ": loss ", gpu_loss, " (cpu ", cpu_loss,
+          "), worst gradient error ", worst);
+}
+
 } // namespace
 
 TEST_SUITE("host") {
@@ -447,11 +482,18 @@ TEST_SUITE("gpu") {
     for (std::size_t i = 0; i < a.size(); ++i) {
       INFO(specs[i].name);
       CHECK(l2(b[i]) > 0.0);
+      // An fp32 rounding or two of the addends apart at most, whatever order cuBLAS's beta = 1 adds in. wte sums
+      // two parts per micro-batch (the head's GEMM, then the embedding's rows), which may nearly cancel: a
+      // rounding of a part is then larger than one of the element, so the bound also allows a few roundings at
+      // the tensor's largest addend (2^-22 of it); a misplaced or missing contribution is of the addends' size.
+      double peak = 0.0;
+      for (std::size_t j = 0; j < a[i].size(); ++j) {
+        peak = std::max(peak, std::abs(static_cast<double>(a[i][j])) + std::abs(static_cast<double>(b[i][j])));
+      }
       std::size_t off = 0;
       for (std::size_t j = 0; j < a[i].size(); ++j) {
         const double sum = static_cast<double>(a[i][j]) + b[i][j];
-        // An fp32 rounding or two of the addends apart at most (whatever order cuBLAS's beta = 1 adds in).
-        if (std::abs(ab[i][j] - sum) > 1e-6 * (std::abs(a[i][j]) + std::abs(b[i][j]))) {
+        if (std::abs(ab[i][j] - sum) > 1e-6 * (std::abs(a[i][j]) + std::abs(b[i][j])) + 0x1p-22 * peak) {
           ++off;
         }
       }
@@ -498,6 +540,106 @@ TEST_SUITE("gpu") {
     }
     CHECK(static_cast<float>(got16[0]) == 1.0f);
     CHECK(static_cast<float>(got16[1]) == 1.0f + 0x1p-6f);
+  }
+
+  TEST_CASE("cuda_model: the fused attention matches cpu_model at every head size it takes, past a tile's end") {
+    // T = 100: a full 64-row tile and a partial one (zero-filled and masked past T); head sizes 16 to 128.
+    for (const auto& [heads, d_model] : {std::pair{4, 64}, std::pair{2, 64}, std::pair{2, 128}, std::pair{1, 128}}) {
+      const gpt::model_config cfg{.vocab = 253, .seq = 100, .layers = 2, .heads = heads, .d_model = d_model};
+      CAPTURE(heads);
+      CAPTURE(d_model);
+      check_against_cpu(cfg, 2, 100, gpt::attention_path::fused);
+    }
+    // A shorter pass than the model's sequence, within one tile; and the materialized path still matches.
+    const gpt::model_config cfg{.vocab = 253, .seq = 100, .layers = 2, .heads = 2, .d_model = 128};
+    check_against_cpu(cfg, 3, 37, gpt::attention_path::fused);
+    check_against_cpu(cfg, 2, 100, gpt::attention_path::materialized);
+    // Head sizes the fused kernels do not take go the materialized way by default, and are refused when the
+    // fused path is asked for by name.
+    test_stream stream;
+    const gpt::model_config odd{.vocab = 253, .seq = 16, .layers = 1, .heads = 3, .d_model = 72};
+    CHECK(gpt::default_attention(odd) == gpt::attention_path::materialized);
+    CHECK(gpt::default_attention(cfg) == gpt::attention_path::fused);
+    CHECK(thrown_message([&] {
+            gpt::cuda_model(odd, 1, stream.get(), gpt::cuda_model_options{.attention = gpt::attention_path::fused});
+          }).find("16, 32, 64 or 128 elements, found 24") != std::string::npos);
+    check_against_cpu(odd, 2, 16, gpt::attention_path::materialized);
+  }
+
+  TEST_CASE("cuda_model: activation checkpointing gives the same bits, its checkpoints on the device or the host") {
+    // Six blocks, so that two output slots and a ring of two hold less than six block inputs.
+    const gpt::model_config cfg{.vocab = 253, .seq = 32, .layers = 6, .heads = 2, .d_model = 64};
+    const tensors w = test_params(cfg);
+    const auto dw = upload(w);
+    const std::size_t input_bytes = std::size_t{test_b} * test_t * 64 * sizeof(bf16);
+    const std::size_t each = zero::activation_footprint(input_bytes);
+    zero::cuda_stream compute;
+    const auto run = [&](gpt::cuda_model& m, std::vector<device_buffer<float>>& g) {
+      // A full pass, an evaluation pass (its checkpoints never read back), then a shorter, narrower pass.
+      double loss = gpu_step(m, dw, g, ids(31, cfg.vocab), ids(32, cfg.vocab), 0.1f);
+      gpu_forward(m, dw, ids(33, cfg.vocab));
+      loss += m.head_forward_loss(dw[0].data(), ids(34, cfg.vocab).data(), 0.1f, false);
+      loss += gpu_step(m, dw, g, ids(35, cfg.vocab, 2 * 20), ids(36, cfg.vocab, 2 * 20), 0.1f, 2, 20);
+      return loss;
+    };
+    gpt::cuda_model plain(cfg, test_b, compute.get());
+    auto g_plain = grads_on_device(cfg);
+    const double loss_plain = run(plain, g_plain);
+    const tensors expect = download(g_plain, compute.get());
+
+    // Checkpoints in a host arena of `host` inputs, fetched through a ring of `ring`, `ahead` of them ahead.
+    const auto through_host = [&](std::size_t host, std::size_t ring, std::size_t ahead) {
+      return gpt::cuda_model_options{.checkpoint = true,
+                                     .offload = zero::activation_store_options{.host_bytes = host * each,
+                                                                               .device_bytes = ring * each,
+                                                                               .lookahead = ahead},
+                                     .compute = &compute};
+    };
+    gpt::cuda_model kept(cfg, test_b, compute.get(), gpt::cuda_model_options{.checkpoint = true});
+    // A ring of 2 (one fetched ahead), and of 1 (each fetched when asked for).
+    gpt::cuda_model host2(cfg, test_b, compute.get(), through_host(6, 2, 1));
+    gpt::cuda_model host1(cfg, test_b, compute.get(), through_host(6, 1, 0));
+    CHECK(kept.checkpointing());
+    CHECK_FALSE(kept.offloading());
+    CHECK(host2.offloading());
+    CHECK(host2.checkpoint_host_bytes() == 6 * each);
+    CHECK(kept.checkpoint_host_bytes() == 0);
+    // Checkpointing keeps one block's activations instead of six; the host's store keeps two block inputs and
+    // the ring on the device instead of six inputs.
+    MESSAGE("activation bytes: all ", plain.activation_bytes(), ", checkpointed ", kept.activation_bytes(),
+            ", through the host ", host2.activation_bytes());
+    CHECK(kept.activation_bytes() < plain.activation_bytes());
+    CHECK(host2.activation_bytes() + 2 * input_bytes <= kept.activation_bytes());
+    for (auto* m : {&kept, &host2, &host1}) {
+      auto g = grads_on_device(cfg);
+      const double loss = run(*m, g);
+      CHECK(std::memcmp(&loss, &loss_plain, sizeof loss) == 0);
+      const tensors got = download(g, compute.get());
+      const auto specs = gpt::parameters(cfg);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        INFO(specs[i].name, m->offloading() ? " through the host" : " on the device");
+        CHECK(std::memcmp(got[i].data(), expect[i].data(), got[i].size() * sizeof(float)) == 0);
+      }
+    }
+
+    // A block's checkpoint is read back once per pass: a second backward of it is refused by the store.
+    auto g = grads_on_device(cfg);
+    gpu_step(host2, dw, g, ids(31, cfg.vocab), ids(32, cfg.vocab), 0.1f);
+    CHECK(thrown_message([&] {
+            host2.block_backward(0, gpu_block(dw, 0), gpu_grads(g, 0));
+          }).find("checkpoint 0 was released in this pass") != std::string::npos);
+    // Offload without checkpointing, or without the stream's zero::cuda_stream, is refused.
+    const zero::activation_store_options some{.host_bytes = 6 * each, .device_bytes = each, .lookahead = 0};
+    CHECK_THROWS_AS(
+        gpt::cuda_model(cfg, test_b, compute.get(), gpt::cuda_model_options{.offload = some, .compute = &compute}),
+        std::invalid_argument);
+    CHECK_THROWS_AS(
+        gpt::cuda_model(cfg, test_b, compute.get(), gpt::cuda_model_options{.checkpoint = true, .offload = some}),
+        std::invalid_argument);
+    // A host arena too small for one forward's inputs: the forward names the bytes it needs.
+    gpt::cuda_model small(cfg, test_b, compute.get(), through_host(3, 1, 0));
+    CHECK(thrown_message([&] { gpu_forward(small, dw, ids(31, cfg.vocab)); }).find("expected a larger host_bytes") !=
+          std::string::npos);
   }
 
   TEST_CASE_FIXTURE(gpu_setup, "cuda_model: attention is causal") {
