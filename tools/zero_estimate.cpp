@@ -30,6 +30,7 @@
 #include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/tools/estimate.hpp"
+#include "zero/tools/estimate_json.hpp"
 #include "zero/tools/plan.hpp"
 
 #include <CLI/CLI.hpp>
@@ -153,6 +154,7 @@ int main(int argc, char** argv) {
   std::optional<std::string> allgather_bucket;
   double buffer_factor = 1.5;
   double offload_ratio = 1.0;
+  double host_ratio = 0.0;
   bool forward_overlap = false;
   std::int64_t hpz_partition_size = 1;
   std::int64_t mics_shard_size = -1;
@@ -199,6 +201,12 @@ int main(int argc, char** argv) {
                      "optimizer state in host memory, the rest on the GPU")
           ->capture_default_str()
           ->check(zero::tools::number_in(0.0, 1.0));
+  auto* host_ratio_opt =
+      app.add_option("--host-ratio", host_ratio,
+                     "zero_optimization.offload_optimizer.host_ratio of the offload_optimizer=nvme rows (zero's own "
+                     "key): the share of the optimizer state in host memory, below 1, the rest on NVMe")
+          ->capture_default_str()
+          ->check(zero::tools::number_in(0.0, 1.0));
   auto* overlap_opt = app.add_flag(
       "--forward-overlap", forward_overlap,
       "zero_optimization.offload_optimizer.forward_overlap with --offload-ratio below 1: at stages 2-3 the "
@@ -233,6 +241,7 @@ int main(int argc, char** argv) {
                                 "--nvme, by this machine's measured rates, as a DeepSpeed config block");
   // The plan chooses its own ratios (the partial offloads that fit --gpu-memory).
   ratio_opt->excludes(plan_opt);
+  host_ratio_opt->excludes(plan_opt);
   overlap_opt->excludes(plan_opt);
   auto* plans = app.add_option_group("Plan", "with --plan");
   plans->add_option("--gpu-memory", plan.gpu_memory, "bytes zero may use on each GPU, e.g. 80GiB")->needs(plan_opt);
@@ -253,8 +262,8 @@ int main(int argc, char** argv) {
   // A config sets these itself.
   for (const char* name :
        {"--dtype", "--grad-dtype", "--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",
-        "--max-live-parameters", "--sub-group-size", "--offload-ratio", "--forward-overlap", "--hpz-partition-size",
-        "--mics-shard-size", "--persistence-threshold"}) {
+        "--max-live-parameters", "--sub-group-size", "--offload-ratio", "--host-ratio", "--forward-overlap",
+        "--hpz-partition-size", "--mics-shard-size", "--persistence-threshold"}) {
     app.get_option(name)->excludes(config_opt);
   }
   try {
@@ -338,6 +347,11 @@ int main(int argc, char** argv) {
       o.stage3_max_live_parameters = zero::tools::parse_count(max_live);
       o.sub_group_size = zero::tools::parse_count(sub_group);
       o.offload_ratio = offload_ratio;
+      if (!(host_ratio < 1)) {
+        throw zero::usage_error("--host-ratio 1: the whole optimizer state in host memory is the "
+                                "offload_optimizer=cpu rows; expected a share below 1");
+      }
+      o.host_ratio = host_ratio;
       o.offload_forward_overlap = forward_overlap;
       if (o.ranks() % hpz_partition_size != 0) {
         throw zero::usage_error(cat("--hpz-partition-size (zero_optimization.zero_hpz_partition_size) ",
@@ -428,6 +442,11 @@ int main(int argc, char** argv) {
                       ? "; with forward_overlap the host share's gradients go to the host during backward at stages 2-3"
                       : "")
               << "\n";
+  }
+  if (o.host_ratio > 0) {
+    std::cout << "offload_optimizer=nvme rows: offload_optimizer.host_ratio " << o.host_ratio
+              << ", that share of the optimizer state in host memory and the rest on NVMe; the GPU keeps the "
+                 "gradient shard at stages 2-3\n";
   }
   std::cout << " stage | offload_optimizer | offload_param |   per GPU     | host per node | NVMe per node\n";
   for (const auto& r : rows) {

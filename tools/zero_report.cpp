@@ -503,6 +503,23 @@ void report_nvme(const zero::config& c, verdict& v) {
             << "    host: the gradient shard, two copies of the parameter shard and " << o.buffer_count
             << " chunk buffers of up to " << chunk
             << " elements per tensor (offload_optimizer.buffer_count; aio.block_size / 4 x aio.queue_depth)\n";
+  if (o.host_ratio > 0) {
+    // Per parameter of the rank's shard (psi / N), as engine.memory() counts them: the host share h holds its
+    // state and staged shards, (K + P + G); the file's share two parameter copies and its gradients, (2 P + G),
+    // and two slots of its state on NVMe, 2 K.
+    const double h = o.host_ratio;
+    const double k = c.param_dtype() == zero::dtype::f32 ? 8.0 : 12.0;
+    const auto p = static_cast<double>(zero::size_of(c.param_dtype()));
+    const auto g = static_cast<double>(zero::size_of(c.grad_accum_dtype));
+    std::cout << "    split: " << h << " of each rank's optimizer state (its last elements) in host memory and "
+              << 1 - h
+              << " in the state file (zero_optimization.offload_optimizer.host_ratio; docs/offload.md): per "
+                 "parameter of the rank's shard, host "
+              << h * (k + p + g) + (1 - h) * (2 * p + g) << " bytes (" << h << " x " << k + p + g << " + " << 1 - h
+              << " x " << 2 * p + g << "), NVMe " << 2 * k * (1 - h)
+              << " bytes; the gradient shard stays on the device at stages 2-3, and the host share is stepped "
+                 "after the file's writes\n";
+  }
   report_nvme_path("offload_optimizer", dir, v);
 }
 

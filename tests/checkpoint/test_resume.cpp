@@ -149,13 +149,17 @@ TEST_CASE("saving the same tag again replaces it; latest follows the last save")
 
 TEST_CASE("an offloaded optimizer saves and loads as an in-memory one, across stage, world size and offload") {
   // Checkpoints read and write the state through optimizer().read_state / write_state: host memory,
-  // both sides of a partial offload's split, or the NVMe state file (aio blocks of 256 B make chunks of 64 elements, so
-  // they span several).
+  // both sides of a partial offload's split or of a host and NVMe split, or the NVMe state file (aio blocks of 256 B
+  // make chunks of 64 elements, so they span several).
   const auto swap = zt::scratch("offload-swap");
   const std::string cpu = R"("offload_optimizer": {"device": "cpu"})";
   const std::string nvme = R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.string() + R"("})";
   // Partial offload: half of each rank's state on the device, half in host memory (the split inside a range).
   const std::string half = R"("offload_optimizer": {"device": "cpu", "ratio": 0.5})";
+  // The state split between host memory and NVMe (host_ratio): 0.4 of each rank's state in host memory, the rest
+  // in the file (the split inside a range).
+  const std::string split =
+      R"("offload_optimizer": {"device": "nvme", "host_ratio": 0.4, "nvme_path": ")" + swap.string() + R"("})";
   struct pair {
     int stage_a, world_a, stage_b, world_b;
     const std::string* offload_a;
@@ -163,12 +167,15 @@ TEST_CASE("an offloaded optimizer saves and loads as an in-memory one, across st
   };
   const std::string none;
   for (dtype type : {dtype::f32, dtype::bf16}) {
-    for (pair p : {pair{2, 2, 2, 2, &cpu, &cpu}, pair{2, 2, 3, 4, &cpu, &none}, pair{3, 4, 1, 1, &none, &cpu},
-                   pair{1, 2, 3, 2, &cpu, &cpu}, pair{3, 2, 0, 1, &cpu, &none}, pair{2, 2, 2, 2, &nvme, &nvme},
-                   pair{2, 2, 3, 4, &nvme, &cpu}, pair{3, 4, 1, 1, &none, &nvme}, pair{1, 2, 3, 2, &cpu, &nvme},
-                   pair{2, 2, 3, 4, &nvme, &none}, pair{1, 2, 3, 2, &nvme, &cpu}, pair{3, 2, 2, 1, &cpu, &nvme},
-                   pair{2, 2, 2, 2, &half, &cpu}, pair{3, 2, 3, 2, &half, &none}, pair{2, 2, 3, 4, &half, &half},
-                   pair{3, 4, 1, 1, &none, &half}, pair{1, 2, 2, 1, &half, &nvme}, pair{2, 2, 3, 1, &nvme, &half}}) {
+    for (pair p : {pair{2, 2, 2, 2, &cpu, &cpu},    pair{2, 2, 3, 4, &cpu, &none},    pair{3, 4, 1, 1, &none, &cpu},
+                   pair{1, 2, 3, 2, &cpu, &cpu},    pair{3, 2, 0, 1, &cpu, &none},    pair{2, 2, 2, 2, &nvme, &nvme},
+                   pair{2, 2, 3, 4, &nvme, &cpu},   pair{3, 4, 1, 1, &none, &nvme},   pair{1, 2, 3, 2, &cpu, &nvme},
+                   pair{2, 2, 3, 4, &nvme, &none},  pair{1, 2, 3, 2, &nvme, &cpu},    pair{3, 2, 2, 1, &cpu, &nvme},
+                   pair{2, 2, 2, 2, &half, &cpu},   pair{3, 2, 3, 2, &half, &none},   pair{2, 2, 3, 4, &half, &half},
+                   pair{3, 4, 1, 1, &none, &half},  pair{1, 2, 2, 1, &half, &nvme},   pair{2, 2, 3, 1, &nvme, &half},
+                   pair{2, 2, 2, 2, &split, &cpu},  pair{2, 2, 2, 2, &split, &nvme},  pair{3, 2, 3, 2, &cpu, &split},
+                   pair{1, 2, 1, 2, &nvme, &split}, pair{2, 2, 3, 4, &split, &split}, pair{3, 4, 1, 1, &none, &split},
+                   pair{2, 2, 1, 1, &split, &none}, pair{3, 2, 2, 2, &half, &split}}) {
       CAPTURE(zero::name_of(type));
       CAPTURE(p.stage_a);
       CAPTURE(p.world_a);

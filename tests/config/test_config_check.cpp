@@ -150,6 +150,63 @@ TEST_CASE("the offload rules the reader and check_engine_config share: one sente
        },
        "zero_optimization.offload_optimizer.ratio: found 0.25 with device \"nvme\"; a ratio below 1 keeps part of "
        "the optimizer state on the device"},
+      // host_ratio (zero's own key): a share in [0, 1) of the state in host memory beside the NVMe file.
+      {R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "host_ratio": 1.5}})",
+       [](config& c) {
+         auto& o = c.zero_optimization.offload_optimizer;
+         o.device = zero::offload_device::nvme;
+         o.nvme_path = "/tmp";
+         o.host_ratio = 1.5;
+       },
+       "zero_optimization.offload_optimizer.host_ratio: found 1.5; expected a share >= 0 and below 1 of the "
+       "optimizer state kept in host memory beside the NVMe file"},
+      {R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "host_ratio": 1}})",
+       [](config& c) {
+         auto& o = c.zero_optimization.offload_optimizer;
+         o.device = zero::offload_device::nvme;
+         o.nvme_path = "/tmp";
+         o.host_ratio = 1;
+       },
+       "beside the NVMe file (the whole state in host memory is device \"cpu\")"},
+      {R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "host_ratio": -0.25}})",
+       [](config& c) {
+         auto& o = c.zero_optimization.offload_optimizer;
+         o.device = zero::offload_device::nvme;
+         o.nvme_path = "/tmp";
+         o.host_ratio = -0.25;
+       },
+       "zero_optimization.offload_optimizer.host_ratio: found -0.25; expected a share >= 0 and below 1"},
+      {R"({"stage": 3, "offload_optimizer": {"device": "cpu", "host_ratio": 0.5}})",
+       [](config& c) {
+         c.zero_optimization.offload_optimizer.device = zero::offload_device::cpu;
+         c.zero_optimization.offload_optimizer.host_ratio = 0.5;
+       },
+       "zero_optimization.offload_optimizer.host_ratio: found 0.5 with device \"cpu\"; host_ratio keeps that share "
+       "of the state in host memory and the rest in the NVMe file of device \"nvme\""},
+      {R"({"stage": 3, "offload_optimizer": {"host_ratio": 0.5}})",
+       [](config& c) { c.zero_optimization.offload_optimizer.host_ratio = 0.5; },
+       "zero_optimization.offload_optimizer.host_ratio: found 0.5 with device \"none\""},
+      {R"({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5, "host_ratio": 0.25}})",
+       [](config& c) {
+         auto& o = c.zero_optimization.offload_optimizer;
+         o.device = zero::offload_device::cpu;
+         o.ratio = 0.5;
+         o.host_ratio = 0.25;
+       },
+       "zero_optimization.offload_optimizer.host_ratio: found 0.25 with ratio 0.5; host_ratio splits the state "
+       "between host memory and the NVMe file and ratio between the device and host memory, one split at a time"},
+      {R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "host_ratio": 0.5},
+           "offload_param": {"device": "nvme", "nvme_path": "/tmp"}})",
+       [](config& c) {
+         auto& o = c.zero_optimization.offload_optimizer;
+         o.device = zero::offload_device::nvme;
+         o.nvme_path = "/tmp";
+         o.host_ratio = 0.5;
+         c.zero_optimization.offload_param.device = zero::offload_device::nvme;
+         c.zero_optimization.offload_param.nvme_path = "/tmp";
+       },
+       "zero_optimization.offload_optimizer.host_ratio: found 0.5 with offload_param \"nvme\"; a state split "
+       "between host memory and NVMe needs the parameter shard in memory"},
   };
   for (const rule& r : rules) {
     CAPTURE(r.file);

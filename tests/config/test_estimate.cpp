@@ -3,6 +3,7 @@
 
 #include "support.hpp"
 #include "zero/tools/estimate.hpp"
+#include "zero/tools/estimate_json.hpp"
 
 #include <doctest/doctest.h>
 #include <string>

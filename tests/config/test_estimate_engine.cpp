@@ -67,12 +67,14 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
 
 /// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, parameter
 /// offload `par` (on NVMe: `max_in_cpu` elements in host memory, `param_buffers` bounce buffers); gradients in the
-/// config's default dtype (fp32 for bf16 at stage 0); `hpz`: zero_hpz_partition_size.
+/// config's default dtype (fp32 for bf16 at stage 0); `hpz`: zero_hpz_partition_size; `host_ratio`: the share of
+/// the nvme rows' state in host memory.
 zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
                                    zero::offload_device par = zero::offload_device::none, double ratio = 1.0,
                                    std::int64_t max_in_cpu = 1'000'000'000, std::int64_t param_buffers = 5,
-                                   std::int64_t hpz = 1, bool forward_overlap = false) {
+                                   std::int64_t hpz = 1, bool forward_overlap = false, double host_ratio = 0) {
   zero::tools::estimate_options o;
+  o.host_ratio = host_ratio;
   o.offload_forward_overlap = forward_overlap;
   o.hpz_partition_size = hpz;
   o.offload_ratio = ratio;
@@ -175,6 +177,49 @@ TEST_CASE("zero-estimate's offload_optimizer=nvme rows are within 2% of the engi
       CHECK(m.optimizer_peak == 0);
       check_device_and_host(row, m);
       CHECK(relative(row.nvme_bytes_per_node / world, m.nvme) <= 0.02);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("zero-estimate's offload_optimizer=nvme rows with host_ratio are within 2% of the engine's device, host "
+          "and file bytes") {
+  const auto dir = std::filesystem::temp_directory_path() / ("zero-estimate-host-nvme-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct placement {
+    int stage;
+    zero::offload_device param;
+  };
+  for (const placement at : {placement{1, zero::offload_device::none}, placement{2, zero::offload_device::none},
+                             placement{3, zero::offload_device::none}, placement{3, zero::offload_device::cpu}}) {
+    for (int world : {1, 2, 4}) {
+      for (double h : {0.3, 0.6}) {
+        CAPTURE(at.stage);
+        CAPTURE(zero::name_of(at.param));
+        CAPTURE(world);
+        CAPTURE(h);
+        const auto m =
+            measure(at.stage, world, R"("bf16": {"enabled": true},)",
+                    R"("device": "nvme", "nvme_path": ")" + dir.string() + R"(", "host_ratio": )" + std::to_string(h),
+                    at.param == zero::offload_device::cpu ? R"("device": "cpu")" : "");
+        const auto row = estimate(at.stage, world, zero::dtype::bf16, zero::offload_device::nvme, at.param, 1.0,
+                                  1'000'000'000, 5, 1, false, h);
+        CAPTURE(row.nvme_bytes_per_node);
+        CAPTURE(m.nvme);
+        CAPTURE(m.host_optimizer);
+        CHECK(m.optimizer_peak == 0);
+        CHECK(m.host_share == doctest::Approx(h).epsilon(0.01));
+        CHECK(row.host_ratio == doctest::Approx(h).epsilon(0.01));
+        // The host share's state is in host memory, the rest's on NVMe (two slots).
+        CHECK(relative(static_cast<std::int64_t>(h * 12 * static_cast<double>(model_params) / world),
+                       m.host_optimizer) <= 0.02);
+        check_device_and_host(row, m);
+        CHECK(relative(row.nvme_bytes_per_node / world, m.nvme) <= 0.02);
+        // Less on NVMe and more in host memory than the whole state on NVMe.
+        const auto whole = estimate(at.stage, world, zero::dtype::bf16, zero::offload_device::nvme, at.param);
+        CHECK(row.nvme_bytes_per_node < whole.nvme_bytes_per_node);
+        CHECK(row.host_bytes_per_node > whole.host_bytes_per_node);
+      }
     }
   }
   std::filesystem::remove_all(dir);

@@ -309,6 +309,57 @@ TEST_CASE("the partial offload of a stage: the largest device share of the state
                        doctest::Contains("offload_param cpu at stage 2"), zero::usage_error);
 }
 
+TEST_CASE("the state split between host memory and NVMe: the largest host share that fits the host budget") {
+  const auto o = seven_b();
+  // Per node at stage 2 (8 ranks of 875e6 elements): the whole state in host memory takes 16 x 7e9 = 112e9 bytes.
+  const auto row_of = [&](const std::vector<zt::estimate_row>& rows, offload_device opt) {
+    for (const auto& x : rows) {
+      if (x.stage == 2 && x.offload_optimizer == opt && x.offload_param == offload_device::none) {
+        return x;
+      }
+    }
+    FAIL("no row");
+    return zt::estimate_row{};
+  };
+  const std::int64_t budget = 80 * gib;
+  const auto r = zt::host_nvme_setting(o, 2, budget);
+  REQUIRE(r);
+  CHECK(r->offload_optimizer == offload_device::nvme);
+  CHECK(r->host_ratio > 0);
+  CHECK(r->host_ratio < 1);
+  const auto target = static_cast<std::int64_t>(std::floor(static_cast<double>(budget) * (1 - 0.005)));
+  CHECK(r->host_bytes_per_node <= target);
+  // One step of 1e-4 more does not fit; and the split holds less on NVMe than the whole state there.
+  auto more = o;
+  more.host_ratio = r->host_ratio + 1e-4;
+  CHECK(row_of(zt::estimate_memory(more), offload_device::nvme).host_bytes_per_node > target);
+  CHECK(r->nvme_bytes_per_node < row_of(zt::estimate_memory(o), offload_device::nvme).nvme_bytes_per_node);
+  // None where the whole state fits in host memory, nor where not even the whole state on NVMe fits its host part
+  // (the gradient shard, two parameter copies, the chunk buffers: 6 x 7e9 bytes and more).
+  CHECK(row_of(zt::estimate_memory(o), offload_device::cpu).host_bytes_per_node <= 120 * gib);
+  CHECK_FALSE(zt::host_nvme_setting(o, 2, 120 * gib));
+  CHECK_FALSE(zt::host_nvme_setting(o, 2, 30 * gib));
+  CHECK_THROWS_AS(static_cast<void>(zt::host_nvme_setting(o, 0, budget)), zero::usage_error);
+  CHECK_THROWS_AS(static_cast<void>(zt::host_nvme_setting(o, 2, budget, offload_device::cpu)), zero::usage_error);
+  // The cost: the file's share overlapped as on NVMe, then the host share's AdamW.
+  const zero::tools::machine_rates rates{.device_adamw = 5e10,
+                                         .host_adamw = 4e9,
+                                         .host_to_device = 5e10,
+                                         .device_to_host = 5e10,
+                                         .nvme_read = 6e9,
+                                         .nvme_write = 4e9,
+                                         .device = "test",
+                                         .nvme_path = "/local_nvme"};
+  const auto whole = row_of(zt::estimate_memory(o), offload_device::nvme);
+  const auto split_cost = zt::estimate_step_cost(*r, o, rates);
+  CHECK(split_cost.total < zt::estimate_step_cost(whole, o, rates).total);
+  CHECK(split_cost.total > zt::estimate_step_cost(row_of(zt::estimate_memory(o), offload_device::cpu), o, rates).total);
+  // The block names the key; merged into a config the reader takes it.
+  const auto block = zt::plan_config_block(*r, o, "/local_nvme");
+  CHECK(block["zero_optimization"]["offload_optimizer"]["host_ratio"] == r->host_ratio);
+  CHECK(block["zero_optimization"]["offload_optimizer"]["device"] == "nvme");
+}
+
 TEST_CASE("the plan for 7e9 parameters on 8 GPUs: the fastest setting that fits, and why faster ones do not") {
   const auto o = seven_b();
   const auto r = gpu_rates();

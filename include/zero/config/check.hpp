@@ -58,7 +58,8 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
 /// \throws config_error for parameter offload other than stage 3's to "cpu" or "nvme", or to "nvme"
 /// without nvme_path (a config built in code: the reader refuses these too) or with fp32 parameters
 /// and no optimizer offload; NVMe offload with fewer buffers than it needs; an offload ratio outside
-/// [0, 1] or below 1 with NVMe (optimizer or parameters); an overlap key without the host holding the
+/// [0, 1] or below 1 with NVMe (optimizer or parameters); a host_ratio outside [0, 1), or above 0 without
+/// device nvme, with a ratio below 1 or with parameters on NVMe; an overlap key without the host holding the
 /// state; qgZ with offload or with bits other than 4 and 8; HSDP with offload or with ZeRO++'s node
 /// groups; a missing optimizer; a communication dtype other than the gradient dtype; and, with
 /// `ranks`, an HSDP shard group, hpZ partition or qgZ node that does not divide the ranks.
@@ -86,6 +87,8 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
                        "; expected a number >= 0 and <= 1 (the share of the optimizer state offloaded), or \"auto\"");
   }
   refuse("offload_optimizer.ratio", detail::nvme_ratio_refusal(o));
+  refuse("offload_optimizer.host_ratio", detail::host_ratio_refusal(o));
+  refuse("offload_optimizer.host_ratio", detail::host_ratio_param_refusal(o, param));
   if (param == offload_device::nvme && o.device == offload_device::cpu && (o.ratio_auto || o.ratio < 1)) {
     throw config_error("zero_optimization.offload_optimizer.ratio: " +
                        (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +

@@ -199,12 +199,19 @@ struct offload_optimizer_config {
   /// `ratio`: with device cpu, the share of the rank's optimizer state elements kept in host memory and
   /// stepped on the host; the rest stays on the device and is stepped there (DeepSpeed's partial
   /// offload, docs/offload.md). Default 1 (everything offloaded); 0 keeps everything on the device, as
-  /// without offload. Below 1 is refused with device nvme.
+  /// without offload. Below 1 is refused with device nvme (whose state splits with host memory through
+  /// `host_ratio`).
   double ratio = 1.0;
   /// `ratio: "auto"`: the engine picks the ratio at `finalize` so that the host's and the device's parts
   /// of a step take equally long, from update rates it measures then (or that the program gave it,
   /// `set_offload_rates`); `ratio` is then not used. Default false.
   bool ratio_auto = false;
+  /// `host_ratio` (zero-specific, not a DeepSpeed key): with device nvme, the share of the rank's optimizer
+  /// state elements, in [0, 1), kept in host memory (its last elements) and stepped there as with device
+  /// cpu; the rest stays in the NVMe file (docs/offload.md, "Host memory and NVMe together"). Default 0 (the
+  /// whole state in the file). Refused with device cpu or none, with a ratio below 1 and with offload_param
+  /// nvme.
+  double host_ratio = 0.0;
   /// `backward_overlap` (zero-specific, not a DeepSpeed key): with device cpu and the whole state
   /// offloaded, the share of the rank's optimizer state, in [0, 1], that the host may update during
   /// backward, before the step knows the gradient norm; that share is held twice in host memory so an

@@ -53,6 +53,7 @@ inline void read_allgather_bucket_size(const key_read<zero_optimization_config>&
 inline void read_offload(const key_read<zero_optimization_config>&);
 inline void read_offload_ratio(const key_read<offload_optimizer_config>&);
 inline json write_offload_ratio(const offload_optimizer_config&);
+inline void read_host_ratio(const key_read<offload_optimizer_config>&);
 inline void read_gather_16bit_weights(const key_read<zero_optimization_config>&);
 inline void read_schedule_param(const key_read<scheduler_config>&);
 inline void read_total_num_steps(const key_read<scheduler_config>&);
@@ -227,6 +228,8 @@ inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
         .range(0.0, 1.0)
         .by_hand(read_offload_ratio)
         .written_by(write_offload_ratio),
+    // zero-specific, not a DeepSpeed key: the share in host memory beside the NVMe file (read_host_ratio).
+    key<&offload_optimizer_config::host_ratio>("host_ratio").by_hand(read_host_ratio),
     // zero-specific, not a DeepSpeed key.
     key<&offload_optimizer_config::backward_overlap>("backward_overlap").range(0.0, 1.0),
     key<&offload_optimizer_config::forward_overlap>("forward_overlap"),

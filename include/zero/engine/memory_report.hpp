@@ -92,6 +92,10 @@ struct memory_report {
   /// with the whole optimizer offloaded, 0 without; below 1 the device keeps the rest of K psi / n and the
   /// host holds that share of (K + P + G) psi / n.
   double offload_ratio = 0;
+  /// NVMe offload with `offload_optimizer.host_ratio` (zero's own key): the share of the offloaded state in
+  /// host memory beside the file, as the engine split it (its elements over the rank's state elements); 0
+  /// otherwise. The host then holds that share of (K + P + G) psi / n and the rest of (2 P + G) psi / n.
+  double host_share = 0;
   /// NVMe offload (`offload_optimizer.device: nvme`): bytes of the state file (two slots of K Ψ / N:
   /// the step writes one while it reads the other). `host_buffers`: host chunk buffers (NVMe) and
   /// host staging of accumulated gradients (stages 2-3, offloaded). With the parameters on NVMe
@@ -135,6 +139,13 @@ struct memory_report {
       std::snprintf(buf, sizeof buf,
                     "  partial offload: %.4f of the optimizer state on the host, the rest on the device (%zu B)\n",
                     offload_ratio, optimizer);
+      out += buf;
+    }
+    if (host_share > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "  host memory and NVMe: %.4f of the optimizer state in host memory (%zu B), the rest in the "
+                    "NVMe file\n",
+                    host_share, host_optimizer);
       out += buf;
     }
     if (nvme > 0 && nvme_params == 0) {
@@ -211,6 +222,26 @@ void add_nvme_memory(memory_report& m, const Counting& host, std::size_t file_by
   m.host_formula =
       (2.0 * static_cast<double>(size_of(m.param_type)) + static_cast<double>(size_of(m.grad_type))) * psi_n;
   m.nvme = file_bytes;
+}
+
+/// Adds the bytes of an optimizer with its state split between host memory and an NVMe file
+/// (`offload_optimizer.host_ratio`) to `m`: `nvme_host` and `file_bytes` the file part's, as
+/// `add_nvme_memory` counts them, and `host` the host part's, as `add_host_memory` does, over `share` of
+/// the rank's state elements. The whole state leaves the device formula (`offload_ratio` 1); the host
+/// formula holds share x (K + P + G) psi / n and (1 - share) x (2 P + G) psi / n.
+template <class Counting>
+void add_host_nvme_memory(memory_report& m, const Counting& host, const Counting& nvme_host, std::size_t file_bytes,
+                          double share) {
+  add_nvme_memory(m, nvme_host, file_bytes);
+  m.host_params += host.live(memory_tag::params);
+  m.host_grads += host.live(memory_tag::grads);
+  m.host_optimizer += host.live(memory_tag::optimizer);
+  m.host_buffers += host.live(memory_tag::buffers);
+  m.host_peak += host.total().peak;
+  m.host_formula =
+      share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type) +
+      (1.0 - share) * m.host_formula;
+  m.host_share = share;
 }
 
 /// Adds the host bytes of an offloaded parameter shard (`host`: its counting allocator, stage 3's

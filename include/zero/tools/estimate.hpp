@@ -281,6 +281,13 @@ struct estimate_options {
   /// share streams its reduced gradients to the host during backward, so the GPU keeps only the device
   /// share's part of the gradient shard and two staging buffers.
   bool offload_forward_overlap = false;
+  /// offload_optimizer.host_ratio of the nvme rows (zero's own key): the share of the state in host memory,
+  /// stepped there as in the cpu rows, the rest on NVMe; the GPU then keeps the gradient shard at stages 2-3
+  /// (the engine keeps the reduced gradients on the device for a split state). 0: the whole state on NVMe.
+  double host_ratio = 0;
+  /// The config's offload_optimizer.host_ratio, as written (`estimate_options_from`): `plan_config_block`
+  /// writes the key where it is set, so that a merged block replaces it.
+  double config_host_ratio = 0;
   /// The config's offload_optimizer.backward_overlap and forward_overlap (zero's own keys) and its
   /// gradient_accumulation_steps, as written (`estimate_options_from`); not counted in any row.
   /// `plan_config_block` keeps the keys where its row runs them and turns them off where the engine
@@ -333,6 +340,9 @@ struct estimate_row {
   /// the share of the optimizer state offloaded: 0 without offload, 1 on NVMe, the options'
   /// offload_ratio for the CPU rows (partial offload below 1)
   double offload_ratio = 0;
+  /// the share of the optimizer state in host memory beside the NVMe file (the options' host_ratio, as
+  /// split: its elements over the shard's), in the NVMe rows; 0 elsewhere
+  double host_ratio = 0;
 };
 
 /// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
@@ -358,7 +368,10 @@ struct estimate_row {
 /// the whole state offloaded, stage 1 keeps its gradients on the GPU (they accumulate there), while at
 /// stages 2-3 each bucket's reduced slice goes to the host during backward through two staging
 /// buffers, so the GPU holds no gradient shard (Sg less). NVMe rows keep the state (S(m + 8)) on NVMe
-/// instead. Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
+/// instead; with host_ratio h the NVMe rows keep H = hS of it in host memory (H(m + 8), the host share's
+/// staged parameters Hp, and the file share's 2(S - H)p and (S - H)(m + 8) in two slots on NVMe), and the
+/// GPU keeps the gradient shard Sg at stages 2-3 (the engine keeps a split state's reduced gradients on the
+/// device). Parameter offload to the CPU (stage 3, what the engine runs) also takes the parameter
 /// shard, Sp, off the GPU into host memory, where the host AdamW updates it in place (no staged copy),
 /// so the host holds S(m + 8 + p + g); with NVMe the shard is on NVMe in two slots, 2p(S - R), where
 /// R = min(max_in_cpu, S) elements stay in host memory, beside buffer_count bounce buffers of a
@@ -390,10 +403,11 @@ struct estimate_row {
   if (o.params < 1 || o.params > max_params || o.gpus_per_node < 1 || o.gpus_per_node > (1 << 20) || o.nodes < 1 ||
       o.nodes > (1 << 20) || o.largest_layer_params < 0 || o.largest_layer_params > o.params ||
       o.largest_param_params < 0 || o.largest_param_params > o.params || o.persistent_params < 0 ||
-      o.persistent_params > o.params || !(o.offload_ratio >= 0 && o.offload_ratio <= 1)) {
+      o.persistent_params > o.params || !(o.offload_ratio >= 0 && o.offload_ratio <= 1) ||
+      !(o.host_ratio >= 0 && o.host_ratio < 1)) {
     throw usage_error("estimate_memory: needs 1 <= params <= 1e15, 1 <= gpus_per_node, nodes <= 2^20, "
-                      "0 <= largest_layer_params, largest_param_params, persistent_params <= params and "
-                      "0 <= offload_ratio <= 1");
+                      "0 <= largest_layer_params, largest_param_params, persistent_params <= params, "
+                      "0 <= offload_ratio <= 1 and 0 <= host_ratio < 1");
   }
   if (o.hpz_partition_size < 1 || o.ranks() % o.hpz_partition_size != 0) {
     throw usage_error(cat("estimate_memory: zero_optimization.zero_hpz_partition_size is ",
@@ -461,20 +475,29 @@ struct estimate_row {
     // With the optimizer on the CPU, the elements of the shard it offloads (all but for a ratio < 1).
     const std::int64_t offloaded =
         opt == offload_device::cpu ? std::llround(o.offload_ratio * static_cast<double>(shard)) : shard;
-    const std::int64_t optimizer_state = offloaded * (master + moments);
+    // NVMe with host_ratio: the elements whose state is in host memory (the rest in the file).
+    const std::int64_t in_memory =
+        opt == offload_device::nvme ? std::llround(o.host_ratio * static_cast<double>(shard)) : 0;
+    r.host_ratio = shard > 0 ? static_cast<double>(in_memory) / static_cast<double>(shard) : 0.0;
+    const std::int64_t optimizer_state = (offloaded - in_memory) * (master + moments);
     if (opt != offload_device::none) {
       // The rank's gradient shard and parameter shard (their offloaded part), staged in host memory for
       // the copies; with the parameters on the CPU the host AdamW updates their shard in place instead.
       host += offloaded * g;
-      if (!(opt == offload_device::cpu && par == offload_device::cpu)) {
-        host += offloaded * p;
-      }
       if (opt == offload_device::cpu) {
+        if (par != offload_device::cpu) {
+          host += offloaded * p;
+        }
         host += optimizer_state;
       } else {
-        // NVMe: a second parameter copy (a failed step falls back to the first), the chunk buffers
-        // (at most one owned range: a bucket's or, at stage 3, a layer's slice), and two slots of state.
-        host += shard * p;
+        // NVMe: two copies of the parameters of the file's share (a failed step falls back to the first),
+        // the chunk buffers (at most one owned range: a bucket's or, at stage 3, a layer's slice), and two
+        // slots of its state; with host_ratio the host share's state and its staged parameters (with the
+        // parameters on the CPU it updates their shard in place).
+        host += 2 * (shard - in_memory) * p + in_memory * (master + moments);
+        if (par != offload_device::cpu) {
+          host += in_memory * p;
+        }
         const std::int64_t segment = stage == 3 ? o.largest_layer_params : largest_bucket;
         const std::int64_t range = (segment + n - 1) / n;
         host += o.offload_optimizer_buffer_count * std::min(o.nvme_chunk_elements, range) * (master + moments);
@@ -501,7 +524,9 @@ struct estimate_row {
     // The whole state offloaded (not a ratio < 1) at stages 2-3: reduced gradients go to the host during
     // backward, through two staging buffers at least (one fills while the other's slice is copied); a
     // ratio below 1 beside the next forward streams the host share's, and the GPU keeps the rest.
-    const bool streamed = gradients_stream_to_host(stage, opt, o.offload_ratio >= 1.0, o.offload_forward_overlap);
+    // A state split between host memory and NVMe keeps them on the device.
+    const bool streamed =
+        gradients_stream_to_host(stage, opt, o.offload_ratio >= 1.0, o.offload_forward_overlap) && in_memory == 0;
     const bool split_streamed = streamed && opt == offload_device::cpu && o.offload_ratio < 1.0;
     const std::int64_t on_gpu_grads = split_streamed ? (shard - offloaded) * g : streamed ? 0 : shard * g;
     auto streamed_staging = [&](std::int64_t buffers) {
@@ -552,43 +577,6 @@ struct estimate_row {
     }
   }
   return rows;
-}
-
-/// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
-/// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "offload_forward_overlap", "hpz_partition_size",
-/// "mics_shard_size", "rows": [{"stage",
-/// "offload_optimizer", "offload_param", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
-[[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
-  nlohmann::json j = {{"params", o.params},
-                      {"largest_layer_params", o.largest_layer_params},
-                      {"gpus", o.ranks()},
-                      {"gpus_per_node", o.gpus_per_node},
-                      {"nodes", o.nodes},
-                      {"param_dtype", name_of(o.param_dtype)},
-                      {"grad_dtype", o.grad_dtype ? nlohmann::json(name_of(*o.grad_dtype)) : nlohmann::json("default")},
-                      {"offload_ratio", o.offload_ratio},
-                      {"offload_forward_overlap", o.offload_forward_overlap},
-                      {"hpz_partition_size", o.hpz_partition_size},
-                      {"mics_shard_size", o.mics_shard_size},
-                      {"padded", o.padded ? nlohmann::json{{"bucket_total", o.padded->bucket_total},
-                                                           {"bucket_shard", o.padded->bucket_shard},
-                                                           {"module_shard", o.padded->module_shard},
-                                                           {"persistent_total", o.padded->persistent_total}}
-                                          : nlohmann::json(nullptr)},
-                      {"rows", nlohmann::json::array()}};
-  for (const estimate_row& r : rows) {
-    j["rows"].push_back({{"stage", r.stage},
-                         {"offload_optimizer", name_of(r.offload_optimizer)},
-                         {"offload_param", name_of(r.offload_param)},
-                         {"grad_dtype", name_of(r.grad_dtype)},
-                         {"gpu_bytes_per_rank", r.gpu_bytes_per_rank},
-                         {"gpu_model_state_bytes", r.gpu_model_state_bytes},
-                         {"gpu_buffer_bytes", r.gpu_buffer_bytes},
-                         {"host_bytes_per_node", r.host_bytes_per_node},
-                         {"nvme_bytes_per_node", r.nvme_bytes_per_node},
-                         {"implemented", r.implemented}});
-  }
-  return j;
 }
 
 } // namespace zero::tools

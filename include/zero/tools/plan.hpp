@@ -19,6 +19,9 @@
 ///                       device's part writes its P (n - h) bytes down from the kernel and the gathers
 ///                       upload 2 P n; on the CPU backend (device "cpu", the same cores) the device's
 ///                       n - h and the host's part one after the other
+///     host and NVMe     the host's share h = host_ratio x n: max(host AdamW over n - h, the copies, K (n - h)
+///                       bytes read plus K (n - h) written) + host AdamW over h (it updates in place only
+///                       after the file's writes landed)
 ///
 /// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
 /// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
@@ -40,12 +43,19 @@
 /// part's kernel writes its new parameters across (costed at the copy rate down). Neither are
 /// the overlap keys (`backward_overlap`, `forward_overlap`) candidates: hiding the host's step
 /// behind forward and backward would need their time, which no probe measures.
+///
+/// The state split between host memory and NVMe (`offload_optimizer.host_ratio`, `host_nvme_setting`) is
+/// a candidate at stages 1-3 where there is NVMe (a budget for it) and the whole state does not fit in
+/// host memory: the largest host share whose estimate fits the host budget less the same margin (in steps
+/// of 1e-4), at stage 3 also with the parameters in host memory. It ranks after the whole state in host
+/// memory and, where NVMe is slower than the host's AdamW, before the whole state on NVMe.
 
 #include "zero/config/config.hpp"
 #include "zero/core/detail/bytes_text.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/tools/estimate.hpp"
+#include "zero/tools/plan_settings.hpp"
 #include "zero/tools/rates.hpp"
 
 #include <algorithm>
@@ -161,73 +171,6 @@ struct step_cost {
   double total = 0;
 };
 
-/// The settings a plan chooses from whatever its budgets: the rows of `estimate_memory(o)` the engine
-/// runs, in its order, with the whole optimizer state on the host in the CPU rows (`o.offload_ratio` is
-/// not used: `partial_offload_setting` gives the partial offloads, which depend on the device budget).
-/// A row the engine learns to run (its `implemented`) joins it.
-[[nodiscard]] inline std::vector<estimate_row> plan_settings(const estimate_options& o) {
-  estimate_options whole = o;
-  whole.offload_ratio = 1.0;
-  std::vector<estimate_row> rows = estimate_memory(whole);
-  // Parameters on NVMe run, but the cost has no term for their reads and writes yet, nor the peak for
-  // the image of the shard that init_params holds (docs/offload.md): not candidates.
-  std::erase_if(rows, [](const estimate_row& r) { return !r.implemented || r.offload_param == offload_device::nvme; });
-  return rows;
-}
-
-/// The share of the device budget a partial offload leaves free. A fixed setting's bytes fall where they
-/// fall, but a partial offload's ratio is chosen to fill the budget, so what the estimate does not count
-/// (the flat buffer's alignment padding, the rounding of the split to 64 elements, the engine's few small
-/// buffers: 0.05% for the fashion-mnist model) would land on the wrong side of it.
-inline constexpr double partial_offload_margin = 0.005;
-
-/// The partial optimizer offload a plan offers at `stage` (1-3) for `device_bytes` per rank: the row of
-/// `estimate_memory` with the optimizer on the CPU and the parameters where `param` says (the device, or
-/// at stage 3 the host), at the smallest ratio, in steps of 1e-4, whose device bytes fit in
-/// `device_bytes` less `partial_offload_margin` of it (the largest device share of the state). Empty
-/// when the stage's row without offload fits (it keeps the whole state there and is as fast), and when not even ratio
-/// 0.9999 fits (then only the whole offload, which also streams the gradient shard to the host, can). \throws
-/// usage_error for a stage outside 1-3, `param` other than none or (at stage 3) cpu, and as `estimate_memory` does.
-[[nodiscard]] inline std::optional<estimate_row> partial_offload_setting(const estimate_options& o, int stage,
-                                                                         std::int64_t device_bytes,
-                                                                         offload_device param = offload_device::none) {
-  if (stage < 1 || stage > 3) {
-    throw usage_error(
-        cat("partial_offload_setting: stage ", std::to_string(stage), "; a partial offload runs at stages 1-3"));
-  }
-  if (param != offload_device::none && (param != offload_device::cpu || stage != 3)) {
-    throw usage_error(cat("partial_offload_setting: offload_param ", name_of(param), " at stage ",
-                          std::to_string(stage),
-                          "; a partial offload keeps the parameters on the device, or at "
-                          "stage 3 in host memory (cpu)"));
-  }
-  constexpr std::int64_t steps = 10'000;
-  auto row_at = [&](std::int64_t k, offload_device opt, offload_device par) {
-    estimate_options at = o;
-    at.offload_ratio = static_cast<double>(k) / static_cast<double>(steps);
-    for (const estimate_row& r : estimate_memory(at)) {
-      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == par) {
-        return r;
-      }
-    }
-    throw usage_error("partial_offload_setting: estimate_memory has no row for the stage");
-  };
-  const auto target =
-      static_cast<std::int64_t>(std::floor(static_cast<double>(device_bytes) * (1 - partial_offload_margin)));
-  const auto fits = [&](std::int64_t k) { return row_at(k, offload_device::cpu, param).gpu_bytes_per_rank <= target; };
-  if (row_at(0, offload_device::none, offload_device::none).gpu_bytes_per_rank <= device_bytes || !fits(steps - 1)) {
-    return std::nullopt;
-  }
-  // The device bytes fall as the ratio grows: the smallest ratio that fits, between `over` and `fit`.
-  std::int64_t over = 0;
-  std::int64_t fit = steps - 1;
-  while (fit - over > 1) {
-    const std::int64_t mid = over + (fit - over) / 2;
-    (fits(mid) ? fit : over) = mid;
-  }
-  return row_at(fit, offload_device::cpu, param);
-}
-
 /// The cost of row `r` for the model of `o` by `rates` (file comment). A resource whose rate is 0
 /// (not measured) makes the cost infinite. \throws usage_error when device, host or copy rates are
 /// not positive.
@@ -263,6 +206,19 @@ inline constexpr double partial_offload_margin = 0.005;
                                     : std::max(per_second(n, rates.device_adamw), c.host_adamw + c.transfer);
     return c;
   }
+  if (r.offload_optimizer == offload_device::nvme && r.host_ratio > 0) {
+    // The file's share overlaps its AdamW, reads and writes and the copies, as a whole NVMe offload does; the
+    // host's share updates in place only once the file's writes have landed (host_nvme_adamw), so after it.
+    const double h = std::round(r.host_ratio * n);
+    const double f = n - h;
+    c.host_adamw = per_second(n, rates.host_adamw / ranks_per_node);
+    c.transfer = per_second(n * g, rates.device_to_host) +
+                 per_second((r.offload_param != offload_device::none ? 2 : 1) * n * p, rates.host_to_device);
+    c.nvme = per_second(k * f, rates.nvme_read / ranks_per_node) + per_second(k * f, rates.nvme_write / ranks_per_node);
+    c.total = std::max({per_second(f, rates.host_adamw / ranks_per_node), c.transfer, c.nvme}) +
+              per_second(h, rates.host_adamw / ranks_per_node);
+    return c;
+  }
   if (r.offload_optimizer == offload_device::none) {
     c.device_adamw = per_second(n, rates.device_adamw);
   } else {
@@ -294,6 +250,7 @@ inline constexpr double partial_offload_margin = 0.005;
   r.offload_ratio = r.offload_optimizer == offload_device::none   ? 0.0
                     : r.offload_optimizer == offload_device::nvme ? 1.0
                                                                   : c.zero_optimization.offload_optimizer.ratio;
+  r.host_ratio = r.offload_optimizer == offload_device::nvme ? c.zero_optimization.offload_optimizer.host_ratio : 0.0;
   return r;
 }
 
@@ -362,6 +319,19 @@ struct plan_result {
       }
     }
   }
+  // The state split between host memory and NVMe, where there is NVMe to put a share on (without HSDP).
+  if (budget.nvme_bytes > 0 && o.shard_ranks() == o.ranks()) {
+    for (int stage : {1, 2, 3}) {
+      for (const offload_device param : {offload_device::none, offload_device::cpu}) {
+        if (param == offload_device::cpu && stage != 3) {
+          continue;
+        }
+        if (const auto r = host_nvme_setting(o, stage, budget.host_bytes, param)) {
+          plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
+        }
+      }
+    }
+  }
   std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
                    [](const plan_candidate& a, const plan_candidate& b) { return a.cost.total < b.cost.total; });
   for (std::size_t i = 0; i < plan.ranked.size(); ++i) {
@@ -419,6 +389,10 @@ struct plan_result {
   if (r.offload_optimizer != offload_device::none) {
     // Always, so that a ratio of the config the block is merged into does not outlive a whole offload.
     z["offload_optimizer"]["ratio"] = r.offload_optimizer == offload_device::cpu ? std::min(r.offload_ratio, 1.0) : 1.0;
+  }
+  // zero's host_ratio where the row splits the state or the config sets it (refused off NVMe: turned off).
+  if (r.host_ratio > 0 || o.config_host_ratio != 0) {
+    z["offload_optimizer"]["host_ratio"] = r.offload_optimizer == offload_device::nvme ? r.host_ratio : 0.0;
   }
   // zero's overlap keys, where the config has them: kept where the row runs them, else off (the engine
   // refuses them without the state on the CPU, and for a split state without forward_overlap or, at
@@ -512,6 +486,8 @@ struct plan_result {
   o.offload_forward_overlap = z.offload_optimizer.forward_overlap && c.gradient_accumulation_steps == 1;
   o.config_backward_overlap = z.offload_optimizer.backward_overlap;
   o.config_forward_overlap = z.offload_optimizer.forward_overlap;
+  o.host_ratio = z.offload_optimizer.device == offload_device::nvme ? z.offload_optimizer.host_ratio : 0.0;
+  o.config_host_ratio = z.offload_optimizer.host_ratio;
   o.gradient_accumulation_steps = c.gradient_accumulation_steps;
   o.nvme_chunk_elements = c.aio.block_size / 4 * c.aio.queue_depth;
   o.offload_param_buffer_count = z.offload_param.buffer_count;
@@ -540,11 +516,14 @@ inline std::string plan_ms(double seconds) {
 } // namespace detail
 
 /// A setting in words: "stage 2, offload_optimizer cpu, offload_param none", or for a partial offload
-/// "stage 2, offload_optimizer cpu ratio 0.5751, offload_param none".
+/// "stage 2, offload_optimizer cpu ratio 0.5751, offload_param none", or for a state split between host
+/// memory and NVMe "stage 2, offload_optimizer nvme host_ratio 0.4, offload_param none".
 [[nodiscard]] inline std::string setting_name(const estimate_row& r) {
   const bool partial = r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1;
+  const bool split = r.offload_optimizer == offload_device::nvme && r.host_ratio > 0;
   return cat("stage ", std::to_string(r.stage), ", offload_optimizer ", name_of(r.offload_optimizer),
-             partial ? cat(" ratio ", zero::detail::show_number(r.offload_ratio)) : std::string(), ", offload_param ",
+             partial ? cat(" ratio ", zero::detail::show_number(r.offload_ratio)) : std::string(),
+             split ? cat(" host_ratio ", zero::detail::show_number(r.host_ratio)) : std::string(), ", offload_param ",
              name_of(r.offload_param));
 }
 

@@ -94,6 +94,17 @@ inline void read_offload_ratio(const key_read<offload_optimizer_config>& k) {
   }
 }
 
+/// `offload_optimizer.host_ratio` (zero's own key): a share in [0, 1), above 0 only with device nvme and a
+/// ratio of 1 (`host_ratio_refusal`, which `check_engine_config` applies too).
+inline void read_host_ratio(const key_read<offload_optimizer_config>& k) {
+  if (!read_typed(k)) {
+    return;
+  }
+  if (const std::string why = host_ratio_refusal(k.out); !why.empty()) {
+    k.r.ctx().fail(k.r.path_of(k.row.name), why);
+  }
+}
+
 inline json write_offload_ratio(const offload_optimizer_config& o) {
   return o.ratio_auto ? json("auto") : json(o.ratio);
 }

@@ -40,4 +40,41 @@ namespace zero::detail {
          "out";
 }
 
+/// `offload_optimizer.host_ratio` `o.host_ratio`: a share in [0, 1) of the state in host memory beside the NVMe
+/// file, so only with device nvme and a ratio of 1 (the whole state off the device).
+[[nodiscard]] inline std::string host_ratio_refusal(const offload_optimizer_config& o) {
+  const std::string found = "found " + nlohmann::json(o.host_ratio).dump();
+  if (!(o.host_ratio >= 0 && o.host_ratio < 1)) {
+    return found + "; expected a share >= 0 and below 1 of the optimizer state kept in host memory beside the NVMe " +
+           "file" + (o.host_ratio == 1 ? " (the whole state in host memory is device \"cpu\")" : "");
+  }
+  if (o.host_ratio == 0) {
+    return {};
+  }
+  if (o.ratio_auto || o.ratio < 1) {
+    return found + " with ratio " + (o.ratio_auto ? std::string("\"auto\"") : nlohmann::json(o.ratio).dump()) +
+           "; host_ratio splits the state between host memory and the NVMe file and ratio between the device and "
+           "host memory, one split at a time: expected ratio 1 (or leave it out), or host_ratio 0";
+  }
+  if (o.device != offload_device::nvme) {
+    return found + " with device \"" + std::string(name_of(o.device)) +
+           "\"; host_ratio keeps that share of the state in host memory and the rest in the NVMe file of device "
+           "\"nvme\": expected device \"nvme\" with nvme_path, or host_ratio 0 (device \"cpu\" keeps the whole "
+           "state in host memory)";
+  }
+  return {};
+}
+
+/// `offload_optimizer.host_ratio` above 0 with `offload_param.device` `param`: the parameter file's bounce
+/// buffers serve whole ranges, which the split state cuts in two.
+[[nodiscard]] inline std::string host_ratio_param_refusal(const offload_optimizer_config& o, offload_device param) {
+  if (param != offload_device::nvme || !(o.host_ratio > 0)) {
+    return {};
+  }
+  return "found " + nlohmann::json(o.host_ratio).dump() +
+         " with offload_param \"nvme\"; a state split between host memory and NVMe needs the parameter shard in "
+         "memory (offload_param \"none\" or \"cpu\"): its parameters on NVMe already split by max_in_cpu. "
+         "Expected host_ratio 0, or offload_param \"cpu\"";
+}
+
 } // namespace zero::detail

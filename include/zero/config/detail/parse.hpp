@@ -162,6 +162,7 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
   }
   refuse("offload_param.nvme_path",
          nvme_path_refusal(z.offload_param.device, z.offload_param.nvme_path, "the parameter shard"));
+  refuse("offload_optimizer.host_ratio", host_ratio_param_refusal(z.offload_optimizer, z.offload_param.device));
   // qgZ's node: consecutive ranks of the data group, so a divisor of its size; one node size with hpZ.
   if (z.zero_quantized_gradients_node_size && stage >= 2) {
     const std::int64_t h = *z.zero_quantized_gradients_node_size;

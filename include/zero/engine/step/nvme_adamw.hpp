@@ -84,7 +84,9 @@ public:
                                                            .grad_type = place.grad_type,
                                                            .params = reinterpret_cast<std::byte*>(&never_read_),
                                                            .params_sharded = true,
-                                                           .state_elsewhere = true},
+                                                           .state_elsewhere = true,
+                                                           .state_begin = place.state_begin,
+                                                           .state_end = place.state_end},
                                            std::move(group_of), std::move(groups), host_, counted_, host_stream_),
         grads_(backend, host_, inner_.ranges(), counted_, inner_.state_size(), place.grad_type) {
     if (place.params == nullptr && !in_file_) {

@@ -18,6 +18,34 @@
 
 namespace zero {
 
+/// The end of a step whose optimizer state was written to NVMe (`opt`: an `nvme_adamw`), once the ranks
+/// agreed: where no rank's writes failed (`failed` false) the written slots become current (the state's,
+/// and `file`'s: stage 3's parameters on NVMe, or null). Otherwise every rank waits for the step's
+/// all-gathers (`finish_gathers`), gives the device its previous parameters again, makes them whole, and
+/// throws io_error (this rank's own, `mine`, or one that names the cause elsewhere). \returns null.
+template <class Parts, class Optimizer, class File, class Finish>
+std::exception_ptr settle_state_writes(Parts& p, Optimizer& opt, File* file, const std::exception_ptr& mine,
+                                       bool failed, Finish& finish_gathers) {
+  if (!failed) {
+    opt.commit();
+    if (file != nullptr) {
+      file->commit();
+    }
+    return nullptr;
+  }
+  finish_gathers(); // every all-gather of the failed step has landed and the update stream joined
+  opt.rollback(*p.stream);
+  if (file != nullptr) {
+    file->rollback();
+  }
+  (*p.params)([](auto& r) { r.refresh(); });
+  throw_agreed(mine,
+               file != nullptr ? "could not write its optimizer state or parameters to NVMe"
+                               : "could not write its optimizer state to NVMe",
+               "; the optimizer step was not applied: parameters, optimizer state and its file are the previous "
+               "step's on every rank");
+}
+
 /// The step plan of state on NVMe; the verbs are `step_plan`'s (see there).
 template <class Parts, class Optimizer> class nvme_plan {
 public:
@@ -48,10 +76,8 @@ public:
   void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
     run_update(opt_, *p_, args, after);
   }
-  /// Waits for the step's writes (the state's, and `file`'s: stage 3's parameters on NVMe, or null) and
-  /// agrees with the other ranks. Where any rank failed, every rank waits for the step's all-gathers
-  /// (`finish_gathers`), gives the device its previous parameters again, makes them whole, and throws
-  /// io_error (this rank's own, or one that names the cause elsewhere). \returns null.
+  /// Waits for the step's writes (the state's, and `file`'s: stage 3's parameters on NVMe, or null), agrees
+  /// with the other ranks and settles the step (`settle_state_writes`). \returns null.
   template <class File, class Finish> std::exception_ptr end_writes(File* file, Finish&& finish_gathers) {
     std::exception_ptr mine = opt_.finish_step();
     if (file != nullptr) {
@@ -59,24 +85,7 @@ public:
         mine = e;
       }
     }
-    if (!p_->any_rank(mine != nullptr)) {
-      opt_.commit();
-      if (file != nullptr) {
-        file->commit();
-      }
-      return nullptr;
-    }
-    finish_gathers(); // every all-gather of the failed step has landed and the update stream joined
-    opt_.rollback(*p_->stream);
-    if (file != nullptr) {
-      file->rollback();
-    }
-    (*p_->params)([](auto& r) { r.refresh(); });
-    throw_agreed(mine,
-                 file != nullptr ? "could not write its optimizer state or parameters to NVMe"
-                                 : "could not write its optimizer state to NVMe",
-                 "; the optimizer step was not applied: parameters, optimizer state and its file are the previous "
-                 "step's on every rank");
+    return settle_state_writes(*p_, opt_, file, mine, p_->any_rank(mine != nullptr), finish_gathers);
   }
   void zero_gradients(const stream_type* s) { intake_.zero(s); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {

@@ -33,6 +33,7 @@
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/step/detail/state_split.hpp"
 #include "zero/engine/step/offloaded_adamw.hpp"
 #include "zero/engine/step/partitioned_adamw.hpp"
 #include "zero/memory/counting_allocator.hpp"
@@ -84,18 +85,19 @@ public:
   partial_adamw(const flat_layout& layout, const adamw_placement& place, const std::vector<std::size_t>& group_of,
                 const std::vector<param_group>& groups, Backend& backend, counting_allocator<DeviceAlloc> device,
                 HostAlloc host, stream_type& stream, std::size_t host_elements, offload_options opt = {})
-      : backend_(backend), stream_(stream), full_(owned_ranges(layout, place)),
-        split_(checked_split(full_.second, host_elements)),
-        device_(layout, part(place, 0, split_, 0), group_of, groups, backend, std::move(device), stream),
-        host_(layout, part(place, split_, full_.second, size_of(layout.type())), group_of, groups, backend,
-              std::move(host), stream, opt),
-        side_(backend.make_stream()), ready_(backend.make_event()), landed_(backend.make_event()) {
-    runs_ = device_.runs();
-    for (owned_run r : host_.runs()) {
-      r.state_offset += split_;
-      runs_.push_back(r);
-    }
-  }
+      : backend_(backend), stream_(stream),
+        parts_(
+            "partial_adamw",
+            "on the host; expected more than 0 and fewer than all (use partitioned_adamw or offloaded_adamw for none "
+            "or all)",
+            layout, place, host_elements,
+            [&](const adamw_placement& mine) {
+              return on_device(layout, mine, group_of, groups, backend, std::move(device), stream);
+            },
+            [&](const adamw_placement& mine) {
+              return on_host(layout, mine, group_of, groups, backend, std::move(host), stream, opt);
+            }),
+        side_(backend.make_stream()), ready_(backend.make_event()), landed_(backend.make_event()) {}
 
   partial_adamw(const partial_adamw&) = delete;
   partial_adamw& operator=(const partial_adamw&) = delete;
@@ -108,61 +110,48 @@ public:
   }
 
   /// The owned ranges, whole (the rank's, as `partitioned_adamw` has them).
-  [[nodiscard]] const ranges_type& ranges() const noexcept { return full_.first; }
+  [[nodiscard]] const ranges_type& ranges() const noexcept { return parts_.ranges(); }
   /// The owned runs in state order: the device part's, then the host part's (the range the split falls
   /// in has a run on each side).
-  [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return runs_; }
-  [[nodiscard]] std::size_t state_size() const noexcept { return full_.second; }
+  [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return parts_.runs(); }
+  [[nodiscard]] std::size_t state_size() const noexcept { return parts_.state_size(); }
   /// The group hyper-parameters (the host part's, which its thread reads while it updates beside the
   /// caller; the device part takes them at each step, on the calling thread).
-  [[nodiscard]] std::vector<param_group>& groups() noexcept { return host_.groups(); }
-  [[nodiscard]] bool has_master() const noexcept { return device_.has_master(); }
+  [[nodiscard]] std::vector<param_group>& groups() noexcept { return host().groups(); }
+  [[nodiscard]] bool has_master() const noexcept { return device().has_master(); }
   /// The first state index on the host: state [0, split) is on the device, [split, state_size()) on the host.
-  [[nodiscard]] std::size_t split() const noexcept { return split_; }
+  [[nodiscard]] std::size_t split() const noexcept { return parts_.split(); }
   /// Elements of owned range `k` before the host part's piece of it (the device part's share of the
   /// range the split falls in; 0 for a range wholly on either side).
-  [[nodiscard]] std::size_t host_offset(std::size_t k) const noexcept {
-    const flat_range& mine = host_.ranges()[k].first;
-    return mine.empty() ? 0 : mine.begin - full_.first[k].first.begin;
-  }
+  [[nodiscard]] std::size_t host_offset(std::size_t k) const noexcept { return parts_.second_offset(k); }
   /// Per owned range (segment), the elements the device part steps: its first ones.
   [[nodiscard]] std::vector<std::size_t> device_elements() const {
     std::vector<std::size_t> out;
-    for (const auto& [range, off] : device_.ranges()) {
+    for (const auto& [range, off] : device().ranges()) {
       out.push_back(range.size());
     }
     return out;
   }
   /// The two parts (their state indices start at 0 and at `split()`).
-  [[nodiscard]] on_device& device() noexcept { return device_; }
-  [[nodiscard]] const on_device& device() const noexcept { return device_; }
-  [[nodiscard]] on_host& host() noexcept { return host_; }
-  [[nodiscard]] const on_host& host() const noexcept { return host_; }
+  [[nodiscard]] on_device& device() noexcept { return parts_.first(); }
+  [[nodiscard]] const on_device& device() const noexcept { return parts_.first(); }
+  [[nodiscard]] on_host& host() noexcept { return parts_.second(); }
+  [[nodiscard]] const on_host& host() const noexcept { return parts_.second(); }
 
-  void load_master() {
-    device_.load_master();
-    host_.load_master();
-  }
-  /// As `partitioned_adamw::read_state`, over the rank's state indices, from either part.
-  /// \throws usage_error for a range outside the state.
+  void load_master() { parts_.load_master(); }
+  /// Reads over the rank's state indices, from either part. \throws usage_error for a range outside the state.
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
-    for_each_part(state_offset, out.size(), "read_state",
-                  [&](auto& part, std::size_t at, std::size_t done, std::size_t n) {
-                    part.read_state(t, at, out.subspan(done, n));
-                  });
+    parts_.read_state(t, state_offset, out);
   }
-  /// As `partitioned_adamw::write_state` (the host part's device parameters are the caller's to write,
-  /// as for `offloaded_adamw`). \throws usage_error for a range outside the state.
+  /// Writes over the rank's state indices, into either part (the device parameters are the caller's to write).
+  /// \throws usage_error for a range outside the state.
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
-    for_each_part(state_offset, in.size(), "write_state",
-                  [&](auto& part, std::size_t at, std::size_t done, std::size_t n) {
-                    part.write_state(t, at, in.subspan(done, n));
-                  });
+    parts_.write_state(t, state_offset, in);
   }
 
   /// One optimizer step over every owned range, on the engine's stream.
   template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
-    for (std::size_t k = 0; k < full_.first.size(); ++k) {
+    for (std::size_t k = 0; k < ranges().size(); ++k) {
       step_range(k, stream_, base, group_lr, grad_of);
     }
   }
@@ -172,23 +161,19 @@ public:
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
-    const std::size_t n = full_.first.size();
-    if (k >= n) {
-      throw usage_error(detail::cat("partial_adamw::step_range: range ", std::to_string(k),
-                                    " does not exist; this rank owns ranges 0 to ", std::to_string(n),
-                                    " (exclusive), one per segment"));
-    }
+    const std::size_t n = ranges().size();
+    parts_.check_range(k);
     if (k == 0 || !joined_) {
       // A new step: the host part's copies start after what `s` did so far (the gradients are final).
-      device_.groups() = host_.groups();
+      device().groups() = host().groups();
       backend_.record(ready_, s);
       backend_.wait(side_, ready_);
       joined_ = true;
     }
-    device_.step_range(k, s, base, group_lr, grad_of);
-    host_.step_range(k, side_, base, group_lr,
-                     [&](const flat_range& r, std::size_t off) { return grad_of(r, off + split_); });
-    if (!host_.ranges()[k].first.empty() || k + 1 == n) {
+    device().step_range(k, s, base, group_lr, grad_of);
+    host().step_range(k, side_, base, group_lr,
+                      [&](const flat_range& r, std::size_t off) { return grad_of(r, off + split()); });
+    if (!host().ranges()[k].first.empty() || k + 1 == n) {
       // What follows range k on `s` (its all-gather, and after the last range the gradients' zeroing)
       // comes after the host part's copies of it.
       backend_.record(landed_, side_);
@@ -198,48 +183,9 @@ public:
   }
 
 private:
-  static std::size_t checked_split(std::size_t state, std::size_t host_elements) {
-    if (host_elements == 0 || host_elements >= state) {
-      throw usage_error(detail::cat("partial_adamw: ", std::to_string(host_elements), " of ", std::to_string(state),
-                                    " state elements on the host; expected more than 0 and fewer than all (use "
-                                    "partitioned_adamw or offloaded_adamw for none or all)"));
-    }
-    return state - host_elements;
-  }
-  /// `place` keeping the rank's state elements [begin, end); sharded parameters (`bytes` each) from
-  /// state index `begin` on.
-  static adamw_placement part(adamw_placement place, std::size_t begin, std::size_t end, std::size_t bytes) {
-    place.state_begin = begin;
-    place.state_end = end;
-    if (place.params_sharded) {
-      place.params += begin * bytes;
-    }
-    return place;
-  }
-  /// Calls `f(part, its state index, done, count)` for the pieces of `n` elements from rank state index
-  /// `first` on, the device part's first.
-  template <class F> void for_each_part(std::size_t first, std::size_t n, const char* what, F&& f) {
-    if (first + n > full_.second || first + n < n) {
-      throw usage_error(detail::cat("partial_adamw::", what, ": state elements [", std::to_string(first), ", ",
-                                    std::to_string(first + n), ") are outside this rank's ",
-                                    std::to_string(full_.second)));
-    }
-    const std::size_t on_device = first < split_ ? std::min(n, split_ - first) : 0;
-    if (on_device > 0) {
-      f(device_, first, 0, on_device);
-    }
-    if (on_device < n) {
-      f(host_, first + on_device - split_, on_device, n - on_device);
-    }
-  }
-
   Backend& backend_;
   stream_type& stream_;
-  std::pair<ranges_type, std::size_t> full_;
-  std::size_t split_;
-  on_device device_;
-  on_host host_;
-  std::vector<owned_run> runs_;
+  detail::state_split<on_device, on_host> parts_;
   /// The host part's copies; `ready_` (on `s`) starts them, `landed_` (on `side_`) ends a range's.
   stream_type side_;
   typename Backend::event_type ready_;

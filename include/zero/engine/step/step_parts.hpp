@@ -55,14 +55,16 @@ template <class Backend, class Comm, class Allocator, class Storage> struct step
   [[nodiscard]] auto group_lr() const {
     return [s = scheduler](double lr) { return s->group_lr(lr); };
   }
-  /// True when `mine` is true on any rank (one all-reduce of an int in backend memory).
-  bool any_rank(bool mine) {
+  /// True when `mine` is true on any rank (one all-reduce of an int in backend memory), its int written and
+  /// read on `on` (the update stream, within a step on it) or on the engine's stream.
+  bool any_rank(bool mine, const stream_type* on = nullptr) {
     if (comm->size() == 1) {
       return mine;
     }
-    backend->fill(agree->data(), 1, mine ? 1 : 0, *stream);
+    const stream_type& s = on != nullptr ? *on : *stream;
+    backend->fill(agree->data(), 1, mine ? 1 : 0, s);
     comm->all_reduce(agree->data(), agree->data(), 1, reduce_op::max).wait();
-    return backend->read_scalar(agree->data(), *stream) != 0;
+    return backend->read_scalar(agree->data(), s) != 0;
   }
 };
 

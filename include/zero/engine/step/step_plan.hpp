@@ -11,6 +11,7 @@
 /// | `host_plan`   | `offloaded_adamw`   | host memory     | streamed to the host at stages 2-3          |
 /// | `split_plan`  | `partial_adamw`     | a share on each | the device share's kept, the host's streamed |
 /// | `nvme_plan`   | `nvme_adamw`        | a file          | streamed to the host at stages 2-3          |
+/// | `host_nvme_plan` | `host_nvme_adamw` | a share in host memory, the rest in a file | kept by the reducer |
 ///
 /// The engine drives whichever it holds through one set of verbs, and never asks which:
 ///
@@ -33,6 +34,7 @@
 #include "zero/engine/detail/visit_made.hpp"
 #include "zero/engine/param_registry.hpp"
 #include "zero/engine/step/device_plan.hpp"
+#include "zero/engine/step/host_nvme_plan.hpp"
 #include "zero/engine/step/host_plan.hpp"
 #include "zero/engine/step/nvme_plan.hpp"
 #include "zero/engine/step/split_plan.hpp"
@@ -60,10 +62,12 @@ public:
   using on_host = offloaded_adamw<Backend, Allocator>;
   using on_nvme = nvme_adamw<Backend, Allocator, Storage>;
   using on_both = partial_adamw<Backend, Allocator>;
+  using on_host_nvme = host_nvme_adamw<Backend, Allocator, Storage>;
 
   /// Makes the plan `cfg.zero_optimization.offload_optimizer` asks for (docs/offload.md) over `reg`'s
   /// finalized layout: with `nvme`, the state in a file of `storage` (which must be given) cut by the
-  /// config's `aio` block; with `cpu`, in host memory, split with the backend by the config's ratio
+  /// config's `aio` block, or with `host_ratio` above 0 that share of it in host memory and the rest in the
+  /// file; with `cpu`, in host memory, split with the backend by the config's ratio
   /// (`"auto"`: balanced from `rates`, or from rates measured here when none are given); else on the
   /// backend, in `device` memory. `threads` run the host AdamW. \returns how the state was split.
   offload_split make(const config& cfg, const param_registry& reg, const adamw_placement& place, Backend& backend,
@@ -77,14 +81,28 @@ public:
         throw usage_error("step_plan::make: offload_optimizer.device nvme needs a storage");
       }
       const auto io = storage_options_from(cfg.aio);
-      v_.template emplace<nvme_plan<parts_type, on_nvme>>(
-          gradients_stream_to_host(cfg.stage(), o.device, true, o.forward_overlap), layout, place, reg.group_of(),
-          reg.groups(), backend, host_allocator_type{}, stream, *storage, place.rank,
-          nvme_options{.dir = o.nvme_path,
-                       .chunk_elements = io.block_size / sizeof(float) * io.queue_depth,
-                       .buffer_count = static_cast<std::size_t>(o.buffer_count),
-                       .threads = threads});
+      const nvme_options opt{.dir = o.nvme_path,
+                             .chunk_elements = io.block_size / sizeof(float) * io.queue_depth,
+                             .buffer_count = static_cast<std::size_t>(o.buffer_count),
+                             .threads = threads};
+      const std::size_t state = owned_ranges(layout, place).second;
+      const std::size_t in_memory = offloaded_state_elements(o.host_ratio, state);
+      const bool streams = gradients_stream_to_host(cfg.stage(), o.device, true, o.forward_overlap);
+      if (in_memory == 0) {
+        v_.template emplace<nvme_plan<parts_type, on_nvme>>(streams, layout, place, reg.group_of(), reg.groups(),
+                                                            backend, host_allocator_type{}, stream, *storage,
+                                                            place.rank, opt);
+      } else if (in_memory == state) {
+        v_.template emplace<host_plan<parts_type, on_host>>(streams, layout, place, reg.group_of(), reg.groups(),
+                                                            backend, host_allocator_type{}, stream,
+                                                            offload_options{.threads = threads});
+      } else {
+        v_.template emplace<host_nvme_plan<parts_type, on_host_nvme>>(layout, place, reg.group_of(), reg.groups(),
+                                                                      backend, host_allocator_type{}, stream, *storage,
+                                                                      place.rank, opt, in_memory);
+      }
       split.ratio = 1.0;
+      split.nvme_elements = state - in_memory;
     } else if (o.device == offload_device::cpu) {
       const std::size_t state = owned_ranges(layout, place).second;
       split.ratio = o.ratio;
@@ -220,10 +238,15 @@ public:
   [[nodiscard]] const on_both* partial() const noexcept { return made<on_both>(); }
   [[nodiscard]] on_nvme* nvme() noexcept { return made<on_nvme>(); }
   [[nodiscard]] const on_nvme* nvme() const noexcept { return made<on_nvme>(); }
+  [[nodiscard]] on_host_nvme* host_nvme() noexcept { return made<on_host_nvme>(); }
+  [[nodiscard]] const on_host_nvme* host_nvme() const noexcept { return made<on_host_nvme>(); }
   /// What steps on the host from host memory: the whole offloaded optimizer, or a split one's host part.
   [[nodiscard]] on_host* host_part() noexcept {
-    auto* both = partial();
-    return both != nullptr ? &both->host() : host();
+    if (auto* both = partial()) {
+      return &both->host();
+    }
+    auto* split = host_nvme();
+    return split != nullptr ? &split->host() : host();
   }
 
 private:
@@ -261,7 +284,7 @@ private:
 
   static constexpr const char* unmade = "the engine has no optimizer before finalize()";
   std::variant<std::monostate, device_type, host_plan<parts_type, on_host>, nvme_plan<parts_type, on_nvme>,
-               split_plan<parts_type, on_both>>
+               split_plan<parts_type, on_both>, host_nvme_plan<parts_type, on_host_nvme>>
       v_;
 };
 

@@ -49,6 +49,9 @@ struct offload_split {
   double ratio = 0;
   /// The rank's state elements, and those on the host (`offloaded_state_elements` of the ratio).
   std::size_t state_elements = 0, host_elements = 0;
+  /// With NVMe, the rank's state elements whose state is in the file: all of them, or with
+  /// `offload_optimizer.host_ratio` those not in host memory. 0 otherwise.
+  std::size_t nvme_elements = 0;
   /// The rates `"auto"` chose from (empty for a ratio the config gave), and whether the engine measured
   /// them on this machine at `finalize` (false: the program gave them, `set_offload_rates`).
   std::optional<update_rates> rates;
