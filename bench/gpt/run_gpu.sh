@@ -113,7 +113,14 @@ if want speed; then
 import json, sys
 d = json.loads(sys.stdin.read())
 print({k: d.get(k) for k in ('device', 'stage', 'tokens_per_s', 'model_tflops_per_s', 'mfu', 'device_peak_bytes',
-      'model_state_peak_bytes', 'activation_bytes', 'train_loss')})" || tail -5 "$log"
+      'model_state_peak_bytes', 'activation_bytes', 'train_loss')})
+p = d.get('profile_ms_per_step', {})  # with --profile in the run's arguments
+total = sum(p.values())
+for name, ms in sorted(p.items(), key=lambda kv: -kv[1]):
+    print(f'  {name:34s} {ms:9.3f} ms {100 * ms / total:5.1f}%')
+if p:
+    print(f'  in all {total:.3f} ms per step')
+" || tail -5 "$log"
   done
 fi
 if want checkpoint; then

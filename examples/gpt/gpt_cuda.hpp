@@ -9,6 +9,7 @@
 
 #include "gpt_kernels.hpp"
 #include "gpt_model.hpp"
+#include "gpt_profile.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,8 @@
 #include <cstdint>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <iterator>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -86,6 +89,8 @@ struct cuda_model_options {
   std::optional<zero::activation_store_options> offload{};
   /// With `offload`: the zero stream whose handle is the model's stream (the store orders its copies by it).
   const zero::cuda_stream* compute = nullptr;
+  /// Time every operation on the stream (`op_timer`; `profile()`): what bounds a step.
+  bool profile = false;
 };
 
 /// GPT-2's forward and backward on one GPU, module by module, over device parameters the caller owns.
@@ -185,6 +190,9 @@ public:
     targets_done_ = make_event();
     plan_done_ = make_event();
 
+    if (o.profile) {
+      timer_ = std::make_unique<op_timer>();
+    }
     if (o.offload) {
       int dev = 0;
       ZERO_CHECK_CUDA(cudaGetDevice(&dev));
@@ -225,6 +233,17 @@ public:
   /// Whether the model checkpoints (see cuda_model_options), and whether its checkpoints go to the host.
   [[nodiscard]] bool checkpointing() const { return checkpoint_; }
   [[nodiscard]] bool offloading() const { return store_ != nullptr; }
+  /// Milliseconds per operation on the stream since the last `profile_reset` (empty without
+  /// cuda_model_options::profile); "outside the model" is the stream's time between the model's calls (the
+  /// engine's work on it, and its waits). Waits for the stream's work so far.
+  [[nodiscard]] std::vector<std::pair<std::string, double>> profile() const {
+    return timer_ ? timer_->totals() : std::vector<std::pair<std::string, double>>{};
+  }
+  void profile_reset() {
+    if (timer_) {
+      timer_->reset();
+    }
+  }
   /// Host bytes the checkpoints' store holds (pinned), 0 without offload.
   [[nodiscard]] std::size_t checkpoint_host_bytes() const { return store_ ? store_->host_memory().total().live : 0; }
 
@@ -269,8 +288,10 @@ public:
       }
       store_->clear();
     }
+    op("embedding");
     upload(tokens, rows(), tokens_host_, tokens_, tokens_done_.get());
     kernels::embedding_forward(encoded_.data(), tokens_.data(), wte, wpe, B, T, cfg_.d_model, stream_);
+    op(outside);
   }
 
   /// Block l's forward: x += attn(ln_1(x)); x += mlp(ln_2(x)). With offload, the block's input is copied down
@@ -286,14 +307,17 @@ public:
       }
     }
     forward_block(l, p, x, block_output(l));
+    op(outside);
   }
 
   /// The final LayerNorm over the last block's output.
   /// @throws std::logic_error before embed_forward.
   void final_forward(const zero::bf16* lnf_w, const zero::bf16* lnf_b) {
     check_pass("final_forward");
+    op("layernorm");
     kernels::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), block_input(cfg_.layers), lnf_w, lnf_b,
                                rows(), cfg_.d_model, stream_);
+    op(outside);
   }
 
   /// The tied LM head and the loss: logits = ln_f(x) · wteᵀ, then softmax and cross-entropy fused per row.
@@ -314,10 +338,13 @@ public:
     const int c = cfg_.d_model, v = cfg_.vocab, vp = static_cast<int>(Vp());
     upload(targets, n, targets_host_, targets_, targets_done_.get());
     // logits[n, V] = lnf[n, C] · wteᵀ (wte [V, C]); the logits' rows are Vp long (see logits_).
+    op("lm head gemm");
     gemm(false, true, static_cast<int>(n), v, c, 1.0f, lnf_.data(), c, wte, c, 0.0f, logits_.data(), CUDA_R_16BF, vp);
+    op("cross-entropy");
     kernels::cross_entropy(logits_.data(), losses_.data(), targets_.data(), n, v, Vp(), grad_scale, train, stream_);
     kernels::sum_losses(loss_.data(), losses_.data(), n, stream_);
     ZERO_CHECK_CUDA(cudaMemcpyAsync(loss_host_.data(), loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    op(outside);
     ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
     have_dlogits_ = train;
     have_logits_ = !train;
@@ -356,9 +383,12 @@ public:
     }
     const int n = static_cast<int>(rows()), c = cfg_.d_model, v = cfg_.vocab, vp = static_cast<int>(Vp());
     // dln[n, C] = dlogits[n, V] · wte[V, C]; dln holds d ln_f(x) until final_backward.
+    op("lm head dgrad");
     gemm(false, false, n, c, v, 1.0f, logits_.data(), vp, wte, c, 0.0f, dln_.data(), CUDA_R_16BF, c);
     // d_wte[V, C] += dlogits[n, V]ᵀ · lnf[n, C].
+    op("lm head wgrad");
     gemm(true, false, v, c, n, 1.0f, logits_.data(), vp, lnf_.data(), c, 1.0f, d_wte, CUDA_R_32F, c);
+    op(outside);
   }
 
   /// The final LayerNorm's backward; starts the residual stream's gradient.
@@ -369,10 +399,12 @@ public:
       throw std::logic_error("final_backward: call head_forward_loss with train = true and head_backward first");
     }
     const std::size_t n = rows();
+    op("layernorm backward");
     ZERO_CHECK_CUDA(cudaMemsetAsync(dres_.data(), 0, n * C() * sizeof(zero::bf16), stream_));
     kernels::layernorm_backward(dres_.data(), d_lnf_w, d_lnf_b, column_workspace_.data(), dln_.data(),
                                 block_input(cfg_.layers), lnf_w, lnf_mean_.data(), lnf_rstd_.data(), n, cfg_.d_model,
                                 stream_);
+    op(outside);
   }
 
   /// Block l's backward: the residual stream's gradient goes from block l's output to its input, and the
@@ -386,31 +418,39 @@ public:
     const std::size_t n = rows();
     const int c = cfg_.d_model;
     const auto id = static_cast<std::size_t>(l);
+    op("checkpoint fetch");
     const zero::bf16* x = store_ ? static_cast<const zero::bf16*>(store_->fetch(ids_[id])) : block_input(l);
     if (checkpoint_ && held_ != l) {
-      forward_block(l, p, x, nullptr); // the block's activations again, from its input
+      forward_block(l, p, x, nullptr, " (recompute)"); // the block's activations again, from its input
     }
     zero::bf16* dres = dres_.data();
     float* ws = column_workspace_.data();
 
     // mlp: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres holds d res3 = d of c_proj's output.
     matmul_backward(dfch_.data(), g.mlp_c_proj_weight, g.mlp_c_proj_bias, dres, at(fch_gelu_, l), p.mlp_c_proj_weight,
-                    4 * c, c);
+                    4 * c, c, "mlp.c_proj");
+    op("gelu backward");
     kernels::gelu_backward(dfch_.data(), at(fch_, l), dfch_.data(), n * 4 * C(), stream_);
-    matmul_backward(dln_.data(), g.c_fc_weight, g.c_fc_bias, dfch_.data(), at(ln2_, l), p.c_fc_weight, c, 4 * c);
+    matmul_backward(dln_.data(), g.c_fc_weight, g.c_fc_bias, dfch_.data(), at(ln2_, l), p.c_fc_weight, c, 4 * c,
+                    "c_fc");
+    op("layernorm backward");
     kernels::layernorm_backward(dres, g.ln_2_weight, g.ln_2_bias, ws, dln_.data(), at(res2_, l), p.ln_2_weight,
                                 at(ln2_mean_, l), at(ln2_rstd_, l), n, c, stream_);
 
     // attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))); dres now holds d res2.
     matmul_backward(datty_.data(), g.attn_c_proj_weight, g.attn_c_proj_bias, dres, at(atty_, l), p.attn_c_proj_weight,
-                    c, c);
+                    c, c, "attn.c_proj");
+    op("attention backward");
     attention_backward(l, dqkv_.data(), datty_.data());
-    matmul_backward(dln_.data(), g.c_attn_weight, g.c_attn_bias, dqkv_.data(), at(ln1_, l), p.c_attn_weight, c, 3 * c);
+    matmul_backward(dln_.data(), g.c_attn_weight, g.c_attn_bias, dqkv_.data(), at(ln1_, l), p.c_attn_weight, c, 3 * c,
+                    "c_attn");
+    op("layernorm backward");
     kernels::layernorm_backward(dres, g.ln_1_weight, g.ln_1_bias, ws, dln_.data(), x, p.ln_1_weight, at(ln1_mean_, l),
                                 at(ln1_rstd_, l), n, c, stream_);
     if (store_) {
       store_->release(ids_[id]); // the work reading x is enqueued
     }
+    op(outside);
   }
 
   /// The embeddings' backward, deterministic: the rows are sorted by token on the host (a counting sort), each
@@ -429,10 +469,12 @@ public:
     const std::size_t distinct =
         kernels::build_embedding_plan({tokens, n}, counts_, {plan_host_.data(), kernels::embedding_plan_ints(n)});
     const std::size_t ints = 2 * distinct + 1 + n;
+    op("embedding backward");
     ZERO_CHECK_CUDA(
         cudaMemcpyAsync(plan_.data(), plan_host_.data(), ints * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream_));
     ZERO_CHECK_CUDA(cudaEventRecord(plan_done_.get(), stream_));
     kernels::embedding_backward(d_wte, d_wpe, dres_.data(), plan_.data(), distinct, B_, T_, cfg_.d_model, stream_);
+    op(outside);
   }
 
   /// cuBLAS's workspace: 32 MiB, what PyTorch gives cuBLAS on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8).
@@ -529,19 +571,23 @@ private:
 
   // dinp = dout · wᵀ (overwritten: dinp is scratch); dw += inpᵀ · dout (fp32); dbias += column sums of dout.
   // inp [n, ic], w [ic, oc], dout [n, oc].
+  // `name` is the layer's, for the profile.
   void matmul_backward(zero::bf16* dinp, float* dw, float* dbias, const zero::bf16* dout, const zero::bf16* inp,
-                       const zero::bf16* w, int ic, int oc) {
+                       const zero::bf16* w, int ic, int oc, const char* name) {
     const int n = static_cast<int>(rows());
     // dinp[n, ic] = dout[n, oc] · w[ic, oc]ᵀ.
+    op(name, " dgrad");
     gemm(false, true, n, ic, oc, 1.0f, dout, oc, w, oc, 0.0f, dinp, CUDA_R_16BF, ic);
     // dw[ic, oc] += inp[n, ic]ᵀ · dout[n, oc].
+    op(name, " wgrad");
     gemm(true, false, ic, oc, n, 1.0f, inp, ic, dout, oc, 1.0f, dw, CUDA_R_32F, oc);
+    op("bias backward");
     kernels::bias_backward(dbias, column_workspace_.data(), dout, rows(), oc, stream_);
   }
 
   // Block l's forward from its input x into the layer's slices; its output to res3, or with res3 null only up
   // to the MLP's GELU (a checkpointed block's recomputation: the backward does not read the output).
-  void forward_block(int l, const cuda_block_params& p, const zero::bf16* x, zero::bf16* res3) {
+  void forward_block(int l, const cuda_block_params& p, const zero::bf16* x, zero::bf16* res3, const char* tag = "") {
     const std::size_t n = rows();
     const int c = cfg_.d_model, n_rows = static_cast<int>(n);
     zero::bf16* ln1 = at(ln1_, l);
@@ -553,25 +599,37 @@ private:
     zero::bf16* gelu = at(fch_gelu_, l);
     held_ = l;
 
+    op("layernorm", tag);
     kernels::layernorm_forward(ln1, at(ln1_mean_, l), at(ln1_rstd_, l), x, p.ln_1_weight, p.ln_1_bias, n, c, stream_);
     // qkv[n, 3C] = ln1[n, C] · c_attn[C, 3C] + bias: C starts as the bias rows, beta = 1 adds the product.
+    op("bias and residual", tag);
     kernels::bias_broadcast(qkv, p.c_attn_bias, n, 3 * c, stream_);
+    op("c_attn gemm", tag);
     gemm(false, false, n_rows, 3 * c, c, 1.0f, ln1, c, p.c_attn_weight, 3 * c, 1.0f, qkv, CUDA_R_16BF, 3 * c);
+    op("attention", tag);
     attention_forward(l, atty, qkv);
     // res2[n, C] = (x + bias) + atty[n, C] · attn.c_proj[C, C].
+    op("bias and residual", tag);
     kernels::residual_bias(res2, x, p.attn_c_proj_bias, n, c, stream_);
+    op("attn.c_proj gemm", tag);
     gemm(false, false, n_rows, c, c, 1.0f, atty, c, p.attn_c_proj_weight, c, 1.0f, res2, CUDA_R_16BF, c);
+    op("layernorm", tag);
     kernels::layernorm_forward(ln2, at(ln2_mean_, l), at(ln2_rstd_, l), res2, p.ln_2_weight, p.ln_2_bias, n, c,
                                stream_);
     // fch[n, 4C] = ln2[n, C] · c_fc[C, 4C] + bias.
+    op("bias and residual", tag);
     kernels::bias_broadcast(fch, p.c_fc_bias, n, 4 * c, stream_);
+    op("c_fc gemm", tag);
     gemm(false, false, n_rows, 4 * c, c, 1.0f, ln2, c, p.c_fc_weight, 4 * c, 1.0f, fch, CUDA_R_16BF, 4 * c);
+    op("gelu", tag);
     kernels::gelu_forward(gelu, fch, n * 4 * C(), stream_);
     if (res3 == nullptr) {
       return;
     }
     // res3[n, C] = (res2 + bias) + gelu[n, 4C] · mlp.c_proj[4C, C].
+    op("bias and residual", tag);
     kernels::residual_bias(res3, res2, p.mlp_c_proj_bias, n, c, stream_);
+    op("mlp.c_proj gemm", tag);
     gemm(false, false, n_rows, c, 4 * c, 1.0f, gelu, 4 * c, p.mlp_c_proj_weight, c, 1.0f, res3, CUDA_R_16BF, c);
   }
 
@@ -644,6 +702,25 @@ private:
 
   using store_type = zero::activation_store<zero::cuda_backend, zero::device_allocator>;
 
+  static constexpr const char* outside = "outside the model";
+  // Starts operation `name` + `tag` in the profile (op_timer names must outlive it: the joined names are kept).
+  void op(const char* name, const char* tag = "") {
+    if (!timer_) {
+      return;
+    }
+    if (*tag == '\0') {
+      timer_->mark(name, stream_);
+      return;
+    }
+    std::string joined = std::string(name) + tag;
+    auto it = std::find(joined_.begin(), joined_.end(), joined);
+    if (it == joined_.end()) {
+      joined_.push_back(std::move(joined));
+      it = std::prev(joined_.end());
+    }
+    timer_->mark(it->c_str(), stream_);
+  }
+
   model_config cfg_;
   int batch_;
   cudaStream_t stream_;
@@ -695,6 +772,9 @@ private:
   const zero::cuda_stream* compute_ = nullptr;
   std::unique_ptr<store_type> store_;
   std::vector<std::size_t> ids_;
+  // The profile's timer and the joined operation names it points into (a list: their addresses stay).
+  std::unique_ptr<op_timer> timer_;
+  std::list<std::string> joined_;
 };
 
 } // namespace gpt

@@ -36,17 +36,19 @@ template <> struct math_traits<cuda_model> {
   /// The model on the engine's stream; with `checkpoint` it keeps each block's input only, in host memory when
   /// the config's activation_checkpointing.cpu_checkpointing says so (a store sized by its block: one checkpoint
   /// of batch x seq x C bf16 per block unless number_checkpoints says otherwise).
-  /// @throws std::invalid_argument with cpu_checkpointing but without `checkpoint`.
-  template <class Engine> static cuda_model make(Engine& eng, const model_config& cfg, int batch, bool checkpoint) {
+  /// @throws std::invalid_argument with cpu_checkpointing but without `o.checkpoint`.
+  template <class Engine> static cuda_model make(Engine& eng, const model_config& cfg, int batch, math_options o) {
     const std::size_t input_bytes = static_cast<std::size_t>(batch) * static_cast<std::size_t>(cfg.seq) *
                                     static_cast<std::size_t>(cfg.d_model) * sizeof(zero::bf16);
     auto offload = zero::activation_store_options_from(eng.cfg(), input_bytes, static_cast<std::size_t>(cfg.layers));
-    if (offload && !checkpoint) {
+    if (offload && !o.checkpoint) {
       throw std::invalid_argument("activation_checkpointing.cpu_checkpointing: keeps the checkpoints of activation "
                                   "checkpointing in host memory; expected --checkpoint-activations with it");
     }
-    return cuda_model(cfg, batch, eng.stream().get(),
-                      cuda_model_options{.checkpoint = checkpoint, .offload = offload, .compute = &eng.stream()});
+    return cuda_model(
+        cfg, batch, eng.stream().get(),
+        cuda_model_options{
+            .checkpoint = o.checkpoint, .offload = offload, .compute = &eng.stream(), .profile = o.profile});
   }
   /// Device memory of `floats` fp32 values.
   class scratch {

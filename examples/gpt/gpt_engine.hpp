@@ -19,6 +19,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 #include <zero/engine/engine.hpp>
 
@@ -28,19 +29,31 @@ namespace gpt {
 /// scratch for 16-bit gradients. Specialised for `cpu_model` here and for `cuda_model` in gpt_cuda_engine.hpp.
 template <class Math> struct math_traits;
 
+/// How `zero_gpt` makes its math (`math_traits<M>::make`).
+struct math_options {
+  /// Activation checkpointing: the math keeps each block's input and recomputes the rest in the backward; where
+  /// the config's activation_checkpointing.cpu_checkpointing says so, the inputs go to host memory.
+  bool checkpoint = false;
+  /// Time each operation (`zero_gpt::profile`).
+  bool profile = false;
+};
+
 template <> struct math_traits<cpu_model> {
   using param_type = float;
   using block_params_type = block_params;
   using block_grads_type = block_grads;
   /// Whether 16-bit parameters are converted into fp32 copies after each gather (the CPU math is fp32 only).
   static constexpr bool converts_params = true;
-  /// @throws std::invalid_argument with `checkpoint` or the config's cpu_checkpointing: the CPU math keeps every
-  /// activation.
-  template <class Engine> static cpu_model make(Engine& eng, const model_config& cfg, int batch, bool checkpoint) {
-    if (checkpoint || eng.cfg().activation_checkpointing.cpu_checkpointing) {
+  /// @throws std::invalid_argument with `o.checkpoint` or the config's cpu_checkpointing (the CPU math keeps
+  /// every activation), or with `o.profile` (it times a GPU's stream).
+  template <class Engine> static cpu_model make(Engine& eng, const model_config& cfg, int batch, math_options o) {
+    if (o.checkpoint || eng.cfg().activation_checkpointing.cpu_checkpointing) {
       throw std::invalid_argument(
-          std::string(checkpoint ? "--checkpoint-activations" : "activation_checkpointing.cpu_checkpointing") +
+          std::string(o.checkpoint ? "--checkpoint-activations" : "activation_checkpointing.cpu_checkpointing") +
           ": the CPU model (--device cpu) keeps every activation; expected --device cuda");
+    }
+    if (o.profile) {
+      throw std::invalid_argument("--profile: times the operations on a GPU's stream; expected --device cuda");
     }
     return cpu_model(cfg, batch);
   }
@@ -65,10 +78,9 @@ template <class Engine, class Math = cpu_model> class zero_gpt {
 
 public:
   /// Registers the model's parameters with `eng` (before `finalize`): 1-D tensors train without weight decay.
-  /// `checkpoint`: activation checkpointing (the math keeps each block's input and recomputes the rest in the
-  /// backward; where the config's activation_checkpointing.cpu_checkpointing says so, the inputs go to the host).
-  zero_gpt(Engine& eng, const model_config& cfg, int batch, bool checkpoint = false)
-      : eng_(eng), cfg_(cfg), math_(traits::make(eng, cfg, batch, checkpoint)) {
+  /// `o`: what the math keeps for the backward and whether it times its operations (math_options).
+  zero_gpt(Engine& eng, const model_config& cfg, int batch, math_options o = {})
+      : eng_(eng), cfg_(cfg), math_(traits::make(eng, cfg, batch, o)) {
     specs_ = parameters(cfg);
     if (!traits::converts_params && eng.cfg().param_dtype() != zero::dtype_v<param_type>) {
       throw std::invalid_argument(
@@ -172,6 +184,19 @@ public:
   [[nodiscard]] std::span<const float> logits() const { return math_.logits(); }
   [[nodiscard]] const model_config& config() const noexcept { return cfg_; }
   [[nodiscard]] std::size_t activation_bytes() const { return math_.activation_bytes(); }
+  /// The math's time per operation since `profile_reset` (empty where it does not time them).
+  [[nodiscard]] std::vector<std::pair<std::string, double>> profile() const {
+    if constexpr (requires { math_.profile(); }) {
+      return math_.profile();
+    } else {
+      return {};
+    }
+  }
+  void profile_reset() {
+    if constexpr (requires { math_.profile_reset(); }) {
+      math_.profile_reset();
+    }
+  }
   /// Host bytes of the math's activation checkpoints (0 where it keeps none there).
   [[nodiscard]] std::size_t checkpoint_host_bytes() const {
     if constexpr (requires { math_.checkpoint_host_bytes(); }) {

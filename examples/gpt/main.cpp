@@ -69,6 +69,7 @@ struct options {
   std::string describe_file, config_out; // --describe, --write-config
   bool eval_only = false;
   bool checkpoint_activations = false;
+  bool profile = false;
   std::string device = "cpu";
 };
 
@@ -107,7 +108,8 @@ struct outcome {
   std::size_t device_peak_bytes = 0, activation_bytes = 0;
   std::size_t checkpoint_host_bytes = 0; ///< host memory of the activation checkpoints (cpu_checkpointing)
   bool checkpoint_activations = false;
-  double peak_flops = 0; ///< the device's peak rate (0: unknown, no MFU)
+  std::vector<std::pair<std::string, double>> profile; ///< ms per step of each operation (--profile)
+  double peak_flops = 0;                               ///< the device's peak rate (0: unknown, no MFU)
   std::string device;
   zero::memory_report memory;
 };
@@ -276,7 +278,8 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   }
   const int B = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   const int T = o.model.seq;
-  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(eng, o.model, B, o.checkpoint_activations);
+  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(
+      eng, o.model, B, gpt::math_options{.checkpoint = o.checkpoint_activations, .profile = o.profile});
   eng.finalize();
   long first_step = 0;
 #if ZERO_HAS_CHECKPOINT
@@ -331,6 +334,7 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
     rt.sample_memory();
     if (step == first_step) {
       steady_start = std::chrono::steady_clock::now(); // the loss's sum waited for the step's work
+      model.profile_reset();                           // the profile leaves out the first step too
     }
     window[0] += step_sums[0];
     window[1] += step_sums[1];
@@ -360,6 +364,10 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   const double timed_s =
       std::chrono::duration<double>(end - (timed < steps - first_step ? steady_start : start)).count();
   out.tokens_per_s = timed > 0 ? tokens_per_step * static_cast<double>(timed) / timed_s : 0.0;
+  out.profile = model.profile();
+  for (auto& [name, ms] : out.profile) {
+    ms /= static_cast<double>(std::max<long>(timed, 1));
+  }
   out.flops_per_token = gpt::flops_per_token(o.model);
   out.device_peak_bytes = rt.device_peak_bytes();
   out.peak_flops = rt.peak_flops();
@@ -431,6 +439,22 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   return out;
 }
 
+// --profile's table: each operation's milliseconds per step and share of their sum, the longest first.
+void print_profile(std::vector<std::pair<std::string, double>> profile) {
+  if (profile.empty()) {
+    return;
+  }
+  std::sort(profile.begin(), profile.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  double total = 0;
+  for (const auto& p : profile) {
+    total += p.second;
+  }
+  std::printf("profile (ms per step, on the model's stream; %.2f ms in all):\n", total);
+  for (const auto& [name, ms] : profile) {
+    std::printf("  %-34s %9.3f  %5.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
+  }
+}
+
 void report(const outcome& r, const options& o, double entropy) {
   if (o.eval_only) {
     // The last line is the JSON object other tools read: the mean next-token loss over every window.
@@ -475,6 +499,12 @@ void report(const outcome& r, const options& o, double entropy) {
     if (!r.sample.empty()) {
       j["sample"] = r.sample;
     }
+    if (!r.profile.empty()) {
+      auto& p = j["profile_ms_per_step"] = nlohmann::json::object();
+      for (const auto& [name, ms] : r.profile) {
+        p[name] = ms;
+      }
+    }
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("stage %d, %d ranks: val loss %.4f (byte unigram entropy %.4f) after %ld steps in %.1f s, %.0f "
@@ -484,6 +514,7 @@ void report(const outcome& r, const options& o, double entropy) {
     if (!r.sample.empty()) {
       std::printf("sample: %s\n", r.sample.c_str());
     }
+    print_profile(r.profile);
   }
   std::fflush(stdout);
 }
@@ -533,6 +564,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the initialisation, the batches and the sample");
   app.add_option("--timeout", o.timeout, "seconds a collective may wait (the config's comm_timeout otherwise)");
   app.add_flag("--json", o.json, "one JSON line per run");
+  app.add_flag("--profile", o.profile,
+               "time every operation on the model's stream and print milliseconds per step (--device cuda)");
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,
                "keep each block's input only and recompute the block in backward (--device cuda); with the config's "
                "activation_checkpointing.cpu_checkpointing the inputs live in host memory");

@@ -642,6 +642,60 @@ TEST_SUITE("gpu") {
           std::string::npos);
   }
 
+  TEST_CASE("cuda_model: the profile times every operation of a step, the recomputation apart") {
+    const gpt::model_config cfg = test_config();
+    const auto dw = upload(test_params(cfg));
+    test_stream stream;
+    gpt::cuda_model m(cfg, test_b, stream.get(), gpt::cuda_model_options{.checkpoint = true, .profile = true});
+    auto g = grads_on_device(cfg);
+    gpu_step(m, dw, g, ids(41, cfg.vocab), ids(42, cfg.vocab), 0.1f);
+    const auto first = m.profile();
+    m.profile_reset();
+    CHECK(m.profile().empty());
+    gpu_step(m, dw, g, ids(41, cfg.vocab), ids(42, cfg.vocab), 0.1f);
+    const auto p = m.profile();
+    const auto ms = [&](const std::string& name) {
+      for (const auto& [n, t] : p) {
+        if (n == name) {
+          return t;
+        }
+      }
+      return -1.0;
+    };
+    for (const char* name : {"embedding",
+                             "layernorm",
+                             "c_attn gemm",
+                             "attention",
+                             "attn.c_proj gemm",
+                             "c_fc gemm",
+                             "gelu",
+                             "mlp.c_proj gemm",
+                             "lm head gemm",
+                             "cross-entropy",
+                             "lm head dgrad",
+                             "lm head wgrad",
+                             "mlp.c_proj dgrad",
+                             "c_fc wgrad",
+                             "attention backward",
+                             "gelu backward",
+                             "layernorm backward",
+                             "bias backward",
+                             "embedding backward",
+                             "attention (recompute)",
+                             "c_fc gemm (recompute)",
+                             "outside the model"}) {
+      INFO(name);
+      CHECK(ms(name) >= 0.0);
+    }
+    // Two blocks: the last one's activations are still there, so only the first is recomputed, up to its GELU.
+    CHECK(ms("mlp.c_proj gemm (recompute)") < 0.0);
+    CHECK(ms("attention") > 0.0);
+    CHECK(p.size() == first.size());
+    // Without the option nothing is timed.
+    gpt::cuda_model quiet(cfg, test_b, stream.get());
+    CHECK(quiet.profile().empty());
+  }
+
   TEST_CASE_FIXTURE(gpu_setup, "cuda_model: attention is causal") {
     // Changing the tokens after position 2 leaves the logits of positions 0..2 with the same bits: each row's
     // products read only its own row, and the masked probabilities are exact zeros.
