@@ -145,15 +145,16 @@ struct cuda_runtime {
   }
 
   /// --config auto-plan's default device budget: GPU 0's free memory less what the model's activations and
-  /// workspaces take (measured by making the model once).
-  static std::int64_t plan_device_bytes(const model_config& cfg, int batch) {
+  /// workspaces take (measured by making the model once; with `checkpoint`, a checkpointing one whose block
+  /// inputs stay on the device, the most it keeps).
+  static std::int64_t plan_device_bytes(const model_config& cfg, int batch, bool checkpoint) {
     ZERO_CHECK_CUDA(cudaSetDevice(0));
     std::size_t activations = 0;
     {
       cudaStream_t s = nullptr;
       ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       try {
-        const cuda_model m(cfg, batch, s);
+        const cuda_model m(cfg, batch, s, cuda_model_options{.checkpoint = checkpoint});
         activations = m.activation_bytes();
       } catch (...) {
         ZERO_CHECK_CUDA_NOTHROW(cudaStreamDestroy(s));

@@ -51,7 +51,7 @@ struct cpu_runtime {
 
   /// --config auto-plan's default device budget: the host's available memory, which is the CPU backend's device
   /// memory.
-  static std::int64_t plan_device_bytes(const model_config&, int) { return zero::tools::available_host_memory(); }
+  static std::int64_t plan_device_bytes(const model_config&, int, bool) { return zero::tools::available_host_memory(); }
   /// The rates --config auto-plan ranks its candidates by, measured now on this host (and on `nvme`).
   static zero::tools::machine_rates plan_rates(const std::optional<std::filesystem::path>& nvme) {
     zero::cpu_backend device({.threads = 0});

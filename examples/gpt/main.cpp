@@ -69,6 +69,7 @@ struct options {
   std::string describe_file, config_out; // --describe, --write-config
   bool eval_only = false;
   bool checkpoint_activations = false;
+  bool offload_activations = false; // the built-in config's activation_checkpointing.cpu_checkpointing
   bool profile = false;
   std::string device = "cpu";
 };
@@ -91,6 +92,9 @@ nlohmann::json default_config(const options& o) {
   };
   if (o.device == "cuda") {
     j["bf16"] = {{"enabled", true}}; // the GPU's math is bf16 (gpt_cuda.hpp)
+  }
+  if (o.offload_activations) {
+    j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
   }
   return j;
 }
@@ -218,7 +222,8 @@ template <class Runtime> void plan_run(const options& o, nlohmann::json& cfg) {
   zt::memory_budget budget;
   budget.device_bytes = o.gpu_memory
                             ? zt::parse_bytes(*o.gpu_memory)
-                            : Runtime::plan_device_bytes(o.model, static_cast<int>(c.train_micro_batch_size_per_gpu));
+                            : Runtime::plan_device_bytes(o.model, static_cast<int>(c.train_micro_batch_size_per_gpu),
+                                                         o.checkpoint_activations);
   budget.host_bytes = o.host_memory ? zt::parse_bytes(*o.host_memory) : zt::available_host_memory();
   budget.nvme_bytes = o.nvme_budget ? zt::parse_bytes(*o.nvme_budget) : nvme ? zt::free_storage_bytes(*nvme) : 0;
   const auto plan = zt::make_plan(est, Runtime::plan_rates(nvme), budget);
@@ -489,6 +494,10 @@ void report(const outcome& r, const options& o, double entropy) {
                      {"model_tflops_per_s", r.tokens_per_s * r.flops_per_token / 1e12},
                      {"activation_bytes", r.activation_bytes},
                      {"checkpoint_activations", r.checkpoint_activations},
+                     {"host_formula_bytes", r.memory.host_formula},
+                     {"host_share", r.memory.host_share},
+                     {"nvme_bytes", r.memory.nvme},
+                     {"host_buffers_bytes", r.memory.host_buffers},
                      {"checkpoint_host_bytes", r.checkpoint_host_bytes}};
     if (r.device_peak_bytes > 0) {
       j["device_peak_bytes"] = r.device_peak_bytes; // cudaMemGetInfo's use at its highest step end
@@ -564,6 +573,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the initialisation, the batches and the sample");
   app.add_option("--timeout", o.timeout, "seconds a collective may wait (the config's comm_timeout otherwise)");
   app.add_flag("--json", o.json, "one JSON line per run");
+  app.add_flag("--offload-activations", o.offload_activations,
+               "with --checkpoint-activations: the checkpoints in host memory (the built-in config's "
+               "activation_checkpointing.cpu_checkpointing; in a --config file, set the key there)");
   app.add_flag("--profile", o.profile,
                "time every operation on the model's stream and print milliseconds per step (--device cuda)");
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,
@@ -590,6 +602,14 @@ int main(int argc, char** argv) {
       "write the run's DeepSpeed config (built in or --config's, with --stage, --nvme-path) here, then train");
   CLI11_PARSE(app, argc, argv);
   const bool planned = o.config_file == auto_plan;
+  if (o.offload_activations && (!o.checkpoint_activations || (!o.config_file.empty() && !planned))) {
+    std::fprintf(stderr, "zero-gpt: --offload-activations %s\n",
+                 !o.checkpoint_activations
+                     ? "keeps the checkpoints of --checkpoint-activations in host memory; expected both"
+                     : "sets the built-in config's activation_checkpointing.cpu_checkpointing; with --config FILE, "
+                       "expected the key in the file");
+    return 2;
+  }
   if (const auto refusal = zero::tools::plan_flags_refusal({.planned = planned,
                                                             .config_file = !o.config_file.empty() && !planned,
                                                             .gpu_memory = o.gpu_memory,
