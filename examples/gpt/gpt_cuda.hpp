@@ -12,13 +12,16 @@
 #include "gpt_profile.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <iterator>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -91,6 +94,12 @@ struct cuda_model_options {
   const zero::cuda_stream* compute = nullptr;
   /// Time every operation on the stream (`op_timer`; `profile()`): what bounds a step.
   bool profile = false;
+  /// The block's projections through cuBLASLt with their elementwise work in the GEMM's epilogue: the biases,
+  /// the residual adds (C = the stream, D = the new stream), c_fc's GELU (its input kept as the epilogue's aux
+  /// output) and GELU's backward in the c_proj input gradient's GEMM. Saves the bias, residual and GELU kernels'
+  /// passes over memory; the sums round once instead of twice (bias and residual added in fp32 with the
+  /// product), so the bits differ from the path without it.
+  bool gemm_epilogues = false;
 };
 
 /// GPT-2's forward and backward on one GPU, module by module, over device parameters the caller owns.
@@ -199,6 +208,12 @@ public:
       store_backend_.emplace(dev);
       compute_ = o.compute;
       store_ = std::make_unique<store_type>(*store_backend_, *compute_, *o.offload);
+    }
+
+    if (o.gemm_epilogues) {
+      cublasLtHandle_t lt = nullptr;
+      GPT_CHECK_CUBLAS(cublasLtCreate(&lt));
+      lt_.reset(lt);
     }
 
     cublasHandle_t handle = nullptr;
@@ -428,9 +443,7 @@ public:
 
     // mlp: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dres holds d res3 = d of c_proj's output.
     matmul_backward(dfch_.data(), g.mlp_c_proj_weight, g.mlp_c_proj_bias, dres, at(fch_gelu_, l), p.mlp_c_proj_weight,
-                    4 * c, c, "mlp.c_proj");
-    op("gelu backward");
-    kernels::gelu_backward(dfch_.data(), at(fch_, l), dfch_.data(), n * 4 * C(), stream_);
+                    4 * c, c, "mlp.c_proj", at(fch_, l));
     matmul_backward(dln_.data(), g.c_fc_weight, g.c_fc_bias, dfch_.data(), at(ln2_, l), p.c_fc_weight, c, 4 * c,
                     "c_fc");
     op("layernorm backward");
@@ -490,8 +503,12 @@ private:
   using event_ptr = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, event_deleter>;
   struct cublas_deleter {
     void operator()(cublasHandle_t h) const noexcept { (void)cublasDestroy(h); }
+    void operator()(cublasLtHandle_t h) const noexcept { (void)cublasLtDestroy(h); }
+    void operator()(cublasLtMatmulDesc_t d) const noexcept { (void)cublasLtMatmulDescDestroy(d); }
+    void operator()(cublasLtMatrixLayout_t m) const noexcept { (void)cublasLtMatrixLayoutDestroy(m); }
   };
   using cublas_ptr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, cublas_deleter>;
+  using cublaslt_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, cublas_deleter>;
 
   template <class T> static device_buffer<T> device(std::size_t n) {
     return device_buffer<T>(zero::device_allocator{}, n, zero::memory_tag::buffers);
@@ -571,13 +588,22 @@ private:
 
   // dinp = dout · wᵀ (overwritten: dinp is scratch); dw += inpᵀ · dout (fp32); dbias += column sums of dout.
   // inp [n, ic], w [ic, oc], dout [n, oc].
-  // `name` is the layer's, for the profile.
+  // `name` is the layer's, for the profile. With `gelu_input` (the GELU's input, when inp is its output) dinp
+  // becomes the gradient of that input: dinp · GELU'(gelu_input).
   void matmul_backward(zero::bf16* dinp, float* dw, float* dbias, const zero::bf16* dout, const zero::bf16* inp,
-                       const zero::bf16* w, int ic, int oc, const char* name) {
+                       const zero::bf16* w, int ic, int oc, const char* name, const zero::bf16* gelu_input = nullptr) {
     const int n = static_cast<int>(rows());
     // dinp[n, ic] = dout[n, oc] · w[ic, oc]ᵀ.
     op(name, " dgrad");
-    gemm(false, true, n, ic, oc, 1.0f, dout, oc, w, oc, 0.0f, dinp, CUDA_R_16BF, ic);
+    if (lt_ && gelu_input != nullptr) {
+      gemm_lt({n, ic, oc, false, true}, dout, w, nullptr, dinp, lt_epilogue::dgelu, nullptr, gelu_input);
+    } else {
+      gemm(false, true, n, ic, oc, 1.0f, dout, oc, w, oc, 0.0f, dinp, CUDA_R_16BF, ic);
+      if (gelu_input != nullptr) {
+        op("gelu backward");
+        kernels::gelu_backward(dinp, gelu_input, dinp, rows() * static_cast<std::size_t>(ic), stream_);
+      }
+    }
     // dw[ic, oc] += inp[n, ic]ᵀ · dout[n, oc].
     op(name, " wgrad");
     gemm(true, false, ic, oc, n, 1.0f, inp, ic, dout, oc, 1.0f, dw, CUDA_R_32F, oc);
@@ -601,6 +627,10 @@ private:
 
     op("layernorm", tag);
     kernels::layernorm_forward(ln1, at(ln1_mean_, l), at(ln1_rstd_, l), x, p.ln_1_weight, p.ln_1_bias, n, c, stream_);
+    if (lt_) {
+      forward_block_lt(l, p, x, res3, tag);
+      return;
+    }
     // qkv[n, 3C] = ln1[n, C] · c_attn[C, 3C] + bias: C starts as the bias rows, beta = 1 adds the product.
     op("bias and residual", tag);
     kernels::bias_broadcast(qkv, p.c_attn_bias, n, 3 * c, stream_);
@@ -631,6 +661,117 @@ private:
     kernels::residual_bias(res3, res2, p.mlp_c_proj_bias, n, c, stream_);
     op("mlp.c_proj gemm", tag);
     gemm(false, false, n_rows, c, 4 * c, 1.0f, gelu, 4 * c, p.mlp_c_proj_weight, c, 1.0f, res3, CUDA_R_16BF, c);
+  }
+
+  // forward_block after ln_1 with cuBLASLt's epilogues (cuda_model_options::gemm_epilogues).
+  void forward_block_lt(int l, const cuda_block_params& p, const zero::bf16* x, zero::bf16* res3, const char* tag) {
+    const int c = cfg_.d_model, n = static_cast<int>(rows());
+    zero::bf16* qkv = at(qkv_, l);
+    zero::bf16* atty = at(atty_, l);
+    zero::bf16* res2 = at(res2_, l);
+    zero::bf16* ln2 = at(ln2_, l);
+    op("c_attn gemm", tag);
+    gemm_lt({n, 3 * c, c, false, false}, at(ln1_, l), p.c_attn_weight, nullptr, qkv, lt_epilogue::bias, p.c_attn_bias);
+    op("attention", tag);
+    attention_forward(l, atty, qkv);
+    op("attn.c_proj gemm", tag); // res2 = x + atty · attn.c_proj + bias
+    gemm_lt({n, c, c, false, false}, atty, p.attn_c_proj_weight, x, res2, lt_epilogue::bias, p.attn_c_proj_bias);
+    op("layernorm", tag);
+    kernels::layernorm_forward(ln2, at(ln2_mean_, l), at(ln2_rstd_, l), res2, p.ln_2_weight, p.ln_2_bias, rows(), c,
+                               stream_);
+    op("c_fc gemm", tag); // gelu = GELU(fch), fch = ln2 · c_fc + bias (the aux output)
+    gemm_lt({n, 4 * c, c, false, false}, ln2, p.c_fc_weight, nullptr, at(fch_gelu_, l), lt_epilogue::gelu_aux_bias,
+            p.c_fc_bias, at(fch_, l));
+    if (res3 == nullptr) {
+      return;
+    }
+    op("mlp.c_proj gemm", tag); // res3 = res2 + gelu · mlp.c_proj + bias
+    gemm_lt({n, c, 4 * c, false, false}, at(fch_gelu_, l), p.mlp_c_proj_weight, res2, res3, lt_epilogue::bias,
+            p.mlp_c_proj_bias);
+  }
+
+  // A row-major product of gemm_lt: D[M, N] = op(A)[M, K] · op(B)[K, N], each operand's leading dimension its
+  // stored row's length.
+  struct lt_shape {
+    int M, N, K;
+    bool trans_a, trans_b;
+  };
+  enum class lt_epilogue {
+    bias,          // D = A·B + C + bias
+    gelu_aux_bias, // D = GELU(A·B + bias), aux = A·B + bias
+    dgelu,         // D = (A·B) · GELU'(aux)
+  };
+
+  // D (bf16) = the epilogue of op(A) · op(B) (+ C where C is given, beta = 1): cuBLASLt, column-major, so as
+  // gemm() the operands go in swapped (Dᵀ = op(B)ᵀ · op(A)ᵀ) and the bias runs along D's rows (N). The
+  // heuristic's algorithm is kept per shape and epilogue.
+  void gemm_lt(lt_shape sh, const zero::bf16* A, const zero::bf16* B, const zero::bf16* C, zero::bf16* D, lt_epilogue e,
+               const zero::bf16* bias, const zero::bf16* aux = nullptr) {
+    using desc_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, cublas_deleter>;
+    using layout_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, cublas_deleter>;
+    const auto lda = static_cast<std::int64_t>(sh.trans_a ? sh.M : sh.K);
+    const auto ldb = static_cast<std::int64_t>(sh.trans_b ? sh.K : sh.N);
+    const auto ldd = static_cast<std::int64_t>(sh.N);
+    cublasLtMatmulDesc_t raw = nullptr;
+    GPT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const desc_ptr desc(raw);
+    const auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value) {
+      GPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), attr, &value, sizeof value));
+    };
+    set(CUBLASLT_MATMUL_DESC_TRANSA, sh.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, sh.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    const cublasLtEpilogue_t epi = e == lt_epilogue::bias            ? CUBLASLT_EPILOGUE_BIAS
+                                   : e == lt_epilogue::gelu_aux_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                     : CUBLASLT_EPILOGUE_DGELU;
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+    if (bias != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+      set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_16BF);
+    }
+    if (aux != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(aux));
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ldd);
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, CUDA_R_16BF);
+    }
+    // Stored row-major [r, c] with leading dimension ld reads column-major as [c, r].
+    const auto layout = [](std::int64_t stored_rows, std::int64_t stored_cols, std::int64_t ld) {
+      cublasLtMatrixLayout_t m = nullptr;
+      GPT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&m, CUDA_R_16BF, static_cast<std::uint64_t>(stored_cols),
+                                                  static_cast<std::uint64_t>(stored_rows), ld));
+      return layout_ptr(m);
+    };
+    const layout_ptr la = sh.trans_b ? layout(sh.N, sh.K, ldb) : layout(sh.K, sh.N, ldb); // cuBLASLt's A: our B
+    const layout_ptr lb = sh.trans_a ? layout(sh.K, sh.M, lda) : layout(sh.M, sh.K, lda); // cuBLASLt's B: our A
+    const layout_ptr ld = layout(sh.M, sh.N, ldd);
+    const std::array<int, 6> key{
+        sh.M, sh.N, sh.K, (sh.trans_a ? 1 : 0) + (sh.trans_b ? 2 : 0), static_cast<int>(e), C != nullptr ? 1 : 0};
+    auto it = lt_algos_.find(key);
+    if (it == lt_algos_.end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      GPT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+      const std::uint64_t ws = cublas_workspace_.bytes();
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t st =
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      const cublasStatus_t got = st == CUBLAS_STATUS_SUCCESS
+                                     ? cublasLtMatmulAlgoGetHeuristic(lt_.get(), desc.get(), la.get(), lb.get(),
+                                                                      ld.get(), ld.get(), pref, 1, &result, &found)
+                                     : st;
+      (void)cublasLtMatmulPreferenceDestroy(pref);
+      GPT_CHECK_CUBLAS(got);
+      if (found == 0) {
+        throw zero::cuda_error("cublasLtMatmulAlgoGetHeuristic: no algorithm for a " + std::to_string(sh.M) + " x " +
+                                   std::to_string(sh.N) + " x " + std::to_string(sh.K) +
+                                   " bf16 product with this epilogue; expected one (run without gemm_epilogues)",
+                               static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
+      }
+      it = lt_algos_.emplace(key, result.algo).first;
+    }
+    const float alpha = 1.0f, beta = C != nullptr ? 1.0f : 0.0f;
+    GPT_CHECK_CUBLAS(cublasLtMatmul(lt_.get(), desc.get(), &alpha, B, la.get(), A, lb.get(), &beta,
+                                    C != nullptr ? C : D, ld.get(), D, ld.get(), &it->second, cublas_workspace_.data(),
+                                    cublas_workspace_.bytes(), stream_));
   }
 
   // Causal self-attention. Fused: gpt_attention.cu's kernels. Materialized: one sequence b at a time, its NH
@@ -757,6 +898,9 @@ private:
   // Declared before cublas_, so the handle is destroyed first.
   device_buffer<std::byte> cublas_workspace_;
   cublas_ptr cublas_;
+  // cuBLASLt (gemm_epilogues) and the algorithm its heuristic chose per shape and epilogue.
+  cublaslt_ptr lt_;
+  std::map<std::array<int, 6>, cublasLtMatmulAlgo_t> lt_algos_;
   // Pinned staging for the uploads and the loss, with the events that mark each upload's copy done.
   pinned_buffer<std::int32_t> tokens_host_, targets_host_, plan_host_;
   pinned_buffer<double> loss_host_;

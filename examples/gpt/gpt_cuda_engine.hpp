@@ -45,10 +45,12 @@ template <> struct math_traits<cuda_model> {
       throw std::invalid_argument("activation_checkpointing.cpu_checkpointing: keeps the checkpoints of activation "
                                   "checkpointing in host memory; expected --checkpoint-activations with it");
     }
-    return cuda_model(
-        cfg, batch, eng.stream().get(),
-        cuda_model_options{
-            .checkpoint = o.checkpoint, .offload = offload, .compute = &eng.stream(), .profile = o.profile});
+    return cuda_model(cfg, batch, eng.stream().get(),
+                      cuda_model_options{.checkpoint = o.checkpoint,
+                                         .offload = offload,
+                                         .compute = &eng.stream(),
+                                         .profile = o.profile,
+                                         .gemm_epilogues = o.gemm_epilogues});
   }
   /// Device memory of `floats` fp32 values.
   class scratch {

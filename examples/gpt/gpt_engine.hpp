@@ -36,6 +36,8 @@ struct math_options {
   bool checkpoint = false;
   /// Time each operation (`zero_gpt::profile`).
   bool profile = false;
+  /// The GPU's projections through cuBLASLt's epilogues (cuda_model_options::gemm_epilogues).
+  bool gemm_epilogues = false;
 };
 
 template <> struct math_traits<cpu_model> {
@@ -52,8 +54,10 @@ template <> struct math_traits<cpu_model> {
           std::string(o.checkpoint ? "--checkpoint-activations" : "activation_checkpointing.cpu_checkpointing") +
           ": the CPU model (--device cpu) keeps every activation; expected --device cuda");
     }
-    if (o.profile) {
-      throw std::invalid_argument("--profile: times the operations on a GPU's stream; expected --device cuda");
+    if (o.profile || o.gemm_epilogues) {
+      throw std::invalid_argument(std::string(o.profile ? "--profile: times the operations on a GPU's stream"
+                                                        : "--gemm-epilogues: cuBLASLt's, on a GPU") +
+                                  "; expected --device cuda");
     }
     return cpu_model(cfg, batch);
   }

@@ -71,6 +71,7 @@ struct options {
   bool checkpoint_activations = false;
   bool offload_activations = false; // the built-in config's activation_checkpointing.cpu_checkpointing
   bool profile = false;
+  bool gemm_epilogues = false;
   std::string device = "cpu";
 };
 
@@ -283,8 +284,10 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   }
   const int B = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   const int T = o.model.seq;
-  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(
-      eng, o.model, B, gpt::math_options{.checkpoint = o.checkpoint_activations, .profile = o.profile});
+  gpt::zero_gpt<decltype(eng), typename Runtime::math> model(eng, o.model, B,
+                                                             gpt::math_options{.checkpoint = o.checkpoint_activations,
+                                                                               .profile = o.profile,
+                                                                               .gemm_epilogues = o.gemm_epilogues});
   eng.finalize();
   long first_step = 0;
 #if ZERO_HAS_CHECKPOINT
@@ -576,6 +579,8 @@ int main(int argc, char** argv) {
   app.add_flag("--offload-activations", o.offload_activations,
                "with --checkpoint-activations: the checkpoints in host memory (the built-in config's "
                "activation_checkpointing.cpu_checkpointing; in a --config file, set the key there)");
+  app.add_flag("--gemm-epilogues", o.gemm_epilogues,
+               "the projections' biases, residual adds and GELU in cuBLASLt's GEMM epilogues (--device cuda)");
   app.add_flag("--profile", o.profile,
                "time every operation on the model's stream and print milliseconds per step (--device cuda)");
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,

@@ -242,7 +242,8 @@ double l2(std::span<const float> a) {
 
 // The GPU model of `cfg` over `path` against the CPU model on B sequences of T tokens: the train loss and every
 // gradient within the tolerances above.
-void check_against_cpu(const gpt::model_config& cfg, int B, int T, gpt::attention_path path) {
+void check_against_cpu(const gpt::model_config& cfg, int B, int T, gpt::attention_path path,
+                       bool gemm_epilogues = false) {
   const tensors w = test_params(cfg);
   const auto tokens = ids(21, cfg.vocab, B * T);
   const auto targets = ids(22, cfg.vocab, B * T);
@@ -252,7 +253,8 @@ void check_against_cpu(const gpt::model_config& cfg, int B, int T, gpt::attentio
   const double cpu_loss = cpu_pass(cpu, w, &cpu_g, tokens, targets, grad_scale, B, T);
 
   test_stream stream;
-  gpt::cuda_model gpu(cfg, B, stream.get(), gpt::cuda_model_options{.attention = path});
+  gpt::cuda_model gpu(cfg, B, stream.get(),
+                      gpt::cuda_model_options{.attention = path, .gemm_epilogues = gemm_epilogues});
   REQUIRE(gpu.attention() == path);
   const auto dw = upload(w);
   auto dg = grads_on_device(cfg);
@@ -267,7 +269,8 @@ void check_against_cpu(const gpt::model_config& cfg, int B, int T, gpt::attentio
     INFO(specs[i].name, ": relative L2 error ", err);
     CHECK(err <= grad_rtol);
   }
-  const std::string kind = path == gpt::attention_path::fused ? "fused" : "materialized";
+  const std::string kind = std::string(path == gpt::attention_path::fused ? "fused" : "materialized") +
+                           (gemm_epilogues ? ", cuBLASLt epilogues" : "");
   MESSAGE("head size ", cfg.d_model / cfg.heads, ", T ", T, ", ", kind, ": loss ", gpu_loss, " (cpu ", cpu_loss,
           "), worst gradient error ", worst);
 }
@@ -640,6 +643,28 @@ TEST_SUITE("gpu") {
     gpt::cuda_model small(cfg, test_b, compute.get(), through_host(3, 1, 0));
     CHECK(thrown_message([&] { gpu_forward(small, dw, ids(31, cfg.vocab)); }).find("expected a larger host_bytes") !=
           std::string::npos);
+  }
+
+  TEST_CASE("cuda_model: cuBLASLt's epilogues match cpu_model, and give the same bits twice") {
+    // Biases, residual adds and GELU in the GEMMs: within the tolerances of the path without them.
+    const gpt::model_config wide{.vocab = 253, .seq = 100, .layers = 2, .heads = 2, .d_model = 128};
+    check_against_cpu(wide, 2, 100, gpt::attention_path::fused, true);
+    check_against_cpu(test_config(), test_b, test_t, gpt::attention_path::fused, true);
+    check_against_cpu(wide, 2, 100, gpt::attention_path::materialized, true);
+    const gpt::model_config cfg = test_config();
+    const auto dw = upload(test_params(cfg));
+    test_stream stream;
+    gpt::cuda_model m(cfg, test_b, stream.get(), gpt::cuda_model_options{.checkpoint = true, .gemm_epilogues = true});
+    auto g1 = grads_on_device(cfg);
+    auto g2 = grads_on_device(cfg);
+    const double l1 = gpu_step(m, dw, g1, ids(51, cfg.vocab), ids(52, cfg.vocab), 0.1f);
+    const double l2 = gpu_step(m, dw, g2, ids(51, cfg.vocab), ids(52, cfg.vocab), 0.1f);
+    CHECK(std::memcmp(&l1, &l2, sizeof l1) == 0);
+    const tensors a = download(g1, stream.get());
+    const tensors b = download(g2, stream.get());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) == 0);
+    }
   }
 
   TEST_CASE("cuda_model: the profile times every operation of a step, the recomputation apart") {
