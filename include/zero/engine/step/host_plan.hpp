@@ -93,7 +93,7 @@ public:
 private:
   Optimizer opt_;
   Parts* p_ = nullptr;
-  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<Optimizer&>().grads())>> intake_;
+  host_gradient_intake<Parts, Optimizer> intake_;
 };
 
 } // namespace zero

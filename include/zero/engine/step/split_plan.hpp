@@ -73,7 +73,7 @@ public:
 private:
   Optimizer opt_;
   Parts* p_ = nullptr;
-  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<host_optimizer&>().grads())>> intake_;
+  host_gradient_intake<Parts, host_optimizer> intake_;
 };
 
 } // namespace zero
