@@ -1,8 +1,10 @@
 #pragma once
-// What the NVMe offload tests share: scratch folders for the files, engines over a failure-injecting
-// storage, and what a rank holds, to compare before and after a failed step.
+// What the NVMe offload tests share: scratch folders for the files, the runs each placement of the state
+// must give the in-memory bits of, engines over a failure-injecting storage, and what a rank holds, to
+// compare before and after a failed step.
 
 #include "engine_harness.hpp"
+#include "same_run.hpp"
 #include "zero/storage/failing_storage.hpp"
 #include "zero/storage/posix_storage.hpp"
 
@@ -41,6 +43,35 @@ struct scratch_dir {
   scratch_dir(const scratch_dir&) = delete;
   scratch_dir& operator=(const scratch_dir&) = delete;
 };
+
+/// Stage 3 with the parameter shard in host memory at world 1-3 x f32, bf16 (accumulation 2, clipping at 1):
+/// with the optimizer as `optimizer` says (an `"offload_optimizer"` member of zero_optimization) and small
+/// aio chunks, the bits of the in-memory run (`check_same_run`).
+inline void check_stage3_host_params(const std::string& optimizer) {
+  for (int world : {1, 2, 3}) {
+    for (dtype type : {dtype::f32, dtype::bf16}) {
+      CAPTURE(world);
+      CAPTURE(zero::name_of(type));
+      run_spec s{.stage = 3, .world = world, .type = type, .accumulation = 2, .clip = 1.0};
+      const auto want = train_with_engine(s);
+      s.zero_extra = optimizer + R"(, "offload_param": {"device": "cpu"})";
+      s.top_extra = small_chunks;
+      check_same_run(train_with_engine(s), want);
+    }
+  }
+}
+
+/// An fp16 overflow at step 2 of 6 (stage 2, world 2) with the optimizer as `optimizer` says and small aio
+/// chunks: the bits of the in-memory run, the step skipped on every rank.
+inline void check_fp16_overflow(const std::string& optimizer) {
+  run_spec s{.stage = 2, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
+  const auto want = train_with_engine(s);
+  s.zero_extra = optimizer;
+  s.top_extra = small_chunks;
+  const auto got = train_with_engine(s);
+  check_same_run(got, want);
+  CHECK_FALSE(got.applied[2]);
+}
 
 using failing = failing_storage<posix_storage>;
 using failing_engine = basic_engine<cpu_backend, thread_communicator, host_allocator, failing>;

@@ -46,24 +46,8 @@ TEST_CASE("host_ratio: the state split between host memory and NVMe trains to th
 
 TEST_CASE("host_ratio at stage 3 with the parameter shard in host memory, and an fp16 overflow: the in-memory bits") {
   scratch_dir dir("host-nvme-params");
-  for (int world : {1, 2, 3}) {
-    for (dtype type : {dtype::f32, dtype::bf16}) {
-      CAPTURE(world);
-      CAPTURE(zero::name_of(type));
-      run_spec s{.stage = 3, .world = world, .type = type, .accumulation = 2, .clip = 1.0};
-      const auto want = train_with_engine(s);
-      s.zero_extra = split_config(dir.path, 0.5) + R"(, "offload_param": {"device": "cpu"})";
-      s.top_extra = small_chunks;
-      check_same_run(train_with_engine(s), want);
-    }
-  }
-  run_spec s{.stage = 2, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
-  const auto want = train_with_engine(s);
-  s.zero_extra = split_config(dir.path, 0.4);
-  s.top_extra = small_chunks;
-  const auto got = train_with_engine(s);
-  check_same_run(got, want);
-  CHECK_FALSE(got.applied[2]);
+  check_stage3_host_params(split_config(dir.path, 0.5));
+  check_fp16_overflow(split_config(dir.path, 0.4));
 }
 
 TEST_CASE("host_ratio: the host holds its share of the state, the file the rest; memory() names both") {

@@ -42,31 +42,12 @@ TEST_CASE("offload_optimizer nvme trains to the bits of the in-memory optimizer 
 
 TEST_CASE("at stage 3 the optimizer on NVMe and the parameter shard in host memory give the in-memory bits") {
   scratch_dir dir("nvme-params");
-  for (int world : {1, 2, 3}) {
-    for (dtype type : {dtype::f32, dtype::bf16}) {
-      CAPTURE(world);
-      CAPTURE(zero::name_of(type));
-      run_spec s{.stage = 3, .world = world, .type = type, .accumulation = 2, .clip = 1.0};
-      const auto want = train_with_engine(s);
-      s.zero_extra = nvme_config(dir.path) + R"(, "offload_param": {"device": "cpu"})";
-      s.top_extra = small_chunks;
-      const auto got = train_with_engine(s);
-      CHECK(got.params == want.params);
-      CHECK(got.norms == want.norms);
-    }
-  }
+  check_stage3_host_params(nvme_config(dir.path));
 }
 
 TEST_CASE("an fp16 overflow skips the NVMe-offloaded step on every rank, as in memory") {
   scratch_dir dir("nvme-overflow");
-  run_spec s{.stage = 2, .world = 2, .type = dtype::f16, .steps = 6, .overflow_step = 2};
-  const auto want = train_with_engine(s);
-  s.zero_extra = nvme_config(dir.path);
-  s.top_extra = small_chunks;
-  const auto got = train_with_engine(s);
-  CHECK(got.params == want.params);
-  CHECK(got.scales == want.scales);
-  CHECK_FALSE(got.applied[2]);
+  check_fp16_overflow(nvme_config(dir.path));
 }
 
 TEST_CASE("the state file is 0600, two slots of the rank's state; the host keeps shards and chunk buffers") {

@@ -304,33 +304,30 @@ struct plan_result {
   for (const estimate_row& r : plan_settings(o)) {
     plan.ranked.push_back({r, estimate_step_cost(r, o, rates), shortfalls(r, budget)});
   }
+  // The settings sized to a budget, `setting(stage, param)`, at stages 1-3 with the parameters on the device and
+  // at stage 3 also in host memory.
+  const auto add_sized = [&](auto&& setting) {
+    for (int stage : {1, 2, 3}) {
+      for (const offload_device param : {offload_device::none, offload_device::cpu}) {
+        if (param == offload_device::cpu && stage != 3) {
+          continue;
+        }
+        if (const std::optional<estimate_row> r = setting(stage, param)) {
+          plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
+        }
+      }
+    }
+  };
   // On the CPU backend the device and the host are the same cores and the same memory: a partial offload
   // would only move state between two budgets of one memory, at no gain in speed. With HSDP the engine
   // offloads nothing.
   if (rates.device != "cpu" && o.shard_ranks() == o.ranks()) {
-    for (int stage : {1, 2, 3}) {
-      for (const offload_device param : {offload_device::none, offload_device::cpu}) {
-        if (param == offload_device::cpu && stage != 3) {
-          continue;
-        }
-        if (const auto r = partial_offload_setting(o, stage, budget.device_bytes, param)) {
-          plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
-        }
-      }
-    }
+    add_sized(
+        [&](int stage, offload_device param) { return partial_offload_setting(o, stage, budget.device_bytes, param); });
   }
   // The state split between host memory and NVMe, where there is NVMe to put a share on (without HSDP).
   if (budget.nvme_bytes > 0 && o.shard_ranks() == o.ranks()) {
-    for (int stage : {1, 2, 3}) {
-      for (const offload_device param : {offload_device::none, offload_device::cpu}) {
-        if (param == offload_device::cpu && stage != 3) {
-          continue;
-        }
-        if (const auto r = host_nvme_setting(o, stage, budget.host_bytes, param)) {
-          plan.ranked.push_back({*r, estimate_step_cost(*r, o, rates), shortfalls(*r, budget)});
-        }
-      }
-    }
+    add_sized([&](int stage, offload_device param) { return host_nvme_setting(o, stage, budget.host_bytes, param); });
   }
   std::stable_sort(plan.ranked.begin(), plan.ranked.end(),
                    [](const plan_candidate& a, const plan_candidate& b) { return a.cost.total < b.cost.total; });

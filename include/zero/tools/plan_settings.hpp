@@ -39,6 +39,24 @@ namespace zero::tools {
 /// buffers: 0.05% for the fashion-mnist model) would land on the wrong side of it.
 inline constexpr double partial_offload_margin = 0.005;
 
+namespace detail {
+/// The row of `estimate_memory(at)` at `stage` with the optimizer on `opt` and the parameters on `param`.
+/// \throws usage_error naming `who` when it has none, and as `estimate_memory` does.
+[[nodiscard]] inline estimate_row setting_row(const estimate_options& at, int stage, offload_device opt,
+                                              offload_device param, const char* who) {
+  for (const estimate_row& r : estimate_memory(at)) {
+    if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == param) {
+      return r;
+    }
+  }
+  throw usage_error(cat(who, ": estimate_memory has no row for the stage"));
+}
+/// What a setting sized to fill a budget of `bytes` may take: `bytes` less `partial_offload_margin` of it.
+[[nodiscard]] inline std::int64_t budget_less_margin(std::int64_t bytes) {
+  return static_cast<std::int64_t>(std::floor(static_cast<double>(bytes) * (1 - partial_offload_margin)));
+}
+} // namespace detail
+
 /// The partial optimizer offload a plan offers at `stage` (1-3) for `device_bytes` per rank: the row of
 /// `estimate_memory` with the optimizer on the CPU and the parameters where `param` says (the device, or
 /// at stage 3 the host), at the smallest ratio, in steps of 1e-4, whose device bytes fit in
@@ -63,15 +81,9 @@ inline constexpr double partial_offload_margin = 0.005;
   auto row_at = [&](std::int64_t k, offload_device opt, offload_device par) {
     estimate_options at = o;
     at.offload_ratio = static_cast<double>(k) / static_cast<double>(steps);
-    for (const estimate_row& r : estimate_memory(at)) {
-      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == par) {
-        return r;
-      }
-    }
-    throw usage_error("partial_offload_setting: estimate_memory has no row for the stage");
+    return detail::setting_row(at, stage, opt, par, "partial_offload_setting");
   };
-  const auto target =
-      static_cast<std::int64_t>(std::floor(static_cast<double>(device_bytes) * (1 - partial_offload_margin)));
+  const std::int64_t target = detail::budget_less_margin(device_bytes);
   const auto fits = [&](std::int64_t k) { return row_at(k, offload_device::cpu, param).gpu_bytes_per_rank <= target; };
   if (row_at(0, offload_device::none, offload_device::none).gpu_bytes_per_rank <= device_bytes || !fits(steps - 1)) {
     return std::nullopt;
@@ -108,15 +120,9 @@ inline constexpr double partial_offload_margin = 0.005;
     estimate_options at = o;
     at.offload_ratio = 1.0;
     at.host_ratio = static_cast<double>(k) / static_cast<double>(steps);
-    for (const estimate_row& r : estimate_memory(at)) {
-      if (r.stage == stage && r.offload_optimizer == opt && r.offload_param == param) {
-        return r;
-      }
-    }
-    throw usage_error("host_nvme_setting: estimate_memory has no row for the stage");
+    return detail::setting_row(at, stage, opt, param, "host_nvme_setting");
   };
-  const auto target =
-      static_cast<std::int64_t>(std::floor(static_cast<double>(host_bytes) * (1 - partial_offload_margin)));
+  const std::int64_t target = detail::budget_less_margin(host_bytes);
   const auto fits = [&](std::int64_t k) { return row_at(k, offload_device::nvme).host_bytes_per_node <= target; };
   if (row_at(0, offload_device::cpu).host_bytes_per_node <= host_bytes || !fits(1)) {
     return std::nullopt;

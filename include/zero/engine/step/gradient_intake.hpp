@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <functional>
 #include <type_traits>
+#include <utility>
 
 namespace zero {
 
@@ -134,5 +135,10 @@ private:
   bool boundary_ = true;
   double unscale_ = 1.0;
 };
+
+/// The intake of a plan that may stream to the host gradient shard of `HostOptimizer` (its `grads()`).
+template <class Parts, class HostOptimizer>
+using host_gradient_intake =
+    gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<HostOptimizer&>().grads())>>;
 
 } // namespace zero

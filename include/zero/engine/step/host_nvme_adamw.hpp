@@ -38,7 +38,6 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,13 +46,16 @@ namespace zero {
 
 /// AdamW over a rank's part of the flat buffer, its first state elements in a file and the rest in host
 /// memory; see the file comment. The interface is `nvme_adamw`'s, with `agreed` in place of
-/// `finish_step`.
+/// `finish_step`; the state view and `step` are `detail::state_split_view`'s, the file part the first and
+/// the host part the second: state [0, split()) is in the file, [split(), state_size()) in memory.
 template <backend Backend, allocator DeviceAlloc, storage Storage, allocator HostAlloc = offload_allocator_t<Backend>>
-class host_nvme_adamw {
+class host_nvme_adamw : public detail::state_split_view<host_nvme_adamw<Backend, DeviceAlloc, Storage, HostAlloc>> {
   using stream_type = typename Backend::stream_type;
-  using ranges_type = std::vector<std::pair<flat_range, std::size_t>>;
+  using view = detail::state_split_view<host_nvme_adamw>;
+  friend view;
 
 public:
+  using view::host;
   using on_nvme = nvme_adamw<Backend, DeviceAlloc, Storage, HostAlloc>;
   using on_host = offloaded_adamw<Backend, DeviceAlloc, HostAlloc>;
   /// Whether any rank's I/O failed, given this rank's (`mine`), with its work on stream `s`: the step
@@ -92,39 +94,9 @@ public:
   /// The ranks' agreement on the file part's I/O; the step plan sets it before the first step.
   void set_agree(agree_fn agree) { agree_ = std::move(agree); }
 
-  /// The owned ranges, whole.
-  [[nodiscard]] const ranges_type& ranges() const noexcept { return parts_.ranges(); }
-  /// The owned runs in state order: the file part's, then the host part's.
-  [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return parts_.runs(); }
-  [[nodiscard]] std::size_t state_size() const noexcept { return parts_.state_size(); }
-  /// The group hyper-parameters (the host part's; the file part takes them at each step).
-  [[nodiscard]] std::vector<param_group>& groups() noexcept { return host().groups(); }
-  [[nodiscard]] bool has_master() const noexcept { return host().has_master(); }
-  /// The first state index in host memory: state [0, split) is in the file, [split, state_size()) in memory.
-  [[nodiscard]] std::size_t split() const noexcept { return parts_.split(); }
-  /// The two parts (their state indices start at 0 and at `split()`).
+  /// The first part (its state indices start at 0); the second is `host()`.
   [[nodiscard]] on_nvme& nvme() noexcept { return parts_.first(); }
   [[nodiscard]] const on_nvme& nvme() const noexcept { return parts_.first(); }
-  [[nodiscard]] on_host& host() noexcept { return parts_.second(); }
-  [[nodiscard]] const on_host& host() const noexcept { return parts_.second(); }
-
-  void load_master() { parts_.load_master(); }
-  /// Reads over the rank's state indices, from either part. \throws usage_error for a range outside the state.
-  void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
-    parts_.read_state(t, state_offset, out);
-  }
-  /// Writes over the rank's state indices, into either part (the device parameters are the caller's to write).
-  /// \throws usage_error for a range outside the state.
-  void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
-    parts_.write_state(t, state_offset, in);
-  }
-
-  /// One optimizer step over every owned range, on the engine's stream.
-  template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
-    for (std::size_t k = 0; k < ranges().size(); ++k) {
-      step_range(k, stream_, base, group_lr, grad_of);
-    }
-  }
 
   /// The step of owned range `k` on `s` (see the file comment); ranges are stepped in order. An I/O error
   /// does not throw here: `agreed` reports it after the step.
@@ -132,7 +104,7 @@ public:
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
-    const std::size_t n = ranges().size();
+    const std::size_t n = parts_.ranges().size();
     parts_.check_range(k);
     if (!agree_) {
       throw usage_error("host_nvme_adamw::step_range: no agreement of the ranks (set_agree)");
@@ -153,7 +125,7 @@ public:
     }
     if (!failed_anywhere_) {
       host().step_range(k, s, base, group_lr,
-                        [&](const flat_range& r, std::size_t off) { return grad_of(r, off + split()); });
+                        [&](const flat_range& r, std::size_t off) { return grad_of(r, off + parts_.split()); });
     }
     stepping_ = k + 1 != n;
   }

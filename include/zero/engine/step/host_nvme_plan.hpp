@@ -10,6 +10,7 @@
 
 #include "zero/core/error.hpp"
 #include "zero/engine/memory_report.hpp"
+#include "zero/engine/step/detail/plan_interface.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
 #include "zero/engine/step/host_nvme_adamw.hpp"
 #include "zero/engine/step/nvme_plan.hpp"
@@ -17,38 +18,25 @@
 
 #include <exception>
 #include <utility>
-#include <vector>
 
 namespace zero {
 
-/// The step plan of a state split between host memory and NVMe; the verbs are `step_plan`'s (see there).
-template <class Parts, class Optimizer> class host_nvme_plan {
-public:
-  using optimizer_type = Optimizer;
+/// The step plan of a state split between host memory and NVMe; the verbs are `step_plan`'s (see there),
+/// `detail::plan_interface`'s but for the ranks' agreement on the file part's writes.
+template <class Parts, class Optimizer>
+class host_nvme_plan : public detail::plan_interface<host_nvme_plan<Parts, Optimizer>, Parts, Optimizer> {
   using stream_type = typename Parts::stream_type;
+  friend detail::plan_interface<host_nvme_plan, Parts, Optimizer>;
 
+public:
   /// Makes the optimizer from `args` (as `host_nvme_adamw`'s).
   template <class... Args> explicit host_nvme_plan(Args&&... args) : opt_(std::forward<Args>(args)...) {}
 
-  [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
-  [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }
-  [[nodiscard]] static constexpr bool streams() noexcept { return false; }
-  [[nodiscard]] static constexpr bool steps_async() noexcept { return false; }
-  [[nodiscard]] std::vector<std::size_t> kept() const { return {}; }
-  [[nodiscard]] static constexpr float* derived_master() noexcept { return nullptr; }
-
+  /// Connects as `plan_interface` does, and gives the optimizer the ranks' agreement.
   void connect(Parts& p) {
     p_ = &p;
     intake_.connect(p);
     opt_.set_agree([this](bool mine, const stream_type& s) { return p_->any_rank(mine, &s); });
-  }
-  void begin_micro_step(bool boundary, double unscale) { intake_.begin_micro_step(boundary, unscale); }
-  void join() {}
-  void landed() { intake_.landed(); }
-  grad_check check(double unscale) { return intake_.check(unscale); }
-  void end_early(bool /*applied*/, double /*norm*/) {}
-  void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
-    run_update(opt_, *p_, args, after);
   }
   /// Settles the step as the ranks agreed within it: the file part's new slot becomes current, or every
   /// rank rolls it back and throws io_error (the host part did not step). \returns null.
@@ -61,7 +49,6 @@ public:
     const auto [mine, failed] = opt_.agreed();
     return settle_state_writes(*p_, opt_.nvme(), file, mine, failed, finish_gathers);
   }
-  void zero_gradients(const stream_type* s) { intake_.zero(s); }
   void add_memory(memory_report& m, const offload_split& split) const {
     add_host_nvme_memory(m, opt_.host().host_memory(), opt_.nvme().host_memory(), opt_.nvme().nvme_bytes(),
                          host_share(split));

@@ -9,14 +9,13 @@
 
 #include "zero/engine/memory_report.hpp"
 #include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/step/detail/plan_interface.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
 #include "zero/engine/step/offloaded_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
-#include <exception>
 #include <optional>
 #include <utility>
-#include <vector>
 
 namespace zero {
 
@@ -49,26 +48,21 @@ template <class Parts, class HostOptimizer> struct host_updates {
 };
 } // namespace detail
 
-/// The step plan of state in host memory; the verbs are `step_plan`'s (see there).
-template <class Parts, class Optimizer> class host_plan {
+/// The step plan of state in host memory; the verbs are `step_plan`'s (see there), `detail::plan_interface`'s
+/// but for the host's updates during backward and beside the next forward.
+template <class Parts, class Optimizer>
+class host_plan : public detail::plan_interface<host_plan<Parts, Optimizer>, Parts, Optimizer> {
   using updates = detail::host_updates<Parts, Optimizer>;
+  friend detail::plan_interface<host_plan, Parts, Optimizer>;
 
 public:
-  using optimizer_type = Optimizer;
-  using stream_type = typename Parts::stream_type;
-
   /// Makes the optimizer from `args` (as `offloaded_adamw`'s); `streams`: stages 2-3, whose gradients
   /// go to the host during backward.
   template <class... Args>
   explicit host_plan(bool streams, Args&&... args)
       : opt_(std::forward<Args>(args)...), intake_(streams ? &opt_.grads() : nullptr, false) {}
 
-  [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
-  [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }
-  [[nodiscard]] bool streams() const noexcept { return intake_.streams(); }
-  [[nodiscard]] bool steps_async() const noexcept { return streams() && opt_.can_run_async(); }
-  [[nodiscard]] std::vector<std::size_t> kept() const { return {}; }
-  [[nodiscard]] static constexpr float* derived_master() noexcept { return nullptr; }
+  [[nodiscard]] bool steps_async() const noexcept { return intake_.streams() && opt_.can_run_async(); }
 
   void connect(Parts& p) {
     p_ = &p;
@@ -84,8 +78,6 @@ public:
       opt_.join_async();
     }
   }
-  void landed() { intake_.landed(); }
-  grad_check check(double unscale) { return intake_.check(unscale); }
   void end_early(bool applied, double norm) { updates::end(*p_, opt_, applied, norm); }
   void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
     if (steps_async()) {
@@ -93,19 +85,15 @@ public:
     }
     run_update(opt_, *p_, args, after);
   }
-  template <class File, class Finish> std::exception_ptr end_writes(File* file, Finish&& /*finish_gathers*/) {
-    return end_param_writes(*p_, file);
-  }
-  void zero_gradients(const stream_type* s) { intake_.zero(s); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {
-    add_host_memory(m, opt_.host_memory(), 1.0, streams() ? 1.0 : 0.0);
+    add_host_memory(m, opt_.host_memory(), 1.0, intake_.streams() ? 1.0 : 0.0);
   }
   [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 1.0; }
 
 private:
   Optimizer opt_;
   Parts* p_ = nullptr;
-  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<Optimizer&>().grads())>> intake_;
+  host_gradient_intake<Parts, Optimizer> intake_;
 };
 
 } // namespace zero

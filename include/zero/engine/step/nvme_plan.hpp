@@ -8,13 +8,13 @@
 /// docs/offload.md, docs/storage.md.
 
 #include "zero/engine/memory_report.hpp"
+#include "zero/engine/step/detail/plan_interface.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
 #include "zero/engine/step/nvme_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
 #include <exception>
 #include <utility>
-#include <vector>
 
 namespace zero {
 
@@ -46,36 +46,18 @@ std::exception_ptr settle_state_writes(Parts& p, Optimizer& opt, File* file, con
                "step's on every rank");
 }
 
-/// The step plan of state on NVMe; the verbs are `step_plan`'s (see there).
-template <class Parts, class Optimizer> class nvme_plan {
-public:
-  using optimizer_type = Optimizer;
-  using stream_type = typename Parts::stream_type;
+/// The step plan of state on NVMe; the verbs are `step_plan`'s (see there), `detail::plan_interface`'s but
+/// for the end of the step's writes.
+template <class Parts, class Optimizer>
+class nvme_plan : public detail::plan_interface<nvme_plan<Parts, Optimizer>, Parts, Optimizer> {
+  friend detail::plan_interface<nvme_plan, Parts, Optimizer>;
 
+public:
   /// Makes the optimizer from `args` (as `nvme_adamw`'s); `streams`: stages 2-3.
   template <class... Args>
   explicit nvme_plan(bool streams, Args&&... args)
       : opt_(std::forward<Args>(args)...), intake_(streams ? &opt_.grads() : nullptr, false) {}
 
-  [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
-  [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }
-  [[nodiscard]] bool streams() const noexcept { return intake_.streams(); }
-  [[nodiscard]] static constexpr bool steps_async() noexcept { return false; }
-  [[nodiscard]] std::vector<std::size_t> kept() const { return {}; }
-  [[nodiscard]] static constexpr float* derived_master() noexcept { return nullptr; }
-
-  void connect(Parts& p) {
-    p_ = &p;
-    intake_.connect(p);
-  }
-  void begin_micro_step(bool boundary, double unscale) { intake_.begin_micro_step(boundary, unscale); }
-  void join() {}
-  void landed() { intake_.landed(); }
-  grad_check check(double unscale) { return intake_.check(unscale); }
-  void end_early(bool /*applied*/, double /*norm*/) {}
-  void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
-    run_update(opt_, *p_, args, after);
-  }
   /// Waits for the step's writes (the state's, and `file`'s: stage 3's parameters on NVMe, or null), agrees
   /// with the other ranks and settles the step (`settle_state_writes`). \returns null.
   template <class File, class Finish> std::exception_ptr end_writes(File* file, Finish&& finish_gathers) {
@@ -87,16 +69,15 @@ public:
     }
     return settle_state_writes(*p_, opt_, file, mine, p_->any_rank(mine != nullptr), finish_gathers);
   }
-  void zero_gradients(const stream_type* s) { intake_.zero(s); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {
-    add_nvme_memory(m, opt_.host_memory(), opt_.nvme_bytes(), streams());
+    add_nvme_memory(m, opt_.host_memory(), opt_.nvme_bytes(), intake_.streams());
   }
   [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 0.0; }
 
 private:
   Optimizer opt_;
   Parts* p_ = nullptr;
-  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<Optimizer&>().grads())>> intake_;
+  host_gradient_intake<Parts, Optimizer> intake_;
 };
 
 } // namespace zero

@@ -41,7 +41,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,13 +63,17 @@ inline constexpr std::size_t partial_offload_granule = 64;
 }
 
 /// AdamW over a rank's part of the flat buffer, its first state elements on the backend and the rest
-/// in host memory; see the file comment. The interface is `partitioned_adamw`'s.
+/// in host memory; see the file comment. The interface is `partitioned_adamw`'s; the state view and
+/// `step` are `detail::state_split_view`'s, the device part the first and the host part the second:
+/// state [0, split()) is on the device, [split(), state_size()) on the host.
 template <backend Backend, allocator DeviceAlloc, allocator HostAlloc = offload_allocator_t<Backend>>
-class partial_adamw {
+class partial_adamw : public detail::state_split_view<partial_adamw<Backend, DeviceAlloc, HostAlloc>> {
   using stream_type = typename Backend::stream_type;
-  using ranges_type = std::vector<std::pair<flat_range, std::size_t>>;
+  using view = detail::state_split_view<partial_adamw>;
+  friend view;
 
 public:
+  using view::host;
   using on_device = partitioned_adamw<Backend, DeviceAlloc>;
   using on_host = offloaded_adamw<Backend, DeviceAlloc, HostAlloc>;
 
@@ -109,18 +112,6 @@ public:
     }
   }
 
-  /// The owned ranges, whole (the rank's, as `partitioned_adamw` has them).
-  [[nodiscard]] const ranges_type& ranges() const noexcept { return parts_.ranges(); }
-  /// The owned runs in state order: the device part's, then the host part's (the range the split falls
-  /// in has a run on each side).
-  [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return parts_.runs(); }
-  [[nodiscard]] std::size_t state_size() const noexcept { return parts_.state_size(); }
-  /// The group hyper-parameters (the host part's, which its thread reads while it updates beside the
-  /// caller; the device part takes them at each step, on the calling thread).
-  [[nodiscard]] std::vector<param_group>& groups() noexcept { return host().groups(); }
-  [[nodiscard]] bool has_master() const noexcept { return device().has_master(); }
-  /// The first state index on the host: state [0, split) is on the device, [split, state_size()) on the host.
-  [[nodiscard]] std::size_t split() const noexcept { return parts_.split(); }
   /// Elements of owned range `k` before the host part's piece of it (the device part's share of the
   /// range the split falls in; 0 for a range wholly on either side).
   [[nodiscard]] std::size_t host_offset(std::size_t k) const noexcept { return parts_.second_offset(k); }
@@ -132,36 +123,16 @@ public:
     }
     return out;
   }
-  /// The two parts (their state indices start at 0 and at `split()`).
+  /// The first part (its state indices start at 0); the second is `host()`.
   [[nodiscard]] on_device& device() noexcept { return parts_.first(); }
   [[nodiscard]] const on_device& device() const noexcept { return parts_.first(); }
-  [[nodiscard]] on_host& host() noexcept { return parts_.second(); }
-  [[nodiscard]] const on_host& host() const noexcept { return parts_.second(); }
-
-  void load_master() { parts_.load_master(); }
-  /// Reads over the rank's state indices, from either part. \throws usage_error for a range outside the state.
-  void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
-    parts_.read_state(t, state_offset, out);
-  }
-  /// Writes over the rank's state indices, into either part (the device parameters are the caller's to write).
-  /// \throws usage_error for a range outside the state.
-  void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
-    parts_.write_state(t, state_offset, in);
-  }
-
-  /// One optimizer step over every owned range, on the engine's stream.
-  template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
-    for (std::size_t k = 0; k < ranges().size(); ++k) {
-      step_range(k, stream_, base, group_lr, grad_of);
-    }
-  }
 
   /// The step of owned range `k` on `s` (see the file comment); ranges are stepped in order.
   /// \throws usage_error for a range that does not exist.
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
-    const std::size_t n = ranges().size();
+    const std::size_t n = parts_.ranges().size();
     parts_.check_range(k);
     if (k == 0 || !joined_) {
       // A new step: the host part's copies start after what `s` did so far (the gradients are final).
@@ -172,7 +143,7 @@ public:
     }
     device().step_range(k, s, base, group_lr, grad_of);
     host().step_range(k, side_, base, group_lr,
-                      [&](const flat_range& r, std::size_t off) { return grad_of(r, off + split()); });
+                      [&](const flat_range& r, std::size_t off) { return grad_of(r, off + parts_.split()); });
     if (!host().ranges()[k].first.empty() || k + 1 == n) {
       // What follows range k on `s` (its all-gather, and after the last range the gradients' zeroing)
       // comes after the host part's copies of it.

@@ -7,26 +7,26 @@
 /// the next forward, while the device share steps at once. docs/offload.md.
 
 #include "zero/engine/memory_report.hpp"
+#include "zero/engine/step/detail/plan_interface.hpp"
 #include "zero/engine/step/gradient_intake.hpp"
 #include "zero/engine/step/host_plan.hpp"
 #include "zero/engine/step/partial_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
-#include <exception>
 #include <utility>
 #include <vector>
 
 namespace zero {
 
-/// The step plan of a state split between the backend and the host; the verbs are `step_plan`'s.
-template <class Parts, class Optimizer> class split_plan {
+/// The step plan of a state split between the backend and the host; the verbs are `step_plan`'s,
+/// `detail::plan_interface`'s but for the host share's updates during backward and beside the next forward.
+template <class Parts, class Optimizer>
+class split_plan : public detail::plan_interface<split_plan<Parts, Optimizer>, Parts, Optimizer> {
   using host_optimizer = std::remove_reference_t<decltype(std::declval<Optimizer&>().host())>;
   using updates = detail::host_updates<Parts, host_optimizer>;
+  friend detail::plan_interface<split_plan, Parts, Optimizer>;
 
 public:
-  using optimizer_type = Optimizer;
-  using stream_type = typename Parts::stream_type;
-
   /// Makes the optimizer from `args` (as `partial_adamw`'s); `streams`: the host share streams its
   /// gradients (stages 2-3, stepping beside the next forward: `gradients_stream_to_host`).
   template <class... Args>
@@ -38,13 +38,9 @@ public:
     }
   }
 
-  [[nodiscard]] optimizer_type& optimizer() noexcept { return opt_; }
-  [[nodiscard]] const optimizer_type& optimizer() const noexcept { return opt_; }
-  [[nodiscard]] bool streams() const noexcept { return intake_.streams(); }
-  [[nodiscard]] bool steps_async() const noexcept { return streams(); }
+  [[nodiscard]] bool steps_async() const noexcept { return intake_.streams(); }
   /// Per segment, the leading elements of the reduced slice the device share steps (kept on the device).
   [[nodiscard]] std::vector<std::size_t> kept() const { return opt_.device_elements(); }
-  [[nodiscard]] static constexpr float* derived_master() noexcept { return nullptr; }
 
   void connect(Parts& p) {
     p_ = &p;
@@ -57,34 +53,27 @@ public:
     intake_.begin_micro_step(boundary, unscale);
   }
   void join() {
-    if (streams()) {
+    if (intake_.streams()) {
       opt_.host().join_async();
     }
   }
-  void landed() { intake_.landed(); }
-  grad_check check(double unscale) { return intake_.check(unscale); }
   void end_early(bool applied, double norm) { updates::end(*p_, opt_.host(), applied, norm); }
   void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
-    if (streams()) {
+    if (intake_.streams()) {
       updates::begin_async(*p_, opt_.host(), args);
     }
     run_update(opt_, *p_, args, after);
   }
-  template <class File, class Finish> std::exception_ptr end_writes(File* file, Finish&& /*finish_gathers*/) {
-    return end_param_writes(*p_, file);
-  }
-  /// The host share's streamed copy and the device share's kept gradients.
-  void zero_gradients(const stream_type* s) { intake_.zero(s); }
   void add_memory(memory_report& m, const offload_split& split) const {
     const double share = static_cast<double>(split.host_elements) / static_cast<double>(split.state_elements);
-    add_host_memory(m, opt_.host().host_memory(), share, streams() ? share : 0.0);
+    add_host_memory(m, opt_.host().host_memory(), share, intake_.streams() ? share : 0.0);
   }
   [[nodiscard]] double host_param_share(const memory_report& m) const noexcept { return m.offload_ratio; }
 
 private:
   Optimizer opt_;
   Parts* p_ = nullptr;
-  gradient_intake<Parts, std::remove_reference_t<decltype(std::declval<host_optimizer&>().grads())>> intake_;
+  host_gradient_intake<Parts, host_optimizer> intake_;
 };
 
 } // namespace zero

@@ -7,8 +7,10 @@
 /// makes both parts from one placement (`adamw_placement::state_begin`/`state_end`), keeps the rank's
 /// whole owned ranges and the runs of both in state order, and reaches either part by a rank state index
 /// (`for_each_part`, what `read_state` and `write_state` of both composites go through). How the two
-/// parts step is the composite's.
+/// parts step is the composite's. `detail::state_split_view` writes the composites' state view and whole
+/// step once, over the split each holds.
 
+#include "zero/backend/adamw_args.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
@@ -139,6 +141,57 @@ private:
   First first_;
   Second second_;
   std::vector<owned_run> runs_;
+};
+
+/// The state view and the whole step of an optimizer composed over a `state_split`, written once for
+/// `partial_adamw` and `host_nvme_adamw` (as `std::ranges::view_interface` writes a view's members from a
+/// few of its own). It holds nothing: `Derived` holds the split as `parts_` and the engine's stream as
+/// `stream_` (and befriends this class), and steps owned range `k` with `step_range(k, s, base, group_lr,
+/// grad_of)`. In both composites the second part is the one in host memory.
+template <class Derived> class state_split_view {
+public:
+  /// The owned ranges, whole (the rank's, as `partitioned_adamw` has them).
+  [[nodiscard]] const std::vector<std::pair<flat_range, std::size_t>>& ranges() const noexcept {
+    return parts().ranges();
+  }
+  /// The owned runs in state order: the first part's, then the second's (the range the split falls in has
+  /// a run on each side).
+  [[nodiscard]] const std::vector<owned_run>& runs() const noexcept { return parts().runs(); }
+  [[nodiscard]] std::size_t state_size() const noexcept { return parts().state_size(); }
+  /// The group hyper-parameters: the second part's (the host part's, whose thread may read them while it
+  /// updates beside the caller); the first part takes them at each step, on the calling thread.
+  [[nodiscard]] std::vector<param_group>& groups() noexcept { return parts().second().groups(); }
+  /// Whether the state keeps an fp32 master (both parts do, or neither: the parameters' dtype decides).
+  [[nodiscard]] bool has_master() const noexcept { return parts().first().has_master(); }
+  /// The first state index of the second part: state [0, split) is the first part's, [split, state_size())
+  /// the second's.
+  [[nodiscard]] std::size_t split() const noexcept { return parts().split(); }
+  /// The second part, in host memory (an `offloaded_adamw`; its state indices start at `split()`).
+  [[nodiscard]] auto& host() noexcept { return parts().second(); }
+  [[nodiscard]] const auto& host() const noexcept { return parts().second(); }
+
+  void load_master() { parts().load_master(); }
+  /// Reads over the rank's state indices, from either part. \throws usage_error for a range outside the state.
+  void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
+    parts().read_state(t, state_offset, out);
+  }
+  /// Writes over the rank's state indices, into either part (the device parameters are the caller's to write).
+  /// \throws usage_error for a range outside the state.
+  void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
+    parts().write_state(t, state_offset, in);
+  }
+
+  /// One optimizer step over every owned range, on the engine's stream (`Derived::step_range`, in order).
+  template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
+    auto& self = static_cast<Derived&>(*this);
+    for (std::size_t k = 0; k < ranges().size(); ++k) {
+      self.step_range(k, self.stream_, base, group_lr, grad_of);
+    }
+  }
+
+private:
+  [[nodiscard]] auto& parts() noexcept { return static_cast<Derived&>(*this).parts_; }
+  [[nodiscard]] const auto& parts() const noexcept { return static_cast<const Derived&>(*this).parts_; }
 };
 
 } // namespace zero::detail
