@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The largest GPT one GPU trains (issue 42): stage 3 with the model state off the GPU, in host memory and, for what
-# the host cannot hold, on NVMe at once (offload_optimizer.host_ratio), the activations checkpointed and kept in host
-# memory (--checkpoint-activations --offload-activations). zero-gpt-cuda's --config auto-plan chooses the setting
-# with zero-estimate's planner and this machine's measured rates, within the budgets below.
+# The largest GPT one GPU trains (issue 42), two runs, each at stage 3 or as planned, the activations checkpointed and
+# kept in host memory (--checkpoint-activations --offload-activations):
+#   1. LAYERS x D_MODEL (default 52 x 4096, 10.68 G parameters) with --config auto-plan choosing where the state lives
+#      within the GPU's, the host's and the disk's budgets (zero-estimate's planner, this machine's measured rates).
+#      With 70 GiB of GPU, 110 GiB of host and 55 GiB of disk, and bench/README.md's H100 rates, the planner keeps
+#      0.41 of the optimizer state on the GPU and the rest in host memory (stage 3, offload_param cpu, ratio 0.59):
+#      a share on the GPU holds more than NVMe, which keeps two slots of its share. 56 blocks fit nothing.
+#   2. NVME_LAYERS x D_MODEL (default 40 x 4096, 8.27 G) with the state in host memory and on NVMe at once
+#      (offload_optimizer nvme, host_ratio HOST_RATIO, default 0.82: the planner's row for it), which the planner
+#      ranks below the GPU share for speed.
+# For each: tokens/s, MFU, step losses, device peak, and the host and NVMe bytes beside zero-estimate's for the config
+# the run wrote (--write-config). Then the same width with IN_MEMORY_LAYERS blocks (default 2) at stage 0 in GPU
+# memory, so that the offload's cost is a ratio of MFU.
 #
-#   NVME=/dir/on/the/disk LAYERS=40 D_MODEL=4096 HEADS=32 B=1 T=1024 STEPS=4 bash bench/gpt/largest.sh
+#   NVME=/dir/on/the/disk bash bench/gpt/largest.sh
 #
-# Prints the planner's table, then the run's tokens/s, MFU, step losses, device peak, and its host and NVMe bytes
-# beside zero-estimate's for the config the run wrote (--write-config); then the same width with IN_MEMORY_LAYERS
-# blocks (default 2) at stage 0 with everything on the GPU, so that the offload's cost is a ratio of MFU.
-# Environment: ZERO_GPT (zero-gpt-cuda), ZERO_ESTIMATE (zero-estimate), OUT, HOST_MEMORY (auto-plan's host budget,
-# default: the host's available memory less 16 GiB for the rest of the process), NVME_BYTES (default: the free
-# space under NVME less 4 GiB).
+# Environment: ZERO_GPT (zero-gpt-cuda), ZERO_ESTIMATE (zero-estimate), OUT, B (1), T (1024), STEPS (4), HEADS (32),
+# HOST_MEMORY (auto-plan's host budget; default the host's available memory less 16 GiB for the rest of the
+# process), NVME_BYTES (default the free space under NVME less 4 GiB), ONLY (a subset of: planned nvme memory).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -19,13 +25,14 @@ mkdir -p "$OUT"
 gpu=${ZERO_GPT:-build/gpt-gpu/examples/gpt/zero-gpt-cuda}
 est=${ZERO_ESTIMATE:-build/gpt-gpu/tools/zero-estimate}
 NVME=${NVME:?NVME names a folder on the disk for the optimizer state}
-L=${LAYERS:-40} C=${D_MODEL:-4096} NH=${HEADS:-32} B=${B:-1} T=${T:-1024} STEPS=${STEPS:-4}
+C=${D_MODEL:-4096} NH=${HEADS:-32} B=${B:-1} T=${T:-1024} STEPS=${STEPS:-4}
+ONLY=" ${ONLY:-planned nvme memory} "
+want() { [[ "$ONLY" == *" $1 "* ]]; }
 mkdir -p "$NVME"
 avail_kib=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
 HOST_MEMORY=${HOST_MEMORY:-$(((avail_kib / 1048576) - 16))GiB}
 NVME_BYTES=${NVME_BYTES:-$((($(df -k --output=avail "$NVME" | tail -1) / 1048576) - 4))GiB}
-model=(--layers "$L" --heads "$NH" --d-model "$C" --seq "$T" --vocab 50257)
-echo "model: ${model[*]}; B $B, $STEPS steps; host budget $HOST_MEMORY, NVMe budget $NVME_BYTES under $NVME"
+echo "B $B, T $T, $STEPS steps; host budget $HOST_MEMORY, NVMe budget $NVME_BYTES under $NVME"
 
 # Random token ids in llm.c's shard format, enough for the steps and one validation window.
 python3 - "$OUT/largest_train.bin" "$OUT/largest_val.bin" "$((B * (T + 1) * (STEPS + 2)))" "$((T + 1))" <<'PY'
@@ -36,41 +43,62 @@ for path, n in ((sys.argv[1], int(sys.argv[3])), (sys.argv[2], int(sys.argv[4]))
         f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
         f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
 PY
-data=(--train "$OUT/largest_train.bin" --val "$OUT/largest_val.bin")
-
-"$gpu" "${model[@]}" --describe "$OUT/largest_model.json" || exit 1
-log=$OUT/largest_run.log
+common=(--heads "$NH" --d-model "$C" --seq "$T" --vocab 50257 --train "$OUT/largest_train.bin"
+  --val "$OUT/largest_val.bin" --batch "$B" --steps "$STEPS" --print-every 1 --clip 1.0 --lr 1e-4 --json)
 timed=()
 [[ -x /usr/bin/time ]] && timed=(/usr/bin/time -v) # the process's resident peak, where the machine has GNU time
-"${timed[@]}" "$gpu" "${model[@]}" "${data[@]}" --batch "$B" --steps "$STEPS" --print-every 1 --clip 1.0 --lr 1e-4 \
-  --config auto-plan --host-memory "$HOST_MEMORY" --nvme "$NVME_BYTES" --nvme-path "$NVME" \
-  --checkpoint-activations --offload-activations --write-config "$OUT/largest_config.json" --json \
-  > "$log" 2> "$OUT/largest_run.err"
-rc=$?
-echo "largest run rc=$rc"
-grep -A40 "auto-plan for" "$OUT/largest_run.err" | head -40
-grep -E "Maximum resident|Elapsed" "$OUT/largest_run.err"
-[[ $rc -ne 0 ]] && { tail -20 "$OUT/largest_run.err"; exit 1; }
-"$est" --model "$OUT/largest_model.json" --config "$OUT/largest_config.json" --json > "$OUT/largest_estimate.log" 2>&1
-python3 - "$log" "$OUT/largest_estimate.log" <<'PY'
+
+# run NAME LAYERS ARGS...: trains with activation checkpointing (ARGS put its checkpoints on the host), then sets
+# the run's figures beside zero-estimate's.
+run() {
+  local name=$1 layers=$2
+  shift 2
+  "$gpu" --layers "$layers" "${common[@]:0:8}" --describe "$OUT/${name}_model.json" || return 1
+  "${timed[@]}" "$gpu" --layers "$layers" "${common[@]}" --checkpoint-activations \
+    --write-config "$OUT/${name}_config.json" "$@" > "$OUT/$name.log" 2> "$OUT/$name.err"
+  local rc=$?
+  echo "$name: $layers blocks of $C, rc=$rc"
+  grep -E "auto-plan for|^plan:" "$OUT/$name.err"
+  grep -E "Maximum resident|Elapsed" "$OUT/$name.err"
+  [[ $rc -ne 0 ]] && { tail -20 "$OUT/$name.err"; return 1; }
+  "$est" --model "$OUT/${name}_model.json" --config "$OUT/${name}_config.json" --json > "$OUT/${name}_estimate.log" 2>&1
+  python3 - "$OUT/$name.log" "$OUT/${name}_estimate.log" <<'PY'
 import json, sys
 run = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
 print({k: run.get(k) for k in ("tokens_per_s", "mfu", "model_tflops_per_s", "losses", "device_peak_bytes",
                                "activation_bytes", "checkpoint_host_bytes", "host_share", "nvme_bytes",
                                "host_formula_bytes")})
-print("host peak (counted):", run["peak_bytes"]["host"])
+print("host peak (counted):", run["peak_bytes"]["host"], "model state on the device:", run["model_state_peak_bytes"])
 est = json.loads([l for l in open(sys.argv[2]) if l.startswith("{")][-1])
-print("zero-estimate rows for the run's config:")
+print("zero-estimate's rows for the run's config:")
 for row in est["rows"]:
     print(" ", json.dumps(row))
 PY
+}
 
-# The same width in GPU memory: IN_MEMORY_LAYERS blocks at stage 0, no offload, no checkpointing.
-small=(--layers "${IN_MEMORY_LAYERS:-2}" --heads "$NH" --d-model "$C" --seq "$T" --vocab 50257)
-"$gpu" "${small[@]}" "${data[@]}" --batch "$B" --steps "$STEPS" --print-every 1 --stage 0 --json \
-  > "$OUT/largest_in_memory.log" 2>&1
-echo "in memory, ${IN_MEMORY_LAYERS:-2} blocks rc=$?"
-grep "^{" "$OUT/largest_in_memory.log" | python3 -c "
+if want planned; then
+  run largest_planned "${LAYERS:-52}" --config auto-plan --host-memory "$HOST_MEMORY" --nvme "$NVME_BYTES" \
+    --nvme-path "$NVME" --offload-activations
+fi
+if want nvme; then
+  python3 - "$OUT/largest_nvme.json" "$B" "${HOST_RATIO:-0.82}" "$NVME" <<'PY'
+import json, sys
+out, b, h, nvme = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+json.dump({"train_micro_batch_size_per_gpu": b, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+           "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "host_ratio": h}},
+           "activation_checkpointing": {"cpu_checkpointing": True}}, open(out, "w"))
+PY
+  run largest_nvme "${NVME_LAYERS:-40}" --config "$OUT/largest_nvme.json" # cpu_checkpointing is in the file
+fi
+if want memory; then
+  # The same width in GPU memory: IN_MEMORY_LAYERS blocks at stage 0, no offload, no checkpointing.
+  "$gpu" --layers "${IN_MEMORY_LAYERS:-2}" "${common[@]}" --stage 0 > "$OUT/largest_in_memory.log" 2>&1
+  echo "in memory, ${IN_MEMORY_LAYERS:-2} blocks of $C rc=$?"
+  grep "^{" "$OUT/largest_in_memory.log" | python3 -c "
 import json, sys
 d = json.loads(sys.stdin.read())
 print({k: d.get(k) for k in ('tokens_per_s', 'mfu', 'model_tflops_per_s', 'device_peak_bytes')})"
+fi
