@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPT example on the GPU machine, in one go (logs in $OUT):
 #   build   zero-gpt (CPU) and zero-gpt-cuda, and the kernels' test against the CPU math (example.gpt.cuda);
-#   tests   that test alone, over a build already in build/gpt-gpu; sanitize: compute-sanitizer on its new cases;
+#   tests   that test alone, over a build already in build/gpt-gpu (or CARRIED=.carry/bin's binaries, with
+#           LD_LIBRARY_PATH naming the libraries the machine lacks); sanitize: compute-sanitizer on its new cases;
 #   torch   zero-gpt-cuda against bench/gpt/torch_gpt.py in bf16 on the GPU, 50 steps at stages 0-3, from the same
 #           initial weights and batches; torch_more: with clipping, a wider model, and the CPU fp32 comparison;
 #   hf      a d12 exported by zero-gpt-cuda loaded by transformers: val loss and logits against zero's bf16 ones;
@@ -22,6 +23,15 @@ CORPUS=${CORPUS:-/usr/share/games/fortunes/literature}
 ARGS=" $* "
 want() { [[ "$ARGS" == *" all "* || "$ARGS" == *" $1 "* ]]; }
 build=build/gpt-gpu
+# Binaries built elsewhere for this commit (CARRIED=.carry/bin: zero-gpt-cuda, zero_gpt_cuda_tests, zero-gpt,
+# zero-estimate, and COMMIT naming the commit they were built from) stand in for the build step.
+if [[ -n "${CARRIED:-}" ]] && ! want build; then
+  mkdir -p $build/examples/gpt $build/tools
+  cp "$CARRIED"/zero-gpt-cuda "$CARRIED"/zero_gpt_cuda_tests "$CARRIED"/zero-gpt $build/examples/gpt/
+  cp "$CARRIED"/zero-estimate $build/tools/ 2> /dev/null
+  echo "carried binaries of $(cat "$CARRIED"/COMMIT 2> /dev/null || echo "an unnamed commit"); this tree is $(git rev-parse --short HEAD 2> /dev/null)"
+  ldd $build/examples/gpt/zero-gpt-cuda | grep "not found" && { echo "carried binaries miss libraries: build instead"; exit 1; }
+fi
 nvidia-smi -L | tee "$OUT/gpus.txt"
 if want build; then
   start=$(date +%s)
