@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -696,6 +697,13 @@ private:
     int M, N, K;
     bool trans_a, trans_b;
   };
+  using desc_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, cublas_deleter>;
+  using layout_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, cublas_deleter>;
+  struct lt_plan {
+    desc_ptr desc;
+    layout_ptr a, b, d;
+    cublasLtMatmulAlgo_t algo{};
+  };
   enum class lt_epilogue {
     bias,          // D = A·B + C + bias
     gelu_aux_bias, // D = GELU(A·B + bias), aux = A·B + bias
@@ -704,19 +712,57 @@ private:
 
   // D (bf16) = the epilogue of op(A) · op(B) (+ C where C is given, beta = 1): cuBLASLt, column-major, so as
   // gemm() the operands go in swapped (Dᵀ = op(B)ᵀ · op(A)ᵀ) and the bias runs along D's rows (N). The
-  // heuristic's algorithm is kept per shape and epilogue.
+  // descriptor, the layouts and the heuristic's algorithm are made once per shape and epilogue (lt_plan); a call
+  // sets the bias and aux pointers only.
   void gemm_lt(lt_shape sh, const zero::bf16* A, const zero::bf16* B, const zero::bf16* C, zero::bf16* D, lt_epilogue e,
                const zero::bf16* bias, const zero::bf16* aux = nullptr) {
-    using desc_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, cublas_deleter>;
-    using layout_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, cublas_deleter>;
+    // The pointers' common alignment (up to 256 bytes) is part of the key: the heuristic's choice may rely on it.
+    std::uintptr_t bits = 256;
+    for (const void* ptr :
+         {static_cast<const void*>(A), static_cast<const void*>(B), static_cast<const void*>(C),
+          static_cast<const void*>(D), static_cast<const void*>(bias), static_cast<const void*>(aux)}) {
+      bits |= reinterpret_cast<std::uintptr_t>(ptr);
+    }
+    const std::array<int, 7> key{sh.M,
+                                 sh.N,
+                                 sh.K,
+                                 (sh.trans_a ? 1 : 0) + (sh.trans_b ? 2 : 0),
+                                 static_cast<int>(e),
+                                 C != nullptr ? 1 : 0,
+                                 std::countr_zero(bits)};
+    auto it = lt_plans_.find(key);
+    if (it == lt_plans_.end()) {
+      it = lt_plans_.emplace(key, make_lt_plan(sh, e, bias, aux)).first;
+    }
+    const lt_plan& plan = it->second;
+    const auto set = [&](cublasLtMatmulDescAttributes_t attr, const void* value) {
+      GPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc.get(), attr, &value, sizeof value));
+    };
+    if (bias != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    }
+    if (aux != nullptr) {
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    }
+    const float alpha = 1.0f, beta = C != nullptr ? 1.0f : 0.0f;
+    GPT_CHECK_CUBLAS(cublasLtMatmul(lt_.get(), plan.desc.get(), &alpha, B, plan.a.get(), A, plan.b.get(), &beta,
+                                    C != nullptr ? C : D, plan.d.get(), D, plan.d.get(), &plan.algo,
+                                    cublas_workspace_.data(), cublas_workspace_.bytes(), stream_));
+  }
+
+  // A product's cuBLASLt descriptor (operations, epilogue, dtypes), its operands' layouts and the heuristic's
+  // algorithm for them, chosen with the first call's bias and aux pointers (gemm_lt's key keeps calls whose
+  // pointers align differently apart).
+  lt_plan make_lt_plan(lt_shape sh, lt_epilogue e, const zero::bf16* bias, const zero::bf16* aux) {
+    lt_plan plan;
     const auto lda = static_cast<std::int64_t>(sh.trans_a ? sh.M : sh.K);
     const auto ldb = static_cast<std::int64_t>(sh.trans_b ? sh.K : sh.N);
     const auto ldd = static_cast<std::int64_t>(sh.N);
     cublasLtMatmulDesc_t raw = nullptr;
     GPT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const desc_ptr desc(raw);
+    plan.desc.reset(raw);
     const auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value) {
-      GPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc.get(), attr, &value, sizeof value));
+      GPT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.desc.get(), attr, &value, sizeof value));
     };
     set(CUBLASLT_MATMUL_DESC_TRANSA, sh.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
     set(CUBLASLT_MATMUL_DESC_TRANSB, sh.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -740,38 +786,31 @@ private:
                                                   static_cast<std::uint64_t>(stored_rows), ld));
       return layout_ptr(m);
     };
-    const layout_ptr la = sh.trans_b ? layout(sh.N, sh.K, ldb) : layout(sh.K, sh.N, ldb); // cuBLASLt's A: our B
-    const layout_ptr lb = sh.trans_a ? layout(sh.K, sh.M, lda) : layout(sh.M, sh.K, lda); // cuBLASLt's B: our A
-    const layout_ptr ld = layout(sh.M, sh.N, ldd);
-    const std::array<int, 6> key{
-        sh.M, sh.N, sh.K, (sh.trans_a ? 1 : 0) + (sh.trans_b ? 2 : 0), static_cast<int>(e), C != nullptr ? 1 : 0};
-    auto it = lt_algos_.find(key);
-    if (it == lt_algos_.end()) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      GPT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-      const std::uint64_t ws = cublas_workspace_.bytes();
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      const cublasStatus_t st =
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-      const cublasStatus_t got = st == CUBLAS_STATUS_SUCCESS
-                                     ? cublasLtMatmulAlgoGetHeuristic(lt_.get(), desc.get(), la.get(), lb.get(),
-                                                                      ld.get(), ld.get(), pref, 1, &result, &found)
-                                     : st;
-      (void)cublasLtMatmulPreferenceDestroy(pref);
-      GPT_CHECK_CUBLAS(got);
-      if (found == 0) {
-        throw zero::cuda_error("cublasLtMatmulAlgoGetHeuristic: no algorithm for a " + std::to_string(sh.M) + " x " +
-                                   std::to_string(sh.N) + " x " + std::to_string(sh.K) +
-                                   " bf16 product with this epilogue; expected one (run without gemm_epilogues)",
-                               static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
-      }
-      it = lt_algos_.emplace(key, result.algo).first;
+    plan.a = sh.trans_b ? layout(sh.N, sh.K, ldb) : layout(sh.K, sh.N, ldb); // cuBLASLt's A: our B
+    plan.b = sh.trans_a ? layout(sh.K, sh.M, lda) : layout(sh.M, sh.K, lda); // cuBLASLt's B: our A
+    plan.d = layout(sh.M, sh.N, ldd);
+    cublasLtMatmulPreference_t pref = nullptr;
+    GPT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+    const std::uint64_t ws = cublas_workspace_.bytes();
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    const cublasStatus_t got =
+        st == CUBLAS_STATUS_SUCCESS
+            ? cublasLtMatmulAlgoGetHeuristic(lt_.get(), plan.desc.get(), plan.a.get(), plan.b.get(), plan.d.get(),
+                                             plan.d.get(), pref, 1, &result, &found)
+            : st;
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    GPT_CHECK_CUBLAS(got);
+    if (found == 0) {
+      throw zero::cuda_error("cublasLtMatmulAlgoGetHeuristic: no algorithm for a " + std::to_string(sh.M) + " x " +
+                                 std::to_string(sh.N) + " x " + std::to_string(sh.K) +
+                                 " bf16 product with this epilogue; expected one (run without gemm_epilogues)",
+                             static_cast<int>(CUBLAS_STATUS_NOT_SUPPORTED));
     }
-    const float alpha = 1.0f, beta = C != nullptr ? 1.0f : 0.0f;
-    GPT_CHECK_CUBLAS(cublasLtMatmul(lt_.get(), desc.get(), &alpha, B, la.get(), A, lb.get(), &beta,
-                                    C != nullptr ? C : D, ld.get(), D, ld.get(), &it->second, cublas_workspace_.data(),
-                                    cublas_workspace_.bytes(), stream_));
+    plan.algo = result.algo;
+    return plan;
   }
 
   // Causal self-attention. Fused: gpt_attention.cu's kernels. Materialized: one sequence b at a time, its NH
@@ -898,9 +937,9 @@ private:
   // Declared before cublas_, so the handle is destroyed first.
   device_buffer<std::byte> cublas_workspace_;
   cublas_ptr cublas_;
-  // cuBLASLt (gemm_epilogues) and the algorithm its heuristic chose per shape and epilogue.
+  // cuBLASLt (gemm_epilogues) and its plan per shape and epilogue.
   cublaslt_ptr lt_;
-  std::map<std::array<int, 6>, cublasLtMatmulAlgo_t> lt_algos_;
+  std::map<std::array<int, 7>, lt_plan> lt_plans_;
   // Pinned staging for the uploads and the loss, with the events that mark each upload's copy done.
   pinned_buffer<std::int32_t> tokens_host_, targets_host_, plan_host_;
   pinned_buffer<double> loss_host_;
