@@ -36,16 +36,7 @@ case $preset in d12 | d24 | d36 | d48) ;; *)
 esac
 
 # Random shards: enough tokens for llm.c's loaders (B * T + 1 per step, train and val).
-python3 - "$out/train.bin" "$out/val.bin" "$((B * T * 4 + 1))" <<'PY'
-import random, struct, sys
-n = int(sys.argv[3])
-rng = random.Random(1337)
-for path in sys.argv[1:3]:
-    tokens = [rng.randrange(50257) for _ in range(n)]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-        f.write(struct.pack(f"<{n}H", *tokens))
-PY
+python3 "$here/random_shard.py" "$out/train.bin" "$((B * T * 4 + 1))" "$out/val.bin" "$((B * T * 4 + 1))"
 
 # Runs "$@" with its output in $out/$name.log, sampling the GPU's used memory; the peak above the start goes to
 # $out/$name.mem (MiB).

@@ -35,14 +35,8 @@ NVME_BYTES=${NVME_BYTES:-$((($(df -k --output=avail "$NVME" | tail -1) / 1048576
 echo "B $B, T $T, $STEPS steps; host budget $HOST_MEMORY, NVMe budget $NVME_BYTES under $NVME"
 
 # Random token ids in llm.c's shard format, enough for the steps and one validation window.
-python3 - "$OUT/largest_train.bin" "$OUT/largest_val.bin" "$((B * (T + 1) * (STEPS + 2)))" "$((T + 1))" <<'PY'
-import random, struct, sys
-rng = random.Random(1337)
-for path, n in ((sys.argv[1], int(sys.argv[3])), (sys.argv[2], int(sys.argv[4]))):
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-        f.write(struct.pack(f"<{n}H", *(rng.randrange(50257) for _ in range(n))))
-PY
+python3 bench/gpt/random_shard.py "$OUT/largest_train.bin" "$((B * (T + 1) * (STEPS + 2)))" \
+  "$OUT/largest_val.bin" "$((T + 1))"
 common=(--heads "$NH" --d-model "$C" --seq "$T" --vocab 50257 --train "$OUT/largest_train.bin"
   --val "$OUT/largest_val.bin" --batch "$B" --steps "$STEPS" --print-every 1 --clip 1.0 --lr 1e-4 --json)
 timed=()
