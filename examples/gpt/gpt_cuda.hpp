@@ -135,9 +135,12 @@ public:
       throw std::invalid_argument("--batch: expected a whole number >= 1, found " + std::to_string(batch));
     }
     if (o.offload && (!o.checkpoint || o.compute == nullptr || o.compute->get() != stream)) {
-      throw std::invalid_argument(
-          "cuda_model: activation offload keeps the checkpoints of activation checkpointing; expected "
-          "checkpoint = true and compute = the zero::cuda_stream whose handle is the model's stream");
+      const char* wrong = !o.checkpoint          ? "checkpoint is false"
+                          : o.compute == nullptr ? "compute is null"
+                                                 : "compute is another stream than the model's";
+      throw std::invalid_argument(std::string("cuda_model: offload (the checkpoints in host memory) with ") + wrong +
+                                  "; expected checkpoint = true and compute = the zero::cuda_stream whose handle "
+                                  "is the model's stream");
     }
     attention_ = o.attention.value_or(default_attention(cfg_));
     if (attention_ == attention_path::fused && !kernels::fused_attention_supports(cfg_.d_model / cfg_.heads)) {
