@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <string>
@@ -38,9 +39,6 @@ const __nv_bfloat16* dev(const bf16* p) { return reinterpret_cast<const __nv_bfl
 
 struct sum_op {
   template <class T> __device__ T operator()(T a, T b) const { return a + b; }
-};
-struct max_op {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
 // The warp's reduction, the same bits in every lane: at each step two lanes combine the same two values.
@@ -351,36 +349,88 @@ __global__ void causal_softmax_backward_kernel(__nv_bfloat16* __restrict__ dscor
   }
 }
 
-// One block per row. Every thread reads the target's logit before the first barrier of block_reduce, so the
-// train pass's writes (after the last barrier) never overwrite it before it is read.
+// The pairs (maximum, sum of exp relative to it) of the block's threads combined: a butterfly within each warp,
+// then the warps' pairs in warp order. Every thread gets the same bits; `sm` and `sd` are 32 floats of shared
+// memory each, reusable after the call.
+__device__ void block_softmax_combine(float& m, float& d, float* sm, float* sd) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float d2 = __shfl_xor_sync(0xffffffffu, d, offset);
+    softmax_combine(m, d, m2, d2);
+  }
+  if (threadIdx.x % 32 == 0) {
+    sm[threadIdx.x / 32] = m;
+    sd[threadIdx.x / 32] = d;
+  }
+  __syncthreads();
+  m = sm[0];
+  d = sd[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) {
+    softmax_combine(m, d, sm[w], sd[w]);
+  }
+  __syncthreads();
+}
+
+constexpr int logits_per_load = 8; // bf16 in 16 bytes
+
+// One block per row, read 16 bytes (8 logits) at a time: one pass for the row's maximum and sum of exp (each
+// thread's running pair rescaled when its maximum grows, once per 8 logits), a second to write the gradient.
+// Every thread reads the target's logit before the first barrier, so the train pass's writes (after the
+// last barrier) never overwrite it before it is read. Logits at or past V are not the row's: they count as
+// -inf, and the train pass writes zeros there.
 __global__ void cross_entropy_kernel(__nv_bfloat16* __restrict__ logits, float* __restrict__ losses,
                                      const std::int32_t* __restrict__ targets, int V, std::size_t ld, float grad_scale,
                                      bool train) {
-  __shared__ float scratch[32];
+  __shared__ float sm[32];
+  __shared__ float sd[32];
   const std::size_t row = blockIdx.x;
   __nv_bfloat16* x = logits + row * ld;
+  auto* packs = reinterpret_cast<uint4*>(x);
   const int target = targets[row];
   const float target_logit = load(x[target]);
+  const int n_packs = (V + logits_per_load - 1) / logits_per_load;
+  const auto unpack = [V](uint4 raw, int first, float(&v)[logits_per_load]) {
+    const auto* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    for (int k = 0; k < logits_per_load; ++k) {
+      v[k] = first + k < V ? load(e[k]) : -INFINITY;
+    }
+  };
   float m = -INFINITY;
-  for (int i = static_cast<int>(threadIdx.x); i < V; i += static_cast<int>(blockDim.x)) {
-    m = fmaxf(m, load(x[i]));
+  float d = 0.0f;
+  for (int i = static_cast<int>(threadIdx.x); i < n_packs; i += static_cast<int>(blockDim.x)) {
+    float v[logits_per_load];
+    unpack(packs[i], i * logits_per_load, v);
+    float mx = m;
+    for (float e : v) {
+      mx = fmaxf(mx, e);
+    }
+    float s = 0.0f;
+    for (float e : v) {
+      s += expf(e - mx); // expf(-inf) = 0 for the columns past V
+    }
+    d = (m == -INFINITY ? 0.0f : d * expf(m - mx)) + s;
+    m = mx;
   }
-  m = block_reduce(m, max_op{}, scratch);
-  float sum = 0.0f;
-  for (int i = static_cast<int>(threadIdx.x); i < V; i += static_cast<int>(blockDim.x)) {
-    sum += expf(load(x[i]) - m);
-  }
-  sum = block_reduce(sum, sum_op{}, scratch);
+  block_softmax_combine(m, d, sm, sd);
   if (threadIdx.x == 0) {
     // log(sum exp(logits)) - logits[target], with the maximum taken out for range.
-    losses[row] = logf(sum) - (target_logit - m);
+    losses[row] = logf(d) - (target_logit - m);
   }
-  if (train) {
-    const float inv = 1.0f / sum;
-    for (int i = static_cast<int>(threadIdx.x); i < V; i += static_cast<int>(blockDim.x)) {
-      const float p = expf(load(x[i]) - m) * inv;
-      x[i] = store((p - (i == target ? 1.0f : 0.0f)) * grad_scale);
+  if (!train) {
+    return;
+  }
+  const float inv = 1.0f / d;
+  for (int i = static_cast<int>(threadIdx.x); i < n_packs; i += static_cast<int>(blockDim.x)) {
+    float v[logits_per_load];
+    unpack(packs[i], i * logits_per_load, v);
+    uint4 out;
+    auto* o = reinterpret_cast<__nv_bfloat16*>(&out);
+    for (int k = 0; k < logits_per_load; ++k) {
+      const int col = i * logits_per_load + k;
+      const float p = expf(v[k] - m) * inv; // 0 past V
+      o[k] = store(col < V ? (p - (col == target ? 1.0f : 0.0f)) * grad_scale : 0.0f);
     }
+    packs[i] = out;
   }
 }
 
@@ -550,6 +600,8 @@ void causal_softmax_backward(bf16* dscores, const bf16* probs, const float* dpro
 void cross_entropy(bf16* logits, float* losses, const std::int32_t* targets, std::size_t rows, int V, std::size_t ld,
                    float grad_scale, bool train, cudaStream_t stream) {
   require(V > 0 && ld >= static_cast<std::size_t>(V), "cross_entropy: need 0 < V <= ld");
+  require(ld % logits_per_load == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0,
+          "cross_entropy: the rows must start on 16 bytes (ld a multiple of 8, the logits 16-byte aligned)");
   if (rows == 0) {
     return;
   }

@@ -159,9 +159,11 @@ void fused_attention_backward(bf16* dqkv, float* dsum, const bf16* dout, const b
                               const float* lse, int B, int T, int NH, int C, cudaStream_t stream);
 
 /// The LM head's softmax fused with cross-entropy, one thread block per row of `logits` [rows, V] (leading
-/// dimension `ld` >= V): the row's maximum, its sum of exp in fp32, and
+/// dimension `ld` >= V, a multiple of 8; `logits` 16-byte aligned: the rows are read 16 bytes at a time): the
+/// row's maximum, its sum of exp in fp32, and
 /// `losses[r] = log(sum) - (logits[r, target] - max)`. With `train` the row is overwritten in place by its
-/// gradient `bf16((softmax - onehot(target)) * grad_scale)`; without it the logits are left as they are.
+/// gradient `bf16((softmax - onehot(target)) * grad_scale)` and its columns [V, round_up(V, 8)) by zeros; without
+/// it the logits are left as they are.
 /// @param targets [rows] device ids in [0, V) (the caller checks them); @param losses [rows] fp32
 void cross_entropy(bf16* logits, float* losses, const std::int32_t* targets, std::size_t rows, int V, std::size_t ld,
                    float grad_scale, bool train, cudaStream_t stream);

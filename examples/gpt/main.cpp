@@ -579,8 +579,9 @@ int main(int argc, char** argv) {
   app.add_flag("--offload-activations", o.offload_activations,
                "with --checkpoint-activations: the checkpoints in host memory (the built-in config's "
                "activation_checkpointing.cpu_checkpointing; in a --config file, set the key there)");
-  app.add_flag("--gemm-epilogues", o.gemm_epilogues,
-               "the projections' biases, residual adds and GELU in cuBLASLt's GEMM epilogues (--device cuda)");
+  auto* epilogues = app.add_flag("--gemm-epilogues,!--no-gemm-epilogues", o.gemm_epilogues,
+                                 "the projections' biases, residual adds and GELU in cuBLASLt's GEMM epilogues "
+                                 "(--device cuda; the default there)");
   app.add_flag("--profile", o.profile,
                "time every operation on the model's stream and print milliseconds per step (--device cuda)");
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,
@@ -606,6 +607,9 @@ int main(int argc, char** argv) {
       "--write-config", o.config_out,
       "write the run's DeepSpeed config (built in or --config's, with --stage, --nvme-path) here, then train");
   CLI11_PARSE(app, argc, argv);
+  if (epilogues->count() == 0) {
+    o.gemm_epilogues = o.device == "cuda";
+  }
   const bool planned = o.config_file == auto_plan;
   if (o.offload_activations && (!o.checkpoint_activations || (!o.config_file.empty() && !planned))) {
     std::fprintf(stderr, "zero-gpt: --offload-activations %s\n",
