@@ -410,9 +410,17 @@ public:
     op("lm head dgrad");
     pad_wte(wte);
     gemm(false, false, n, c, vp, 1.0f, logits_.data(), vp, wte_padded_.data(), c, 0.0f, dln_.data(), CUDA_R_16BF, c);
-    // d_wte[V, C] += dlogits[n, V]ᵀ · lnf[n, C].
+    // d_wte[V, C] += dlogits[n, V]ᵀ · lnf[n, C] in two products, as an odd M costs cuBLAS what an odd N does: the
+    // rows of whole 128-row tiles, then the V % 128 others.
     op("lm head wgrad");
-    gemm(true, false, v, c, n, 1.0f, logits_.data(), vp, lnf_.data(), c, 1.0f, d_wte, CUDA_R_32F, c);
+    const int whole = v / 128 * 128;
+    if (whole > 0) {
+      gemm(true, false, whole, c, n, 1.0f, logits_.data(), vp, lnf_.data(), c, 1.0f, d_wte, CUDA_R_32F, c);
+    }
+    if (whole < v) {
+      gemm(true, false, v - whole, c, n, 1.0f, logits_.data() + whole, vp, lnf_.data(), c, 1.0f,
+           d_wte + static_cast<std::size_t>(whole) * C(), CUDA_R_32F, c);
+    }
     op(outside);
   }
 

@@ -26,7 +26,7 @@ constexpr int warps_per_block = threads / 32;     // rows per block of the warp-
 constexpr int column_threads = 128;               // columns per block of the column sums
 constexpr int row_threads = 512;                  // one block per row of the LM head's cross-entropy
 constexpr int total_threads = 1024;               // the one block of sum_losses
-constexpr std::size_t max_row_splits = 64;        // partial sums of a column sum
+constexpr std::size_t max_row_splits = 64;        // partial sums of a column sum, times its columns per thread
 constexpr float ln_eps = 1e-5f;                   // GPT-2's LayerNorm epsilon
 constexpr float gelu_scale = 0.7978845608028654f; // sqrt(2 / pi)
 constexpr float gelu_cube = 0.044715f;
@@ -35,6 +35,21 @@ __device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float
 __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 
 __nv_bfloat16* dev(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+// W consecutive bf16 read or written in one access (W = 8: 16 bytes), for the row and column kernels: they run
+// with W = 8 where the row length is a multiple of 8 and the pointers 16-byte aligned, W = 1 otherwise.
+template <int W> struct alignas(2 * W) bf16_pack { __nv_bfloat16 e[W]; };
+template <int W> __device__ __forceinline__ bf16_pack<W> load_pack(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const bf16_pack<W>*>(p);
+}
+template <int W> __device__ __forceinline__ void store_pack(__nv_bfloat16* p, const bf16_pack<W>& v) {
+  *reinterpret_cast<bf16_pack<W>*>(p) = v;
+}
+// 8 where every pointer is 16-byte aligned and `cols` a multiple of 8, else 1.
+template <class... P> int pack_width(std::size_t cols, const P*... ptrs) {
+  const bool aligned = ((reinterpret_cast<std::uintptr_t>(ptrs) % 16 == 0) && ...);
+  return aligned && cols % 8 == 0 ? 8 : 1;
+}
 const __nv_bfloat16* dev(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 
 struct sum_op {
@@ -85,7 +100,10 @@ void require(bool ok, const char* what) {
   }
 }
 
-std::size_t row_splits(std::size_t rows) { return std::clamp<std::size_t>(rows, 1, max_row_splits); }
+// The row splits of a column sum whose threads take `width` columns each: as many threads as at width 1.
+std::size_t row_splits(std::size_t rows, std::size_t width) {
+  return std::clamp<std::size_t>(rows, 1, max_row_splits * width);
+}
 
 #define GPT_GRID_STRIDE(i, n)                                                                                          \
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n);                       \
@@ -133,7 +151,8 @@ __global__ void embedding_wpe_backward_kernel(float* __restrict__ d_wpe, const _
   }
 }
 
-// One warp per row.
+// One warp per row, W columns per access.
+template <int W>
 __global__ void layernorm_forward_kernel(__nv_bfloat16* __restrict__ out, float* __restrict__ mean,
                                          float* __restrict__ rstd, const __nv_bfloat16* __restrict__ x,
                                          const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ b,
@@ -145,21 +164,32 @@ __global__ void layernorm_forward_kernel(__nv_bfloat16* __restrict__ out, float*
   const int lane = static_cast<int>(threadIdx.x % 32);
   const __nv_bfloat16* xr = x + row * static_cast<std::size_t>(C);
   float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    sum += load(xr[c]);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    const auto xv = load_pack<W>(xr + c);
+    for (int k = 0; k < W; ++k) {
+      sum += load(xv.e[k]);
+    }
   }
   const float m = warp_reduce(sum, sum_op{}) / static_cast<float>(C);
   // The variance about the mean (a second pass, not E[x^2] - m^2, which cancels).
   float sq = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = load(xr[c]) - m;
-    sq += d * d;
+  for (int c = lane * W; c < C; c += 32 * W) {
+    const auto xv = load_pack<W>(xr + c);
+    for (int k = 0; k < W; ++k) {
+      const float d = load(xv.e[k]) - m;
+      sq += d * d;
+    }
   }
   const float var = warp_reduce(sq, sum_op{}) / static_cast<float>(C);
   const float s = 1.0f / sqrtf(var + ln_eps);
   __nv_bfloat16* o = out + row * static_cast<std::size_t>(C);
-  for (int c = lane; c < C; c += 32) {
-    o[c] = store((load(xr[c]) - m) * s * load(w[c]) + load(b[c]));
+  for (int c = lane * W; c < C; c += 32 * W) {
+    const auto xv = load_pack<W>(xr + c), wv = load_pack<W>(w + c), bv = load_pack<W>(b + c);
+    bf16_pack<W> ov;
+    for (int k = 0; k < W; ++k) {
+      ov.e[k] = store((load(xv.e[k]) - m) * s * load(wv.e[k]) + load(bv.e[k]));
+    }
+    store_pack<W>(o + c, ov);
   }
   if (lane == 0) {
     mean[row] = m;
@@ -167,7 +197,9 @@ __global__ void layernorm_forward_kernel(__nv_bfloat16* __restrict__ out, float*
   }
 }
 
-// One warp per row: dx += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = w * dout.
+// One warp per row, W columns per access: dx += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd,
+// dnorm = w * dout.
+template <int W>
 __global__ void layernorm_backward_dx_kernel(__nv_bfloat16* __restrict__ dx, const __nv_bfloat16* __restrict__ dout,
                                              const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                              const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -182,62 +214,82 @@ __global__ void layernorm_backward_dx_kernel(__nv_bfloat16* __restrict__ dx, con
   const float s = rstd[row];
   float dnorm_sum = 0.0f;
   float dnorm_norm_sum = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float norm = (load(x[base + c]) - m) * s;
-    const float dnorm = load(w[c]) * load(dout[base + c]);
-    dnorm_sum += dnorm;
-    dnorm_norm_sum += dnorm * norm;
+  for (int c = lane * W; c < C; c += 32 * W) {
+    const auto xv = load_pack<W>(x + base + c), dv = load_pack<W>(dout + base + c), wv = load_pack<W>(w + c);
+    for (int k = 0; k < W; ++k) {
+      const float norm = (load(xv.e[k]) - m) * s;
+      const float dnorm = load(wv.e[k]) * load(dv.e[k]);
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += dnorm * norm;
+    }
   }
   const float dnorm_mean = warp_reduce(dnorm_sum, sum_op{}) / static_cast<float>(C);
   const float dnorm_norm_mean = warp_reduce(dnorm_norm_sum, sum_op{}) / static_cast<float>(C);
-  for (int c = lane; c < C; c += 32) {
-    const float norm = (load(x[base + c]) - m) * s;
-    const float dnorm = load(w[c]) * load(dout[base + c]);
-    dx[base + c] = store(load(dx[base + c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+  for (int c = lane * W; c < C; c += 32 * W) {
+    const auto xv = load_pack<W>(x + base + c), dv = load_pack<W>(dout + base + c), wv = load_pack<W>(w + c);
+    auto gv = load_pack<W>(dx + base + c);
+    for (int k = 0; k < W; ++k) {
+      const float norm = (load(xv.e[k]) - m) * s;
+      const float dnorm = load(wv.e[k]) * load(dv.e[k]);
+      gv.e[k] = store(load(gv.e[k]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
+    }
+    store_pack<W>(dx + base + c, gv);
   }
 }
 
-// Block (bx, split): columns [bx * column_threads, +column_threads) over the rows [split * chunk, +chunk) of
-// the split, in ascending order; partials[split * 2C + c] = sum dout * norm, partials[split * 2C + C + c] =
-// sum dout. A split past the last row writes zeros.
+// Block (bx, split): columns [bx * column_threads * W, +column_threads * W), W consecutive ones per thread, over
+// the rows [split * chunk, +chunk) of the split, in ascending order; partials[split * 2C + c] = sum dout * norm,
+// partials[split * 2C + C + c] = sum dout. A split past the last row writes zeros.
+template <int W>
 __global__ void layernorm_backward_partial_kernel(float* __restrict__ partials, const __nv_bfloat16* __restrict__ dout,
                                                   const __nv_bfloat16* __restrict__ x, const float* __restrict__ mean,
                                                   const float* __restrict__ rstd, std::size_t rows, std::size_t C,
                                                   std::size_t chunk) {
-  const std::size_t c = blockIdx.x * static_cast<std::size_t>(column_threads) + threadIdx.x;
+  const std::size_t c = (blockIdx.x * static_cast<std::size_t>(column_threads) + threadIdx.x) * W;
   if (c >= C) {
     return;
   }
   const std::size_t split = blockIdx.y;
   const std::size_t first = split * chunk;
   const std::size_t last = first + chunk < rows ? first + chunk : rows;
-  float sw = 0.0f;
-  float sb = 0.0f;
+  float sw[W] = {};
+  float sb[W] = {};
   for (std::size_t r = first; r < last; ++r) {
-    const float d = load(dout[r * C + c]);
-    const float norm = (load(x[r * C + c]) - mean[r]) * rstd[r];
-    sw += d * norm;
-    sb += d;
+    const auto dv = load_pack<W>(dout + r * C + c), xv = load_pack<W>(x + r * C + c);
+    const float m = mean[r], s = rstd[r];
+    for (int k = 0; k < W; ++k) {
+      const float d = load(dv.e[k]);
+      sw[k] += d * ((load(xv.e[k]) - m) * s);
+      sb[k] += d;
+    }
   }
-  partials[split * 2 * C + c] = sw;
-  partials[split * 2 * C + C + c] = sb;
+  for (int k = 0; k < W; ++k) {
+    partials[split * 2 * C + c + k] = sw[k];
+    partials[split * 2 * C + C + c + k] = sb[k];
+  }
 }
 
 // The same split of rows for a bias: partials[split * cols + c] = sum of dout's column c over the split.
+template <int W>
 __global__ void bias_backward_partial_kernel(float* __restrict__ partials, const __nv_bfloat16* __restrict__ dout,
                                              std::size_t rows, std::size_t cols, std::size_t chunk) {
-  const std::size_t c = blockIdx.x * static_cast<std::size_t>(column_threads) + threadIdx.x;
+  const std::size_t c = (blockIdx.x * static_cast<std::size_t>(column_threads) + threadIdx.x) * W;
   if (c >= cols) {
     return;
   }
   const std::size_t split = blockIdx.y;
   const std::size_t first = split * chunk;
   const std::size_t last = first + chunk < rows ? first + chunk : rows;
-  float s = 0.0f;
+  float sum[W] = {};
   for (std::size_t r = first; r < last; ++r) {
-    s += load(dout[r * cols + c]);
+    const auto dv = load_pack<W>(dout + r * cols + c);
+    for (int k = 0; k < W; ++k) {
+      sum[k] += load(dv.e[k]);
+    }
   }
-  partials[split * cols + c] = s;
+  for (int k = 0; k < W; ++k) {
+    partials[split * cols + c + k] = sum[k];
+  }
 }
 
 // The second pass: dst[c] += sum over the splits k = 0..splits-1 of partials[k * stride + c], in k order.
@@ -491,12 +543,18 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const
   if (rows == 0) {
     return;
   }
-  layernorm_forward_kernel<<<blocks_for_rows(rows), threads, 0, stream>>>(dev(out), mean, rstd, dev(x), dev(w), dev(b),
-                                                                          rows, C);
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks_for_rows(rows), threads, 0, stream>>>(dev(out), mean, rstd, dev(x), dev(w), dev(b), rows, C);
+  };
+  if (pack_width(static_cast<std::size_t>(C), out, x, w, b) == 8) {
+    launch(layernorm_forward_kernel<8>);
+  } else {
+    launch(layernorm_forward_kernel<1>);
+  }
   check_launch();
 }
 
-std::size_t column_sum_workspace_floats(std::size_t rows, std::size_t cols) { return row_splits(rows) * cols; }
+std::size_t column_sum_workspace_floats(std::size_t rows, std::size_t cols) { return row_splits(rows, 8) * cols; }
 
 void layernorm_backward(bf16* dx, float* dw, float* db, float* workspace, const bf16* dout, const bf16* x,
                         const bf16* w, const float* mean, const float* rstd, std::size_t rows, int C,
@@ -505,16 +563,23 @@ void layernorm_backward(bf16* dx, float* dw, float* db, float* workspace, const 
   if (rows == 0) {
     return;
   }
-  layernorm_backward_dx_kernel<<<blocks_for_rows(rows), threads, 0, stream>>>(dev(dx), dev(dout), dev(x), dev(w), mean,
-                                                                              rstd, rows, C);
-  check_launch();
   const auto c = static_cast<std::size_t>(C);
-  const std::size_t splits = row_splits(rows);
+  const std::size_t width = static_cast<std::size_t>(pack_width(c, dx, dout, x, w));
+  const std::size_t splits = row_splits(rows, width);
   const std::size_t chunk = (rows + splits - 1) / splits;
-  const dim3 grid(static_cast<unsigned>((c + column_threads - 1) / column_threads), static_cast<unsigned>(splits));
-  layernorm_backward_partial_kernel<<<grid, column_threads, 0, stream>>>(workspace, dev(dout), dev(x), mean, rstd, rows,
-                                                                         c, chunk);
-  check_launch();
+  const auto launch = [&](auto dx_kernel, auto partial_kernel) {
+    dx_kernel<<<blocks_for_rows(rows), threads, 0, stream>>>(dev(dx), dev(dout), dev(x), dev(w), mean, rstd, rows, C);
+    check_launch();
+    const std::size_t per_block = column_threads * width;
+    const dim3 grid(static_cast<unsigned>((c + per_block - 1) / per_block), static_cast<unsigned>(splits));
+    partial_kernel<<<grid, column_threads, 0, stream>>>(workspace, dev(dout), dev(x), mean, rstd, rows, c, chunk);
+    check_launch();
+  };
+  if (width == 8) {
+    launch(layernorm_backward_dx_kernel<8>, layernorm_backward_partial_kernel<8>);
+  } else {
+    launch(layernorm_backward_dx_kernel<1>, layernorm_backward_partial_kernel<1>);
+  }
   column_finish_kernel<<<grid_for(c, threads), threads, 0, stream>>>(dw, workspace, 2 * c, splits, c);
   check_launch();
   column_finish_kernel<<<grid_for(c, threads), threads, 0, stream>>>(db, workspace + c, 2 * c, splits, c);
@@ -565,10 +630,16 @@ void bias_backward(float* dbias, float* workspace, const bf16* dout, std::size_t
     return;
   }
   const auto c = static_cast<std::size_t>(cols);
-  const std::size_t splits = row_splits(rows);
+  const std::size_t width = static_cast<std::size_t>(pack_width(c, dout));
+  const std::size_t splits = row_splits(rows, width);
   const std::size_t chunk = (rows + splits - 1) / splits;
-  const dim3 grid(static_cast<unsigned>((c + column_threads - 1) / column_threads), static_cast<unsigned>(splits));
-  bias_backward_partial_kernel<<<grid, column_threads, 0, stream>>>(workspace, dev(dout), rows, c, chunk);
+  const std::size_t per_block = column_threads * width;
+  const dim3 grid(static_cast<unsigned>((c + per_block - 1) / per_block), static_cast<unsigned>(splits));
+  if (width == 8) {
+    bias_backward_partial_kernel<8><<<grid, column_threads, 0, stream>>>(workspace, dev(dout), rows, c, chunk);
+  } else {
+    bias_backward_partial_kernel<1><<<grid, column_threads, 0, stream>>>(workspace, dev(dout), rows, c, chunk);
+  }
   check_launch();
   column_finish_kernel<<<grid_for(c, threads), threads, 0, stream>>>(dbias, workspace, c, splits, c);
   check_launch();
