@@ -17,7 +17,10 @@
 #
 # Environment: ZERO_GPT (zero-gpt-cuda), ZERO_ESTIMATE (zero-estimate), OUT, B (1), T (1024), STEPS (4), HEADS (32),
 # HOST_MEMORY (auto-plan's host budget; default the host's available memory less 16 GiB for the rest of the
-# process), NVME_BYTES (default the free space under NVME less 4 GiB), ONLY (a subset of: planned nvme memory).
+# process), GPU_MEMORY (auto-plan's GPU budget, e.g. 72GiB; default the GPU's free memory less the model's
+# activations, which left the 52-block run of 2026-12-06 short: it stopped at 79.04 GB of state and gradients with
+# 0.16 GiB free, about 5.4 GiB of the GPU used outside zero's count), NVME_BYTES (default the free space under NVME
+# less 4 GiB), ONLY (a subset of: planned nvme memory).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -72,7 +75,7 @@ PY
 
 if want planned; then
   run largest_planned "${LAYERS:-52}" --config auto-plan --host-memory "$HOST_MEMORY" --nvme "$NVME_BYTES" \
-    --nvme-path "$NVME" --offload-activations
+    --nvme-path "$NVME" --offload-activations ${GPU_MEMORY:+--gpu-memory "$GPU_MEMORY"}
 fi
 if want nvme; then
   python3 - "$OUT/largest_nvme.json" "$B" "${HOST_RATIO:-0.82}" "$NVME" <<'PY'

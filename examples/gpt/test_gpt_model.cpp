@@ -4,12 +4,14 @@
 #include "gpt_model.hpp"
 #include "test_support.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <doctest/doctest.h>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -197,6 +199,15 @@ TEST_CASE("init_gpt2: GPT-2's statistics, the same values for any slice") {
   std::vector<float> slice(1000);
   gpt::init_gpt2(cfg, qkv, slice, 7, 12345);
   CHECK(std::memcmp(slice.data(), whole.data() + 12345, slice.size() * sizeof(float)) == 0);
+  // The whole tensor's fill runs on the host's threads (1,769,472 elements, above init_elements_per_thread): the
+  // same bits as filling it 4096 elements at a time, each such slice on one thread.
+  static_assert(768 * 2304 > 4 * gpt::init_elements_per_thread);
+  std::vector<float> serial(whole.size());
+  for (std::size_t at = 0; at < serial.size(); at += 4096) {
+    const std::size_t len = std::min<std::size_t>(4096, serial.size() - at);
+    gpt::init_gpt2(cfg, qkv, std::span<float>(serial).subspan(at, len), 7, static_cast<std::int64_t>(at));
+  }
+  CHECK(std::memcmp(serial.data(), whole.data(), whole.size() * sizeof(float)) == 0);
   // Another seed or another tensor of the same shape draws other values.
   std::vector<float> other(1000);
   gpt::init_gpt2(cfg, qkv, other, 8, 12345);
