@@ -10,7 +10,7 @@
 # Arguments: the preset (d12, d24, d36, d48: GPT-2's sizes, vocabulary 50257) and B. Environment: T (default 1024),
 # STEPS (default 20; each program's first steps are its warm-up: zero-gpt and llm.c leave out the first, torch
 # runs 3 more first), OUT (default ./gpu-out), ONLY (a space-separated subset of: llmc zero0 zero3 eager compile
-# fsdp2), ZERO_ARGS (more zero-gpt-cuda flags, e.g. --gemm-epilogues). Needs nvcc and cuBLAS for llm.c (built with NO_MULTI_GPU=1 USE_CUDNN=0; CUDA 13's cudaMemAdvise takes a
+# fsdp2), ZERO_ARGS (more zero-gpt-cuda flags, e.g. --no-gemm-epilogues). Needs nvcc and cuBLAS for llm.c (built with NO_MULTI_GPU=1 USE_CUDNN=0; CUDA 13's cudaMemAdvise takes a
 # cudaMemLocation, patched in the build copy), python3 with torch for the PyTorch rows.
 #
 # Step time: each program's mean step after its warm-up (zero-gpt's own tokens/s; llm.c's printed per-step ms;

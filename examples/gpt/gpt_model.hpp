@@ -194,7 +194,7 @@ inline void init_gpt2(const model_config& cfg, const param_spec& spec, std::span
       out[i] = static_cast<float>(std_dev * detail::normal_at(key, index));
     }
   };
-  // A draw costs about 40 ns: a 10 G-parameter model took 7 minutes on one thread. Large slices are split over
+  // A draw costs 30 to 40 ns: a 10 G-parameter model took 7 minutes on one thread. Large slices are split over
   // the host's threads; each element depends on its index alone, so the values are the same bits.
   const std::size_t n = out.size();
   const std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
