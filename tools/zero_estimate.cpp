@@ -32,6 +32,7 @@
 #include "zero/tools/estimate.hpp"
 #include "zero/tools/estimate_json.hpp"
 #include "zero/tools/plan.hpp"
+#include "zero/tools/step_model.hpp"
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -62,7 +63,86 @@ struct plan_args {
   bool plan = false;
   std::optional<std::string> gpu_memory, host_memory, nvme, rates_file, nvme_path;
   std::string probe_size = "256MiB";
+  // The step at --nodes x --gpus-per-node GPUs (zero/tools/step_model.hpp): with --inter-node-gbps.
+  std::optional<double> inter_node_gbps;
+  double intra_node_gbs = 360, forward_ms = 0, backward_ms = 0, overlap = 0;
 };
+
+/// --inter-node-gbps: the predicted step of each communication setting at --nodes x --gpus-per-node GPUs beside
+/// its GPU memory (the estimate's row, hpZ's secondary partition included), and the fastest that fits
+/// --gpu-memory: its config block (the estimate's row at its stage without offload, with its ZeRO++ or HSDP
+/// keys), or null when none fits.
+nlohmann::json print_step_model(const plan_args& a, const zero::tools::memory_budget& budget,
+                                const zero::tools::machine_rates& rates, const zero::tools::estimate_options& o) {
+  namespace zt = zero::tools;
+  zt::cluster_shape c;
+  c.nodes = static_cast<int>(o.nodes);
+  c.gpus_per_node = static_cast<int>(o.gpus_per_node);
+  c.intra.bus_bytes_per_s = a.intra_node_gbs * 1e9;
+  c.inter.bus_bytes_per_s = *a.inter_node_gbps * 1e9 / 8;
+  zt::step_inputs in;
+  in.params = o.params;
+  in.modules = o.largest_layer_params > 0 ? (o.params + o.largest_layer_params - 1) / o.largest_layer_params : 1;
+  in.bucket_elements = o.reduce_bucket_size;
+  in.param_bytes = static_cast<double>(zero::size_of(o.param_dtype));
+  in.grad_bytes = static_cast<double>(zero::size_of(o.grad_dtype.value_or(o.param_dtype)));
+  in.forward_s = a.forward_ms * 1e-3;
+  in.backward_s = a.backward_ms * 1e-3;
+  in.device_adamw = rates.device_adamw;
+  // GPU bytes of the estimate's row without offload at the setting's stage (and hpZ's, or HSDP's shard group).
+  auto gpu_bytes = [&](const zt::comm_setting& s) {
+    zt::estimate_options m = o;
+    if (s.hpz) {
+      m.hpz_partition_size = o.gpus_per_node;
+    }
+    if (s.hsdp) {
+      m.nodes = 1;
+    }
+    for (const auto& r : zt::estimate_memory(m)) {
+      if (r.stage == s.stage && r.offload_optimizer == zero::offload_device::none &&
+          r.offload_param == zero::offload_device::none) {
+        return r.gpu_bytes_per_rank;
+      }
+    }
+    return std::int64_t{0};
+  };
+  std::cout << "\npredicted step at " << c.nodes << " x " << c.gpus_per_node << " GPUs (zero/tools/step_model.hpp; "
+            << *a.inter_node_gbps << " Gb/s between nodes, " << a.intra_node_gbs << " GB/s inside; forward "
+            << a.forward_ms << " ms and backward " << a.backward_ms << " ms on one GPU"
+            << (a.forward_ms + a.backward_ms > 0 ? "" : ", not given: communication and optimizer only") << "; "
+            << a.overlap << " of the communication hidden):\n";
+  std::optional<zt::comm_setting> chosen;
+  double best = 0;
+  for (const auto& s : zt::predicted_settings(c)) {
+    const auto p = zt::predict_step(s, in, c, a.overlap);
+    const std::int64_t bytes = gpu_bytes(s);
+    const bool fits = bytes <= budget.device_bytes;
+    if (fits && (!chosen || p.step < best)) {
+      chosen = s;
+      best = p.step;
+    }
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "  %-34s %9.1f ms (compute %.1f, AdamW %.1f, collectives %.1f); %.2f GB leave each node; %s%s\n",
+                  s.name().c_str(), p.step * 1e3, p.compute * 1e3, p.optimizer * 1e3, p.communication * 1e3,
+                  p.node_egress_bytes / 1e9, gib(bytes).c_str(), fits ? "" : " per GPU, does not fit");
+    std::cout << line;
+  }
+  std::cout << (chosen ? "fastest that fits: " + chosen->name() : "none fits --gpu-memory without offload")
+            << " (predictions, not measurements)\n";
+  if (!chosen) {
+    return nullptr;
+  }
+  for (const auto& r : zt::estimate_memory(o)) {
+    if (r.stage == chosen->stage && r.offload_optimizer == zero::offload_device::none &&
+        r.offload_param == zero::offload_device::none) {
+      auto block = zt::plan_config_block(r, o, "");
+      block["zero_optimization"].merge_patch(zt::comm_setting_keys(*chosen, c));
+      return block;
+    }
+  }
+  return nullptr;
+}
 
 /// --plan's budgets and probe size from its options, checked before anything is printed or measured.
 /// \throws usage_error naming the option and what it expects.
@@ -125,8 +205,14 @@ int run_plan(const plan_args& a, const zero::tools::memory_budget& budget, const
             << "\nrates (" << source << "):\n"
             << zero::tools::rates_text(rates, "  ") << "\n"
             << zero::tools::plan_table(plan);
+  nlohmann::json step_block = a.inter_node_gbps ? print_step_model(a, budget, rates, o) : nlohmann::json();
   nlohmann::json block;
-  if (plan.chosen) {
+  if (!step_block.is_null()) {
+    // The step model's choice among the settings without offload that fit.
+    block = step_block;
+    std::cout << "\nDeepSpeed config block of the fastest predicted setting (merge into ds_config.json):\n"
+              << block.dump(2) << "\n";
+  } else if (plan.chosen) {
     block = zero::tools::plan_config_block(plan.ranked[*plan.chosen].row, o, nvme_path);
     std::cout << "\nDeepSpeed config block (merge into ds_config.json):\n" << block.dump(2) << "\n";
   } else {
@@ -138,7 +224,7 @@ int run_plan(const plan_args& a, const zero::tools::memory_budget& budget, const
     j["plan"] = {{"config", block}, {"rates", zero::tools::rates_json(rates)}};
     std::cout << j.dump() << "\n";
   }
-  return plan.chosen ? 0 : 1;
+  return plan.chosen || !step_block.is_null() ? 0 : 1;
 }
 
 } // namespace
@@ -259,6 +345,26 @@ int main(int argc, char** argv) {
   plans->add_option("--probe-size", plan.probe_size, "bytes each rate probe moves when measuring now")
       ->capture_default_str()
       ->needs(plan_opt);
+  auto* inter_opt = plans
+                        ->add_option("--inter-node-gbps", plan.inter_node_gbps,
+                                     "a node's network bandwidth in Gb/s: print each communication setting's predicted "
+                                     "step at --nodes x --gpus-per-node GPUs (zero/tools/step_model.hpp)")
+                        ->needs(plan_opt)
+                        ->check(CLI::PositiveNumber);
+  plans->add_option("--intra-node-gbs", plan.intra_node_gbs, "NCCL's bus bandwidth inside a node, GB/s")
+      ->capture_default_str()
+      ->needs(inter_opt)
+      ->check(CLI::PositiveNumber);
+  plans->add_option("--forward-ms", plan.forward_ms, "one GPU's forward without communication, per step")
+      ->needs(inter_opt)
+      ->check(CLI::NonNegativeNumber);
+  plans->add_option("--backward-ms", plan.backward_ms, "one GPU's backward without communication, per step")
+      ->needs(inter_opt)
+      ->check(CLI::NonNegativeNumber);
+  plans->add_option("--overlap", plan.overlap, "share of the communication hidden behind forward and backward")
+      ->capture_default_str()
+      ->needs(inter_opt)
+      ->check(CLI::Range(0.0, 1.0));
   // A config sets these itself.
   for (const char* name :
        {"--dtype", "--grad-dtype", "--reduce-bucket-size", "--allgather-bucket-size", "--prefetch-bucket-size",
