@@ -148,7 +148,10 @@ struct cuda_runtime {
 
   /// --config auto-plan's default device budget: GPU 0's free memory less what the model's activations and
   /// workspaces take (measured by making the model once; with `checkpoint`, a checkpointing one whose block
-  /// inputs stay on the device, the most it keeps).
+  /// inputs stay on the device, the most it keeps) and less zero_gpt's fp32 gradient scratch (wte's and the
+  /// largest module's gradients, `gradient_scratch_layout`), which the 16-bit gradients of stages 1-3 use (at
+  /// stage 0, whose gradients are fp32, the budget is that much too small). The 52-block, 4096-wide run
+  /// planned without the scratch, 1.52 GiB of it, and stopped short on the GPU.
   static std::int64_t plan_device_bytes(const model_config& cfg, int batch, bool checkpoint) {
     ZERO_CHECK_CUDA(cudaSetDevice(0));
     std::size_t activations = 0;
@@ -164,9 +167,10 @@ struct cuda_runtime {
       }
       ZERO_CHECK_CUDA(cudaStreamDestroy(s));
     }
+    const std::size_t taken = activations + gradient_scratch_layout(parameters(cfg)).floats * sizeof(float);
     std::size_t free = 0, total = 0;
     ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
-    return static_cast<std::int64_t>(free > activations ? free - activations : 0);
+    return static_cast<std::int64_t>(free > taken ? free - taken : 0);
   }
   /// The rates --config auto-plan ranks its candidates by, measured now on GPU 0, the host (and `nvme`).
   static zero::tools::machine_rates plan_rates(const std::optional<std::filesystem::path>& nvme) {

@@ -40,6 +40,28 @@ struct math_options {
   bool gemm_epilogues = false;
 };
 
+/// Where zero_gpt's fp32 gradient scratch for 16-bit gradients puts each tensor's gradient: wte's region first
+/// (it lives across wte's two uses), then one module's tensors at a time from the end of it; and its floats.
+struct scratch_layout {
+  std::vector<std::size_t> at; ///< the offset of tensor k's region (0 for wte)
+  std::size_t floats = 0;      ///< wte's elements plus the largest module's
+};
+[[nodiscard]] inline scratch_layout gradient_scratch_layout(const std::vector<param_spec>& specs) {
+  scratch_layout out;
+  out.at.assign(specs.size(), 0);
+  std::size_t module = 0, largest = 0;
+  for (std::size_t k = 1; k < specs.size(); ++k) {
+    if (k == 2 || (k > 2 && specs[k].block != specs[k - 1].block)) {
+      module = 0; // a new module: its tensors start the region again
+    }
+    out.at[k] = static_cast<std::size_t>(specs[0].numel()) + module;
+    module += static_cast<std::size_t>(specs[k].numel());
+    largest = std::max(largest, module);
+  }
+  out.floats = static_cast<std::size_t>(specs.empty() ? 0 : specs[0].numel()) + largest;
+  return out;
+}
+
 template <> struct math_traits<cpu_model> {
   using param_type = float;
   using block_params_type = block_params;
@@ -106,19 +128,10 @@ public:
       handles_.push_back(eng.add_param(m, s.name, s.shape, o));
     }
     floats_.resize(specs_.size());
-    // The fp32 gradient scratch for 16-bit gradients: wte's region first, then one module's tensors at a time.
-    std::size_t module = 0, largest = 0;
-    scratch_at_.assign(specs_.size(), 0);
-    for (std::size_t k = 1; k < specs_.size(); ++k) {
-      if (k == 2 || (k > 2 && specs_[k].block != specs_[k - 1].block)) {
-        module = 0; // a new module: its tensors start the region again
-      }
-      scratch_at_[k] = static_cast<std::size_t>(specs_[0].numel()) + module;
-      module += static_cast<std::size_t>(specs_[k].numel());
-      largest = std::max(largest, module);
-    }
+    auto layout = gradient_scratch_layout(specs_);
+    scratch_at_ = std::move(layout.at);
     if (eng.cfg().grad_accum_dtype != zero::dtype::f32) {
-      scratch_.emplace_back(static_cast<std::size_t>(specs_[0].numel()) + largest);
+      scratch_.emplace_back(layout.floats);
     }
     live_.assign(specs_.size(), false);
   }

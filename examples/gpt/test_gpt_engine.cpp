@@ -67,3 +67,20 @@ TEST_CASE("stage 3 gathers the tied wte exactly for its uses: its module three t
     CHECK(kept.prefetch_wasted == 0);
   }
 }
+
+TEST_CASE("gradient_scratch_layout: wte's region, then one module's tensors at a time") {
+  // What --config auto-plan takes off the GPU's budget besides the activations (gpt_cuda_engine.hpp).
+  const auto cfg = gpt::model_config::preset("d12");
+  const auto specs = gpt::parameters(cfg);
+  const auto l = gpt::gradient_scratch_layout(specs);
+  const std::size_t wte = 50257u * 768, block = 12u * 768 * 768 + 13u * 768;
+  CHECK(l.floats == wte + block); // the blocks are the largest modules
+  CHECK(l.at[0] == 0);
+  CHECK(l.at[1] == wte); // wpe, the embedding module's second tensor
+  // Block 0 starts the region again, its tensors one after another; block 1 starts over; ln_f's bias follows
+  // its weight.
+  CHECK(l.at[2] == wte);
+  CHECK(l.at[3] == wte + static_cast<std::size_t>(specs[2].numel()));
+  CHECK(l.at[2 + 12] == wte);
+  CHECK(l.at.back() == wte + 768);
+}

@@ -108,7 +108,9 @@ std::map<std::pair<std::string, std::string>, double> model_bytes(const zt::comm
 
 void check_same(const std::map<std::pair<std::string, std::string>, double>& engine,
                 const std::map<std::pair<std::string, std::string>, double>& model, double tolerance) {
-  for (const auto& [key, bytes] : model) {
+  for (const auto& entry : model) {
+    const auto& key = entry.first;
+    const double bytes = entry.second;
     INFO(key.first, " ", key.second);
     REQUIRE(engine.count(key) == 1);
     if (tolerance == 0) {
@@ -119,7 +121,9 @@ void check_same(const std::map<std::pair<std::string, std::string>, double>& eng
   }
   // What the model leaves out is the step's scalars: the gradient norm's and the overflow flag's all-reduces, a
   // few doubles.
-  for (const auto& [key, bytes] : engine) {
+  for (const auto& entry : engine) {
+    const auto& key = entry.first;
+    const double bytes = entry.second;
     INFO(key.first, " ", key.second, " ", bytes);
     CHECK((model.count(key) == 1 || (key.second == "all_reduce" && bytes <= 64)));
   }
