@@ -18,9 +18,10 @@
 # Environment: ZERO_GPT (zero-gpt-cuda), ZERO_ESTIMATE (zero-estimate), OUT, B (1), T (1024), STEPS (4), HEADS (32),
 # HOST_MEMORY (auto-plan's host budget; default the host's available memory less 16 GiB for the rest of the
 # process), GPU_MEMORY (auto-plan's GPU budget, e.g. 72GiB; default the GPU's free memory less the model's
-# activations, which left the 52-block run of 2026-12-06 short: it stopped at 79.04 GB of state and gradients with
-# 0.16 GiB free, about 5.4 GiB of the GPU used outside zero's count), NVME_BYTES (default the free space under NVME
-# less 4 GiB), ONLY (a subset of: planned nvme memory).
+# activations and the example's gradient scratch: the 52-block run of 2026-12-06, planned without the scratch,
+# stopped at 79.04 GB of state and gradients with 0.16 GiB free, about 5.4 GiB of the GPU used outside zero's
+# count, 1.52 GiB of it the scratch), NVME_BYTES (default the free space under NVME less 4 GiB), ONLY (a subset
+# of: planned nvme memory).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}
