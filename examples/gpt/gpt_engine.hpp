@@ -147,21 +147,21 @@ public:
   /// scaled by `grad_scale`: the loss scale over the tokens of the global batch). \returns the summed token loss.
   double run(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, bool train, float grad_scale) {
     {
-      auto on = eng_.gather(embed_);
+      auto on = gather(embed_);
       math_.embed_forward(param(0), param(1), inputs, B, T);
     }
     for (int l = 0; l < cfg_.layers; ++l) {
-      auto on = eng_.gather(blocks_[static_cast<std::size_t>(l)]);
+      auto on = gather(blocks_[static_cast<std::size_t>(l)]);
       math_.block_forward(l, traits::block_params_type::from(block_inputs(l)));
     }
     double loss = 0;
     {
-      auto on = eng_.gather(final_);
+      auto on = gather(final_);
       math_.final_forward(param(last() - 1), param(last()));
     }
     {
       // The head reads wte: the embedding's module again (stage 3 gathers it for its second use).
-      auto on = eng_.gather(embed_);
+      auto on = gather(embed_);
       loss = math_.head_forward_loss(param(0), targets, grad_scale, train);
       if (train) {
         math_.head_backward(param(0), grad(0));
@@ -171,13 +171,13 @@ public:
       return loss;
     }
     {
-      auto on = eng_.gather(final_);
+      auto on = gather(final_);
       math_.final_backward(param(last() - 1), grad(last() - 1), grad(last()));
       done(last() - 1);
       done(last());
     }
     for (int l = cfg_.layers; l-- > 0;) {
-      auto on = eng_.gather(blocks_[static_cast<std::size_t>(l)]);
+      auto on = gather(blocks_[static_cast<std::size_t>(l)]);
       const auto first = block_first(l);
       std::vector<float*> g;
       for (std::size_t k = 0; k < block_tensor_count; ++k) {
@@ -189,7 +189,7 @@ public:
       }
     }
     {
-      auto on = eng_.gather(embed_);
+      auto on = gather(embed_);
       math_.embed_backward(inputs, grad(0), grad(1));
       done(0); // wte: the head's use and the embedding's, summed
       done(1);
@@ -226,6 +226,18 @@ public:
   [[nodiscard]] zero::param_handle handle(std::size_t k) const { return handles_[k]; }
 
 private:
+  /// Starts `what` in the math's profile, where the math keeps one (the engine's work on the math's stream between
+  /// its operations; otherwise it counts as "outside the model").
+  void mark(const char* what) {
+    if constexpr (requires { math_.mark(what); }) {
+      math_.mark(what);
+    }
+  }
+  /// The engine's gather of `module`, marked in the profile.
+  auto gather(int module) {
+    mark("engine: gather");
+    return eng_.gather(module);
+  }
   std::size_t last() const { return specs_.size() - 1; }
   std::size_t block_first(int l) const { return 2 + static_cast<std::size_t>(l) * block_tensor_count; }
   std::size_t index_of(const std::string& name) const {
@@ -269,6 +281,7 @@ private:
     }
     float* s = scratch_.front().data() + scratch_at_[k];
     if (!live_[k]) {
+      mark("engine: gradient scratch zeroed");
       traits::zero(eng_, s, static_cast<std::size_t>(specs_[k].numel()));
       live_[k] = true;
     }
@@ -277,10 +290,12 @@ private:
   /// Tensor `k`'s gradient is final for this micro-step.
   void done(std::size_t k) {
     if (live_[k]) {
+      mark("engine: gradients into 16-bit");
       traits::add(eng_, eng_.grad(handles_[k]), scratch_.front().data() + scratch_at_[k],
                   static_cast<std::size_t>(specs_[k].numel()));
       live_[k] = false;
     }
+    mark("engine: grad_ready");
     eng_.grad_ready(handles_[k]);
   }
 
