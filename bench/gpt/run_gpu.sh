@@ -47,11 +47,12 @@ if want build || want tests; then
   echo "example.gpt.cuda rc=$?"; grep -E "ERROR|FAILED|CHECK|status|assertions" "$OUT/cuda_tests.log" | head -40
 fi
 if want sanitize; then
-  # compute-sanitizer on the fused attention's and the activation store's test cases: memcheck on both, racecheck
-  # and synccheck (shared memory, barriers) on the attention's.
+  # compute-sanitizer on the fused attention's, the activation store's and the whole model's test cases (the last
+  # runs the cross-entropy, LayerNorm and bias kernels at widths of whole 16-byte packs and the epilogues' GEMMs):
+  # memcheck on all, racecheck and synccheck (shared memory, barriers) on the attention and the whole model.
   for tool in memcheck racecheck synccheck; do
-    cases="*fused attention*"
-    [[ $tool == memcheck ]] && cases="*fused attention*,*activation checkpointing*"
+    cases="*fused attention*,*match cpu_model within*"
+    [[ $tool == memcheck ]] && cases="*fused attention*,*activation checkpointing*,*match cpu_model within*,*epilogues*"
     timeout ${SANITIZE_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 $build/examples/gpt/zero_gpt_cuda_tests \
       -tc="$cases" > "$OUT/sanitize_$tool.log" 2>&1
     echo "compute-sanitizer $tool rc=$?"; grep -E "ERROR SUMMARY|assertions" "$OUT/sanitize_$tool.log" | tail -2
