@@ -569,6 +569,13 @@ TEST_SUITE("gpu") {
     check_against_cpu(odd, 2, 16, gpt::attention_path::materialized);
   }
 
+  TEST_CASE("cuda_model: widths that are not a multiple of 8 take the one-element kernels and match cpu_model") {
+    // C = 60 and 3C = 180 are not whole 16-byte packs: LayerNorm and the c_attn and c_proj bias gradients run
+    // their W = 1 kernels (c_fc's 4C = 240 its W = 8 one); head size 20 goes the materialized way.
+    const gpt::model_config cfg{.vocab = 253, .seq = 16, .layers = 2, .heads = 3, .d_model = 60};
+    check_against_cpu(cfg, 2, 16, gpt::attention_path::materialized);
+  }
+
   TEST_CASE("cuda_model: activation checkpointing gives the same bits, its checkpoints on the device or the host") {
     // Six blocks, so that two output slots and a ring of two hold less than six block inputs.
     const gpt::model_config cfg{.vocab = 253, .seq = 32, .layers = 6, .heads = 2, .d_model = 64};
