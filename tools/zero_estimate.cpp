@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -89,7 +90,17 @@ nlohmann::json print_step_model(const plan_args& a, const zero::tools::memory_bu
   in.forward_s = a.forward_ms * 1e-3;
   in.backward_s = a.backward_ms * 1e-3;
   in.device_adamw = rates.device_adamw;
-  // GPU bytes of the estimate's row without offload at the setting's stage (and hpZ's, or HSDP's shard group).
+  // The estimate's row without offload at `stage` (estimate_memory has one for every stage).
+  auto in_memory_row = [](const zt::estimate_options& m, int stage) {
+    for (const auto& r : zt::estimate_memory(m)) {
+      if (r.stage == stage && r.offload_optimizer == zero::offload_device::none &&
+          r.offload_param == zero::offload_device::none) {
+        return r;
+      }
+    }
+    throw std::logic_error(cat("zero-estimate: no row without offload at stage ", std::to_string(stage)));
+  };
+  // GPU bytes of the setting's row (with hpZ's secondary partition, or over HSDP's shard group, a node).
   auto gpu_bytes = [&](const zt::comm_setting& s) {
     zt::estimate_options m = o;
     if (s.hpz) {
@@ -98,13 +109,7 @@ nlohmann::json print_step_model(const plan_args& a, const zero::tools::memory_bu
     if (s.hsdp) {
       m.nodes = 1;
     }
-    for (const auto& r : zt::estimate_memory(m)) {
-      if (r.stage == s.stage && r.offload_optimizer == zero::offload_device::none &&
-          r.offload_param == zero::offload_device::none) {
-        return r.gpu_bytes_per_rank;
-      }
-    }
-    return std::int64_t{0};
+    return in_memory_row(m, s.stage).gpu_bytes_per_rank;
   };
   std::cout << "\npredicted step at " << c.nodes << " x " << c.gpus_per_node << " GPUs (zero/tools/step_model.hpp; "
             << *a.inter_node_gbps << " Gb/s between nodes, " << a.intra_node_gbs << " GB/s inside; forward "
@@ -133,15 +138,9 @@ nlohmann::json print_step_model(const plan_args& a, const zero::tools::memory_bu
   if (!chosen) {
     return nullptr;
   }
-  for (const auto& r : zt::estimate_memory(o)) {
-    if (r.stage == chosen->stage && r.offload_optimizer == zero::offload_device::none &&
-        r.offload_param == zero::offload_device::none) {
-      auto block = zt::plan_config_block(r, o, "");
-      block["zero_optimization"].merge_patch(zt::comm_setting_keys(*chosen, c));
-      return block;
-    }
-  }
-  return nullptr;
+  auto block = zt::plan_config_block(in_memory_row(o, chosen->stage), o, "");
+  block["zero_optimization"].merge_patch(zt::comm_setting_keys(*chosen, c));
+  return block;
 }
 
 /// --plan's budgets and probe size from its options, checked before anything is printed or measured.

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -143,6 +144,12 @@ struct step_prediction {
 };
 
 namespace detail {
+/// `v` in %g's form, for messages.
+inline std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 inline void require_model(bool ok, const std::string& what) {
   if (!ok) {
     throw usage_error("step model: " + what);
@@ -172,9 +179,13 @@ inline void require_model(bool ok, const std::string& what) {
                                                                   std::to_string(c.nodes) + " and " +
                                                                   std::to_string(c.gpus_per_node));
   detail::require_model(c.intra.bus_bytes_per_s > 0 && c.inter.bus_bytes_per_s > 0,
-                        "the intra- and inter-node bandwidths must be positive");
+                        "the intra- and inter-node bandwidths must be positive, found " +
+                            detail::num(c.intra.bus_bytes_per_s) + " and " + detail::num(c.inter.bus_bytes_per_s) +
+                            " bytes/s");
   detail::require_model(c.intra.hop_latency_s >= 0 && c.inter.hop_latency_s >= 0 && c.call_latency_s >= 0,
-                        "latencies must not be negative");
+                        "latencies must not be negative, found hops of " + detail::num(c.intra.hop_latency_s) +
+                            " and " + detail::num(c.inter.hop_latency_s) + " s and calls of " +
+                            detail::num(c.call_latency_s) + " s");
   const int n = group_size(x.group, c, hsdp);
   if (n <= 1 || x.bytes <= 0) {
     return 0;
@@ -217,7 +228,9 @@ inline void require_model(bool ok, const std::string& what) {
   detail::require_model(in.params > 0 && in.modules >= 1 && in.bucket_elements >= 1 && in.kept_for_backward >= 0 &&
                             in.kept_for_backward < in.params,
                         "the model needs params > 0, modules >= 1, bucket_elements >= 1 and 0 <= kept_for_backward "
-                        "< params");
+                        "< params, found " +
+                            std::to_string(in.params) + ", " + std::to_string(in.modules) + ", " +
+                            std::to_string(in.bucket_elements) + " and " + std::to_string(in.kept_for_backward));
   const auto psi = static_cast<double>(in.params);
   const double buckets = std::ceil(psi / static_cast<double>(in.bucket_elements));
   const double modules = static_cast<double>(in.modules);
@@ -269,7 +282,7 @@ inline void require_model(bool ok, const std::string& what) {
 [[nodiscard]] inline step_prediction predict_step(const comm_setting& s, const step_inputs& in, const cluster_shape& c,
                                                   double overlap = 0) {
   detail::require_model(overlap >= 0 && overlap <= 1,
-                        "overlap " + std::to_string(overlap) + "; expected a share in [0, 1]");
+                        "overlap " + detail::num(overlap) + "; expected a share in [0, 1]");
   detail::require_model(in.forward_s >= 0 && in.backward_s >= 0 && in.device_adamw >= 0,
                         "forward, backward and the AdamW rate must not be negative");
   step_prediction p;
