@@ -230,8 +230,7 @@ public:
     GPT_CHECK_CUBLAS(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
 
     // wte_padded_'s rows [V, Vp) stay zero, so the logits' padding columns come out of the head's GEMM as zeros
-    // (and add nothing to its input gradient's).
-    ZERO_CHECK_CUDA(cudaMemsetAsync(logits_.data(), 0, logits_.bytes(), stream_));
+    // (and add nothing to its input gradient's); the GEMM writes every column of the logits it uses.
     ZERO_CHECK_CUDA(cudaMemsetAsync(wte_padded_.data(), 0, wte_padded_.bytes(), stream_));
     ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
   }
@@ -364,7 +363,7 @@ public:
     upload(targets, n, targets_host_, targets_, targets_done_.get());
     // logits[n, Vp] = lnf[n, C] · wte_paddedᵀ (wte [V, C] and Vp - V zero rows): columns [V, Vp) are zeros.
     op("lm head gemm");
-    pad_wte(wte);
+    pad_wte(wte, true);
     gemm(false, true, static_cast<int>(n), vp, c, 1.0f, lnf_.data(), c, wte_padded_.data(), c, 0.0f, logits_.data(),
          CUDA_R_16BF, vp);
     op("cross-entropy");
@@ -402,7 +401,8 @@ public:
   }
 
   /// The head's backward: d_wte += dlogitsᵀ · ln_f(x) (fp32), and the gradient of ln_f(x) kept for
-  /// final_backward. @param wte [V, C] device bf16; @param d_wte [V, C] device fp32, added into
+  /// final_backward. @param wte [V, C] device bf16, unchanged since head_forward_loss where it is the same pointer
+  /// (the model's padded copy of it is reused then); @param d_wte [V, C] device fp32, added into
   /// @throws std::logic_error unless the last head_forward_loss ran with train = true.
   void head_backward(const zero::bf16* wte, float* d_wte) {
     if (!have_dlogits_) {
@@ -412,7 +412,7 @@ public:
     // dln[n, C] = dlogits[n, Vp] · wte_padded[Vp, C] (the padding's products are zeros); dln holds d ln_f(x) until
     // final_backward.
     op("lm head dgrad");
-    pad_wte(wte);
+    pad_wte(wte, false);
     gemm(false, false, n, c, vp, 1.0f, logits_.data(), vp, wte_padded_.data(), c, 0.0f, dln_.data(), CUDA_R_16BF, c);
     // d_wte[V, C] += dlogits[n, V]ᵀ · lnf[n, C] in two products, as an odd M costs cuBLAS what an odd N does: the
     // rows of whole 128-row tiles, then the V % 128 others.
@@ -552,10 +552,15 @@ private:
   // the caller's and stays unpadded: the head's two GEMMs read wte_padded_, a copy with Vp - V zero rows.
   [[nodiscard]] std::size_t Vp() const { return (V() + 127) / 128 * 128; }
 
-  // wte_padded_'s rows [0, V) = wte (77 MB for the d12: 0.05 ms); its rows [V, Vp) are zeros from the start.
-  void pad_wte(const zero::bf16* wte) {
+  // wte_padded_'s rows [0, V) = wte (77 MB for the d12: 0.05 ms), unless they already hold this pass's copy of
+  // the same pointer (head_backward after head_forward_loss); its rows [V, Vp) are zeros from the start.
+  void pad_wte(const zero::bf16* wte, bool new_pass) {
+    if (!new_pass && wte == padded_from_) {
+      return;
+    }
     ZERO_CHECK_CUDA(
         cudaMemcpyAsync(wte_padded_.data(), wte, V() * C() * sizeof(zero::bf16), cudaMemcpyDeviceToDevice, stream_));
+    padded_from_ = wte;
   }
   [[nodiscard]] std::size_t rows() const { return static_cast<std::size_t>(B_) * static_cast<std::size_t>(T_); }
 
@@ -955,6 +960,7 @@ private:
   device_buffer<zero::bf16> lnf_, logits_;
   // The tied wte [V, C] copied before each of the head's GEMMs into Vp rows, the last Vp - V zeros (see Vp()).
   device_buffer<zero::bf16> wte_padded_;
+  const zero::bf16* padded_from_ = nullptr; // the wte this pass's copy came from
   device_buffer<float> lnf_mean_, lnf_rstd_, losses_;
   device_buffer<double> loss_;
   // The backward's scratch: the residual stream's gradient, a LayerNorm output's gradient, attention output's,

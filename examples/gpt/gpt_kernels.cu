@@ -36,6 +36,8 @@ __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat1
 
 __nv_bfloat16* dev(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
+const __nv_bfloat16* dev(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
+
 // W consecutive bf16 read or written in one access (W = 8: 16 bytes), for the row and column kernels: they run
 // with W = 8 where the row length is a multiple of 8 and the pointers 16-byte aligned, W = 1 otherwise.
 template <int W> struct alignas(2 * W) bf16_pack { __nv_bfloat16 e[W]; };
@@ -50,7 +52,6 @@ template <class... P> int pack_width(std::size_t cols, const P*... ptrs) {
   const bool aligned = ((reinterpret_cast<std::uintptr_t>(ptrs) % 16 == 0) && ...);
   return aligned && cols % 8 == 0 ? 8 : 1;
 }
-const __nv_bfloat16* dev(const bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 
 struct sum_op {
   template <class T> __device__ T operator()(T a, T b) const { return a + b; }
@@ -346,6 +347,15 @@ __device__ __forceinline__ void softmax_combine(float& m, float& d, float m2, fl
   d = a + b;
 }
 
+// The warp's pairs combined by a butterfly: every lane ends with the same bits.
+__device__ __forceinline__ void warp_softmax_combine(float& m, float& d) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float d2 = __shfl_xor_sync(0xffffffffu, d, offset);
+    softmax_combine(m, d, m2, d2);
+  }
+}
+
 // One warp per row; row i is query position t = i % T of matrix i / T. Online: each lane keeps the maximum of
 // its scaled scores and the sum of exp relative to it, rescaling the sum when the maximum grows.
 __global__ void causal_softmax_forward_kernel(__nv_bfloat16* __restrict__ probs, const float* __restrict__ scores,
@@ -368,11 +378,7 @@ __global__ void causal_softmax_forward_kernel(__nv_bfloat16* __restrict__ probs,
       d += expf(v - m);
     }
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float d2 = __shfl_xor_sync(0xffffffffu, d, offset);
-    softmax_combine(m, d, m2, d2);
-  }
+  warp_softmax_combine(m, d);
   const float inv = 1.0f / d; // s = 0 is in every row, so d >= 1
   __nv_bfloat16* p = probs + row * static_cast<std::size_t>(T);
   for (int j = lane; j < T; j += 32) {
@@ -405,11 +411,7 @@ __global__ void causal_softmax_backward_kernel(__nv_bfloat16* __restrict__ dscor
 // then the warps' pairs in warp order. Every thread gets the same bits; `sm` and `sd` are 32 floats of shared
 // memory each, reusable after the call.
 __device__ void block_softmax_combine(float& m, float& d, float* sm, float* sd) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float d2 = __shfl_xor_sync(0xffffffffu, d, offset);
-    softmax_combine(m, d, m2, d2);
-  }
+  warp_softmax_combine(m, d);
   if (threadIdx.x % 32 == 0) {
     sm[threadIdx.x / 32] = m;
     sd[threadIdx.x / 32] = d;
@@ -671,8 +673,12 @@ void causal_softmax_backward(bf16* dscores, const bf16* probs, const float* dpro
 void cross_entropy(bf16* logits, float* losses, const std::int32_t* targets, std::size_t rows, int V, std::size_t ld,
                    float grad_scale, bool train, cudaStream_t stream) {
   require(V > 0 && ld >= static_cast<std::size_t>(V), "cross_entropy: need 0 < V <= ld");
-  require(ld % logits_per_load == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0,
-          "cross_entropy: the rows must start on 16 bytes (ld a multiple of 8, the logits 16-byte aligned)");
+  if (ld % logits_per_load != 0 || reinterpret_cast<std::uintptr_t>(logits) % 16 != 0) {
+    throw zero::usage_error("gpt kernels: cross_entropy: ld " + std::to_string(ld) + ", the logits " +
+                            std::to_string(reinterpret_cast<std::uintptr_t>(logits) % 16) +
+                            " bytes past 16-byte alignment; expected ld a multiple of 8 and 16-byte aligned logits "
+                            "(the rows are read 16 bytes at a time)");
+  }
   if (rows == 0) {
     return;
   }
