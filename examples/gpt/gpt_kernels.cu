@@ -293,16 +293,40 @@ __global__ void bias_backward_partial_kernel(float* __restrict__ partials, const
   }
 }
 
-// The second pass: dst[c] += sum over the splits k = 0..splits-1 of partials[k * stride + c], in k order.
+// The second pass: dst[c] += the sum over the splits k = 0..splits-1 of partials[k * stride + c]. A block takes
+// finish_columns columns; its finish_groups rows of threads each sum the splits k = g, g + finish_groups, ... in
+// that order, then the first row adds the groups' sums in group order: an order fixed by `splits` alone, with
+// finish_groups loads in flight per column instead of one.
+constexpr int finish_columns = 32;
+constexpr int finish_groups = 8;
 __global__ void column_finish_kernel(float* __restrict__ dst, const float* __restrict__ partials, std::size_t stride,
                                      std::size_t splits, std::size_t cols) {
-  GPT_GRID_STRIDE(c, cols) {
-    float s = 0.0f;
-    for (std::size_t k = 0; k < splits; ++k) {
+  __shared__ float sums[finish_groups][finish_columns];
+  const std::size_t c = blockIdx.x * static_cast<std::size_t>(finish_columns) + threadIdx.x;
+  float s = 0.0f;
+  if (c < cols) {
+    for (std::size_t k = threadIdx.y; k < splits; k += finish_groups) {
       s += partials[k * stride + c];
     }
-    dst[c] += s;
   }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float total = sums[0][threadIdx.x];
+    for (int g = 1; g < finish_groups; ++g) {
+      total += sums[g][threadIdx.x];
+    }
+    dst[c] += total;
+  }
+}
+
+// Launches column_finish_kernel over `cols` columns.
+void column_finish(float* dst, const float* partials, std::size_t stride, std::size_t splits, std::size_t cols,
+                   cudaStream_t stream) {
+  const dim3 block(finish_columns, finish_groups);
+  const auto blocks = static_cast<unsigned>((cols + finish_columns - 1) / finish_columns);
+  column_finish_kernel<<<blocks, block, 0, stream>>>(dst, partials, stride, splits, cols);
+  check_launch();
 }
 
 __device__ __forceinline__ float gelu(float x) {
@@ -582,10 +606,8 @@ void layernorm_backward(bf16* dx, float* dw, float* db, float* workspace, const 
   } else {
     launch(layernorm_backward_dx_kernel<1>, layernorm_backward_partial_kernel<1>);
   }
-  column_finish_kernel<<<grid_for(c, threads), threads, 0, stream>>>(dw, workspace, 2 * c, splits, c);
-  check_launch();
-  column_finish_kernel<<<grid_for(c, threads), threads, 0, stream>>>(db, workspace + c, 2 * c, splits, c);
-  check_launch();
+  column_finish(dw, workspace, 2 * c, splits, c, stream);
+  column_finish(db, workspace + c, 2 * c, splits, c, stream);
 }
 
 void gelu_forward(bf16* out, const bf16* x, std::size_t n, cudaStream_t stream) {
@@ -643,8 +665,7 @@ void bias_backward(float* dbias, float* workspace, const bf16* dout, std::size_t
     bias_backward_partial_kernel<1><<<grid, column_threads, 0, stream>>>(workspace, dev(dout), rows, c, chunk);
   }
   check_launch();
-  column_finish_kernel<<<grid_for(c, threads), threads, 0, stream>>>(dbias, workspace, c, splits, c);
-  check_launch();
+  column_finish(dbias, workspace, c, splits, c, stream);
 }
 
 void causal_softmax_forward(bf16* probs, const float* scores, std::size_t matrices, int T, float scale,
