@@ -225,14 +225,15 @@ public:
   [[nodiscard]] const std::vector<param_spec>& specs() const noexcept { return specs_; }
   [[nodiscard]] zero::param_handle handle(std::size_t k) const { return handles_[k]; }
 
-private:
   /// Starts `what` in the math's profile, where the math keeps one (the engine's work on the math's stream between
-  /// its operations; otherwise it counts as "outside the model").
+  /// its operations, e.g. "engine: step" before the engine's step; otherwise it counts as "outside the model").
   void mark(const char* what) {
     if constexpr (requires { math_.mark(what); }) {
       math_.mark(what);
     }
   }
+
+private:
   /// The engine's gather of `module`, marked in the profile.
   auto gather(int module) {
     mark("engine: gather");

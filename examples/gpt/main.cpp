@@ -333,6 +333,7 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
       const float scale = static_cast<float>(eng.loss_scale() / (static_cast<double>(B) * T));
       step_sums[0] += model.run(in.data(), tg.data(), B, T, true, scale);
       step_sums[1] += static_cast<double>(B) * T;
+      model.mark("engine: step");
       r = eng.step();
     }
     // The step's loss over the whole global batch (the reference in bench/gpt compares it step by step).

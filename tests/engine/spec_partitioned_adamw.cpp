@@ -97,8 +97,8 @@ template <class P> struct adamw_case {
     auto grad_of = [&](const flat_range& r, std::size_t) {
       return reinterpret_cast<const std::byte*>(grads.data() + r.begin);
     };
-    if (by_range) {
-      for (std::size_t k = 0; k < opt->ranges().size(); ++k) {
+    if (by_range) { // segment by segment, as the engine's update stream steps it
+      for (std::size_t k = 0; k < layout.segments().size(); ++k) {
         opt->step_range(k, kit.stream, a, half, grad_of);
       }
     } else {
@@ -200,7 +200,7 @@ TEST_CASE_TEMPLATE("partitioned_adamw: two steps equal AdamW written out by hand
   }
 }
 
-TEST_CASE_TEMPLATE("partitioned_adamw: step_range over every range is step(), bit for bit", P, float, bf16) {
+TEST_CASE_TEMPLATE("partitioned_adamw: step_range over every segment is step(), bit for bit", P, float, bf16) {
   for (const auto& row : placements) {
     CAPTURE(row.rank);
     CAPTURE(row.partitioned);
@@ -221,9 +221,10 @@ TEST_CASE_TEMPLATE("partitioned_adamw: step_range over every range is step(), bi
     by_range.check();
     const std::size_t ranges = row.partitioned ? 2 : 1;
     CHECK(whole.opt->ranges().size() == ranges);
-    const std::string msg = "step_range: range " + std::to_string(ranges) +
-                            " does not exist; this rank owns ranges 0 to " + std::to_string(ranges);
-    CHECK_THROWS_WITH_AS(whole.opt->step_range(ranges, whole.kit.stream, args_of_step(3), half,
+    const std::size_t segments = whole.layout.segments().size();
+    const std::string msg = "step_range: segment " + std::to_string(segments) + " does not exist; the layout has " +
+                            std::to_string(segments) + " segments";
+    CHECK_THROWS_WITH_AS(whole.opt->step_range(segments, whole.kit.stream, args_of_step(3), half,
                                                [&](const flat_range&, std::size_t) { return whole.place.params; }),
                          doctest::Contains(msg.c_str()), usage_error);
   }

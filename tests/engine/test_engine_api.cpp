@@ -69,11 +69,11 @@ TEST_CASE("frozen parameters get no gradient and no optimizer state; groups keep
     CHECK(static_cast<float>(eng.param(w).as<zero::bf16>()[0]) < 1.0f);
     CHECK(static_cast<float>(eng.param(nodecay).as<zero::bf16>()[0]) == 1.0f);
     CHECK(static_cast<float>(eng.param(frozen).as<zero::bf16>()[0]) == 1.0f);
-    // Stepping one owned range (what the engine does segment by segment): a range that does not exist
-    // is refused, naming it and how many there are.
+    // Stepping one segment (what the engine's update stream does): a segment that does not exist is
+    // refused, naming it and how many there are.
     auto& opt = *eng.optimizer().device();
-    const std::size_t owned = opt.ranges().size();
-    const std::string named = "range " + std::to_string(owned) + " does not exist";
+    const std::size_t owned = 1000;
+    const std::string named = "segment 1000 does not exist; the layout has";
     std::byte never_read[4]{};
     CHECK_THROWS_WITH_AS(opt.step_range(
                              owned, eng.stream(), zero::adamw_step_args{}, [](double lr) { return lr; },

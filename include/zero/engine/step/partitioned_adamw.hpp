@@ -136,18 +136,23 @@ public:
     step_runs(0, ranges_.size(), stream_, base, group_lr, grad_of);
   }
 
-  /// The same step over the runs of owned range `k` only (`ranges()[k]`: segment k's slice when
-  /// partitioned), enqueued on `s`: the engine steps segment by segment on a stream of its own and
-  /// all-gathers each segment as soon as its update is enqueued.
+  /// The same step over segment `k`'s owned elements only, enqueued on `s`: partitioned, owned range `k`
+  /// (`ranges()[k]`, the rank's slice of segment k); otherwise segment k's part of the one range of every
+  /// element (stage 0). The engine steps segment by segment on a stream of its own, beside the next forward,
+  /// and all-gathers each segment (stages 1-2) as soon as its update is enqueued.
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const typename Backend::stream_type& s, const adamw_step_args& base,
                   GroupLr&& group_lr, GradOf&& grad_of) {
-    if (k >= ranges_.size()) {
-      throw usage_error("partitioned_adamw::step_range: range " + std::to_string(k) +
-                        " does not exist; this rank owns ranges 0 to " + std::to_string(ranges_.size()) +
-                        " (exclusive), one per segment");
+    const std::size_t segments = layout_.segments().size();
+    if (k >= segments || (place_.partitioned && k >= ranges_.size())) {
+      throw usage_error("partitioned_adamw::step_range: segment " + std::to_string(k) + " does not exist; the layout has " +
+                        std::to_string(segments) + " segments");
     }
-    step_runs(k, k + 1, s, base, group_lr, grad_of);
+    if (place_.partitioned) {
+      step_runs(k, k + 1, s, base, group_lr, grad_of);
+    } else {
+      step_part(0, layout_.segments()[k].range, s, base, group_lr, grad_of);
+    }
   }
 
   /// The elements [first, first + count) of owned range `range` (state indices), and where their
@@ -265,22 +270,35 @@ private:
   template <class GradOf, class GroupLr>
   void step_runs(std::size_t first, std::size_t last, const typename Backend::stream_type& s,
                  const adamw_step_args& base, GroupLr& group_lr, GradOf& grad_of) {
-    const std::size_t psize = size_of(param_type_);
     for (std::size_t k = first; k < last; ++k) {
-      const auto& [range, off] = ranges_[k];
-      step_window({.range = k,
-                   .first = off,
-                   .count = range.size(),
-                   .master = has_master() ? master_.data() + off : nullptr,
-                   .m = m_.data() + off,
-                   .v = v_.data() + off,
-                   .grads = static_cast<const std::byte*>(grad_of(range, off)),
-                   .params = place_.params_in_file ? place_.params_in_file(param_use::update, k)
-                             : place_.params_from_master
-                                 ? nullptr
-                                 : place_.params + (place_.params_sharded ? off : range.begin) * psize},
-                  s, base, group_lr);
+      step_part(k, ranges_[k].first, s, base, group_lr, grad_of);
     }
+  }
+
+  /// AdamW over the elements of owned range `k` inside flat range `part` (none when they do not meet), on `s`.
+  template <class GradOf, class GroupLr>
+  void step_part(std::size_t k, const flat_range& part, const typename Backend::stream_type& s,
+                 const adamw_step_args& base, GroupLr& group_lr, GradOf& grad_of) {
+    const auto& [range, off] = ranges_[k];
+    const std::size_t lo = std::max(range.begin, part.begin);
+    const std::size_t hi = std::min(range.end, part.end);
+    if (lo >= hi) {
+      return;
+    }
+    const std::size_t d = lo - range.begin; // the part's first element in the range
+    const std::size_t psize = size_of(param_type_);
+    step_window({.range = k,
+                 .first = off + d,
+                 .count = hi - lo,
+                 .master = has_master() ? master_.data() + off + d : nullptr,
+                 .m = m_.data() + off + d,
+                 .v = v_.data() + off + d,
+                 .grads = static_cast<const std::byte*>(grad_of(range, off)) + d * size_of(place_.grad_type),
+                 .params = place_.params_in_file ? place_.params_in_file(param_use::update, k) + d * psize
+                           : place_.params_from_master
+                               ? nullptr
+                               : place_.params + ((place_.params_sharded ? off : range.begin) + d) * psize},
+                s, base, group_lr);
   }
 
   void split_runs(const flat_range& range, std::size_t state_offset, const std::vector<std::size_t>& group_of) {
