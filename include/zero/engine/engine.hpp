@@ -151,7 +151,9 @@ public:
   void set_log(std::function<void(const std::string&)> sink) { s_.log.set_sink(std::move(sink)); }
 
   // ---- a micro-step ----
-  /// The parameter as the framework computes with it: whole, in the config's dtype.
+  /// The parameter as the framework computes with it: whole, in the config's dtype. Ask again after
+  /// every `step()` (or `gather` its module): at every stage the update runs on a stream of its own,
+  /// and this is where the engine's stream is ordered after the update of the parameter's segment.
   [[nodiscard]] tensor_view param(param_handle h) const {
     detail::check_final(s_, "param");
     return detail::param_view(s_, h);

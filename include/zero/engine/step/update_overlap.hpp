@@ -2,10 +2,10 @@
 /// \file
 /// `update_overlap`: the optimizer step on a stream of its own, beside the framework's next forward.
 ///
-/// At stages 1-2 on several ranks and at stage 3 the engine does not wait for the optimizer: it
-/// steps segment by segment on the update stream, in the order the next forward reads the segments,
-/// and after each segment's update lets the parameter residency act on it (stages 1-2: post the
-/// all-gather of the segment's group; stage 3: record the point the next gather of that segment
+/// At every stage the engine does not wait for the optimizer: it steps segment by segment on the
+/// update stream, in the order the next forward reads the segments, and after each segment's update
+/// lets the parameter residency act on it (stages 1-2 on several ranks: post the all-gather of the
+/// segment's group; stage 0, one rank and stage 3: record the point the next gather of that segment
 /// must wait for). The framework's forward, on the engine's stream, waits per module for exactly
 /// the segments it reads. Same kernels, same arguments and the same per-element order as stepping
 /// everything at once: the result is the same bits.
