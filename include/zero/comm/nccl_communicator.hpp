@@ -292,12 +292,11 @@ public:
   /// \returns the handle to wait on. \throws comm_error, nccl_error, timeout_error as all_reduce.
   template <element_type T> [[nodiscard]] handle all_gather(const T* send, T* recv, std::size_t send_count) {
     agree<T>(2, send_count, 0);
-    return launch("all_gather", send_count * sizeof(T) * static_cast<std::size_t>(s_->size),
-                  [&] {
-                    return alone_in_place(send, recv)
-                               ? ncclSuccess
-                               : ncclAllGather(send, recv, send_count, detail::nccl_type<T>(), s_->comm, s_->stream);
-                  });
+    return launch("all_gather", send_count * sizeof(T) * static_cast<std::size_t>(s_->size), [&] {
+      return alone_in_place(send, recv)
+                 ? ncclSuccess
+                 : ncclAllGather(send, recv, send_count, detail::nccl_type<T>(), s_->comm, s_->stream);
+    });
   }
 
   /// Starts a broadcast: every rank's `recv` gets root's `send`.
@@ -310,12 +309,11 @@ public:
   template <element_type T> [[nodiscard]] handle broadcast(const T* send, T* recv, std::size_t count, int root) {
     check_rank("broadcast", root);
     agree<T>(3, count, root);
-    return launch("broadcast", count * sizeof(T),
-                  [&] {
-                    return alone_in_place(send, recv)
-                               ? ncclSuccess
-                               : ncclBroadcast(send, recv, count, detail::nccl_type<T>(), root, s_->comm, s_->stream);
-                  });
+    return launch("broadcast", count * sizeof(T), [&] {
+      return alone_in_place(send, recv)
+                 ? ncclSuccess
+                 : ncclBroadcast(send, recv, count, detail::nccl_type<T>(), root, s_->comm, s_->stream);
+    });
   }
 
   /// Starts a barrier: a one-word all-reduce on the device, so `wait()` returns once every rank has

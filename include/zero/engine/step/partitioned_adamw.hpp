@@ -145,8 +145,8 @@ public:
                   GroupLr&& group_lr, GradOf&& grad_of) {
     const std::size_t segments = layout_.segments().size();
     if (k >= segments || (place_.partitioned && k >= ranges_.size())) {
-      throw usage_error("partitioned_adamw::step_range: segment " + std::to_string(k) + " does not exist; the layout has " +
-                        std::to_string(segments) + " segments");
+      throw usage_error("partitioned_adamw::step_range: segment " + std::to_string(k) +
+                        " does not exist; the layout has " + std::to_string(segments) + " segments");
     }
     if (place_.partitioned) {
       step_runs(k, k + 1, s, base, group_lr, grad_of);
