@@ -16,6 +16,9 @@
 #   NVME=/dir/on/the/disk bash bench/gpt/largest.sh
 #
 # Environment: ZERO_GPT (zero-gpt-cuda), ZERO_ESTIMATE (zero-estimate), OUT, B (1), T (1024), STEPS (4), HEADS (32),
+# TEXT (a text file whose bytes are the tokens, text_to_shard.py, so that the loss has something to fall to; default
+# random token ids, on which a few steps show no falling loss: the 8.27 G run of 2026-12-06 fit the 6 windows it saw,
+# 11.70 -> 10.10, then rose to 11.76),
 # HOST_MEMORY (auto-plan's host budget; default the host's available memory less 16 GiB for the rest of the
 # process), GPU_MEMORY (auto-plan's GPU budget, e.g. 72GiB; default the GPU's free memory less the model's
 # activations and the example's gradient scratch: the 52-block run of 2026-12-06, planned without the scratch,
@@ -38,9 +41,13 @@ HOST_MEMORY=${HOST_MEMORY:-$(((avail_kib / 1048576) - 16))GiB}
 NVME_BYTES=${NVME_BYTES:-$((($(df -k --output=avail "$NVME" | tail -1) / 1048576) - 4))GiB}
 echo "B $B, T $T, $STEPS steps; host budget $HOST_MEMORY, NVMe budget $NVME_BYTES under $NVME"
 
-# Random token ids in llm.c's shard format, enough for the steps and one validation window.
-python3 bench/gpt/random_shard.py "$OUT/largest_train.bin" "$((B * (T + 1) * (STEPS + 2)))" \
-  "$OUT/largest_val.bin" "$((T + 1))"
+# Token shards in llm.c's format: TEXT's bytes, else random token ids, enough for the steps and one validation window.
+if [[ -n "${TEXT:-}" ]]; then
+  python3 bench/gpt/text_to_shard.py "$TEXT" "$OUT/largest_train.bin" "$OUT/largest_val.bin"
+else
+  python3 bench/gpt/random_shard.py "$OUT/largest_train.bin" "$((B * (T + 1) * (STEPS + 2)))" \
+    "$OUT/largest_val.bin" "$((T + 1))"
+fi
 common=(--heads "$NH" --d-model "$C" --seq "$T" --vocab 50257 --train "$OUT/largest_train.bin"
   --val "$OUT/largest_val.bin" --batch "$B" --steps "$STEPS" --print-every 1 --clip 1.0 --lr 1e-4 --json)
 timed=()
