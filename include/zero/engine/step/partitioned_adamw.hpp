@@ -144,7 +144,7 @@ public:
   void step_range(std::size_t k, const typename Backend::stream_type& s, const adamw_step_args& base,
                   GroupLr&& group_lr, GradOf&& grad_of) {
     const std::size_t segments = layout_.segments().size();
-    if (k >= segments || (place_.partitioned && k >= ranges_.size())) {
+    if (k >= segments) { // partitioned, there is one owned range per segment
       throw usage_error("partitioned_adamw::step_range: segment " + std::to_string(k) +
                         " does not exist; the layout has " + std::to_string(segments) + " segments");
     }
