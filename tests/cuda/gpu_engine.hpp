@@ -1,11 +1,12 @@
 #pragma once
 /// \file
-/// The engine harness of tests/engine on GPUs: one thread per GPU (`run_gpus`), `cuda_backend`, and
-/// engine views read and written through the engine's stream.
+/// The engine harness of tests/engine on GPUs: one thread per GPU (`run_gpus`), or ranks as threads sharing
+/// GPU 0 (`run_device_group`), `cuda_backend`, and engine views read and written through the engine's stream.
 
 #include "../engine/engine_harness.hpp"
 #include "gpu_group.hpp"
 #include "zero/backend/cuda_backend.hpp"
+#include "zero/comm/device_group_communicator.hpp"
 #include "zero/comm/nccl_communicator.hpp"
 
 #include <cuda_runtime_api.h>
@@ -37,6 +38,16 @@ inline constexpr auto gpu_backend = [](zero::nccl_communicator& comm) { return z
 /// `train_with_engine` of the harness on `s.world` GPUs.
 inline zero::testing::run_result train_on_gpus(const zero::testing::run_spec& s) {
   return zero::testing::train_with<zero::cuda_backend>(s, gpu_group, gpu_backend, device_io{});
+}
+
+/// `run_group` for the harness: `world` ranks as threads sharing GPU 0 (`device_group_communicator`).
+inline constexpr auto one_gpu_group = [](int world, auto&& fn) { zero::run_device_group(world, fn); };
+/// Each rank's backend: GPU 0, a stream of its own.
+inline constexpr auto one_gpu_backend = [](zero::device_group_communicator&) { return zero::cuda_backend(0); };
+
+/// `train_with_engine` of the harness on `s.world` ranks of one GPU.
+inline zero::testing::run_result train_on_one_gpu(const zero::testing::run_spec& s) {
+  return zero::testing::train_with<zero::cuda_backend>(s, one_gpu_group, one_gpu_backend, device_io{});
 }
 
 } // namespace zero::test

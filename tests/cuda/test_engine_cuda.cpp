@@ -34,13 +34,28 @@ void check_offloaded(const zero::testing::run_result& got, const zero::testing::
   CHECK(zero::testing::max_rel_diff(got.params, want.params) <= 1.0 / 128);
 }
 
+/// A GPU run of `s` against the CPU engine and the single-process AdamW: fp32 within 1e-6 of both (the kernels
+/// are bit-identical to the CPU's; sums of norms are ordered differently); bf16 within one rounding of the
+/// parameter plus 10% of the oracle's total update, and within 1/128 of the CPU engine, as the CPU engine tests
+/// state. Every step applied.
+void check_gpu_run(const zero::testing::run_spec& s, const zero::testing::run_result& gpu) {
+  const bool fp32 = s.type == zero::dtype::f32;
+  const auto cpu = zero::testing::train_with_engine(s);
+  const auto want = zero::testing::train_reference(s);
+  CHECK(zero::testing::max_rel_diff(gpu.params, want.params) <= (fp32 ? 1e-6 : 1.0 / 256 + 0.1 * 5 * s.lr));
+  CHECK(zero::testing::max_rel_diff(gpu.params, cpu.params) <= (fp32 ? 1e-6 : 1.0 / 128));
+  REQUIRE(gpu.norms.size() == want.norms.size());
+  for (std::size_t t = 0; t < want.norms.size(); ++t) {
+    CHECK(gpu.applied[t]);
+    CHECK(gpu.norms[t] == doctest::Approx(cpu.norms[t]).epsilon(fp32 ? 1e-6 : 1e-2));
+  }
+}
+
 } // namespace
 
 TEST_SUITE("engine") {
   TEST_CASE("stages 0-3 on GPUs give what the CPU engine and the single-process AdamW give") {
-    // fp32: within 1e-6 of the CPU engine and of the oracle (the kernels are bit-identical to the CPU's;
-    // sums of norms are ordered differently). bf16: within one rounding of the parameter plus 10% of the
-    // total update of the oracle, as the CPU engine tests state.
+    // Within check_gpu_run's tolerances of the CPU engine and the oracle.
     for (int world : zero::test::gpu_worlds()) {
       for (int stage : {0, 1, 2, 3}) {
         for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
@@ -53,19 +68,29 @@ TEST_SUITE("engine") {
               CAPTURE(zero::name_of(type));
               CAPTURE(accumulation);
               CAPTURE(clip);
-              const auto gpu = zero::test::train_on_gpus(s);
-              const auto cpu = zero::testing::train_with_engine(s);
-              const auto want = zero::testing::train_reference(s);
-              const double tol = type == zero::dtype::f32 ? 1e-6 : 1.0 / 256 + 0.1 * 5 * s.lr;
-              CHECK(zero::testing::max_rel_diff(gpu.params, want.params) <= tol);
-              CHECK(zero::testing::max_rel_diff(gpu.params, cpu.params) <=
-                    (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
-              REQUIRE(gpu.norms.size() == want.norms.size());
-              for (std::size_t t = 0; t < want.norms.size(); ++t) {
-                CHECK(gpu.applied[t]);
-                CHECK(gpu.norms[t] == doctest::Approx(cpu.norms[t]).epsilon(type == zero::dtype::f32 ? 1e-6 : 1e-2));
-              }
+              check_gpu_run(s, zero::test::train_on_gpus(s));
             }
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("stages 0-3 at 2 and 4 ranks sharing one GPU give what the CPU engine gives") {
+    // device_group_communicator: the multi-rank GPU paths (reduce-scatter of bucket slices, the stage 1-2
+    // all-gathers behind the update, stage 3's gathers and prefetch) on one GPU. Its reductions have the CPU
+    // group's bits, so fp32 matches the CPU engine as the 2-GPU case above does.
+    for (int world : {2, 4}) {
+      for (int stage : {0, 1, 2, 3}) {
+        for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
+          for (int accumulation : {1, 4}) {
+            zero::testing::run_spec s{
+                .stage = stage, .world = world, .type = type, .accumulation = accumulation, .clip = 1.0};
+            CAPTURE(world);
+            CAPTURE(stage);
+            CAPTURE(zero::name_of(type));
+            CAPTURE(accumulation);
+            check_gpu_run(s, zero::test::train_on_one_gpu(s));
           }
         }
       }

@@ -34,8 +34,24 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>
+#include <span>
 
 namespace zero::cuda {
+
+/// The most buffers `reduce_ranks` reduces: the ranks of a `device_group_communicator` group.
+inline constexpr std::size_t max_reduce_ranks = 16;
+
+/// What `reduce_ranks` computes per element.
+enum class rank_reduce : std::uint8_t { sum, avg, max };
+
+/// `out[i] = in[0][i] op in[1][i] op ...` in rank order (avg: the sum divided by the number of inputs, once,
+/// at the end), for i in [0, n): the 16-bit types accumulate in fp32 and round once to nearest even, the others
+/// in their own type. `out` may be one of the inputs (each element is read before it is written). Instantiated
+/// for float, f16, bf16, double, int32, int64 and uint8; avg of an integer type divides as the type does.
+/// 	hrows usage_error for no input or more than `max_reduce_ranks`, or a null buffer with n > 0; cuda_error
+///         if the launch fails.
+template <class T>
+void reduce_ranks(T* out, std::span<const T* const> in, std::size_t n, rank_reduce op, cudaStream_t stream);
 
 /// The element types `zero::cuda` is compiled for: `float`, `zero::f16` and `zero::bf16`.
 template <class T>

@@ -21,16 +21,20 @@
 /// Until `wait()` returns, the caller must not touch either buffer.
 
 #include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
 
 #include <array>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 namespace zero {
 
@@ -187,6 +191,55 @@ template <class C> [[nodiscard]] constexpr std::string_view missing_for_stage(in
   }
   return {};
 }
+
+namespace detail {
+/// Rethrows the root cause among the ranks' exceptions (null where a rank returned): the first that is not
+/// a comm_error ("another rank failed", echoed), else the first comm_error; returns when there is none.
+/// What `run_rank_threads` rethrows once every rank's thread has ended.
+inline void rethrow_root_cause(const std::vector<std::exception_ptr>& errors) {
+  std::exception_ptr first;
+  for (const auto& e : errors) {
+    if (!e) {
+      continue;
+    }
+    try {
+      std::rethrow_exception(e);
+    } catch (const comm_error&) {
+      if (!first) {
+        first = e;
+      }
+    } catch (...) {
+      throw;
+    }
+  }
+  if (first) {
+    std::rethrow_exception(first);
+  }
+}
+
+/// Runs `rank_body(r)` on `n` threads, thread r for rank r, and returns when all are done; a rank's exception
+/// is kept and `on_failure()` called (so the others stop waiting for it), then the root cause is rethrown
+/// (`rethrow_root_cause`). The group runners of the device communicators (`run_gpus`, `run_device_group`).
+template <class Body, class OnFailure> void run_rank_threads(int n, Body&& rank_body, OnFailure&& on_failure) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        rank_body(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        on_failure();
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  rethrow_root_cause(errors);
+}
+} // namespace detail
 
 namespace detail {
 /// The message of a timeout, shared by every communicator so users see one format.

@@ -535,43 +535,13 @@ template <class F> void run_gpus(int n, F&& fn, nccl_options opt = {}) {
   if (!opt.group_failed) {
     opt.group_failed = std::make_shared<std::atomic<bool>>(false);
   }
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
+  detail::run_rank_threads(
+      n,
+      [&](int r) {
         nccl_communicator comm(r, n, id, r, opt);
         fn(comm);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        opt.group_failed->store(true);
-      }
-    });
-  }
-  for (auto& t : threads) {
-    t.join();
-  }
-  // Prefer the root cause: a failure that is not "another rank failed".
-  std::exception_ptr first;
-  for (const auto& e : errors) {
-    if (!e) {
-      continue;
-    }
-    try {
-      std::rethrow_exception(e);
-    } catch (const comm_error&) {
-      if (!first) {
-        first = e;
-      }
-      continue;
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) {
-    std::rethrow_exception(first);
-  }
+      },
+      [&] { opt.group_failed->store(true); });
 }
 
 } // namespace zero

@@ -1,0 +1,485 @@
+#pragma once
+/// \file
+/// `device_group_communicator`: ranks that are threads of one process sharing one CUDA device, each with a
+/// stream of its own, so that the engine's multi-rank GPU paths run where one GPU is lent (NCCL refuses two
+/// ranks on one device). Every operation is stream-ordered as NCCL's are: it starts after the work enqueued
+/// so far on the rank's compute stream (`set_compute_stream`), runs as device copies and `reduce_ranks` kernels
+/// on the rank's communication stream, and its handle's `wait()` returns once it is complete. Reductions run
+/// in rank order with `thread_communicator`'s numerics (16-bit values in fp32, rounded once; avg divides the
+/// sum once), so results are deterministic and equal to a CPU group's.
+///
+/// How one operation runs, on every rank (`detail::device_group` holds the group's shared state):
+/// 1. The rank's stream waits for its compute stream; the rank records `ready` and puts its call (what it is,
+///    its buffers) in its slot, and waits on the host until every rank has (a rendezvous bounded by the
+///    timeout; calls that differ between ranks throw `comm_error` on every rank, naming each rank's call).
+/// 2. Its stream waits for every rank's `ready`; it then reads the other ranks' inputs and writes only its own
+///    outputs (all_reduce: its chunk of the sum into a buffer of its own), records `part`, and meets the others
+///    again; its stream waits for every rank's `part`.
+/// 3. all_reduce only: it copies every rank's chunk of the sum into its `recv`, records `copied`, meets the
+///    others a third time, and waits for every rank's `copied` (so no rank reuses its chunk buffer early).
+/// 4. It records the handle's event: every rank has read this rank's buffers by then.
+/// The host meets the other ranks in every call, as a thread group does; the device work of different calls
+/// still overlaps the ranks' compute streams like NCCL's.
+///
+/// Operations: all_reduce, reduce_scatter, all_gather, broadcast and barrier (stages 0-3, HSDP's and ZeRO++'s
+/// plain paths). send/recv, all_to_all and split are not provided yet: the capability concepts say so at
+/// compile time to code that needs them.
+
+#include "zero/backend/cuda_kernels.hpp"
+#include "zero/comm/communicator.hpp"
+#include "zero/core/cuda_check.hpp"
+#include "zero/core/dtype.hpp"
+#include "zero/core/error.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime_api.h>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace zero {
+namespace detail {
+
+/// One rank's part of the call in progress, and its events (made once, recorded in every call).
+struct device_slot {
+  op_signature sig{};
+  const void* send = nullptr;
+  void* recv = nullptr;
+  const void* chunk = nullptr; // all_reduce: this rank's chunk of the sum, on the device
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t part = nullptr;
+  cudaEvent_t copied = nullptr;
+};
+
+/// The state the ranks of one group share: their slots and the host rendezvous.
+class device_group {
+public:
+  device_group(int size, int device, std::string name) : size_(size), device_(device), name_(std::move(name)) {
+    if (size < 1 || static_cast<std::size_t>(size) > cuda::max_reduce_ranks) {
+      throw usage_error("device_group: " + std::to_string(size) + " ranks; expected 1 to " +
+                        std::to_string(cuda::max_reduce_ranks));
+    }
+    ZERO_CHECK_CUDA(cudaSetDevice(device));
+    slots_.resize(static_cast<std::size_t>(size));
+    for (auto& s : slots_) {
+      for (cudaEvent_t* e : {&s.ready, &s.part, &s.copied}) {
+        ZERO_CHECK_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      }
+    }
+  }
+  device_group(const device_group&) = delete;
+  device_group& operator=(const device_group&) = delete;
+  ~device_group() {
+    for (auto& s : slots_) {
+      for (cudaEvent_t e : {s.ready, s.part, s.copied}) {
+        ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e));
+      }
+    }
+  }
+
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] device_slot& slot(int rank) noexcept { return slots_[static_cast<std::size_t>(rank)]; }
+
+  /// Blocks until every rank has called `meet` as often as this rank has (a counting barrier).
+  /// \throws timeout_error naming `what` (the call and the step), the group, the rank and the ranks still
+  ///         missing when `timeout` passes first; comm_error once another rank failed (`fail`).
+  void meet(int rank, const std::string& what, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    check_failed(rank, what);
+    const std::uint64_t round = round_;
+    arrived_[rank_index(rank)] = true;
+    if (++count_ == size_) {
+      count_ = 0;
+      arrived_.fill(false);
+      ++round_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, timeout, [&] { return round_ != round || failed_; })) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r) {
+        if (!arrived_[rank_index(r)]) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      const std::string why = what + " at rank " + std::to_string(rank) + " of group \"" + name_ + "\": ranks " +
+                              missing + " did not arrive within " + std::to_string(timeout.count()) + " ms";
+      failed_ = true;
+      reason_ = why;
+      cv_.notify_all();
+      throw timeout_error(why);
+    }
+    check_failed(rank, what);
+  }
+
+  /// Marks the group failed (`reason`): every rank's next or current `meet` throws comm_error.
+  void fail(const std::string& reason) {
+    const std::lock_guard lock(m_);
+    if (!failed_) {
+      failed_ = true;
+      reason_ = reason;
+    }
+    cv_.notify_all();
+  }
+
+private:
+  static std::size_t rank_index(int r) { return static_cast<std::size_t>(r); }
+  void check_failed(int rank, const std::string& what) const {
+    if (failed_) {
+      throw comm_error(what + " at rank " + std::to_string(rank) + " of group \"" + name_ +
+                       "\": the group failed before (" + reason_ + ")");
+    }
+  }
+
+  int size_;
+  int device_;
+  std::string name_;
+  std::vector<device_slot> slots_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::uint64_t round_ = 0;
+  int count_ = 0;
+  std::array<bool, cuda::max_reduce_ranks> arrived_{};
+  bool failed_ = false;
+  std::string reason_;
+};
+
+/// The reduction of `op` for the kernel.
+[[nodiscard]] constexpr cuda::rank_reduce rank_reduce_of(reduce_op op) noexcept {
+  return op == reduce_op::max   ? cuda::rank_reduce::max
+         : op == reduce_op::avg ? cuda::rank_reduce::avg
+                                : cuda::rank_reduce::sum;
+}
+
+} // namespace detail
+
+/// An operation of a `device_group_communicator` in flight: the event recorded on the rank's stream at its
+/// end. Dropping it without `wait()` is allowed (the work completes in stream order). Movable, not copyable.
+class device_group_handle {
+public:
+  device_group_handle() = default;
+  device_group_handle(cudaEvent_t done, std::string what, std::chrono::milliseconds timeout)
+      : done_(done), what_(std::move(what)), timeout_(timeout) {}
+  device_group_handle(device_group_handle&& o) noexcept
+      : done_(std::exchange(o.done_, nullptr)), what_(std::move(o.what_)), timeout_(o.timeout_) {}
+  device_group_handle& operator=(device_group_handle&& o) noexcept {
+    release();
+    done_ = std::exchange(o.done_, nullptr);
+    what_ = std::move(o.what_);
+    timeout_ = o.timeout_;
+    return *this;
+  }
+  device_group_handle(const device_group_handle&) = delete;
+  device_group_handle& operator=(const device_group_handle&) = delete;
+  ~device_group_handle() { release(); }
+
+  /// Blocks the host until the operation is complete.
+  /// \throws timeout_error naming the operation when the communicator's timeout passes first; cuda_error
+  ///         when the event query fails.
+  void wait() {
+    if (done_ == nullptr) {
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(done_);
+      if (q == cudaSuccess) {
+        release();
+        return;
+      }
+      if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        throw cuda_error(what_ + ": " + cudaGetErrorString(q), static_cast<int>(q));
+      }
+      if (std::chrono::steady_clock::now() - start > timeout_) {
+        throw timeout_error(what_ + ": not complete on the device within " + std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+private:
+  void release() noexcept {
+    if (done_ != nullptr) {
+      ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(done_));
+      done_ = nullptr;
+    }
+  }
+
+  cudaEvent_t done_ = nullptr;
+  std::string what_;
+  std::chrono::milliseconds timeout_{};
+};
+
+/// Rank `rank` of a group of ranks sharing one device; see the file comment. Make the group once
+/// (`make_device_group`) and one communicator per rank, each used from that rank's thread.
+class device_group_communicator {
+public:
+  using handle = device_group_handle;
+
+  /// \param group the group's shared state (`make_device_group`); \param rank 0 <= rank < group->size().
+  /// \throws usage_error for a rank outside the group; cuda_error when the stream cannot be made.
+  device_group_communicator(std::shared_ptr<detail::device_group> group, int rank) : g_(std::move(group)), rank_(rank) {
+    if (rank < 0 || rank >= g_->size()) {
+      throw usage_error("device_group_communicator: rank " + std::to_string(rank) + " of a group of " +
+                        std::to_string(g_->size()));
+    }
+    ZERO_CHECK_CUDA(cudaSetDevice(g_->device()));
+    ZERO_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&produced_, cudaEventDisableTiming));
+  }
+  device_group_communicator(device_group_communicator&& o) noexcept { take(o); }
+  device_group_communicator& operator=(device_group_communicator&& o) noexcept {
+    if (this != &o) {
+      destroy();
+      take(o);
+    }
+    return *this;
+  }
+  device_group_communicator(const device_group_communicator&) = delete;
+  device_group_communicator& operator=(const device_group_communicator&) = delete;
+  /// Waits for the rank's stream (its buffers are in use until then), then frees them.
+  ~device_group_communicator() { destroy(); }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return g_->size(); }
+  [[nodiscard]] std::string_view name() const noexcept { return g_->name(); }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+  /// Orders every later operation after the work enqueued so far on `s` (the engine's stream).
+  void set_compute_stream(cudaStream_t s) noexcept { compute_ = s; }
+  /// The rank's communication stream.
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+
+  /// See `communicator.hpp`: every rank's `recv` gets the element-wise `op` of all ranks' `send`.
+  template <element_type T> [[nodiscard]] handle all_reduce(const T* send, T* recv, std::size_t count, reduce_op op) {
+    check_op<T>("all_reduce", op);
+    const std::size_t n = static_cast<std::size_t>(size());
+    const std::size_t per = (count + n - 1) / n;
+    const std::size_t first = std::min(count, per * static_cast<std::size_t>(rank_));
+    const std::size_t mine = std::min(count, first + per) - first;
+    T* chunk = reserve_chunk<T>(per);
+    return run<T>(
+        0, count, static_cast<std::int64_t>(op), send, recv, chunk,
+        [&](auto& s) {
+          // My chunk of the sum, into my own buffer (every rank's send stays unwritten until step 3).
+          reduce(chunk, s, first, mine, op);
+        },
+        [&](auto& s) {
+          for (std::size_t r = 0; r < n; ++r) {
+            const std::size_t f = std::min(count, per * r);
+            const std::size_t k = std::min(count, f + per) - f;
+            copy(recv + f, static_cast<const T*>(s[r].chunk), k);
+          }
+        });
+  }
+
+  /// Rank r's `recv` gets the element-wise `op` over all ranks' block r of `send`.
+  template <element_type T>
+  [[nodiscard]] handle reduce_scatter(const T* send, T* recv, std::size_t recv_count, reduce_op op) {
+    check_op<T>("reduce_scatter", op);
+    return run<T>(1, recv_count, static_cast<std::int64_t>(op), send, recv, nullptr, [&](auto& s) {
+      std::array<const T*, cuda::max_reduce_ranks> in{};
+      for (int r = 0; r < size(); ++r) {
+        in[static_cast<std::size_t>(r)] =
+            static_cast<const T*>(s[static_cast<std::size_t>(r)].send) + static_cast<std::size_t>(rank_) * recv_count;
+      }
+      cuda::reduce_ranks(recv, std::span<const T* const>(in.data(), static_cast<std::size_t>(size())), recv_count,
+                         detail::rank_reduce_of(op), stream_);
+    });
+  }
+
+  /// Block r of every rank's `recv` gets rank r's `send`.
+  template <element_type T> [[nodiscard]] handle all_gather(const T* send, T* recv, std::size_t send_count) {
+    return run<T>(2, send_count, 0, send, recv, nullptr, [&](auto& s) {
+      for (int r = 0; r < size(); ++r) {
+        copy(recv + static_cast<std::size_t>(r) * send_count,
+             static_cast<const T*>(s[static_cast<std::size_t>(r)].send), send_count);
+      }
+    });
+  }
+
+  /// Every rank's `recv` gets root's `send`.
+  template <element_type T> [[nodiscard]] handle broadcast(const T* send, T* recv, std::size_t count, int root) {
+    if (root < 0 || root >= size()) {
+      throw usage_error("broadcast: root " + std::to_string(root) + " is outside the group of " +
+                        std::to_string(size()));
+    }
+    return run<T>(3, count, root, send, recv, nullptr,
+                  [&](auto& s) { copy(recv, static_cast<const T*>(s[static_cast<std::size_t>(root)].send), count); });
+  }
+
+  /// Completes once every rank has reached it.
+  [[nodiscard]] handle barrier() {
+    return run<std::uint8_t>(4, 0, 0, nullptr, nullptr, nullptr, [](auto&) {});
+  }
+
+private:
+  void take(device_group_communicator& o) noexcept {
+    g_ = std::move(o.g_);
+    rank_ = o.rank_;
+    timeout_ = o.timeout_;
+    stream_ = std::exchange(o.stream_, nullptr);
+    produced_ = std::exchange(o.produced_, nullptr);
+    compute_ = o.compute_;
+    chunk_ = std::exchange(o.chunk_, nullptr);
+    chunk_bytes_ = std::exchange(o.chunk_bytes_, 0);
+  }
+  void destroy() noexcept {
+    if (stream_ != nullptr) {
+      ZERO_CHECK_CUDA_NOTHROW(cudaStreamSynchronize(stream_));
+      ZERO_CHECK_CUDA_NOTHROW(cudaFree(chunk_));
+      ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(produced_));
+      ZERO_CHECK_CUDA_NOTHROW(cudaStreamDestroy(stream_));
+      stream_ = nullptr;
+    }
+  }
+
+  template <element_type T> static void check_op(const char* what, reduce_op op) {
+    if (op == reduce_op::avg && !(std::is_floating_point_v<T> || is_half_v<T>)) {
+      throw usage_error(std::string(what) + ": reduce_op::avg needs a floating element type");
+    }
+  }
+
+  /// The rank's all_reduce chunk buffer, grown to `elements` of T (after its last readers: every rank waited
+  /// for every rank's `copied` before the call that grows it returned).
+  template <class T> T* reserve_chunk(std::size_t elements) {
+    const std::size_t bytes = std::max<std::size_t>(elements * sizeof(T), 1);
+    if (bytes > chunk_bytes_) {
+      ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
+      ZERO_CHECK_CUDA(cudaFree(chunk_));
+      chunk_ = nullptr;
+      chunk_bytes_ = 0;
+      ZERO_CHECK_CUDA(cudaMalloc(&chunk_, bytes));
+      chunk_bytes_ = bytes;
+    }
+    return static_cast<T*>(chunk_);
+  }
+
+  /// Every rank's slots, read between meetings.
+  using slots = std::vector<detail::device_slot>;
+
+  template <class T> void reduce(T* out, const slots& s, std::size_t first, std::size_t n, reduce_op op) {
+    std::array<const T*, cuda::max_reduce_ranks> in{};
+    for (std::size_t r = 0; r < s.size(); ++r) {
+      in[r] = static_cast<const T*>(s[r].send) + first;
+    }
+    cuda::reduce_ranks(out, std::span<const T* const>(in.data(), s.size()), n, detail::rank_reduce_of(op), stream_);
+  }
+  template <class T> void copy(T* dst, const T* src, std::size_t n) {
+    if (n > 0 && dst != src) {
+      ZERO_CHECK_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+
+  /// Steps 1-4 of the file comment; `work` is step 2's, `gather` (all_reduce) step 3's.
+  template <class T, class Work, class Gather = std::nullptr_t>
+  handle run(std::int64_t kind, std::size_t count, std::int64_t extra, const T* send, T* recv, const T* chunk,
+             Work&& work, Gather&& gather = nullptr) {
+    const detail::op_signature sig{kind, static_cast<std::int64_t>(count), static_cast<std::int64_t>(dtype_v<T>),
+                                   extra};
+    const std::string what = detail::describe(sig);
+    ZERO_CHECK_CUDA(cudaSetDevice(g_->device()));
+    if (compute_ != nullptr) {
+      ZERO_CHECK_CUDA(cudaEventRecord(produced_, compute_));
+      ZERO_CHECK_CUDA(cudaStreamWaitEvent(stream_, produced_, 0));
+    }
+    auto& me = g_->slot(rank_);
+    me.sig = sig;
+    me.send = send;
+    me.recv = recv;
+    me.chunk = chunk;
+    ZERO_CHECK_CUDA(cudaEventRecord(me.ready, stream_));
+    try {
+      g_->meet(rank_, what, timeout_);
+      slots all;
+      std::vector<detail::op_signature> sigs;
+      for (int r = 0; r < size(); ++r) {
+        all.push_back(g_->slot(r));
+        sigs.push_back(all.back().sig);
+      }
+      if (const std::string calls = detail::mismatched_calls(sigs); !calls.empty()) {
+        throw comm_error("a call does not match across the ranks of group \"" + g_->name() + "\": " + calls +
+                         " (nothing was started)");
+      }
+      wait_all(all, &detail::device_slot::ready);
+      work(all);
+      ZERO_CHECK_CUDA(cudaEventRecord(me.part, stream_));
+      g_->meet(rank_, what + " (its reads)", timeout_);
+      wait_all(all, &detail::device_slot::part);
+      if constexpr (!std::is_same_v<std::remove_cvref_t<Gather>, std::nullptr_t>) {
+        gather(all);
+        ZERO_CHECK_CUDA(cudaEventRecord(me.copied, stream_));
+        g_->meet(rank_, what + " (its copies)", timeout_);
+        wait_all(all, &detail::device_slot::copied);
+      }
+    } catch (...) { // the other ranks stop waiting for this one
+      g_->fail(what + " failed at rank " + std::to_string(rank_));
+      throw;
+    }
+    cudaEvent_t done = nullptr;
+    ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    ZERO_CHECK_CUDA(cudaEventRecord(done, stream_));
+    return handle(done, what + " at rank " + std::to_string(rank_) + " of group \"" + g_->name() + "\"", timeout_);
+  }
+
+  void wait_all(const slots& s, cudaEvent_t detail::device_slot::*event) {
+    for (const auto& slot : s) {
+      ZERO_CHECK_CUDA(cudaStreamWaitEvent(stream_, slot.*event, 0));
+    }
+  }
+
+  std::shared_ptr<detail::device_group> g_;
+  int rank_ = 0;
+  std::chrono::milliseconds timeout_ = default_comm_timeout;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t produced_ = nullptr;
+  cudaStream_t compute_ = nullptr;
+  void* chunk_ = nullptr;
+  std::size_t chunk_bytes_ = 0;
+};
+
+/// The shared state of a group of `size` ranks on device `device`, named `name` in messages.
+/// \throws usage_error for fewer than 1 or more than `cuda::max_reduce_ranks` ranks; cuda_error.
+[[nodiscard]] inline std::shared_ptr<detail::device_group> make_device_group(int size, int device = 0,
+                                                                             std::string name = "world") {
+  return std::make_shared<detail::device_group>(size, device, std::move(name));
+}
+
+/// Runs `fn(device_group_communicator&)` on `n` threads, thread r as rank r of one group on device `device`,
+/// and returns when all are done. The first rank's exception that is not another rank's failure echoed (a
+/// comm_error) is rethrown, else the first; a failing rank fails the group, so the others stop waiting at once.
+/// \param timeout every rank's communicator's timeout.
+/// \throws usage_error for fewer than 1 or more than `cuda::max_reduce_ranks` ranks; what a rank threw.
+template <class F>
+void run_device_group(int n, F&& fn, int device = 0, std::chrono::milliseconds timeout = default_comm_timeout) {
+  auto group = make_device_group(n, device);
+  detail::run_rank_threads(
+      n,
+      [&](int r) {
+        device_group_communicator comm(group, r);
+        comm.set_timeout(timeout);
+        fn(comm);
+      },
+      [&] { group->fail("a rank failed"); });
+}
+
+static_assert(can_all_reduce<device_group_communicator> && can_reduce_scatter<device_group_communicator> &&
+              can_all_gather<device_group_communicator> && can_broadcast<device_group_communicator> &&
+              can_barrier<device_group_communicator>);
+
+} // namespace zero
