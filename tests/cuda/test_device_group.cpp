@@ -1,8 +1,9 @@
 /// \file
 /// `device_group_communicator` (ranks as threads sharing one GPU) against `thread_communicator` on the same
-/// inputs: all_reduce (sum, avg, max; in place and not), reduce_scatter, all_gather and broadcast at 2, 3 and
-/// 4 ranks in fp32 and bf16, bit for bit; its ordering after a compute stream; and its refusals: calls that
-/// differ between ranks, a rank that never arrives, avg of an integer type.
+/// inputs: all_reduce (sum, avg, max; in place and not), reduce_scatter, all_gather, broadcast, all_to_all and
+/// an all_reduce over the halves of a split at 2, 3 and 4 ranks in fp32 and bf16, bit for bit; its ordering after a
+/// compute stream; and its refusals: calls that differ between ranks, a rank that never arrives, avg of an integer
+/// type.
 
 #include "cuda_test_support.hpp"
 #include "zero/comm/device_group_communicator.hpp"
@@ -47,7 +48,7 @@ template <class T> void check_against_threads(int n, std::size_t count) {
     inputs.push_back(random_values<T>(un * count, 100 + r));
   }
   // What each rank gets, per operation: [op][rank].
-  constexpr int ops = 7;
+  constexpr int ops = 9;
   auto collect = [&](auto& comm, auto&& buffer_of, auto&& read) {
     const auto r = static_cast<std::size_t>(comm.rank());
     std::vector<std::vector<T>> out(ops);
@@ -80,6 +81,21 @@ template <class T> void check_against_threads(int n, std::size_t count) {
       auto res = buffer_of(std::vector<T>(un * count));
       comm.broadcast(in.get(), res.get(), un * count, n - 1).wait();
       out[static_cast<std::size_t>(k++)] = read(res);
+    }
+    { // all_to_all: block p of every send to rank p
+      auto in = buffer_of(inputs[r]);
+      auto res = buffer_of(std::vector<T>(un * count));
+      comm.all_to_all(in.get(), res.get(), count).wait();
+      out[static_cast<std::size_t>(k++)] = read(res);
+    }
+    { // split into the even and the odd ranks, the keys reversing the order; a sum over each half
+      auto half = comm.split(static_cast<int>(r % 2), -static_cast<int>(r));
+      auto in = buffer_of(inputs[r]);
+      auto res = buffer_of(std::vector<T>(un * count));
+      half.all_reduce(in.get(), res.get(), un * count, reduce_op::sum).wait();
+      auto got = read(res);
+      got.push_back(zero::from_float<T>(static_cast<float>(half.rank() * 100 + half.size()))); // its place
+      out[static_cast<std::size_t>(k++)] = got;
     }
     return out;
   };

@@ -21,9 +21,9 @@
 /// The host meets the other ranks in every call, as a thread group does; the device work of different calls
 /// still overlaps the ranks' compute streams like NCCL's.
 ///
-/// Operations: all_reduce, reduce_scatter, all_gather, broadcast and barrier (stages 0-3, HSDP's and ZeRO++'s
-/// plain paths). send/recv, all_to_all and split are not provided yet: the capability concepts say so at
-/// compile time to code that needs them.
+/// Operations: all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all and split (stages 0-3,
+/// HSDP's replica groups, hpZ's and qgZ's node groups, MoE's exchanges). send/recv is not provided yet: the
+/// capability concepts say so at compile time to code that needs it (pipeline stages).
 
 #include "zero/backend/cuda_kernels.hpp"
 #include "zero/comm/communicator.hpp"
@@ -52,12 +52,16 @@
 namespace zero {
 namespace detail {
 
+class device_group;
+
 /// One rank's part of the call in progress, and its events (made once, recorded in every call).
 struct device_slot {
   op_signature sig{};
   const void* send = nullptr;
   void* recv = nullptr;
-  const void* chunk = nullptr; // all_reduce: this rank's chunk of the sum, on the device
+  const void* chunk = nullptr;        // all_reduce: this rank's chunk of the sum, on the device
+  int color = 0, key = 0;             // split
+  std::shared_ptr<device_group> made; // split: the group the lowest rank of a color made for it
   cudaEvent_t ready = nullptr;
   cudaEvent_t part = nullptr;
   cudaEvent_t copied = nullptr;
@@ -323,6 +327,57 @@ public:
                   [&](auto& s) { copy(recv, static_cast<const T*>(s[static_cast<std::size_t>(root)].send), count); });
   }
 
+  /// Block p of this rank's `send` goes to rank p's block `rank()` of `recv`; `recv` must not overlap `send`.
+  template <element_type T> [[nodiscard]] handle all_to_all(const T* send, T* recv, std::size_t count_per_peer) {
+    return run<T>(5, count_per_peer, 0, send, recv, nullptr, [&](auto& s) {
+      for (int q = 0; q < size(); ++q) {
+        copy(recv + static_cast<std::size_t>(q) * count_per_peer,
+             static_cast<const T*>(s[static_cast<std::size_t>(q)].send) +
+                 static_cast<std::size_t>(rank_) * count_per_peer,
+             count_per_peer);
+      }
+    });
+  }
+
+  /// The communicator of the ranks that passed the same `color`, ranked by (key, rank here); collective over
+  /// this group (every rank calls it). Named "<this group's name>/<color>", with this one's timeout, on the
+  /// same device, with a stream of its own. \throws as the other operations; cuda_error.
+  [[nodiscard]] device_group_communicator split(int color, int key) {
+    auto& me = g_->slot(rank_);
+    me.color = color;
+    me.key = key;
+    int new_rank = 0;
+    // run's rendezvous and call check, with no device work: the colors and keys are read between its meetings.
+    auto h = run<std::uint8_t>(6, 0, 0, nullptr, nullptr, nullptr, [&](auto& s) {
+      std::vector<std::pair<int, int>> members; // (key, old rank) of my color
+      for (int r = 0; r < size(); ++r) {
+        if (s[static_cast<std::size_t>(r)].color == color) {
+          members.emplace_back(s[static_cast<std::size_t>(r)].key, r);
+        }
+      }
+      std::sort(members.begin(), members.end());
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        if (members[k].second == rank_) {
+          new_rank = static_cast<int>(k);
+        }
+      }
+      // The color's lowest old rank makes its group; the others read it from that rank's slot once the
+      // ranks have met again (the end of `run`).
+      maker_ = size();
+      for (const auto& m : members) {
+        maker_ = std::min(maker_, m.second);
+      }
+      if (maker_ == rank_) {
+        me.made = std::make_shared<detail::device_group>(static_cast<int>(members.size()), g_->device(),
+                                                         g_->name() + "/" + std::to_string(color));
+      }
+    });
+    h.wait();
+    device_group_communicator out(g_->slot(maker_).made, new_rank);
+    out.set_timeout(timeout_);
+    return out;
+  }
+
   /// Completes once every rank has reached it.
   [[nodiscard]] handle barrier() {
     return run<std::uint8_t>(4, 0, 0, nullptr, nullptr, nullptr, [](auto&) {});
@@ -338,6 +393,7 @@ private:
     compute_ = o.compute_;
     chunk_ = std::exchange(o.chunk_, nullptr);
     chunk_bytes_ = std::exchange(o.chunk_bytes_, 0);
+    maker_ = o.maker_;
   }
   void destroy() noexcept {
     if (stream_ != nullptr) {
@@ -451,6 +507,7 @@ private:
   cudaStream_t compute_ = nullptr;
   void* chunk_ = nullptr;
   std::size_t chunk_bytes_ = 0;
+  int maker_ = 0; // split: the old rank that made this rank's new group
 };
 
 /// The shared state of a group of `size` ranks on device `device`, named `name` in messages.
@@ -480,6 +537,7 @@ void run_device_group(int n, F&& fn, int device = 0, std::chrono::milliseconds t
 
 static_assert(can_all_reduce<device_group_communicator> && can_reduce_scatter<device_group_communicator> &&
               can_all_gather<device_group_communicator> && can_broadcast<device_group_communicator> &&
-              can_barrier<device_group_communicator>);
+              can_barrier<device_group_communicator> && can_all_to_all<device_group_communicator> &&
+              can_split<device_group_communicator>);
 
 } // namespace zero
