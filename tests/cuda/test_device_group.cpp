@@ -1,9 +1,9 @@
 /// \file
 /// `device_group_communicator` (ranks as threads sharing one GPU) against `thread_communicator` on the same
 /// inputs: all_reduce (sum, avg, max; in place and not), reduce_scatter, all_gather, broadcast, all_to_all and
-/// an all_reduce over the halves of a split at 2, 3 and 4 ranks in fp32 and bf16, bit for bit; its ordering after a
-/// compute stream; and its refusals: calls that differ between ranks, a rank that never arrives, avg of an integer
-/// type.
+/// an all_reduce over the halves of a split at 2, 3 and 4 ranks in fp32 and bf16, bit for bit; send and recv
+/// around a ring; its ordering after a compute stream; and its refusals: calls that differ between ranks, a recv
+/// that does not match its send, a rank that never arrives, avg of an integer type.
 
 #include "cuda_test_support.hpp"
 #include "zero/comm/device_group_communicator.hpp"
@@ -160,6 +160,45 @@ TEST_SUITE("device_group") {
       }
       CHECK(off == 0);
     });
+  }
+
+  TEST_CASE("device_group_communicator: send and recv around a ring, every rank sending first, in order") {
+    // Each rank sends two buffers to the next rank and only then receives two from the one before: a send
+    // does not wait for its receiver on the host, so this does not deadlock, and sends to a peer arrive in order.
+    constexpr int n = 3;
+    constexpr std::size_t count = 100003;
+    run_device_ranks(n, [&](device_group_communicator& comm) {
+      const int r = comm.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+      device_buffer<float> a(count), b(count), got_a(count), got_b(count);
+      a.upload(std::vector<float>(count, static_cast<float>(10 * r + 1)));
+      b.upload(std::vector<float>(count, static_cast<float>(10 * r + 2)));
+      auto sa = comm.send(a.get(), count, next);
+      auto sb = comm.send(b.get(), count, next);
+      comm.recv(got_a.get(), count, prev).wait();
+      comm.recv(got_b.get(), count, prev).wait();
+      sa.wait();
+      sb.wait();
+      CHECK(got_a.download() == std::vector<float>(count, static_cast<float>(10 * prev + 1)));
+      CHECK(got_b.download() == std::vector<float>(count, static_cast<float>(10 * prev + 2)));
+    });
+  }
+
+  TEST_CASE("device_group_communicator: a recv that does not match its send throws comm_error naming both") {
+    std::string message;
+    try {
+      run_device_ranks(2, [&](device_group_communicator& comm) {
+        device_buffer<float> x(16);
+        if (comm.rank() == 0) {
+          comm.send(x.get(), 16, 1).wait();
+        } else {
+          comm.recv(x.get(), 8, 0).wait();
+        }
+      });
+    } catch (const zero::comm_error& e) {
+      message = e.what();
+    }
+    CHECK(message.find("recv(count=8, fp32) from rank 0") != std::string::npos);
+    CHECK(message.find("send(count=16, fp32) to rank 1") != std::string::npos);
   }
 
   TEST_CASE("device_group_communicator: calls that differ between ranks throw comm_error naming each") {

@@ -22,8 +22,9 @@
 /// still overlaps the ranks' compute streams like NCCL's.
 ///
 /// Operations: all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all and split (stages 0-3,
-/// HSDP's replica groups, hpZ's and qgZ's node groups, MoE's exchanges). send/recv is not provided yet: the
-/// capability concepts say so at compile time to code that needs it (pipeline stages).
+/// HSDP's replica groups, hpZ's and qgZ's node groups, MoE's exchanges), and send/recv (pipeline stages): a
+/// send never blocks the host (its handle completes once the receiver's copy ran), a recv blocks until the
+/// matching send was started, so two ranks that both send first do not wait for each other.
 
 #include "zero/backend/cuda_kernels.hpp"
 #include "zero/comm/communicator.hpp"
@@ -38,7 +39,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>
+#include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -53,6 +56,27 @@ namespace zero {
 namespace detail {
 
 class device_group;
+
+/// A send in flight: the sender's buffer and the point its stream made it ready, and the point the receiver's
+/// stream copied it (recorded once the receiver took it: `posted`).
+struct p2p_message {
+  const void* data = nullptr;
+  std::int64_t count = 0;
+  dtype type{};
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t copied = nullptr;
+  bool posted = false; // the receiver has recorded `copied` (under the group's lock)
+  p2p_message() {
+    ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  }
+  p2p_message(const p2p_message&) = delete;
+  p2p_message& operator=(const p2p_message&) = delete;
+  ~p2p_message() {
+    ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(ready));
+    ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(copied));
+  }
+};
 
 /// One rank's part of the call in progress, and its events (made once, recorded in every call).
 struct device_slot {
@@ -130,6 +154,43 @@ public:
     check_failed(rank, what);
   }
 
+  /// Puts a send from rank `from` to rank `to` in their queue (in order; never blocks).
+  void post(int from, int to, std::shared_ptr<p2p_message> m) {
+    const std::lock_guard lock(m_);
+    mail_[{from, to}].push_back(std::move(m));
+    cv_.notify_all();
+  }
+  /// The oldest send from `from` to `to`, once there is one.
+  /// \throws timeout_error naming `what` when none comes within `timeout`; comm_error once the group failed.
+  std::shared_ptr<p2p_message> take(int from, int to, const std::string& what, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    auto& q = mail_[{from, to}];
+    if (!cv_.wait_for(lock, timeout, [&] { return !q.empty() || failed_; })) {
+      throw timeout_error(what + ": rank " + std::to_string(from) + " sent nothing within " +
+                          std::to_string(timeout.count()) + " ms");
+    }
+    check_failed(to, what);
+    auto m = std::move(q.front());
+    q.pop_front();
+    return m;
+  }
+  /// Marks `m` taken: its `copied` event is recorded.
+  void mark_posted(p2p_message& m) {
+    const std::lock_guard lock(m_);
+    m.posted = true;
+    cv_.notify_all();
+  }
+  /// Blocks until the receiver has taken `m`. \throws timeout_error naming `what`; comm_error once the group failed.
+  void wait_posted(const p2p_message& m, int rank, const std::string& what, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    if (!cv_.wait_for(lock, timeout, [&] { return m.posted || failed_; })) {
+      throw timeout_error(what + ": the receiver did not take it within " + std::to_string(timeout.count()) + " ms");
+    }
+    if (!m.posted) {
+      check_failed(rank, what);
+    }
+  }
+
   /// Marks the group failed (`reason`): every rank's next or current `meet` throws comm_error.
   void fail(const std::string& reason) {
     const std::lock_guard lock(m_);
@@ -158,6 +219,7 @@ private:
   std::uint64_t round_ = 0;
   int count_ = 0;
   std::array<bool, cuda::max_reduce_ranks> arrived_{};
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<p2p_message>>> mail_; // (from, to): sends in order
   bool failed_ = false;
   std::string reason_;
 };
@@ -178,13 +240,21 @@ public:
   device_group_handle() = default;
   device_group_handle(cudaEvent_t done, std::string what, std::chrono::milliseconds timeout)
       : done_(done), what_(std::move(what)), timeout_(timeout) {}
+  /// A send's: complete once the receiver took it (`sent`) and its copy ran.
+  device_group_handle(std::shared_ptr<detail::device_group> g, int rank, std::shared_ptr<detail::p2p_message> sent,
+                      std::string what, std::chrono::milliseconds timeout)
+      : what_(std::move(what)), timeout_(timeout), g_(std::move(g)), rank_(rank), sent_(std::move(sent)) {}
   device_group_handle(device_group_handle&& o) noexcept
-      : done_(std::exchange(o.done_, nullptr)), what_(std::move(o.what_)), timeout_(o.timeout_) {}
+      : done_(std::exchange(o.done_, nullptr)), what_(std::move(o.what_)), timeout_(o.timeout_), g_(std::move(o.g_)),
+        rank_(o.rank_), sent_(std::move(o.sent_)) {}
   device_group_handle& operator=(device_group_handle&& o) noexcept {
     release();
     done_ = std::exchange(o.done_, nullptr);
     what_ = std::move(o.what_);
     timeout_ = o.timeout_;
+    g_ = std::move(o.g_);
+    rank_ = o.rank_;
+    sent_ = std::move(o.sent_);
     return *this;
   }
   device_group_handle(const device_group_handle&) = delete;
@@ -195,12 +265,17 @@ public:
   /// \throws timeout_error naming the operation when the communicator's timeout passes first; cuda_error
   ///         when the event query fails.
   void wait() {
-    if (done_ == nullptr) {
+    const auto start = std::chrono::steady_clock::now();
+    cudaEvent_t until = done_;
+    if (sent_) { // a send: the receiver's copy, once the receiver has taken it
+      g_->wait_posted(*sent_, rank_, what_, timeout_);
+      until = sent_->copied;
+    }
+    if (until == nullptr) {
       return;
     }
-    const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      const cudaError_t q = cudaEventQuery(done_);
+      const cudaError_t q = cudaEventQuery(until);
       if (q == cudaSuccess) {
         release();
         return;
@@ -222,11 +297,15 @@ private:
       ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(done_));
       done_ = nullptr;
     }
+    sent_.reset();
   }
 
   cudaEvent_t done_ = nullptr;
   std::string what_;
   std::chrono::milliseconds timeout_{};
+  std::shared_ptr<detail::device_group> g_;   // a send's group
+  int rank_ = 0;                              // a send's rank
+  std::shared_ptr<detail::p2p_message> sent_; // a send's message
 };
 
 /// Rank `rank` of a group of ranks sharing one device; see the file comment. Make the group once
@@ -339,6 +418,48 @@ public:
     });
   }
 
+  /// Starts sending `count` elements to `peer`, whose matching `recv` copies them (sends to one peer arrive
+  /// in order). Never blocks the host: the handle's `wait()` returns once the receiver's copy ran, and the
+  /// buffer must stay unchanged until then. \throws usage_error for a peer outside the group or this rank.
+  template <element_type T> [[nodiscard]] handle send(const T* data, std::size_t count, int peer) {
+    check_peer("send", peer);
+    ZERO_CHECK_CUDA(cudaSetDevice(g_->device()));
+    order_after_compute();
+    auto m = std::make_shared<detail::p2p_message>();
+    m->data = data;
+    m->count = static_cast<std::int64_t>(count);
+    m->type = dtype_v<T>;
+    ZERO_CHECK_CUDA(cudaEventRecord(m->ready, stream_));
+    g_->post(rank_, peer, m);
+    return handle(g_, rank_, std::move(m), p2p_name("send", count, dtype_v<T>, "to", peer), timeout_);
+  }
+
+  /// Starts receiving `count` elements from `peer`'s matching `send`: blocks the host until that send was
+  /// started, then copies on this rank's stream.
+  /// \throws usage_error for a peer outside the group or this rank; comm_error when the send's count or type
+  ///         differs (naming both); timeout_error when no send comes within the timeout.
+  template <element_type T> [[nodiscard]] handle recv(T* data, std::size_t count, int peer) {
+    check_peer("recv", peer);
+    ZERO_CHECK_CUDA(cudaSetDevice(g_->device()));
+    order_after_compute();
+    const std::string what = p2p_name("recv", count, dtype_v<T>, "from", peer);
+    auto m = g_->take(peer, rank_, what, timeout_);
+    if (m->count != static_cast<std::int64_t>(count) || m->type != dtype_v<T>) {
+      const std::string why = what + " met rank " + std::to_string(peer) + "'s " +
+                              p2p_name("send", static_cast<std::size_t>(m->count), m->type, "to", rank_);
+      g_->fail(why);
+      throw comm_error(why);
+    }
+    ZERO_CHECK_CUDA(cudaStreamWaitEvent(stream_, m->ready, 0));
+    copy(data, static_cast<const T*>(m->data), count);
+    ZERO_CHECK_CUDA(cudaEventRecord(m->copied, stream_));
+    g_->mark_posted(*m);
+    cudaEvent_t done = nullptr;
+    ZERO_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    ZERO_CHECK_CUDA(cudaEventRecord(done, stream_));
+    return handle(done, what, timeout_);
+  }
+
   /// The communicator of the ranks that passed the same `color`, ranked by (key, rank here); collective over
   /// this group (every rank calls it). Named "<this group's name>/<color>", with this one's timeout, on the
   /// same device, with a stream of its own. \throws as the other operations; cuda_error.
@@ -405,6 +526,25 @@ private:
     }
   }
 
+  void check_peer(const char* what, int peer) const {
+    if (peer < 0 || peer >= size() || peer == rank_) {
+      throw usage_error(std::string(what) + ": peer " + std::to_string(peer) + " of a group of " +
+                        std::to_string(size()) + " at rank " + std::to_string(rank_) +
+                        "; expected another rank of the group");
+    }
+  }
+  /// "send(count=8, fp32) to rank 1 at rank 0 of group \"world\"".
+  std::string p2p_name(const char* op, std::size_t count, dtype type, const char* dir, int peer) const {
+    return std::string(op) + "(count=" + std::to_string(count) + ", " + std::string(name_of(type)) + ") " + dir +
+           " rank " + std::to_string(peer) + " at rank " + std::to_string(rank_) + " of group \"" + g_->name() + "\"";
+  }
+  void order_after_compute() {
+    if (compute_ != nullptr) {
+      ZERO_CHECK_CUDA(cudaEventRecord(produced_, compute_));
+      ZERO_CHECK_CUDA(cudaStreamWaitEvent(stream_, produced_, 0));
+    }
+  }
+
   template <element_type T> static void check_op(const char* what, reduce_op op) {
     if (op == reduce_op::avg && !(std::is_floating_point_v<T> || is_half_v<T>)) {
       throw usage_error(std::string(what) + ": reduce_op::avg needs a floating element type");
@@ -450,10 +590,7 @@ private:
                                    extra};
     const std::string what = detail::describe(sig);
     ZERO_CHECK_CUDA(cudaSetDevice(g_->device()));
-    if (compute_ != nullptr) {
-      ZERO_CHECK_CUDA(cudaEventRecord(produced_, compute_));
-      ZERO_CHECK_CUDA(cudaStreamWaitEvent(stream_, produced_, 0));
-    }
+    order_after_compute();
     auto& me = g_->slot(rank_);
     me.sig = sig;
     me.send = send;
@@ -538,6 +675,6 @@ void run_device_group(int n, F&& fn, int device = 0, std::chrono::milliseconds t
 static_assert(can_all_reduce<device_group_communicator> && can_reduce_scatter<device_group_communicator> &&
               can_all_gather<device_group_communicator> && can_broadcast<device_group_communicator> &&
               can_barrier<device_group_communicator> && can_all_to_all<device_group_communicator> &&
-              can_split<device_group_communicator>);
+              can_split<device_group_communicator> && can_send_recv<device_group_communicator>);
 
 } // namespace zero
