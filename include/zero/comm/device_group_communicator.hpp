@@ -672,9 +672,6 @@ void run_device_group(int n, F&& fn, int device = 0, std::chrono::milliseconds t
       [&] { group->fail("a rank failed"); });
 }
 
-static_assert(can_all_reduce<device_group_communicator> && can_reduce_scatter<device_group_communicator> &&
-              can_all_gather<device_group_communicator> && can_broadcast<device_group_communicator> &&
-              can_barrier<device_group_communicator> && can_all_to_all<device_group_communicator> &&
-              can_split<device_group_communicator> && can_send_recv<device_group_communicator>);
+static_assert(full_communicator<device_group_communicator>);
 
 } // namespace zero
