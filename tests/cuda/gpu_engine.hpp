@@ -50,4 +50,10 @@ inline zero::testing::run_result train_on_one_gpu(const zero::testing::run_spec&
   return zero::testing::train_with<zero::cuda_backend>(s, one_gpu_group, one_gpu_backend, device_io{});
 }
 
+/// `train_with_engine` of the harness on the ranks `r` (whose world `s` must have).
+inline zero::testing::run_result train_on(const zero::testing::run_spec& s, const gpu_ranks& r) {
+  REQUIRE(s.world == r.world);
+  return r.one_gpu ? train_on_one_gpu(s) : train_on_gpus(s);
+}
+
 } // namespace zero::test

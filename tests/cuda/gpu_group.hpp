@@ -1,12 +1,13 @@
 #pragma once
 /// \file
-/// Helpers of the multi-GPU tests: the world sizes this machine can run (1 and 2 GPUs), and host <-> device
-/// copies of small vectors.
+/// Helpers of the multi-GPU tests: the world sizes this machine can run (1 and 2 GPUs, and ranks sharing one GPU),
+/// and host <-> device copies of small vectors.
 
 #include "zero/core/cuda_check.hpp"
 
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
+#include <ostream>
 #include <vector>
 
 namespace zero::test {
@@ -24,6 +25,28 @@ inline std::vector<int> gpu_worlds() {
     }
   }
   return w;
+}
+
+/// Where a test's ranks run: one GPU each, a thread per GPU over NCCL (`run_gpus`), or all of them threads
+/// sharing GPU 0 (`run_device_group`).
+struct gpu_ranks {
+  int world = 1;
+  bool one_gpu = false;
+  friend std::ostream& operator<<(std::ostream& os, const gpu_ranks& r) {
+    return os << r.world << (r.one_gpu ? " ranks sharing one GPU" : " GPU(s), a rank each");
+  }
+};
+
+/// The rank sets the engine's GPU tests run: `gpu_worlds()` (a rank per GPU), then 2 and 4 ranks sharing GPU 0,
+/// where every multi-rank path runs on a machine with one GPU.
+inline std::vector<gpu_ranks> gpu_rank_sets() {
+  std::vector<gpu_ranks> sets;
+  for (int w : gpu_worlds()) {
+    sets.push_back({.world = w});
+  }
+  sets.push_back({.world = 2, .one_gpu = true});
+  sets.push_back({.world = 4, .one_gpu = true});
+  return sets;
 }
 
 /// A device copy of `h` (cudaMalloc'd; free with cudaFree).
