@@ -4,7 +4,10 @@
 //   zero-deep-mlp-cuda --gpus 2 --stage 3              one thread per GPU (nccl_communicator, run_gpus)
 //   torchrun --standalone --nproc_per_node=2 --no-python ./zero-deep-mlp-cuda --env --stage 3
 //                                                      one process per GPU (nccl_communicator::from_env)
+//   zero-deep-mlp-cuda --ranks 4 --stage 3             four ranks as threads sharing GPU 0
+//                                                      (device_group_communicator, run_device_group)
 //   zero-deep-mlp-cuda --check --gpus 2                small model, every stage, checked against the CPU
+//   zero-deep-mlp-cuda --check --ranks 4               the same with four ranks on one GPU
 //   zero-deep-mlp-cuda --gpus 2 --config offload_cpu.json --offload-threads 8
 //                                                      ZeRO-Offload: optimizer state in pinned host memory
 //   zero-deep-mlp-cuda --gpus 2 --config offload_nvme.json --nvme-path /mnt/nvme/zero
@@ -12,6 +15,8 @@
 //                                                      (io_uring and O_DIRECT in a build with zero::uring)
 //   zero-deep-mlp-cuda --gpus 2 --config auto-plan --hidden 16384
 //                                                      the fastest setting that fits these GPUs and host
+//   zero-deep-mlp-cuda --ranks 2 --config auto-plan    the same for two ranks sharing GPU 0 (each plans for
+//                                                      half of its memory, device rates and copy rates)
 //
 // Block l: y = x + gelu(x W_l^T + b_l), W_l hidden x hidden; loss 0.5 * mean((y_L - target)^2) against
 // a fixed random target. The same model in PyTorch FSDP2 is bench/fsdp2/fsdp2_mlp.py.
@@ -37,8 +42,11 @@
 #include <system_error>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 #include <zero/backend/cuda_backend.hpp>
+#include <zero/backend/cuda_kernels.hpp>
+#include <zero/comm/device_group_communicator.hpp>
 #include <zero/comm/nccl_communicator.hpp>
 #include <zero/config/config.hpp>
 #include <zero/engine/engine.hpp>
@@ -58,8 +66,15 @@ using storage_type = zero::uring_storage;
 #else
 using storage_type = zero::posix_storage;
 #endif
-using engine_type =
-    zero::basic_engine<zero::cuda_backend, zero::nccl_communicator, zero::cuda_backend::allocator_type, storage_type>;
+/// The engine over `Comm`: nccl_communicator (a GPU per rank) or device_group_communicator (ranks sharing one GPU).
+template <class Comm>
+using engine_type = zero::basic_engine<zero::cuda_backend, Comm, zero::cuda_backend::allocator_type, storage_type>;
+
+/// Whether the ranks of `Comm` are threads sharing one GPU (--ranks) rather than one GPU each.
+template <class Comm> inline constexpr bool ranks_share_gpu = std::is_same_v<Comm, zero::device_group_communicator>;
+
+/// The GPU the ranks of --ranks share.
+constexpr int shared_gpu = 0;
 
 constexpr const char* program = "zero-deep-mlp-cuda";
 /// What ctest takes as "skipped" (SKIP_RETURN_CODE): fewer GPUs than asked for.
@@ -68,6 +83,7 @@ constexpr int exit_skipped = 77;
 struct options {
   std::optional<int> gpus;
   bool env = false;
+  std::optional<int> ranks; // --ranks: threads sharing GPU 0
   std::optional<int> stage;
   std::optional<int> hidden, blocks, rows, steps, warmup;
   std::optional<double> lr;
@@ -93,13 +109,17 @@ struct run_params {
 };
 
 const char* usage_text = R"(usage: zero-deep-mlp-cuda [flags]
-  --gpus N       GPUs, one thread each (default: every visible GPU)
+  --gpus N       GPUs, one thread each over NCCL (default: every visible GPU)
   --env          one process per GPU under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)
+  --ranks N      N ranks (1 to 16) as threads sharing GPU 0, each with streams of its own
+                 (device_group_communicator); excludes --gpus and --env. The report says "ranks on
+                 one GPU": its device memory delta is the GPU's, all ranks together, its TFLOP/s the
+                 GPU's (every rank's rows); the pool peaks are rank 0's
   --stage S      ZeRO stage 0-3 (default: the config's with --config, else 2; --check with neither
                  checks all four)
   --hidden H     width, a multiple of 8 (default 8192; --check: 256)
   --blocks L     residual blocks (default 24; --check: 4)
-  --rows R       rows per GPU and step (default 8192; --check: 64)
+  --rows R       rows per rank (a GPU, or with --ranks a thread) and step (default 8192; --check: 64)
   --steps N      timed steps (default 10; --check: 5)
   --warmup N     untimed steps first (default 3; --check: 0)
   --lr X         AdamW learning rate (default 1e-4; --check: 1e-3)
@@ -111,7 +131,10 @@ const char* usage_text = R"(usage: zero-deep-mlp-cuda [flags]
   --gpu-memory BYTES, --host-memory BYTES, --nvme BYTES
                  auto-plan's budgets per GPU, of host memory and on NVMe under --nvme-path, e.g.
                  24GiB (default: GPU 0's free memory less this model's activations and workspaces,
-                 the host's available memory, the free space of --nvme-path or none)
+                 the host's available memory, the free space of --nvme-path or none). With --ranks N
+                 each rank plans for 1/N of the GPU: --gpu-memory / N (default: GPU 0's free memory
+                 / N less the rank's own activations and workspaces), and 1/N of the AdamW and
+                 host-device copy rates measured on it
   --offload-threads N
                  host threads of the AdamW step under offload_optimizer cpu or nvme (default: the
                  host's threads divided by the ranks)
@@ -184,6 +207,9 @@ bool parse(int argc, char** argv, options& o) {
     } else if (flag == "--env") {
       no_value();
       o.env = true;
+    } else if (flag == "--ranks") {
+      // At most what one device group reduces in a kernel (zero::cuda::reduce_ranks).
+      o.ranks = static_cast<int>(parse_int(flag, value(), 1, static_cast<long>(zero::cuda::max_reduce_ranks)));
     } else if (flag == "--stage") {
       o.stage = static_cast<int>(parse_int(flag, value(), 0, 3));
     } else if (flag == "--hidden") {
@@ -228,6 +254,12 @@ bool parse(int argc, char** argv, options& o) {
       bad_flag("unknown flag \"" + std::string(argv[i]) + "\"");
     }
   }
+  if (o.ranks && (o.gpus || o.env)) {
+    bad_flag(o.gpus ? "--ranks and --gpus exclude each other (--ranks N: N threads sharing GPU 0; --gpus N: a "
+                      "thread per GPU over NCCL)"
+                    : "--ranks and --env exclude each other (--ranks N: N threads of this process sharing GPU 0; "
+                      "--env: a process per GPU under torchrun)");
+  }
   if (o.nvme_path && o.config_file.empty()) {
     bad_flag("--nvme-path needs --config with offload_optimizer nvme (such as offload_nvme.json); the built-in "
              "config offloads nothing");
@@ -237,8 +269,8 @@ bool parse(int argc, char** argv, options& o) {
     bad_flag("--gpu-memory, --host-memory and --nvme are budgets of --config auto-plan");
   }
   if (planned && (o.env || o.stage)) {
-    bad_flag(o.env ? "--config auto-plan runs one process (--gpus): under torchrun each process would measure, and "
-                     "processes that chose differently would hang"
+    bad_flag(o.env ? "--config auto-plan runs one process (--gpus or --ranks): under torchrun each process would "
+                     "measure, and processes that chose differently would hang"
                    : "--config auto-plan chooses the stage; leave out --stage");
   }
   if (o.nvme_budget && !o.nvme_path) {
@@ -289,19 +321,21 @@ nlohmann::json default_config(const run_params& p, int stage) {
         {"stage3_param_persistence_threshold", h}}}};
 }
 
-/// --config auto-plan: the fastest stage and offload setting for this model on `gpus` GPUs that fits
+/// --config auto-plan: the fastest stage and offload setting for this model on `ranks` ranks that fits
 /// the budgets, by the rates measured now on GPU 0, the host and --nvme-path (zero/tools/probes.hpp).
-/// Prints the plan (to stderr with --json) and keeps its config block in `opt.plan_block`.
+/// `ranks_per_gpu` ranks share each GPU (1, or with --ranks all of them): each rank plans for that share of
+/// the GPU's memory, of its AdamW rate and of its copy rates, as the host's rate is shared among a node's
+/// ranks by the planner. Prints the plan (to stderr with --json) and keeps its config block in `opt.plan_block`.
 /// \throws usage_error when nothing fits; what the probes throw.
-void plan_run(options& opt, const run_params& p, int gpus) {
+void plan_run(options& opt, const run_params& p, int ranks, int ranks_per_gpu) {
   namespace zt = zero::tools;
   const auto cfg = zero::config::from_json(
-      default_config(p, 2), {.world_size = gpus, .hidden_size = p.shape.hidden, .micro_batch_size = p.shape.rows},
+      default_config(p, 2), {.world_size = ranks, .hidden_size = p.shape.hidden, .micro_batch_size = p.shape.rows},
       "built-in config");
   const auto h = static_cast<std::int64_t>(p.shape.hidden);
   const auto model = zt::summarize_modules(
       std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(p.shape.blocks), {h * h, h}));
-  const auto o = zt::estimate_options_from(cfg, model, gpus);
+  const auto o = zt::estimate_options_from(cfg, model, ranks);
   if (opt.nvme_path) {
     // Created if missing, as for a config with offload_optimizer nvme: the storage is measured there.
     std::filesystem::create_directories(*opt.nvme_path);
@@ -310,23 +344,34 @@ void plan_run(options& opt, const run_params& p, int gpus) {
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   ZERO_CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const std::size_t framework = deep_mlp::model<engine_type>::framework_bytes_of(p.shape);
+  // Every rank on the GPU holds activations and workspaces of its own beside its share.
+  const std::size_t share = free_bytes / static_cast<std::size_t>(ranks_per_gpu);
+  const std::size_t framework = deep_mlp::model<engine_type<zero::nccl_communicator>>::framework_bytes_of(p.shape);
   zt::memory_budget budget;
-  budget.device_bytes =
-      opt.gpu_memory.value_or(static_cast<std::int64_t>(free_bytes > framework ? free_bytes - framework : 0));
+  budget.device_bytes = opt.gpu_memory ? *opt.gpu_memory / ranks_per_gpu
+                                       : static_cast<std::int64_t>(share > framework ? share - framework : 0);
   budget.host_bytes = opt.host_memory.value_or(zt::available_host_memory());
   budget.nvme_bytes = opt.nvme_budget.value_or(opt.nvme_path ? zt::free_storage_bytes(*opt.nvme_path) : 0);
   cudaDeviceProp prop{};
   ZERO_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-  const auto rates = zt::measure_rates(
-      device, prop.name, {}, opt.nvme_path ? std::optional<std::filesystem::path>(*opt.nvme_path) : std::nullopt);
+  auto rates = zt::measure_rates(device, prop.name, {},
+                                 opt.nvme_path ? std::optional<std::filesystem::path>(*opt.nvme_path) : std::nullopt);
+  // The ranks of one GPU step their shards on it at once and copy over its one link: each gets its share.
+  rates.device_adamw /= ranks_per_gpu;
+  rates.host_to_device /= ranks_per_gpu;
+  rates.device_to_host /= ranks_per_gpu;
   const auto plan = zt::make_plan(o, rates, budget);
   std::FILE* out = opt.json ? stderr : stdout;
-  std::fprintf(out,
-               "auto-plan for %lld parameters on %d GPU(s); budgets: %s per GPU%s, %s of host memory, %s of NVMe\n%s",
-               static_cast<long long>(model.params), gpus, zt::show_bytes(budget.device_bytes).c_str(),
-               opt.gpu_memory ? "" : " (free memory less the model's activations and workspaces)",
-               zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
+  std::string where = std::to_string(ranks) + " GPU(s)";
+  std::string per = opt.gpu_memory ? " per GPU" : " per GPU (free memory less the model's activations and workspaces)";
+  if (ranks_per_gpu > 1) {
+    where = std::to_string(ranks) + " ranks sharing GPU 0";
+    per = " per rank (" + std::string(opt.gpu_memory ? "--gpu-memory" : "GPU 0's free memory") + " / " +
+          std::to_string(ranks_per_gpu) + (opt.gpu_memory ? "" : " less the rank's activations and workspaces") + ")";
+  }
+  std::fprintf(out, "auto-plan for %lld parameters on %s; budgets: %s%s, %s of host memory, %s of NVMe\n%s",
+               static_cast<long long>(model.params), where.c_str(), zt::show_bytes(budget.device_bytes).c_str(),
+               per.c_str(), zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
                zt::plan_table(plan).c_str());
   if (!plan.chosen) {
     throw zero::usage_error("--config auto-plan: no setting fits the budgets (--gpu-memory, --host-memory, --nvme)");
@@ -338,7 +383,8 @@ void plan_run(options& opt, const run_params& p, int gpus) {
 
 /// Device memory in use on the current device, from cudaMemGetInfo, relative to a baseline taken
 /// after CUDA and NCCL started: what this run reserved (engine pools, cuBLAS, activations), the
-/// counterpart of PyTorch's max_memory_reserved plus cuBLAS' own handle memory.
+/// counterpart of PyTorch's max_memory_reserved plus cuBLAS' own handle memory. The device's count: with
+/// ranks sharing it, what all of them reserved.
 class device_memory_probe {
 public:
   device_memory_probe() : baseline_(used()) {}
@@ -380,7 +426,9 @@ private:
 /// What a run measured (rank 0's view; losses are rank 0's rows).
 struct outcome {
   int stage = 0;
-  int gpus = 1;
+  int gpus = 1;  ///< the GPUs the ranks ran on: one per rank, or 1 with --ranks
+  int ranks = 1; ///< the ranks (data-parallel world size)
+  bool ranks_on_one_gpu = false;
   run_params p;
   std::size_t params = 0;
   double step_ms = 0;
@@ -523,12 +571,18 @@ private:
   bool ok_ = true;
 };
 
-/// One run: the built-in config at `stage`, or the --config file at `stage` when given (else at its own).
-outcome train(zero::nccl_communicator& comm, const options& opt, const run_params& p, std::optional<int> stage) {
-  ZERO_CHECK_CUDA(cudaSetDevice(comm.device()));
+/// One run on `device`, `comm`'s rank's GPU: the built-in config at `stage`, or the --config file at `stage` when
+/// given (else at its own).
+template <class Comm>
+outcome train(Comm& comm, int device, const options& opt, const run_params& p, std::optional<int> stage) {
+  ZERO_CHECK_CUDA(cudaSetDevice(device));
   ZERO_CHECK_CUDA(cudaFree(nullptr)); // the context exists before the baseline is taken
   ZERO_CHECK_CUDA(cudaDeviceSynchronize());
   device_memory_probe device_memory;
+  if constexpr (ranks_share_gpu<Comm>) {
+    // Every rank's baseline before any rank allocates: the delta is then what all of them reserved.
+    comm.barrier().wait();
+  }
 
   nlohmann::json j;
   if (opt.plan_block) {
@@ -566,15 +620,15 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   }
 
   const int rank = comm.rank();
-  zero::cuda_backend backend(comm.device());
-  engine_type eng(cfg, comm, backend);
+  zero::cuda_backend backend(device);
+  engine_type<Comm> eng(cfg, comm, backend);
   eng.set_offload_threads(opt.offload_threads);
   eng.set_log([rank](const std::string& line) {
     if (rank == 0) {
       std::fprintf(stderr, "%s\n", line.c_str());
     }
   });
-  deep_mlp::model<engine_type> model(eng, p.shape, rank, backend.get_allocator()); // the engine's pool
+  deep_mlp::model<engine_type<Comm>> model(eng, p.shape, rank, backend.get_allocator()); // the engine's pool
   eng.finalize();
   model.setup();
 
@@ -604,7 +658,9 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   std::vector<double> forward_ms, backward_ms, optimizer_ms;
   outcome o;
   o.stage = cfg.stage();
-  o.gpus = comm.size();
+  o.ranks = comm.size();
+  o.ranks_on_one_gpu = ranks_share_gpu<Comm>;
+  o.gpus = o.ranks_on_one_gpu ? 1 : comm.size();
   o.p = p;
   o.params = model.parameters();
   auto destroy_marks = [&] {
@@ -681,10 +737,10 @@ outcome train(zero::nccl_communicator& comm, const options& opt, const run_param
   o.optimizer_ms = median(optimizer_ms);
   // Model FLOPs: 6 * params * rows per step (forward GEMM 2, backward dx and dW GEMMs 4 per weight
   // element and row); block 0's dx GEMM, which nobody needs, is counted although neither this program
-  // nor autograd runs it. Elementwise kernels, the optimizer and communication are not counted.
-  o.tflops_per_gpu = o.step_ms > 0 ? 6.0 * static_cast<double>(o.params) * static_cast<double>(p.shape.rows) /
-                                         (o.step_ms * 1e-3) / 1e12
-                                   : 0;
+  // nor autograd runs it. Elementwise kernels, the optimizer and communication are not counted. Ranks
+  // sharing a GPU step together on it, so its rate counts every rank's rows.
+  const double rows_per_gpu = static_cast<double>(p.shape.rows) * (o.ranks / o.gpus);
+  o.tflops_per_gpu = o.step_ms > 0 ? 6.0 * static_cast<double>(o.params) * rows_per_gpu / (o.step_ms * 1e-3) / 1e12 : 0;
   o.memory = eng.memory();
   o.framework_bytes = model.framework_bytes();
   o.activation_bytes = model.activation_bytes();
@@ -732,6 +788,11 @@ void report(const outcome& o, bool json) {
     nlohmann::json j{{"impl", "zero"},
                      {"stage", o.stage},
                      {"gpus", o.gpus},
+                     {"ranks", o.ranks},
+                     // With ranks on one GPU: rows, the pool and engine peaks are per rank (rank 0's), the
+                     // cudaMemGetInfo delta and the default pool's mark the GPU's (every rank's), and
+                     // tflops_per_gpu counts every rank's rows.
+                     {"ranks_on_one_gpu", o.ranks_on_one_gpu},
                      {"hidden", o.p.shape.hidden},
                      {"blocks", o.p.shape.blocks},
                      {"rows", o.p.shape.rows},
@@ -745,8 +806,9 @@ void report(const outcome& o, bool json) {
                      {"backward_ms", o.backward_ms},
                      {"optimizer_ms", o.optimizer_ms},
                      {"tflops_per_gpu", o.tflops_per_gpu},
-                     {"flops_counted", "6*params*rows per step per GPU: fwd + bwd (dx, dW) GEMMs; block 0's unused "
-                                       "dx GEMM included; elementwise, optimizer, communication excluded"},
+                     {"flops_counted", "6*params*rows per step per GPU (rows of every rank on it): fwd + bwd (dx, "
+                                       "dW) GEMMs; block 0's unused dx GEMM included; elementwise, optimizer, "
+                                       "communication excluded"},
                      {"peak_allocated_bytes", allocated},
                      {"peak_reserved_bytes", o.pool_peak_reserved},
                      {"sum_of_peaks_bytes", sum_of_peaks},
@@ -784,22 +846,29 @@ void report(const outcome& o, bool json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     const double gib = double(std::size_t{1} << 30);
-    std::printf("stage %d, %d GPU(s), hidden %d, %d blocks, %d rows/GPU, %zu parameters\n"
-                "  step %.2f ms median over %d steps (wall %.2f ms), %.1f TFLOP/s per GPU (6 * params * rows)\n"
+    // With ranks on one GPU the pool and the engine's counters are rank 0's, the cudaMemGetInfo delta the GPU's.
+    const bool shared = o.ranks_on_one_gpu;
+    const std::string where =
+        shared ? std::to_string(o.ranks) + " ranks on one GPU" : std::to_string(o.gpus) + " GPU(s)";
+    const std::string flops =
+        shared ? "6 * params * rows * " + std::to_string(o.ranks) + " ranks" : "6 * params * rows";
+    std::printf("stage %d, %s, hidden %d, %d blocks, %d rows/%s, %zu parameters\n"
+                "  step %.2f ms median over %d steps (wall %.2f ms), %.1f TFLOP/s per GPU (%s)\n"
                 "  of it forward %.2f ms, backward %.2f ms, optimizer step to the next start %.2f ms (medians)\n"
                 "  loss %.6f -> %.6f\n"
-                "  peak allocated %.2f GiB (one pool; the peaks of engine model state %.2f + buffers %.2f + gathered "
+                "  peak allocated %.2f GiB (%s; the peaks of engine model state %.2f + buffers %.2f + gathered "
                 "%.2f + framework %.2f = %.2f, activations %.2f of it)\n"
-                "  peak reserved %.2f GiB (the pool's; cudaMemGetInfo delta %.2f GiB)\n"
+                "  peak reserved %.2f GiB (the pool's; cudaMemGetInfo delta %.2f GiB%s)\n"
                 "  host (offloaded): peak %.2f GiB, formula %.2f GiB\n%s",
-                o.stage, o.gpus, o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, o.params, o.step_ms, o.p.steps,
-                o.step_wall_ms, o.tflops_per_gpu, o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first,
-                o.loss_last, static_cast<double>(allocated) / gib, static_cast<double>(m.model_state_peak) / gib,
+                o.stage, where.c_str(), o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, shared ? "rank" : "GPU",
+                o.params, o.step_ms, o.p.steps, o.step_wall_ms, o.tflops_per_gpu, flops.c_str(), o.forward_ms,
+                o.backward_ms, o.optimizer_ms, o.loss_first, o.loss_last, static_cast<double>(allocated) / gib,
+                shared ? "rank 0's pool" : "one pool", static_cast<double>(m.model_state_peak) / gib,
                 static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
                 static_cast<double>(o.framework_bytes) / gib, static_cast<double>(sum_of_peaks) / gib,
                 static_cast<double>(o.activation_bytes) / gib, static_cast<double>(o.pool_peak_reserved) / gib,
-                static_cast<double>(o.device_peak_delta) / gib, static_cast<double>(m.host_peak) / gib,
-                m.host_formula / gib, m.table().c_str());
+                static_cast<double>(o.device_peak_delta) / gib, shared ? ", the GPU's: every rank's" : "",
+                static_cast<double>(m.host_peak) / gib, m.host_formula / gib, m.table().c_str());
     if (const auto& b = o.host_bound) {
       std::printf("  host side's lower bound %.2f ms: max(host AdamW %.2f ms at %.2f Gparam/s probed now, copies %.2f "
                   "ms at %.1f / %.1f GB/s down / up); step / bound %.3f (forward + backward on the GPU not in it)\n",
@@ -807,8 +876,8 @@ void report(const outcome& o, bool json) {
                   b->to_device_bytes_per_s / 1e9, b->ms > 0 ? o.step_ms / b->ms : 0.0);
     }
     if (m.nvme > 0) {
-      std::printf("  on NVMe (%s storage): optimizer state file %.2f GiB, parameter file %.2f GiB per GPU (two slots "
-                  "each); host buffers %.2f GiB (in the host peak)\n",
+      std::printf("  on NVMe (%s storage): optimizer state file %.2f GiB, parameter file %.2f GiB per rank (two "
+                  "slots each); host buffers %.2f GiB (in the host peak)\n",
                   o.storage.c_str(), static_cast<double>(m.nvme - m.nvme_params) / gib,
                   static_cast<double>(m.nvme_params) / gib, static_cast<double>(m.host_buffers) / gib);
     }
@@ -847,7 +916,7 @@ int main(int argc, char** argv) {
     if (opt.env) {
       auto comm = zero::nccl_communicator::from_env();
       for (const std::optional<int> stage : stages) {
-        const auto o = train(comm, opt, p, stage);
+        const auto o = train(comm, comm.device(), opt, p, stage);
         ok = ok && o.check_ok;
         if (comm.rank() == 0) {
           report(o, opt.json);
@@ -859,26 +928,34 @@ int main(int argc, char** argv) {
         (void)cudaGetLastError();
         visible = 0;
       }
-      const int gpus = opt.gpus.value_or(visible);
-      if (visible == 0 || gpus > visible) {
-        std::fprintf(stderr, "%s: skipped: %d GPU(s) asked for, %d visible\n", program, std::max(gpus, 1), visible);
+      // --ranks: every rank on GPU 0; else a GPU per rank.
+      const int needed = opt.ranks ? 1 : opt.gpus.value_or(visible);
+      if (visible == 0 || needed > visible) {
+        std::fprintf(stderr, "%s: skipped: %d GPU(s) asked for, %d visible\n", program, std::max(needed, 1), visible);
         return exit_skipped;
       }
+      const int world = opt.ranks.value_or(needed);
       if (opt.config_file == auto_plan) {
-        plan_run(opt, p, gpus);
+        plan_run(opt, p, world, opt.ranks ? world : 1);
       }
       for (const std::optional<int> stage : stages) {
         outcome result;
         std::atomic<bool> all_ok{true};
-        zero::run_gpus(gpus, [&](zero::nccl_communicator& comm) {
-          auto o = train(comm, opt, p, stage);
+        auto rank = [&](auto& comm, int device) {
+          auto o = train(comm, device, opt, p, stage);
           if (!o.check_ok) {
             all_ok = false;
           }
           if (comm.rank() == 0) {
             result = o;
           }
-        });
+        };
+        if (opt.ranks) {
+          zero::run_device_group(
+              world, [&](zero::device_group_communicator& comm) { rank(comm, shared_gpu); }, shared_gpu);
+        } else {
+          zero::run_gpus(world, [&](zero::nccl_communicator& comm) { rank(comm, comm.device()); });
+        }
         ok = ok && all_ok;
         report(result, opt.json);
       }

@@ -1,8 +1,9 @@
 #pragma once
 // zero-gpt on GPUs: gpt_cuda.hpp's bf16 math over a cuda_backend engine whose parameters and gradients live in
-// device memory, one GPU per rank over NCCL. `math_traits<cuda_model>` tells gpt_engine.hpp's zero_gpt how to
-// drive it; `cuda_runtime` is main.cpp's train() on a GPU; `host_sums<nccl_communicator>` sums the host's loss
-// counters through device memory, which NCCL's collectives read.
+// device memory, one GPU per rank over NCCL, or ranks as threads sharing one GPU (device_group_communicator,
+// --one-gpu). `math_traits<cuda_model>` tells gpt_engine.hpp's zero_gpt how to drive it; `cuda_runtime` is main.cpp's
+// train() on a GPU; `host_sums` of either communicator sums the host's loss counters through device memory, which
+// their collectives read.
 
 #include "gpt_cuda.hpp"
 #include "gpt_engine.hpp"
@@ -10,6 +11,7 @@
 #include "gpt_runtime.hpp"
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>
@@ -17,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <zero/backend/cuda_backend.hpp>
+#include <zero/comm/device_group_communicator.hpp>
 #include <zero/comm/nccl_communicator.hpp>
 #include <zero/core/cuda_check.hpp>
 #include <zero/engine/engine.hpp>
@@ -78,12 +81,17 @@ template <> struct math_traits<cuda_model> {
   }
 };
 
-/// NCCL reads device memory: the host's values go through a small device buffer on the engine's stream.
-template <> class host_sums<zero::nccl_communicator> {
+/// The communicators whose collectives read and write device memory only: NCCL's (a GPU per rank) and the ranks
+/// sharing one GPU (`device_group_communicator`).
+template <class Comm>
+concept device_communicator =
+    std::same_as<Comm, zero::nccl_communicator> || std::same_as<Comm, zero::device_group_communicator>;
+
+/// A device communicator reads device memory: the host's values go through a small device buffer on the engine's
+/// stream.
+template <device_communicator Comm> class host_sums<Comm> {
 public:
-  explicit host_sums(zero::nccl_communicator& comm) : comm_(comm) {
-    ZERO_CHECK_CUDA(cudaMalloc(&d_, capacity * sizeof(double)));
-  }
+  explicit host_sums(Comm& comm) : comm_(comm) { ZERO_CHECK_CUDA(cudaMalloc(&d_, capacity * sizeof(double))); }
   host_sums(const host_sums&) = delete;
   host_sums& operator=(const host_sums&) = delete;
   ~host_sums() { ZERO_CHECK_CUDA_NOTHROW(cudaFree(d_)); }
@@ -101,12 +109,16 @@ public:
 
 private:
   static constexpr std::size_t capacity = 8;
-  zero::nccl_communicator& comm_;
+  Comm& comm_;
   double* d_ = nullptr;
 };
 
-/// A GPU per rank: cuBLAS and gpt_kernels.cu in bf16 over the engine's device memory, NCCL between GPUs.
+/// A GPU per rank: cuBLAS and gpt_kernels.cu in bf16 over the engine's device memory, NCCL between GPUs; or with
+/// --one-gpu every rank on `shared_device`, device copies and kernels between the ranks' streams.
 struct cuda_runtime {
+  /// The GPU the ranks of --one-gpu share.
+  static constexpr int shared_device = 0;
+
 #if ZERO_HAS_URING
   using storage_type = zero::uring_storage;
 #else
@@ -119,9 +131,15 @@ struct cuda_runtime {
   [[nodiscard]] zero::cuda_backend backend(const zero::nccl_communicator& comm) const {
     return zero::cuda_backend(comm.device());
   }
-  /// Waits until the GPU has done the rank's queued work (the engine's streams and NCCL's: the whole device).
+  /// The rank's backend on the GPU every rank of the group shares.
+  [[nodiscard]] zero::cuda_backend backend(const zero::device_group_communicator&) const {
+    return zero::cuda_backend(shared_device);
+  }
+  /// Waits until the GPU has done the rank's queued work (the engine's streams and the communicator's: the whole
+  /// device, so with --one-gpu the other ranks' work so far too).
   template <class Engine> void synchronize(Engine&) const { ZERO_CHECK_CUDA(cudaDeviceSynchronize()); }
-  /// Notes the device memory in use now (cudaMemGetInfo: every allocation on the GPU, the framework's too).
+  /// Notes the device memory in use now (cudaMemGetInfo: every allocation on the GPU, the framework's too, and with
+  /// --one-gpu every rank's).
   void sample_memory() {
     std::size_t free = 0, total = 0;
     ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
@@ -146,13 +164,13 @@ struct cuda_runtime {
     return prop.name;
   }
 
-  /// --config auto-plan's default device budget: GPU 0's free memory less what the model's activations and
-  /// workspaces take (measured by making the model once; with `checkpoint`, a checkpointing one whose block
-  /// inputs stay on the device, the most it keeps) and less zero_gpt's fp32 gradient scratch (wte's and the
-  /// largest module's gradients, `gradient_scratch_layout`), which the 16-bit gradients of stages 1-3 use (at
-  /// stage 0, whose gradients are fp32, the budget is that much too small). The 52-block, 4096-wide run
-  /// planned without the scratch, 1.52 GiB of it, and stopped short on the GPU.
-  static std::int64_t plan_device_bytes(const model_config& cfg, int batch, bool checkpoint) {
+  /// --config auto-plan's default device budget of one rank: GPU 0's free memory (its 1/`ranks_per_gpu` share with
+  /// --one-gpu) less what the model's activations and workspaces take (measured by making the model once; with
+  /// `checkpoint`, a checkpointing one whose block inputs stay on the device, the most it keeps) and less
+  /// zero_gpt's fp32 gradient scratch (wte's and the largest module's gradients, `gradient_scratch_layout`), which
+  /// the 16-bit gradients of stages 1-3 use (at stage 0, whose gradients are fp32, the budget is that much too
+  /// small). The 52-block, 4096-wide run planned without the scratch, 1.52 GiB of it, and stopped short on the GPU.
+  static std::int64_t plan_device_bytes(const model_config& cfg, int batch, bool checkpoint, int ranks_per_gpu) {
     ZERO_CHECK_CUDA(cudaSetDevice(0));
     std::size_t activations = 0;
     {
@@ -170,7 +188,9 @@ struct cuda_runtime {
     const std::size_t taken = activations + gradient_scratch_layout(parameters(cfg)).floats * sizeof(float);
     std::size_t free = 0, total = 0;
     ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
-    return static_cast<std::int64_t>(free > taken ? free - taken : 0);
+    // Every rank on the GPU holds activations and a scratch of its own beside its share.
+    const std::size_t share = free / static_cast<std::size_t>(ranks_per_gpu);
+    return static_cast<std::int64_t>(share > taken ? share - taken : 0);
   }
   /// The rates --config auto-plan ranks its candidates by, measured now on GPU 0, the host (and `nvme`).
   static zero::tools::machine_rates plan_rates(const std::optional<std::filesystem::path>& nvme) {

@@ -1,7 +1,7 @@
 #pragma once
 // Where zero-gpt runs its ranks: `cpu_runtime` (cpu_backend, in-process threads or MPI processes, gpt_model.hpp's
-// fp32 math). gpt_cuda_engine.hpp adds `cuda_runtime` (cuda_backend, a GPU per rank over NCCL, gpt_cuda.hpp's
-// bf16 math). main.cpp's train() is written once over either.
+// fp32 math). gpt_cuda_engine.hpp adds `cuda_runtime` (cuda_backend, a GPU per rank over NCCL or ranks sharing one
+// GPU, gpt_cuda.hpp's bf16 math). main.cpp's train() is written once over either.
 
 #include "gpt_engine.hpp"
 
@@ -18,7 +18,7 @@
 namespace gpt {
 
 /// Sums a few host doubles (losses, token counts) over the ranks: the communicator's all-reduce on host memory.
-/// gpt_cuda_engine.hpp specialises it for NCCL, whose collectives read device memory.
+/// gpt_cuda_engine.hpp specialises it for the GPU communicators, whose collectives read device memory.
 template <class Comm> class host_sums {
 public:
   explicit host_sums(Comm& comm) : comm_(comm) {}
@@ -50,8 +50,10 @@ struct cpu_runtime {
   [[nodiscard]] std::string device_name() const { return "cpu"; }
 
   /// --config auto-plan's default device budget: the host's available memory, which is the CPU backend's device
-  /// memory.
-  static std::int64_t plan_device_bytes(const model_config&, int, bool) { return zero::tools::available_host_memory(); }
+  /// memory (no GPU is shared on the CPU: the last argument, the ranks per GPU, is 1).
+  static std::int64_t plan_device_bytes(const model_config&, int, bool, int) {
+    return zero::tools::available_host_memory();
+  }
   /// The rates --config auto-plan ranks its candidates by, measured now on this host (and on `nvme`).
   static zero::tools::machine_rates plan_rates(const std::optional<std::filesystem::path>& nvme) {
     zero::cpu_backend device({.threads = 0});

@@ -4,6 +4,9 @@
 //
 //   zero-gpt --text /usr/share/games/fortunes/literature --ranks 4 --stage 3 --steps 200
 //   zero-gpt --train train.bin --val val.bin --preset d12 --config ds_config.json   (llm.c's token shards)
+//   zero-gpt-cuda --device cuda --ranks 2 --stage 3 ...            a GPU per rank, one thread each, over NCCL
+//   zero-gpt-cuda --device cuda --ranks 2 --one-gpu --stage 3 ...  2 ranks as threads sharing GPU 0
+//                                                                  (device_group_communicator)
 //
 // It prints the loss every --print-every steps, the validation loss every --eval-every steps and at the end,
 // --sample N generated tokens (bytes with --text), a checksum of the final parameters (equal bits at every
@@ -73,6 +76,7 @@ struct options {
   bool profile = false;
   bool gemm_epilogues = false;
   std::string device = "cpu";
+  bool one_gpu = false; // --one-gpu: the --ranks share GPU 0 (device_group_communicator)
 };
 
 /// The built-in config: fp32 (bf16 with --device cuda), AdamW as GPT-2 trains (betas 0.9, 0.95; weight decay 0.1 on
@@ -198,7 +202,9 @@ constexpr const char* auto_plan = "auto-plan";
 /// --config auto-plan: the fastest stage and offload setting for this GPT on --ranks ranks that fits the budgets
 /// (--gpu-memory, --host-memory, --nvme; by default the runtime's: the host's available memory on the CPU, GPU 0's
 /// free memory less the model's activations on a GPU, and the free space of --nvme-path), by the rates measured
-/// now (zero/tools/probes.hpp). Prints the plan (to stderr with --json) and merges its config block into `cfg`.
+/// now (zero/tools/probes.hpp). With --one-gpu each rank plans for its share of GPU 0: 1/ranks of its free memory
+/// (less the rank's own activations), of its AdamW rate and of its copy rates, as the planner shares the host's
+/// rate among a node's ranks. Prints the plan (to stderr with --json) and merges its config block into `cfg`.
 /// \throws zero::usage_error when nothing fits, or for a bad byte count.
 template <class Runtime> void plan_run(const options& o, nlohmann::json& cfg) {
   namespace zt = zero::tools;
@@ -220,20 +226,26 @@ template <class Runtime> void plan_run(const options& o, nlohmann::json& cfg) {
     std::filesystem::create_directories(o.nvme_path); // the storage is measured there
     nvme = o.nvme_path;
   }
+  const int ranks_per_gpu = o.one_gpu ? o.ranks : 1;
   zt::memory_budget budget;
   budget.device_bytes = o.gpu_memory
                             ? zt::parse_bytes(*o.gpu_memory)
                             : Runtime::plan_device_bytes(o.model, static_cast<int>(c.train_micro_batch_size_per_gpu),
-                                                         o.checkpoint_activations);
+                                                         o.checkpoint_activations, ranks_per_gpu);
   budget.host_bytes = o.host_memory ? zt::parse_bytes(*o.host_memory) : zt::available_host_memory();
   budget.nvme_bytes = o.nvme_budget ? zt::parse_bytes(*o.nvme_budget) : nvme ? zt::free_storage_bytes(*nvme) : 0;
-  const auto plan = zt::make_plan(est, Runtime::plan_rates(nvme), budget);
+  auto rates = Runtime::plan_rates(nvme);
+  // The ranks of one GPU step their shards on it at once and copy over its one link: each gets its share.
+  rates.device_adamw /= ranks_per_gpu;
+  rates.host_to_device /= ranks_per_gpu;
+  rates.device_to_host /= ranks_per_gpu;
+  const auto plan = zt::make_plan(est, rates, budget);
   std::FILE* out = o.json ? stderr : stdout;
   std::fprintf(out,
-               "auto-plan for %lld parameters on %d rank(s); budgets: %s per rank, %s of host memory, %s of NVMe\n%s",
-               static_cast<long long>(model.params), o.ranks, zt::show_bytes(budget.device_bytes).c_str(),
-               zt::show_bytes(budget.host_bytes).c_str(), zt::show_bytes(budget.nvme_bytes).c_str(),
-               zt::plan_table(plan).c_str());
+               "auto-plan for %lld parameters on %d rank(s)%s; budgets: %s per rank, %s of host memory, %s of NVMe\n%s",
+               static_cast<long long>(model.params), o.ranks, o.one_gpu ? " sharing GPU 0" : "",
+               zt::show_bytes(budget.device_bytes).c_str(), zt::show_bytes(budget.host_bytes).c_str(),
+               zt::show_bytes(budget.nvme_bytes).c_str(), zt::plan_table(plan).c_str());
   if (!plan.chosen) {
     throw zero::usage_error("--config auto-plan: no setting fits the budgets (--gpu-memory, --host-memory, --nvme)");
   }
@@ -475,6 +487,9 @@ void report(const outcome& r, const options& o, double entropy) {
   if (o.json) {
     nlohmann::json j{{"stage", r.stage},
                      {"ranks", r.ranks},
+                     // --one-gpu: the ranks share one GPU, so device_peak_bytes is that GPU's, every rank's bytes
+                     // together, and mfu divides by one GPU's peak; the engine's bytes are per rank as always.
+                     {"ranks_on_one_gpu", o.one_gpu},
                      {"steps", r.steps},
                      {"train_loss", r.train_loss},
                      {"val_loss", r.val_loss},
@@ -504,10 +519,12 @@ void report(const outcome& r, const options& o, double entropy) {
                      {"host_buffers_bytes", r.memory.host_buffers},
                      {"checkpoint_host_bytes", r.checkpoint_host_bytes}};
     if (r.device_peak_bytes > 0) {
-      j["device_peak_bytes"] = r.device_peak_bytes; // cudaMemGetInfo's use at its highest step end
+      j["device_peak_bytes"] = r.device_peak_bytes; // cudaMemGetInfo's use of rank 0's GPU at its highest step end
     }
     if (r.peak_flops > 0) {
-      j["mfu"] = r.tokens_per_s * r.flops_per_token / r.peak_flops;
+      // tokens_per_s counts the global batch: the peak of every GPU the ranks ran on (one with --one-gpu).
+      const int gpus = o.one_gpu ? 1 : r.ranks;
+      j["mfu"] = r.tokens_per_s * r.flops_per_token / (r.peak_flops * gpus);
     }
     if (!r.sample.empty()) {
       j["sample"] = r.sample;
@@ -520,10 +537,10 @@ void report(const outcome& r, const options& o, double entropy) {
     }
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("stage %d, %d ranks: val loss %.4f (byte unigram entropy %.4f) after %ld steps in %.1f s, %.0f "
+    std::printf("stage %d, %d ranks%s: val loss %.4f (byte unigram entropy %.4f) after %ld steps in %.1f s, %.0f "
                 "tokens/s\nparams checksum %016llx\n%s",
-                r.stage, r.ranks, r.val_loss, entropy, r.steps, r.seconds, r.tokens_per_s,
-                static_cast<unsigned long long>(r.checksum), r.memory.table().c_str());
+                r.stage, r.ranks, o.one_gpu ? " on one GPU" : "", r.val_loss, entropy, r.steps, r.seconds,
+                r.tokens_per_s, static_cast<unsigned long long>(r.checksum), r.memory.table().c_str());
     if (!r.sample.empty()) {
       std::printf("sample: %s\n", r.sample.c_str());
     }
@@ -546,10 +563,15 @@ int main(int argc, char** argv) {
   app.add_option("--d-model", o.model.d_model, "model width");
   app.add_option("--seq", o.model.seq, "context length");
   app.add_option("--vocab", o.model.vocab, "vocabulary size (256 with --text)");
-  app.add_option("--ranks", o.ranks, "in-process ranks (with --device cuda: GPUs, one thread each)")
+  app.add_option("--ranks", o.ranks,
+                 "in-process ranks (with --device cuda: GPUs, one thread each; with --one-gpu, threads sharing GPU 0)")
       ->check(CLI::Range(1, 64));
+  app.add_flag("--one-gpu", o.one_gpu,
+               "with --device cuda: the --ranks ranks (at most 16) as threads sharing GPU 0, each with streams of its "
+               "own (device_group_communicator) instead of a GPU each over NCCL");
 #if ZERO_GPT_CUDA
-  app.add_option("--device", o.device, "where the model runs: cuda (bf16, cuBLAS, NCCL) or cpu (fp32, OpenBLAS)")
+  app.add_option("--device", o.device,
+                 "where the model runs: cuda (bf16, cuBLAS, NCCL or --one-gpu) or cpu (fp32, OpenBLAS)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   o.device = "cuda";
 #endif
@@ -559,7 +581,8 @@ int main(int argc, char** argv) {
                  "config at the fastest stage and offload that fit this machine");
   app.add_option("--gpu-memory", o.gpu_memory,
                  "with --config auto-plan: bytes per rank, e.g. 2MiB (default: the host's available "
-                 "memory on the CPU, GPU 0's free memory less the model's activations on a GPU)");
+                 "memory on the CPU, GPU 0's free memory less the model's activations on a GPU; with --one-gpu, "
+                 "1/ranks of GPU 0's free memory less each rank's activations)");
   app.add_option("--host-memory", o.host_memory,
                  "with --config auto-plan: bytes of host memory (default: the host's available memory)");
   app.add_option("--nvme", o.nvme_budget,
@@ -611,6 +634,23 @@ int main(int argc, char** argv) {
   if (epilogues->count() == 0) {
     o.gemm_epilogues = o.device == "cuda";
   }
+  if (o.one_gpu && o.device != "cuda") {
+#if ZERO_GPT_CUDA
+    const char* build = "";
+#else
+    const char* build = " (zero-gpt-cuda; this build has no GPU path)";
+#endif
+    std::fprintf(stderr, "zero-gpt: --one-gpu runs the --ranks as threads sharing GPU 0; expected --device cuda%s\n",
+                 build);
+    return 2;
+  }
+#if ZERO_GPT_CUDA
+  if (o.one_gpu && o.ranks > static_cast<int>(zero::cuda::max_reduce_ranks)) {
+    std::fprintf(stderr, "zero-gpt: --one-gpu --ranks %d: at most %zu ranks share one GPU; expected --ranks 1 to %zu\n",
+                 o.ranks, zero::cuda::max_reduce_ranks, zero::cuda::max_reduce_ranks);
+    return 2;
+  }
+#endif
   const bool planned = o.config_file == auto_plan;
   if (o.offload_activations && (!o.checkpoint_activations || (!o.config_file.empty() && !planned))) {
     std::fprintf(stderr, "zero-gpt: --offload-activations %s\n",
@@ -771,19 +811,28 @@ int main(int argc, char** argv) {
 #endif
     } else if (o.device == "cuda") {
 #if ZERO_GPT_CUDA
-      // One thread per GPU over NCCL (zero::run_gpus): --ranks GPUs of this machine.
+      // One thread per GPU over NCCL (zero::run_gpus): --ranks GPUs of this machine; with --one-gpu, --ranks
+      // threads sharing one GPU (zero::run_device_group).
       int visible = 0;
-      if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < o.ranks) {
+      if (cudaGetDeviceCount(&visible) != cudaSuccess || visible < (o.one_gpu ? 1 : o.ranks)) {
         static_cast<void>(cudaGetLastError());
-        throw std::invalid_argument("--device cuda --ranks " + std::to_string(o.ranks) + ": " +
-                                    std::to_string(visible) + " GPU(s) visible; expected at least as many as ranks");
+        throw std::invalid_argument("--device cuda --ranks " + std::to_string(o.ranks) +
+                                    (o.one_gpu ? " --one-gpu" : "") + ": " + std::to_string(visible) +
+                                    " GPU(s) visible; expected " +
+                                    (o.one_gpu ? "at least one" : "at least as many as ranks"));
       }
-      zero::run_gpus(o.ranks, [&](zero::nccl_communicator& comm) {
+      auto rank = [&](auto& comm) {
         auto r = train<gpt::cuda_runtime>(comm, cfg, o, train_set, val_set);
         if (comm.rank() == 0) {
           result = r;
         }
-      });
+      };
+      if (o.one_gpu) {
+        zero::run_device_group(
+            o.ranks, [&](zero::device_group_communicator& comm) { rank(comm); }, gpt::cuda_runtime::shared_device);
+      } else {
+        zero::run_gpus(o.ranks, [&](zero::nccl_communicator& comm) { rank(comm); });
+      }
 #endif
     } else {
       zero::run_ranks(o.ranks, [&](zero::thread_communicator& comm) {
