@@ -571,10 +571,10 @@ private:
   bool ok_ = true;
 };
 
-/// One run on `device`, `comm`'s rank's GPU: the built-in config at `stage`, or the --config file at `stage` when
+/// One run on `comm.device()`, the rank's GPU: the built-in config at `stage`, or the --config file at `stage` when
 /// given (else at its own).
-template <class Comm>
-outcome train(Comm& comm, int device, const options& opt, const run_params& p, std::optional<int> stage) {
+template <class Comm> outcome train(Comm& comm, const options& opt, const run_params& p, std::optional<int> stage) {
+  const int device = comm.device();
   ZERO_CHECK_CUDA(cudaSetDevice(device));
   ZERO_CHECK_CUDA(cudaFree(nullptr)); // the context exists before the baseline is taken
   ZERO_CHECK_CUDA(cudaDeviceSynchronize());
@@ -916,7 +916,7 @@ int main(int argc, char** argv) {
     if (opt.env) {
       auto comm = zero::nccl_communicator::from_env();
       for (const std::optional<int> stage : stages) {
-        const auto o = train(comm, comm.device(), opt, p, stage);
+        const auto o = train(comm, opt, p, stage);
         ok = ok && o.check_ok;
         if (comm.rank() == 0) {
           report(o, opt.json);
@@ -941,8 +941,8 @@ int main(int argc, char** argv) {
       for (const std::optional<int> stage : stages) {
         outcome result;
         std::atomic<bool> all_ok{true};
-        auto rank = [&](auto& comm, int device) {
-          auto o = train(comm, device, opt, p, stage);
+        auto rank = [&](auto& comm) {
+          auto o = train(comm, opt, p, stage);
           if (!o.check_ok) {
             all_ok = false;
           }
@@ -952,9 +952,9 @@ int main(int argc, char** argv) {
         };
         if (opt.ranks) {
           zero::run_device_group(
-              world, [&](zero::device_group_communicator& comm) { rank(comm, shared_gpu); }, shared_gpu);
+              world, [&](zero::device_group_communicator& comm) { rank(comm); }, shared_gpu);
         } else {
-          zero::run_gpus(world, [&](zero::nccl_communicator& comm) { rank(comm, comm.device()); });
+          zero::run_gpus(world, [&](zero::nccl_communicator& comm) { rank(comm); });
         }
         ok = ok && all_ok;
         report(result, opt.json);

@@ -128,12 +128,9 @@ struct cuda_runtime {
   using engine_type = zero::basic_engine<zero::cuda_backend, Comm, zero::cuda_backend::allocator_type, storage_type>;
   using math = cuda_model;
 
-  [[nodiscard]] zero::cuda_backend backend(const zero::nccl_communicator& comm) const {
+  /// The rank's backend on its communicator's GPU (with --one-gpu, the one every rank shares).
+  template <device_communicator Comm> [[nodiscard]] zero::cuda_backend backend(const Comm& comm) const {
     return zero::cuda_backend(comm.device());
-  }
-  /// The rank's backend on the GPU every rank of the group shares.
-  [[nodiscard]] zero::cuda_backend backend(const zero::device_group_communicator&) const {
-    return zero::cuda_backend(shared_device);
   }
   /// Waits until the GPU has done the rank's queued work (the engine's streams and the communicator's: the whole
   /// device, so with --one-gpu the other ranks' work so far too).

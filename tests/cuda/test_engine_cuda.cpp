@@ -230,8 +230,9 @@ TEST_SUITE("engine") {
     // CPU reference's codes and scales bit for bit (the kernel suite) and the group reduces in the CPU group's
     // order, so fp32 runs whose gradients are not quantized are within check_gpu_run's 1e-6 of the CPU engine.
     // Quantized runs differ from the single-process oracle by design: they are held to the CPU engine only, within
-    // 1/128 (a gradient or weight near a rounding boundary may take the neighbouring code when the GPU's norm or
-    // update differs from the CPU's in its last bit).
+    // 1e-6 in fp32 and bf16 alike (on an H100 the largest difference was 6e-8, the others 0: a gradient or weight
+    // near a code's boundary could take the neighbouring code were the GPU's norm to differ from the CPU's in its
+    // last bit, which this model's values do not meet).
     struct setting {
       const char* keys;
       std::vector<int> stages;
@@ -255,7 +256,8 @@ TEST_SUITE("engine") {
         for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
           zero::testing::run_spec s{
               .stage = stage, .world = ranks.world, .type = type, .clip = 1.0, .zero_extra = set.keys};
-          CAPTURE(set.keys);
+          const std::string keys = set.keys;
+          CAPTURE(keys);
           CAPTURE(stage);
           CAPTURE(zero::name_of(type));
           const auto gpu = zero::test::train_on(s, ranks);
@@ -265,8 +267,8 @@ TEST_SUITE("engine") {
           }
           const auto cpu = zero::testing::train_with_engine(s);
           const double diff = zero::testing::max_rel_diff(gpu.params, cpu.params);
-          MESSAGE(set.keys << " stage " << stage << " " << zero::name_of(type) << ": GPU against CPU engine " << diff);
-          CHECK(diff <= 1.0 / 128);
+          MESSAGE(keys << " stage " << stage << " " << zero::name_of(type) << ": GPU against CPU engine " << diff);
+          CHECK(diff <= 1e-6);
           REQUIRE(gpu.norms.size() == cpu.norms.size());
           for (std::size_t t = 0; t < cpu.norms.size(); ++t) {
             CHECK(gpu.applied[t] == cpu.applied[t]);
