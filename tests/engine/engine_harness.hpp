@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -120,7 +121,8 @@ inline double max_rel_diff(const std::vector<std::vector<float>>& a, const std::
   return worst;
 }
 
-/// How the harness reads and writes engine views whose memory the host can touch.
+/// How the harness reads and writes engine views whose memory the host can touch, and the buffers a
+/// communicator of such ranks exchanges (host vectors).
 struct host_io {
   template <class T, class Engine> std::vector<T> read(Engine& /*eng*/, const tensor_view& v) const {
     const T* p = v.as<T>();
@@ -129,7 +131,37 @@ struct host_io {
   template <class T, class Engine> void write(Engine& /*eng*/, const tensor_view& v, const std::vector<T>& x) const {
     std::copy(x.begin(), x.end(), v.as<T>());
   }
+  /// A buffer of `n` elements that a communicator sends from and receives into (all_to_all, send/recv).
+  template <class T> std::vector<T> comm_buffer(std::size_t n) const { return std::vector<T>(n); }
+  /// Copies `x` (at most the buffer's size) into `buf`. \throws std::length_error for more.
+  template <class T, class Engine>
+  void write_buffer(Engine& /*eng*/, std::vector<T>& buf, const std::vector<T>& x) const {
+    if (x.size() > buf.size()) {
+      throw std::length_error("host_io::write_buffer: " + std::to_string(x.size()) + " elements into a buffer of " +
+                              std::to_string(buf.size()));
+    }
+    std::copy(x.begin(), x.end(), buf.begin());
+  }
+  /// The contents of `buf`.
+  template <class T, class Engine> std::vector<T> read_buffer(Engine& /*eng*/, const std::vector<T>& buf) const {
+    return buf;
+  }
 };
+
+/// Where a test's ranks run and how its host code reaches their engines' memory: `run_group(world, fn)` calls
+/// `fn(comm)` on each of `world` ranks; `make_backend(comm)` makes a rank's backend (every engine of the rank
+/// shares it); `io` reads and writes engine views and the buffers the communicators exchange (`host_io`, or
+/// tests/cuda's `device_io`). The model-parallel and MoE harnesses (model_group_harness.hpp, moe_harness.hpp,
+/// pipeline_harness.hpp) train over any rig.
+template <class RunGroup, class MakeBackend, class Io> struct rank_rig {
+  RunGroup run_group;
+  MakeBackend make_backend;
+  Io io;
+};
+
+/// The CPU engine's rig: in-process ranks (thread_communicator), a one-thread cpu_backend each, host_io.
+inline constexpr rank_rig cpu_rig{[](int world, auto&& fn) { run_ranks(world, fn); },
+                                  [](thread_communicator&) { return cpu_backend({.threads = 1}); }, host_io{}};
 
 /// The small model registered with an engine: its modules and parameter handles.
 struct model_handles {

@@ -2,160 +2,47 @@
 // stage's engine holds its own mg_layers and shards them over its data group, and the gradient norm
 // that clipping uses, and fp16's overflow, are the whole model's. Trained on 4 in-process ranks as
 // (pipe 2, data 2), the weights equal those of one engine holding every layer on the 2 data ranks.
+// The training is model_group_harness.hpp's, over the CPU's rig (tests/cuda/test_groups_one_gpu.cpp runs it
+// on ranks sharing one GPU).
 
+#include "model_group_harness.hpp"
 #include "parallel_settings.hpp"
 #include "zero/comm/thread_communicator.hpp"
 #include "zero/comm/topology.hpp"
 #include "zero/zero.hpp"
 
 #include <algorithm>
-#include <cstddef>
 #include <doctest/doctest.h>
-#include <limits>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
 namespace {
 
 using mg_engine = zero::engine<zero::cpu_backend, zero::thread_communicator>;
-
-zero::config mg_config(int data_ranks, int stage, double clip) {
-  zero::config_inputs in;
-  in.world_size = data_ranks;
-  return zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": )" +
-                                       std::to_string(clip) +
-                                       R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
-             "zero_optimization": {"stage": )" +
-                                       std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})",
-                                   in);
-}
-
-/// The mg_layers: (name, elements), one module each; stage s of the pipeline holds mg_layers[s].
-const std::vector<std::pair<std::string, std::size_t>> mg_layers = {{"a", 96}, {"b", 160}};
-
-/// A gradient every setting computes the same: dyadic, so squares and sums are exact in fp32 and fp64.
-float mg_grad(int step, int data_rank, std::size_t layer, std::size_t i) {
-  const auto k = static_cast<int>((i * 7 + static_cast<std::size_t>(step) * 3 + layer * 11) % 17) - 8;
-  return static_cast<float>(k + data_rank) / 64.0F;
-}
-
-/// Trains the given mg_layers of each rank with the data group `data` (and `model`, the pipeline group,
-/// when not null) for `steps` steps, returning each layer's final values (from data rank 0).
-void mg_train(mg_engine& eng, zero::thread_communicator& data, const std::vector<std::size_t>& mine, int steps,
-              std::map<std::string, std::vector<float>>& out, std::mutex& mu) {
-  std::vector<int> modules;
-  std::vector<zero::param_handle> params;
-  for (const std::size_t l : mine) {
-    modules.push_back(eng.add_module(mg_layers[l].first));
-    params.push_back(
-        eng.add_param(modules.back(), mg_layers[l].first + ".w", {static_cast<std::int64_t>(mg_layers[l].second)}));
-  }
-  eng.finalize();
-  eng.init_params([](const zero::param_info& p, std::size_t first, std::span<float> v) {
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      v[i] = static_cast<float>((first + i + p.name.size()) % 13) / 16.0F - 0.25F;
-    }
-  });
-  for (int step = 0; step < steps; ++step) {
-    for (std::size_t j = 0; j < mine.size(); ++j) {
-      auto on = eng.gather(modules[j]);
-      float* g = eng.grad(params[j]).as<float>();
-      for (std::size_t i = 0; i < mg_layers[mine[j]].second; ++i) {
-        g[i] += mg_grad(step, data.rank(), mine[j], i);
-      }
-      eng.grad_ready(params[j]);
-    }
-    CHECK(eng.step().applied);
-  }
-  auto all = eng.gather_all();
-  if (data.rank() == 0) {
-    const std::lock_guard lock(mu);
-    for (std::size_t j = 0; j < mine.size(); ++j) {
-      const float* v = eng.param(params[j]).as<float>();
-      out[mg_layers[mine[j]].first].assign(v, v + mg_layers[mine[j]].second);
-    }
-  }
-}
-
-std::map<std::string, std::vector<float>> mg_whole_model(int stage, double clip) {
-  std::map<std::string, std::vector<float>> out;
-  std::mutex mu;
-  zero::run_ranks(2, [&](zero::thread_communicator& comm) {
-    zero::cpu_backend backend({.threads = 1});
-    mg_engine eng(mg_config(2, stage, clip), comm, backend);
-    mg_train(eng, comm, {0, 1}, 4, out, mu);
-  });
-  return out;
-}
-
-std::map<std::string, std::vector<float>> mg_pipelined(int stage, double clip, bool with_model_group) {
-  const zero::topology topo({{"pipe", 2}, {"data", 2}});
-  std::map<std::string, std::vector<float>> out;
-  std::mutex mu;
-  zero::run_ranks(4, [&](zero::thread_communicator& world) {
-    auto data = topo.split(world, {"data"});
-    auto pipe = topo.split(world, {"pipe"});
-    zero::cpu_backend backend({.threads = 1});
-    mg_engine eng(mg_config(2, stage, clip), data, backend);
-    if (with_model_group) {
-      eng.set_model_group(pipe);
-    }
-    mg_train(eng, data, {static_cast<std::size_t>(topo.coord(world.rank(), "pipe"))}, 4, out, mu);
-  });
-  return out;
-}
+using zero_test::mg_config;
 
 } // namespace
 
 TEST_CASE("pipeline stages with set_model_group clip by the whole model's norm: the weights of one engine") {
+  const auto& cpu = zero::testing::cpu_rig;
   for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
-    const auto want = mg_whole_model(stage, 0.05); // a clip the norm exceeds every step
+    const auto want = zero_test::mg_whole_model(cpu, stage, 0.05); // a clip the norm exceeds every step
     REQUIRE(want.size() == 2);
-    CHECK(mg_pipelined(stage, 0.05, true) == want);
+    CHECK(zero_test::mg_pipelined(cpu, stage, 0.05, true) == want);
     // Without the model group each stage clips by its own mg_layers' norm: other weights.
-    CHECK(mg_pipelined(stage, 0.05, false) != want);
+    CHECK(zero_test::mg_pipelined(cpu, stage, 0.05, false) != want);
     // Unclipped, the groups do not matter.
-    CHECK(mg_pipelined(stage, 0, true) == mg_whole_model(stage, 0));
+    CHECK(zero_test::mg_pipelined(cpu, stage, 0, true) == zero_test::mg_whole_model(cpu, stage, 0));
   }
 }
 
 TEST_CASE("an inf in one pipeline stage's gradients skips the step on every stage with set_model_group") {
+  const auto& cpu = zero::testing::cpu_rig;
   const zero::topology topo({{"pipe", 2}, {"data", 2}});
   for (bool with_model_group : {true, false}) {
     CAPTURE(with_model_group);
-    std::mutex mu;
-    std::map<int, std::vector<bool>> applied; // world rank -> applied per step
-    zero::run_ranks(4, [&](zero::thread_communicator& world) {
-      auto data = topo.split(world, {"data"});
-      auto pipe = topo.split(world, {"pipe"});
-      zero::cpu_backend backend({.threads = 1});
-      mg_engine eng(mg_config(2, 2, 1.0), data, backend);
-      if (with_model_group) {
-        eng.set_model_group(pipe);
-      }
-      const int s = topo.coord(world.rank(), "pipe");
-      const int m = eng.add_module("m");
-      auto w = eng.add_param(m, "w", {32});
-      eng.finalize();
-      std::vector<bool> mine;
-      for (int step = 0; step < 3; ++step) {
-        auto on = eng.gather(m);
-        float* g = eng.grad(w).as<float>();
-        for (std::size_t i = 0; i < 32; ++i) {
-          g[i] += 0.25F;
-        }
-        if (step == 1 && s == 1 && data.rank() == 0) {
-          g[5] = std::numeric_limits<float>::infinity(); // stage 1 only
-        }
-        eng.grad_ready(w);
-        mine.push_back(eng.step().applied);
-      }
-      const std::lock_guard lock(mu);
-      applied[world.rank()] = mine;
-    });
+    auto applied = zero_test::mg_inf_applied(cpu, with_model_group);
     for (int r = 0; r < 4; ++r) {
       CAPTURE(r);
       const bool stage1 = topo.coord(r, "pipe") == 1;
@@ -176,96 +63,17 @@ TEST_CASE("set_model_group after finalize is refused") {
   });
 }
 
-namespace {
-
-// Tensor parallelism over 4 in-process ranks as (tensor 2, data 2): a column-split weight "col.w"
-// {8, 6}, each tensor rank registering its 4 rows, and a replicated "ln.w" {6}, the same on both
-// tensor ranks, gradients too. One engine on 2 data ranks holding both whole is the reference.
-constexpr std::int64_t tp_rows = 8, tp_cols = 6;
-
-zero::config tp_config(int stage, const std::string& top, const std::string& zero_keys) {
-  return zero_test::parallel_config(2, stage, top, zero_keys);
-}
-
-struct tp_result {
-  std::vector<float> col, ln; // col: the whole weight (the reference) or this tensor rank's rows
-  std::vector<double> norms;
-};
-
-/// Trains `steps` steps (`micro` micro-steps each) of rows [row0, row0 + rows) of col.w and ln.w;
-/// `replicated` marks ln.w tensor_replicated. Gradients are dyadic, so every norm is exact.
-tp_result tp_train(mg_engine& eng, int data_rank, std::int64_t row0, std::int64_t rows, bool replicated, int micro) {
-  const int m = eng.add_module("m");
-  auto col = eng.add_param(m, "col.w", {rows, tp_cols});
-  auto ln = eng.add_param(m, "ln.w", {tp_cols}, {.weight_decay = 0.0, .tensor_replicated = replicated});
-  eng.finalize();
-  eng.init_params([row0](const zero::param_info& p, std::size_t first, std::span<float> v) {
-    const std::size_t base = p.name == "col.w" ? static_cast<std::size_t>(row0 * tp_cols) : 0;
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      v[i] = static_cast<float>((base + first + i + p.name.size()) % 11) / 16.0F - 0.25F;
-    }
-  });
-  tp_result r;
-  for (int step = 0; step < 3 * micro; ++step) {
-    {
-      auto on = eng.gather(m);
-      float* gc = eng.grad(col).as<float>();
-      for (std::size_t i = 0; i < static_cast<std::size_t>(rows * tp_cols); ++i) {
-        gc[i] += mg_grad(step, data_rank, 0, static_cast<std::size_t>(row0 * tp_cols) + i);
-      }
-      eng.grad_ready(col);
-      float* gl = eng.grad(ln).as<float>();
-      for (std::size_t i = 0; i < tp_cols; ++i) {
-        gl[i] += mg_grad(step, data_rank, 1, i);
-      }
-      eng.grad_ready(ln);
-    }
-    const auto s = eng.step();
-    if (s.boundary) {
-      r.norms.push_back(s.grad_norm);
-    }
-  }
-  auto all = eng.gather_all();
-  const float* c = eng.param(col).as<float>();
-  const float* l = eng.param(ln).as<float>();
-  r.col.assign(c, c + rows * tp_cols);
-  r.ln.assign(l, l + tp_cols);
-  return r;
-}
-
-} // namespace
-
 TEST_CASE("tensor parallelism: a replicated parameter counts once in the clipping norm; the weights and norms of "
           "one engine holding the whole model") {
+  const auto& cpu = zero::testing::cpu_rig;
+  using zero_test::tp_cols;
+  using zero_test::tp_rows;
   zero_test::for_each_parallel_setting([&](const zero_test::parallel_setting& set) {
-    tp_result want;
-    zero::run_ranks(2, [&](zero::thread_communicator& comm) {
-      zero::cpu_backend backend({.threads = 1});
-      mg_engine eng(tp_config(set.stage, set.top, set.zero_keys), comm, backend);
-      auto r = tp_train(eng, comm.rank(), 0, tp_rows, false, set.micro);
-      if (comm.rank() == 0) {
-        want = std::move(r);
-      }
-    });
+    const zero_test::tp_result want = zero_test::tp_whole(cpu, set);
     REQUIRE(want.norms.size() == 3);
     for (bool replicated : {true, false}) {
       CAPTURE(replicated);
-      const zero::topology topo({{"tensor", 2}, {"data", 2}});
-      std::mutex mu;
-      std::map<int, tp_result> got; // tensor rank -> data rank 0's result
-      zero::run_ranks(4, [&](zero::thread_communicator& world) {
-        auto data = topo.split(world, {"data"});
-        auto tensor = topo.split(world, {"tensor"});
-        const int t = topo.coord(world.rank(), "tensor");
-        zero::cpu_backend backend({.threads = 1});
-        mg_engine eng(tp_config(set.stage, set.top, set.zero_keys), data, backend);
-        eng.set_model_group(tensor, {.tensor = t, .tensor_size = 2});
-        auto r = tp_train(eng, data.rank(), t * (tp_rows / 2), tp_rows / 2, replicated, set.micro);
-        if (data.rank() == 0) {
-          const std::lock_guard lock(mu);
-          got[t] = std::move(r);
-        }
-      });
+      auto got = zero_test::tp_sliced(cpu, set, replicated); // tensor rank -> data rank 0's result
       for (int t = 0; t < 2; ++t) {
         CAPTURE(t);
         const auto& g = got[t];
