@@ -53,14 +53,6 @@ enum class rank_reduce : std::uint8_t { sum, avg, max };
 template <class T>
 void reduce_ranks(T* out, std::span<const T* const> in, std::size_t n, rank_reduce op, cudaStream_t stream);
 
-/// `reduce_ranks` written to every buffer of `out` (up to `max_reduce_ranks`): all_reduce on ranks sharing one
-/// device, each rank reducing its chunk into every rank's result. An output may be one of the inputs (in place):
-/// each element is read from every input before it is written to any output. Where every buffer is 16-byte
-/// aligned the elements move 16 bytes at a time; the bits are the same either way.
-template <class T>
-void reduce_ranks(std::span<T* const> out, std::span<const T* const> in, std::size_t n, rank_reduce op,
-                  cudaStream_t stream);
-
 /// The element types `zero::cuda` is compiled for: `float`, `zero::f16` and `zero::bf16`.
 template <class T>
 concept float_element = std::same_as<T, float> || std::same_as<T, f16> || std::same_as<T, bf16>;
