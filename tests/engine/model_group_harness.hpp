@@ -14,6 +14,7 @@
 #include "zero/comm/topology.hpp"
 #include "zero/zero.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <doctest/doctest.h>
@@ -260,6 +261,29 @@ template <class Rig> std::map<int, tp_result> tp_sliced(const Rig& rig, const pa
     }
   });
   return got;
+}
+
+/// The tensor-parallel job on `rig` against `want` (`tp_whole`'s): a tensor-replicated ln.w counts once in the norm,
+/// so each tensor rank's norms and ln.w are the whole model's and its rows of col.w the whole's slice; counted on
+/// both tensor ranks, the norm is larger, the clip stronger and ln.w another.
+template <class Rig> void check_tp_sliced(const Rig& rig, const parallel_setting& set, const tp_result& want) {
+  for (bool replicated : {true, false}) {
+    CAPTURE(replicated);
+    auto got = tp_sliced(rig, set, replicated); // tensor rank -> data rank 0's result
+    for (int t = 0; t < 2; ++t) {
+      CAPTURE(t);
+      const auto& g = got[t];
+      if (replicated) {
+        CHECK(g.norms == want.norms);
+        CHECK(g.ln == want.ln);
+        CHECK(std::equal(g.col.begin(), g.col.end(), want.col.begin() + t * (tp_rows / 2) * tp_cols));
+      } else {
+        REQUIRE(g.norms.size() == want.norms.size());
+        CHECK(g.norms[0] > want.norms[0]);
+        CHECK(g.ln != want.ln);
+      }
+    }
+  }
 }
 
 } // namespace zero_test
