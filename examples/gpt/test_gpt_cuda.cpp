@@ -520,8 +520,11 @@ TEST_SUITE("gpu") {
     // blocks' gradients go into the bf16 buffers themselves, on top of what they hold (an earlier micro-step's
     // sum), instead of into an fp32 scratch added into them afterwards (add_into). The same pass into fp32
     // buffers gives each gradient G; the bf16 ones must then hold bf16(start + G): exactly for the column sums
-    // (LayerNorm's and the biases', the same fp32 sums rounded once), within one bf16 step for the weights'
-    // GEMMs (cuBLAS may take another algorithm for a bf16 C, whose fp32 sums differ in their last bits).
+    // (LayerNorm's and the biases', the same fp32 sums rounded once). The weights' GEMMs write a bf16 C with beta
+    // = 1, where cuBLAS may round the product to bf16 before adding C (measured on an H100: 1-4% of the elements
+    // were more than one bf16 step from bf16(start + G), where start and G nearly cancel): within one step of the
+    // result plus one bf16 step of G itself, the two roundings PyTorch's bf16 .grad accumulation also makes. A
+    // missing or misplaced contribution is of G's own size.
     const auto tokens = ids(31, cfg.vocab);
     const auto targets = ids(32, cfg.vocab);
     auto g32 = grads_on_device(cfg);
@@ -557,22 +560,29 @@ TEST_SUITE("gpu") {
       std::vector<bf16> got(g16[i].size());
       ZERO_CHECK_CUDA(cudaMemcpy(got.data(), g16[i].data(), got.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
       const bool gemm = specs[i].shape.size() == 2; // a weight matrix: cuBLAS's; else a column sum's
-      std::size_t exact = 0, one_step = 0, off = 0;
+      std::size_t exact = 0, one_step = 0, product_rounded = 0, off = 0;
+      double worst = 0; // the largest distance beyond one step of the result, in units of |G|
       for (std::size_t j = 0; j < got.size(); ++j) {
         const float want = static_cast<float>(bf16(start[i][j] + g[i][j]));
         const float have = static_cast<float>(got[j]);
         // One bf16 step at the larger of the two: 2^-7 of its power of two.
         const float step = std::ldexp(1.0f, std::ilogb(std::max(std::abs(want), std::abs(have))) - 7);
+        const float beyond = std::abs(have - want) - step;
         if (have == want) {
           ++exact;
-        } else if (gemm && std::abs(have - want) <= step) {
+        } else if (gemm && beyond <= 0) {
           ++one_step;
+        } else if (gemm && beyond <= 0x1p-7f * std::abs(g[i][j])) {
+          ++product_rounded;
+          worst = std::max(worst, static_cast<double>(beyond) / std::abs(g[i][j]));
         } else {
           ++off;
         }
       }
+      MESSAGE(specs[i].name << ": " << exact << " exact, " << one_step << " within a step, " << product_rounded
+                            << " within a step and a rounding of G (at most " << worst << " |G| beyond a step), " << off
+                            << " off");
       CHECK(off == 0);
-      CHECK(exact + one_step == got.size());
       if (!gemm) {
         CHECK(exact == got.size());
       }
