@@ -521,7 +521,7 @@ TEST_SUITE("gpu") {
     // sum), instead of into an fp32 scratch added into them afterwards (add_into). The same pass into fp32
     // buffers gives each gradient G; the bf16 ones must then hold bf16(start + G): exactly for the column sums
     // (LayerNorm's and the biases', the same fp32 sums rounded once). The weights' GEMMs write a bf16 C with beta
-    // = 1, where cuBLAS may round the product to bf16 before adding C (measured on an H100: 1-4% of the elements
+    // = 1, where cuBLAS may round the product to bf16 before adding C (measured on an H100: 1-5% of the elements
     // were more than one bf16 step from bf16(start + G), where start and G nearly cancel): within one step of the
     // result plus one bf16 step of G itself, the two roundings PyTorch's bf16 .grad accumulation also makes. A
     // missing or misplaced contribution is of G's own size.
