@@ -44,8 +44,10 @@ namespace gpt {
 
 /// The 12 tensors of block l on the device, bf16, read-only; the same order and layouts as `block_params`.
 using cuda_block_params = basic_block_params<zero::bf16>;
-/// The gradients of block l's 12 tensors on the device, fp32, added into: `block_grads` over device memory.
-using cuda_block_grads = block_grads;
+/// Where the GPU adds a gradient: fp32, or an engine's bf16 gradient (kernels::grad_ref).
+using kernels::grad_ref;
+/// The gradients of block l's 12 tensors on the device, added into, each fp32 or bf16.
+using cuda_block_grads = basic_block_grads<grad_ref>;
 
 namespace detail {
 
@@ -113,8 +115,10 @@ struct cuda_model_options {
 /// One step, with the caller's pointers valid until the stream has passed each call's work:
 ///   embed_forward, block_forward(0..L-1), final_forward, head_forward_loss(train = true),
 ///   head_backward, final_backward, block_backward(L-1..0), embed_backward.
-/// Every backward ADDS its gradients into the caller's fp32 device buffers (cuBLAS with beta = 1 writing fp32,
-/// kernels with +=), so micro-batches accumulate and the tied wte collects both of its uses in one buffer. The
+/// Every backward ADDS its gradients into the caller's device buffers (cuBLAS with beta = 1, kernels with +=), so
+/// micro-batches accumulate and the tied wte collects both of its uses in one buffer. They are fp32, except that
+/// final_backward's and block_backward's may each be bf16 (`grad_ref`): an engine's 16-bit gradient, added into
+/// in fp32 and rounded once, as an fp32 buffer added into it after the backward would be. wte's and wpe's are fp32. The
 /// gradients are those of grad_scale * (sum of the token losses). Every sum runs in an order fixed by the
 /// shapes, so the same inputs give the same bits.
 ///
@@ -429,9 +433,9 @@ public:
   }
 
   /// The final LayerNorm's backward; starts the residual stream's gradient.
-  /// @param lnf_w [C] device bf16; @param d_lnf_w, @param d_lnf_b [C] device fp32, added into
+  /// @param lnf_w [C] device bf16; @param d_lnf_w, @param d_lnf_b [C] device fp32 or bf16, added into
   /// @throws std::logic_error unless head_backward ran for this pass.
-  void final_backward(const zero::bf16* lnf_w, float* d_lnf_w, float* d_lnf_b) {
+  void final_backward(const zero::bf16* lnf_w, grad_ref d_lnf_w, grad_ref d_lnf_b) {
     if (!have_dlogits_) {
       throw std::logic_error("final_backward: call head_forward_loss with train = true and head_backward first");
     }
@@ -445,7 +449,7 @@ public:
   }
 
   /// Block l's backward: the residual stream's gradient goes from block l's output to its input, and the
-  /// block's parameter gradients are added into `g` (device fp32).
+  /// block's parameter gradients are added into `g` (device fp32 or bf16, per tensor).
   /// @throws std::out_of_range when l is not a block; std::logic_error before a train forward.
   void block_backward(int l, cuda_block_params p, cuda_block_grads g) {
     check_layer(l, "block_backward");
@@ -620,11 +624,12 @@ private:
                                                 stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // dinp = dout · wᵀ (overwritten: dinp is scratch); dw += inpᵀ · dout (fp32); dbias += column sums of dout.
+  // dinp = dout · wᵀ (overwritten: dinp is scratch); dw += inpᵀ · dout; dbias += column sums of dout (dw and dbias
+  // fp32 or bf16: cuBLAS reads and writes C in dw's dtype, the product and the add in fp32, one rounding).
   // inp [n, ic], w [ic, oc], dout [n, oc].
   // `name` is the layer's, for the profile. With `gelu_input` (the GELU's input, when inp is its output) dinp
   // becomes the gradient of that input: dinp · GELU'(gelu_input).
-  void matmul_backward(zero::bf16* dinp, float* dw, float* dbias, const zero::bf16* dout, const zero::bf16* inp,
+  void matmul_backward(zero::bf16* dinp, grad_ref dw, grad_ref dbias, const zero::bf16* dout, const zero::bf16* inp,
                        const zero::bf16* w, int ic, int oc, const char* name, const zero::bf16* gelu_input = nullptr) {
     const int n = static_cast<int>(rows());
     // dinp[n, ic] = dout[n, oc] · w[ic, oc]ᵀ.
@@ -640,7 +645,7 @@ private:
     }
     // dw[ic, oc] += inp[n, ic]ᵀ · dout[n, oc].
     op(name, " wgrad");
-    gemm(true, false, ic, oc, n, 1.0f, inp, ic, dout, oc, 1.0f, dw, CUDA_R_32F, oc);
+    gemm(true, false, ic, oc, n, 1.0f, inp, ic, dout, oc, 1.0f, dw.data, dw.bf16 ? CUDA_R_16BF : CUDA_R_32F, oc);
     op("bias backward");
     kernels::bias_backward(dbias, column_workspace_.data(), dout, rows(), oc, stream_);
   }

@@ -34,6 +34,11 @@ template <> struct math_traits<cuda_model> {
   using param_type = zero::bf16;
   using block_params_type = cuda_block_params;
   using block_grads_type = cuda_block_grads;
+  /// Where the math adds a gradient: fp32 or bf16 device memory.
+  using grad_type = grad_ref;
+  /// The math adds the blocks' and ln_f's gradients into an engine's bf16 buffer itself (cuBLAS's C in bf16, the
+  /// column sums' second pass rounding once), so only the embedding's two go through the fp32 scratch.
+  static constexpr bool adds_bf16 = true;
   /// The GPU's math reads bf16 parameters in place: another dtype is refused when the model is made.
   static constexpr bool converts_params = false;
   /// The model on the engine's stream; with `checkpoint` it keeps each block's input only, in host memory when
@@ -164,9 +169,10 @@ struct cuda_runtime {
   /// --config auto-plan's default device budget of one rank: GPU 0's free memory (its 1/`ranks_per_gpu` share with
   /// --one-gpu) less what the model's activations and workspaces take (measured by making the model once; with
   /// `checkpoint`, a checkpointing one whose block inputs stay on the device, the most it keeps) and less
-  /// zero_gpt's fp32 gradient scratch (wte's and the largest module's gradients, `gradient_scratch_layout`), which
-  /// the 16-bit gradients of stages 1-3 use (at stage 0, whose gradients are fp32, the budget is that much too
-  /// small). The 52-block, 4096-wide run planned without the scratch, 1.52 GiB of it, and stopped short on the GPU.
+  /// zero_gpt's fp32 gradient scratch (the embedding's gradients, `gradient_scratch_layout` with embedding_only),
+  /// which the bf16 gradients of stages 1-3 use (at stage 0, whose gradients are fp32, the budget is that much too
+  /// small). The 52-block, 4096-wide run planned without the scratch (then wte's and the largest block's, 1.52 GiB)
+  /// and stopped short on the GPU.
   static std::int64_t plan_device_bytes(const model_config& cfg, int batch, bool checkpoint, int ranks_per_gpu) {
     ZERO_CHECK_CUDA(cudaSetDevice(0));
     std::size_t activations = 0;
@@ -182,7 +188,7 @@ struct cuda_runtime {
       }
       ZERO_CHECK_CUDA(cudaStreamDestroy(s));
     }
-    const std::size_t taken = activations + gradient_scratch_layout(parameters(cfg)).floats * sizeof(float);
+    const std::size_t taken = activations + gradient_scratch_layout(parameters(cfg), true).floats * sizeof(float);
     std::size_t free = 0, total = 0;
     ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
     // Every rank on the GPU holds activations and a scratch of its own beside its share.

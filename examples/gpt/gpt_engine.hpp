@@ -6,10 +6,12 @@
 // and grad_ready(wte) comes after the second (docs/gpt.md).
 //
 // The math reads parameters in its own type (`math_traits<Math>::param_type`): the engine's memory when the
-// config's dtype is that type, else (on the CPU) fp32 copies converted after each gather. It adds fp32
-// gradients: into the engine's buffers when they are fp32, else into an fp32 scratch that is added into the
-// engine's 16-bit buffer when the tensor's gradient is final (`done`). The scratch is one region for wte, which
-// lives across its two uses, and one for the module in backward, so it holds V·C plus the largest module.
+// config's dtype is that type, else (on the CPU) fp32 copies converted after each gather. It adds gradients into
+// the engine's buffers when they are fp32, and when they are bf16 and the math adds into bf16 itself (the GPU's,
+// `math_traits::adds_bf16`: every tensor but the embedding's two). Otherwise it adds into an fp32 scratch that is
+// added into the engine's 16-bit buffer when the tensor's gradient is final (`done`): one region for wte, which
+// lives across its two uses (the head's and the embedding's), and wpe's after it; on the CPU also one region for
+// the module in backward, so the scratch holds V·C plus the largest module.
 
 #include "gpt_model.hpp"
 
@@ -42,12 +44,24 @@ struct math_options {
 
 /// Where zero_gpt's fp32 gradient scratch for 16-bit gradients puts each tensor's gradient: wte's region first
 /// (it lives across wte's two uses), then one module's tensors at a time from the end of it; and its floats.
+/// With `embedding_only` (a math that adds every other gradient into bf16 itself), only the embedding's two
+/// tensors have a region, wte's then wpe's, and the others' offsets are `scratch_layout::none`.
 struct scratch_layout {
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
   std::vector<std::size_t> at; ///< the offset of tensor k's region (0 for wte)
-  std::size_t floats = 0;      ///< wte's elements plus the largest module's
+  std::size_t floats = 0;      ///< wte's elements plus the largest module's (embedding_only: plus wpe's)
 };
-[[nodiscard]] inline scratch_layout gradient_scratch_layout(const std::vector<param_spec>& specs) {
+[[nodiscard]] inline scratch_layout gradient_scratch_layout(const std::vector<param_spec>& specs,
+                                                            bool embedding_only = false) {
   scratch_layout out;
+  if (embedding_only) {
+    out.at.assign(specs.size(), scratch_layout::none);
+    for (std::size_t k = 0; k < std::min<std::size_t>(2, specs.size()); ++k) {
+      out.at[k] = out.floats;
+      out.floats += static_cast<std::size_t>(specs[k].numel());
+    }
+    return out;
+  }
   out.at.assign(specs.size(), 0);
   std::size_t module = 0, largest = 0;
   for (std::size_t k = 1; k < specs.size(); ++k) {
@@ -66,6 +80,10 @@ template <> struct math_traits<cpu_model> {
   using param_type = float;
   using block_params_type = block_params;
   using block_grads_type = block_grads;
+  /// Where the math adds a gradient: fp32 only.
+  using grad_type = float*;
+  /// Whether the math adds gradients into a bf16 engine buffer itself (else through the fp32 scratch).
+  static constexpr bool adds_bf16 = false;
   /// Whether 16-bit parameters are converted into fp32 copies after each gather (the CPU math is fp32 only).
   static constexpr bool converts_params = true;
   /// @throws std::invalid_argument with `o.checkpoint` or the config's cpu_checkpointing (the CPU math keeps
@@ -128,7 +146,8 @@ public:
       handles_.push_back(eng.add_param(m, s.name, s.shape, o));
     }
     floats_.resize(specs_.size());
-    auto layout = gradient_scratch_layout(specs_);
+    direct_ = traits::adds_bf16 && eng.cfg().grad_accum_dtype == zero::dtype::bf16;
+    auto layout = gradient_scratch_layout(specs_, direct_);
     scratch_at_ = std::move(layout.at);
     if (eng.cfg().grad_accum_dtype != zero::dtype::f32) {
       scratch_.emplace_back(layout.floats);
@@ -172,16 +191,16 @@ public:
     }
     {
       auto on = gather(final_);
-      math_.final_backward(param(last() - 1), grad(last() - 1), grad(last()));
+      math_.final_backward(param(last() - 1), grad_of(last() - 1), grad_of(last()));
       done(last() - 1);
       done(last());
     }
     for (int l = cfg_.layers; l-- > 0;) {
       auto on = gather(blocks_[static_cast<std::size_t>(l)]);
       const auto first = block_first(l);
-      std::vector<float*> g;
+      std::vector<typename traits::grad_type> g;
       for (std::size_t k = 0; k < block_tensor_count; ++k) {
-        g.push_back(grad(first + k));
+        g.push_back(grad_of(first + k));
       }
       math_.block_backward(l, traits::block_params_type::from(block_inputs(l)), traits::block_grads_type::from(g));
       for (std::size_t k = 0; k < block_tensor_count; ++k) {
@@ -288,6 +307,16 @@ private:
     }
     return s;
   }
+  /// Where the math adds tensor `k`'s gradient: the engine's bf16 buffer itself where the math adds into bf16
+  /// (not the embedding's two, `direct_`), else `grad(k)`.
+  typename traits::grad_type grad_of(std::size_t k) {
+    if constexpr (traits::adds_bf16) {
+      if (direct_ && k >= 2) {
+        return eng_.grad(handles_[k]).template as<zero::bf16>();
+      }
+    }
+    return grad(k);
+  }
   /// Tensor `k`'s gradient is final for this micro-step.
   void done(std::size_t k) {
     if (live_[k]) {
@@ -311,6 +340,7 @@ private:
   std::vector<typename traits::scratch> scratch_; // the fp32 gradient scratch (none for fp32 gradients)
   std::vector<std::size_t> scratch_at_;           // each tensor's offset in it
   std::vector<bool> live_;                        // whether a tensor's region holds this micro-step's sum
+  bool direct_ = false; // the math adds the gradients of every tensor but the embedding's into bf16 itself
 };
 
 } // namespace gpt

@@ -33,6 +33,9 @@ constexpr float gelu_cube = 0.044715f;
 
 __device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
+// A gradient added into: fp32 in place, or bf16 read into fp32, added, and rounded once.
+__device__ __forceinline__ void add_to(float& dst, float v) { dst += v; }
+__device__ __forceinline__ void add_to(__nv_bfloat16& dst, float v) { dst = store(load(dst) + v); }
 
 __nv_bfloat16* dev(bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 
@@ -293,13 +296,14 @@ __global__ void bias_backward_partial_kernel(float* __restrict__ partials, const
   }
 }
 
-// The second pass: dst[c] += the sum over the splits k = 0..splits-1 of partials[k * stride + c]. A block takes
-// finish_columns columns; its finish_groups rows of threads each sum the splits k = g, g + finish_groups, ... in
-// that order, then the first row adds the groups' sums in group order: an order fixed by `splits` alone, with
+// The second pass: dst[c] (fp32 or bf16) += the sum over the splits k = 0..splits-1 of partials[k * stride + c]. A
+// block takes finish_columns columns; its finish_groups rows of threads each sum the splits k = g, g + finish_groups,
+// ... in that order, then the first row adds the groups' sums in group order: an order fixed by `splits` alone, with
 // finish_groups loads in flight per column instead of one.
 constexpr int finish_columns = 32;
 constexpr int finish_groups = 8;
-__global__ void column_finish_kernel(float* __restrict__ dst, const float* __restrict__ partials, std::size_t stride,
+template <class T>
+__global__ void column_finish_kernel(T* __restrict__ dst, const float* __restrict__ partials, std::size_t stride,
                                      std::size_t splits, std::size_t cols) {
   __shared__ float sums[finish_groups][finish_columns];
   const std::size_t c = blockIdx.x * static_cast<std::size_t>(finish_columns) + threadIdx.x;
@@ -316,16 +320,21 @@ __global__ void column_finish_kernel(float* __restrict__ dst, const float* __res
     for (int g = 1; g < finish_groups; ++g) {
       total += sums[g][threadIdx.x];
     }
-    dst[c] += total;
+    add_to(dst[c], total);
   }
 }
 
-// Launches column_finish_kernel over `cols` columns.
-void column_finish(float* dst, const float* partials, std::size_t stride, std::size_t splits, std::size_t cols,
+// Launches column_finish_kernel over `cols` columns of `dst`, in its dtype.
+void column_finish(grad_ref dst, const float* partials, std::size_t stride, std::size_t splits, std::size_t cols,
                    cudaStream_t stream) {
   const dim3 block(finish_columns, finish_groups);
   const auto blocks = static_cast<unsigned>((cols + finish_columns - 1) / finish_columns);
-  column_finish_kernel<<<blocks, block, 0, stream>>>(dst, partials, stride, splits, cols);
+  if (dst.bf16) {
+    column_finish_kernel<<<blocks, block, 0, stream>>>(static_cast<__nv_bfloat16*>(dst.data), partials, stride, splits,
+                                                       cols);
+  } else {
+    column_finish_kernel<<<blocks, block, 0, stream>>>(static_cast<float*>(dst.data), partials, stride, splits, cols);
+  }
   check_launch();
 }
 
@@ -582,7 +591,7 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const
 
 std::size_t column_sum_workspace_floats(std::size_t rows, std::size_t cols) { return row_splits(rows, 8) * cols; }
 
-void layernorm_backward(bf16* dx, float* dw, float* db, float* workspace, const bf16* dout, const bf16* x,
+void layernorm_backward(bf16* dx, grad_ref dw, grad_ref db, float* workspace, const bf16* dout, const bf16* x,
                         const bf16* w, const float* mean, const float* rstd, std::size_t rows, int C,
                         cudaStream_t stream) {
   require(C > 0, "layernorm_backward: C must be positive");
@@ -648,7 +657,8 @@ void residual_bias(bf16* out, const bf16* x, const bf16* bias, std::size_t rows,
   check_launch();
 }
 
-void bias_backward(float* dbias, float* workspace, const bf16* dout, std::size_t rows, int cols, cudaStream_t stream) {
+void bias_backward(grad_ref dbias, float* workspace, const bf16* dout, std::size_t rows, int cols,
+                   cudaStream_t stream) {
   require(cols > 0, "bias_backward: cols must be positive");
   if (rows == 0) {
     return;

@@ -23,6 +23,16 @@ namespace gpt::kernels {
 
 using zero::bf16;
 
+/// Where a kernel adds a parameter's gradient: fp32, or bf16 (an engine's 16-bit gradient: the old value read
+/// into fp32, the sum taken in fp32 and rounded once, as adding an fp32 gradient into it would).
+struct grad_ref {
+  void* data = nullptr;
+  bool bf16 = false;
+  grad_ref() = default;
+  grad_ref(float* p) : data(p) {}                  // NOLINT(google-explicit-constructor): fp32 is the plain case
+  grad_ref(zero::bf16* p) : data(p), bf16(true) {} // NOLINT(google-explicit-constructor)
+};
+
 /// The residual stream at the input: `out[b, t, :] = bf16(wte[tokens[b, t], :] + wpe[t, :])`.
 /// @param out [B, T, C]; @param tokens [B, T] device ids, each in [0, V) (the caller checks them)
 /// @param wte [V, C]; @param wpe [>= T, C]
@@ -98,11 +108,11 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* x, const
 /// LayerNorm's backward: `dx = bf16(dx + the input's gradient)` (dx is the residual stream's gradient,
 /// which the LayerNorm's branch adds to), `dw += sum over rows of dout * norm`, `db += sum over rows of
 /// dout` (fp32, partial sums over fixed row splits, then a second pass over the splits in order).
-/// @param dx [rows, C] bf16, added into; @param dw, @param db [C] fp32, added into
+/// @param dx [rows, C] bf16, added into; @param dw, @param db [C] fp32 or bf16, added into
 /// @param workspace `column_sum_workspace_floats(rows, 2 * C)` floats
 /// @param dout [rows, C] the gradient at the LayerNorm's output; @param x its input; @param w its weight
 /// @param mean, @param rstd the forward's statistics
-void layernorm_backward(bf16* dx, float* dw, float* db, float* workspace, const bf16* dout, const bf16* x,
+void layernorm_backward(bf16* dx, grad_ref dw, grad_ref db, float* workspace, const bf16* dout, const bf16* x,
                         const bf16* w, const float* mean, const float* rstd, std::size_t rows, int C,
                         cudaStream_t stream);
 
@@ -121,8 +131,9 @@ void bias_broadcast(bf16* out, const bf16* bias, std::size_t rows, int cols, cud
 void residual_bias(bf16* out, const bf16* x, const bf16* bias, std::size_t rows, int cols, cudaStream_t stream);
 
 /// The bias gradient: `dbias[j] += sum over rows of dout[r, j]` (fp32, fixed row splits, then the splits
-/// in order). @param dout [rows, cols]; @param workspace `column_sum_workspace_floats(rows, cols)` floats
-void bias_backward(float* dbias, float* workspace, const bf16* dout, std::size_t rows, int cols, cudaStream_t stream);
+/// in order; `dbias` fp32 or bf16). @param dout [rows, cols]; @param workspace `column_sum_workspace_floats(rows,
+/// cols)` floats
+void bias_backward(grad_ref dbias, float* workspace, const bf16* dout, std::size_t rows, int cols, cudaStream_t stream);
 
 /// The causal softmax of attention, fused with the scale and the mask, one row at a time in fp32 (online
 /// maximum and sum): for `matrices` score matrices [T, T] back to back, row t of each becomes

@@ -233,31 +233,32 @@ template <class T> struct basic_block_params {
 };
 using block_params = basic_block_params<float>;
 
-/// The fp32 gradients of block l's 12 tensors, same layouts as `block_params`; a backward adds into them (on the
-/// CPU, or in device memory on the GPU).
-struct block_grads {
-  float* ln_1_weight = nullptr;        ///< [C]
-  float* ln_1_bias = nullptr;          ///< [C]
-  float* c_attn_weight = nullptr;      ///< [C, 3C]
-  float* c_attn_bias = nullptr;        ///< [3C]
-  float* attn_c_proj_weight = nullptr; ///< [C, C]
-  float* attn_c_proj_bias = nullptr;   ///< [C]
-  float* ln_2_weight = nullptr;        ///< [C]
-  float* ln_2_bias = nullptr;          ///< [C]
-  float* c_fc_weight = nullptr;        ///< [C, 4C]
-  float* c_fc_bias = nullptr;          ///< [4C]
-  float* mlp_c_proj_weight = nullptr;  ///< [4C, C]
-  float* mlp_c_proj_bias = nullptr;    ///< [C]
+/// The gradients of block l's 12 tensors, same layouts as `block_params`, each where a backward adds into it: `G`
+/// (`block_grads`: fp32 on the CPU; gpt_cuda.hpp's `cuda_block_grads`: device memory, fp32 or bf16 per tensor).
+template <class G> struct basic_block_grads {
+  G ln_1_weight{};        ///< [C]
+  G ln_1_bias{};          ///< [C]
+  G c_attn_weight{};      ///< [C, 3C]
+  G c_attn_bias{};        ///< [3C]
+  G attn_c_proj_weight{}; ///< [C, C]
+  G attn_c_proj_bias{};   ///< [C]
+  G ln_2_weight{};        ///< [C]
+  G ln_2_bias{};          ///< [C]
+  G c_fc_weight{};        ///< [C, 4C]
+  G c_fc_bias{};          ///< [4C]
+  G mlp_c_proj_weight{};  ///< [4C, C]
+  G mlp_c_proj_bias{};    ///< [C]
 
-  /// The block's gradient buffers from pointers in registration order.
-  /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` pointers.
-  static block_grads from(std::span<float* const> p) {
+  /// The block's gradient buffers in registration order.
+  /// @throws std::invalid_argument when `p` does not hold exactly `block_tensor_count` of them.
+  static basic_block_grads from(std::span<const G> p) {
     if (p.size() != block_tensor_count) {
       throw std::invalid_argument("block_grads::from: expected 12 tensors, found " + std::to_string(p.size()));
     }
     return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
   }
 };
+using block_grads = basic_block_grads<float*>;
 
 /// Checks B x T token ids before anything reads them: every id in [0, vocab).
 /// @throws std::out_of_range naming `what` (the call), `kind` ("token" or "target"), the position (b, t) and the

@@ -172,7 +172,7 @@ gpt::cuda_block_params gpu_block(const std::vector<device_buffer<bf16>>& w, int 
 }
 
 gpt::cuda_block_grads gpu_grads(std::vector<device_buffer<float>>& g, int l) {
-  std::array<float*, gpt::block_tensor_count> p{};
+  std::array<gpt::grad_ref, gpt::block_tensor_count> p{};
   for (std::size_t i = 0; i < p.size(); ++i) {
     p[i] = g[2 + static_cast<std::size_t>(l) * p.size() + i].data();
   }
@@ -511,6 +511,81 @@ TEST_SUITE("gpu") {
     for (std::size_t i = 0; i < a.size(); ++i) {
       INFO(specs[i].name);
       CHECK(relative_l2(b[i], cpu_g[i]) <= grad_rtol);
+    }
+  }
+
+  TEST_CASE_FIXTURE(gpu_setup,
+                    "cuda_model: gradients added into bf16 are the fp32 ones added into bf16, one rounding") {
+    // What zero_gpt does with an engine's bf16 gradients (math_traits<cuda_model>::adds_bf16): ln_f's and the
+    // blocks' gradients go into the bf16 buffers themselves, on top of what they hold (an earlier micro-step's
+    // sum), instead of into an fp32 scratch added into them afterwards (add_into). The same pass into fp32
+    // buffers gives each gradient G; the bf16 ones must then hold bf16(start + G): exactly for the column sums
+    // (LayerNorm's and the biases', the same fp32 sums rounded once). The weights' GEMMs write a bf16 C with beta
+    // = 1, where cuBLAS may round the product to bf16 before adding C (measured on an H100: 1-5% of the elements
+    // were more than one bf16 step from bf16(start + G), where start and G nearly cancel): within one step of the
+    // result plus one bf16 step of G itself, the two roundings PyTorch's bf16 .grad accumulation also makes. A
+    // missing or misplaced contribution is of G's own size.
+    const auto tokens = ids(31, cfg.vocab);
+    const auto targets = ids(32, cfg.vocab);
+    auto g32 = grads_on_device(cfg);
+    gpu_step(gpu, dw, g32, tokens, targets, 0.1f);
+    const tensors g = download(g32, stream.get());
+
+    tensors start = zeros_like(cfg); // bf16-representable values of about the gradients' size
+    for (std::size_t i = 0; i < start.size(); ++i) {
+      for (std::size_t j = 0; j < start[i].size(); ++j) {
+        start[i][j] = static_cast<float>(bf16(0.01f * std::sin(static_cast<float>(7 * i + j))));
+      }
+    }
+    auto g16 = upload(start);
+    auto embedding = grads_on_device(cfg); // wte's and wpe's stay fp32
+    gpu_forward(gpu, dw, tokens);
+    (void)gpu.head_forward_loss(dw[0].data(), targets.data(), 0.1f, true);
+    gpu.head_backward(dw[0].data(), embedding[0].data());
+    const std::size_t lnf = dw.size() - 2;
+    gpu.final_backward(dw[lnf].data(), g16[lnf].data(), g16[lnf + 1].data());
+    for (int l = cfg.layers - 1; l >= 0; --l) {
+      std::array<gpt::grad_ref, gpt::block_tensor_count> p{};
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        p[i] = g16[2 + static_cast<std::size_t>(l) * p.size() + i].data();
+      }
+      gpu.block_backward(l, gpu_block(dw, l), gpt::cuda_block_grads::from(p));
+    }
+    gpu.embed_backward(tokens.data(), embedding[0].data(), embedding[1].data());
+    ZERO_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+
+    const auto specs = gpt::parameters(cfg);
+    for (std::size_t i = 2; i < specs.size(); ++i) {
+      INFO(specs[i].name);
+      std::vector<bf16> got(g16[i].size());
+      ZERO_CHECK_CUDA(cudaMemcpy(got.data(), g16[i].data(), got.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+      const bool gemm = specs[i].shape.size() == 2; // a weight matrix: cuBLAS's; else a column sum's
+      std::size_t exact = 0, one_step = 0, product_rounded = 0, off = 0;
+      double worst = 0; // the largest distance beyond one step of the result, in units of |G|
+      for (std::size_t j = 0; j < got.size(); ++j) {
+        const float want = static_cast<float>(bf16(start[i][j] + g[i][j]));
+        const float have = static_cast<float>(got[j]);
+        // One bf16 step at the larger of the two: 2^-7 of its power of two.
+        const float step = std::ldexp(1.0f, std::ilogb(std::max(std::abs(want), std::abs(have))) - 7);
+        const float beyond = std::abs(have - want) - step;
+        if (have == want) {
+          ++exact;
+        } else if (gemm && beyond <= 0) {
+          ++one_step;
+        } else if (gemm && beyond <= 0x1p-7f * std::abs(g[i][j])) {
+          ++product_rounded;
+          worst = std::max(worst, static_cast<double>(beyond) / std::abs(g[i][j]));
+        } else {
+          ++off;
+        }
+      }
+      MESSAGE(specs[i].name << ": " << exact << " exact, " << one_step << " within a step, " << product_rounded
+                            << " within a step and a rounding of G (at most " << worst << " |G| beyond a step), " << off
+                            << " off");
+      CHECK(off == 0);
+      if (!gemm) {
+        CHECK(exact == got.size());
+      }
     }
   }
 

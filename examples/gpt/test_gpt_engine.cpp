@@ -68,7 +68,7 @@ TEST_CASE("stage 3 gathers the tied wte exactly for its uses: its module three t
   }
 }
 
-TEST_CASE("gradient_scratch_layout: wte's region, then one module's tensors at a time") {
+TEST_CASE("gradient_scratch_layout: wte's region, then one module's tensors at a time (or wte's and wpe's only)") {
   // What --config auto-plan takes off the GPU's budget besides the activations (gpt_cuda_engine.hpp).
   const auto cfg = gpt::model_config::preset("d12");
   const auto specs = gpt::parameters(cfg);
@@ -83,4 +83,12 @@ TEST_CASE("gradient_scratch_layout: wte's region, then one module's tensors at a
   CHECK(l.at[3] == wte + static_cast<std::size_t>(specs[2].numel()));
   CHECK(l.at[2 + 12] == wte);
   CHECK(l.at.back() == wte + 768);
+  // A math that adds the other gradients into bf16 itself (the GPU's): wte's region, then wpe's, and no other.
+  const auto e = gpt::gradient_scratch_layout(specs, true);
+  const std::size_t wpe = 1024u * 768;
+  CHECK(e.floats == wte + wpe);
+  CHECK(e.at[0] == 0);
+  CHECK(e.at[1] == wte);
+  CHECK(e.at[2] == gpt::scratch_layout::none);
+  CHECK(e.at.back() == gpt::scratch_layout::none);
 }
