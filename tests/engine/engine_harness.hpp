@@ -158,6 +158,9 @@ template <class RunGroup, class MakeBackend, class Io> struct rank_rig {
   MakeBackend make_backend;
   Io io;
 };
+// Clang 14 deduces no aggregate's template arguments without a guide (C++20's P1816).
+template <class RunGroup, class MakeBackend, class Io>
+rank_rig(RunGroup, MakeBackend, Io) -> rank_rig<RunGroup, MakeBackend, Io>;
 
 /// The CPU engine's rig: in-process ranks (thread_communicator), a one-thread cpu_backend each, host_io.
 inline constexpr rank_rig cpu_rig{[](int world, auto&& fn) { run_ranks(world, fn); },
