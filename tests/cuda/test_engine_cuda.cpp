@@ -109,7 +109,9 @@ TEST_SUITE("engine") {
     for (const auto ranks : zero::test::gpu_rank_sets()) {
       for (int stage : {1, 2, 3}) {
         for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
-          for (auto [accumulation, clip] : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+          for (const auto& ac : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+            const int accumulation = ac.first; // named, not bound: Clang 14 captures no structured binding
+            const double clip = ac.second;
             zero::testing::run_spec s{
                 .stage = stage, .world = ranks.world, .type = type, .accumulation = accumulation, .clip = clip};
             CAPTURE(ranks);
@@ -155,7 +157,9 @@ TEST_SUITE("engine") {
     // bits either way. Persistence 40 keeps the biases whole on the device, 0 keeps nothing.
     for (const auto ranks : zero::test::gpu_rank_sets()) {
       for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
-        for (auto [accumulation, clip] : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+        for (const auto& ac : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+          const int accumulation = ac.first; // named, not bound: Clang 14 captures no structured binding
+          const double clip = ac.second;
           for (std::int64_t persistence : {40, 0}) {
             zero::testing::run_spec s{.stage = 3,
                                       .world = ranks.world,
@@ -199,7 +203,9 @@ TEST_SUITE("engine") {
         R"("})";
     for (const auto ranks : zero::test::gpu_rank_sets()) {
       for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
-        for (auto [accumulation, clip] : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+        for (const auto& ac : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+          const int accumulation = ac.first; // named, not bound: Clang 14 captures no structured binding
+          const double clip = ac.second;
           zero::testing::run_spec s{
               .stage = 3, .world = ranks.world, .type = type, .accumulation = accumulation, .clip = clip};
           CAPTURE(ranks);

@@ -28,7 +28,9 @@ namespace {
 void check_same_weights(const std::map<std::string, std::vector<float>>& got,
                         const std::map<std::string, std::vector<float>>& want, double tolerance) {
   REQUIRE(got.size() == want.size());
-  for (const auto& [name, values] : want) {
+  for (const auto& entry : want) {
+    const std::string& name = entry.first; // named, not bound: Clang 14 captures no structured binding
+    const auto& values = entry.second;
     CAPTURE(name);
     REQUIRE(got.count(name) == 1);
     if (tolerance == 0) {

@@ -166,7 +166,9 @@ TEST_SUITE("kernels") {
 
     // (src offset, dst offset): both aligned; both off by one element (vector body, scalar head); off by one
     // relative to each other (scalar path throughout).
-    for (const auto& [src_offset, dst_offset] : {std::pair{0u, 0u}, std::pair{1u, 1u}, std::pair{0u, 1u}}) {
+    for (const auto& offsets : {std::pair{0u, 0u}, std::pair{1u, 1u}, std::pair{0u, 1u}}) {
+      const unsigned src_offset = offsets.first; // named, not bound: Clang 14 captures no structured binding
+      const unsigned dst_offset = offsets.second;
       CAPTURE(src_offset);
       CAPTURE(dst_offset);
       device_buffer<S> src(input.size(), src_offset);
