@@ -323,6 +323,52 @@ TEST_CASE("a hand-written DeepSpeed config: comments, old names, case-insensitiv
   check_round_trip(c);
 }
 
+TEST_CASE("DeepSpeed's documented OneCycle and LRRangeTest schedules (its one-cycle and lrrt tutorials)") {
+  const config one =
+      config::from_string(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+      "scheduler": {"type": "OneCycle", "params": {"cycle_first_step_size": 1000, "cycle_first_stair_count": 500,
+        "cycle_second_step_size": 1000, "cycle_second_stair_count": 500, "decay_step_size": 1000,
+        "cycle_min_lr": 0.0001, "cycle_max_lr": 0.0010, "decay_lr_rate": 0.001, "cycle_min_mom": 0.85,
+        "cycle_max_mom": 0.99, "decay_mom_rate": 0.0}}})");
+  REQUIRE(one.scheduler);
+  const auto& s = *one.scheduler;
+  CHECK(s.type == zero::scheduler_type::one_cycle);
+  CHECK(s.cycle_first_step_size == 1000);
+  CHECK(s.cycle_second_step_size == 1000);
+  CHECK(s.cycle_first_stair_count == 500);
+  CHECK(s.cycle_second_stair_count == 500);
+  CHECK(s.decay_step_size == 1000);
+  CHECK(s.cycle_min_lr == 0.0001);
+  CHECK(s.cycle_max_lr == 0.001);
+  CHECK(s.decay_lr_rate == 0.001);
+  CHECK(s.cycle_min_mom == 0.85);
+  CHECK(s.cycle_max_mom == 0.99);
+  CHECK(s.cycle_momentum); // DeepSpeed's default
+  CHECK(has_note(one, "scheduler.params.cycle_momentum: true: Adam's beta1 cycles between 0.99 and 0.85 and beta2 "
+                      "is 0.99, in place of optimizer.params.betas"));
+  check_round_trip(one);
+
+  const config defaults = config::from_string(
+      R"({"train_batch_size": 8, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+          "cycle_second_step_size": null, "cycle_momentum": false}}})");
+  CHECK(defaults.scheduler->cycle_first_step_size == 2000);
+  CHECK_FALSE(defaults.scheduler->cycle_second_step_size); // null: the first half's
+  CHECK_FALSE(defaults.scheduler->cycle_second_stair_count);
+  CHECK(defaults.scheduler->cycle_min_mom == 0.8);
+  check_round_trip(defaults);
+
+  const config range = config::from_string(R"({"train_batch_size": 8, "scheduler": {"type": "LRRangeTest", "params": {
+      "lr_range_test_min_lr": 0.0001, "lr_range_test_step_size": 200, "lr_range_test_step_rate": 5,
+      "lr_range_test_staircase": false}}})");
+  REQUIRE(range.scheduler);
+  CHECK(range.scheduler->type == zero::scheduler_type::lr_range_test);
+  CHECK(range.scheduler->lr_range_test_min_lr == 0.0001);
+  CHECK(range.scheduler->lr_range_test_step_size == 200);
+  CHECK(range.scheduler->lr_range_test_step_rate == 5);
+  CHECK_FALSE(range.scheduler->lr_range_test_staircase);
+  check_round_trip(range);
+}
+
 TEST_CASE("integers written as 5e8, 1e14 or 2.0 are integers") {
   const config c = config::from_string(R"({"train_batch_size": 1.6e1, "gradient_accumulation_steps": 2.0,
       "zero_optimization": {"stage": 3.0, "reduce_bucket_size": 5e8, "sub_group_size": 1e14,

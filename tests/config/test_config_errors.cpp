@@ -187,9 +187,23 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
     CHECK(has(error_of(R"({"optimizer": {"type": "OneBitAdam"}})"), "optimizers other than Adam and AdamW"));
     CHECK(has(error_of(R"({"optimizer": {"type": "SGD"}})"), "optimizers other than Adam and AdamW"));
   }
-  SUBCASE("other schedules") {
-    CHECK(has(error_of(R"({"scheduler": {"type": "OneCycle", "params": {}}})"),
-              "scheduler.type: found \"OneCycle\"; this needs the OneCycle and LRRangeTest schedules"));
+  SUBCASE("OneCycle and LRRangeTest: the keys DeepSpeed requires or refuses") {
+    const auto e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 1e-3}}})");
+    CHECK(has(e, "scheduler.params.cycle_min_lr: missing; OneCycle needs it (DeepSpeed's constructor has no default)"));
+    CHECK(has(error_of(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+                                                                         "cycle_first_step_size": 0}}})"),
+              "scheduler.params.cycle_first_step_size: found 0; expected a positive number of steps"));
+    CHECK(has(error_of(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+                                                                         "warmup_num_steps": 10}}})"),
+              "scheduler.params.warmup_num_steps: not a parameter of OneCycle"));
+    CHECK(has(error_of(R"({"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_step_size": 0}}})"),
+              "scheduler.params.lr_range_test_step_size: found 0"));
+    CHECK(has(error_of(R"({"scheduler": {"type": "WarmupLR", "params": {"cycle_min_lr": 0}}})"),
+              "scheduler.params.cycle_min_lr: not a parameter of WarmupLR (it takes warmup_min_lr, warmup_max_lr, "
+              "warmup_num_steps, warmup_type, last_batch_iteration); OneCycle takes it"));
+    CHECK(has(error_of(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1,
+                                                                         "cycle_min_mom": 1.5}}})"),
+              "scheduler.params.cycle_min_mom: found 1.5"));
   }
   SUBCASE("switched-on blocks") {
     CHECK(

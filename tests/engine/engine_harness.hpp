@@ -340,7 +340,9 @@ inline run_result train_with_engine(const run_spec& s) {
 }
 
 /// Plain single-process AdamW on the global-batch gradient: the oracle.
-inline run_result train_reference(const run_spec& s) {
+/// `sched`: the lr and Adam's betas of each applied step come from it (stepped after each), as the engine's do;
+/// null: s.lr and (0.9, 0.999).
+inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullptr) {
   const auto model = small_model();
   std::vector<std::vector<float>> master(model.size()), m(model.size()), v(model.size());
   for (std::size_t k = 0; k < model.size(); ++k) {
@@ -377,10 +379,19 @@ inline run_result train_reference(const run_spec& s) {
     ++applied;
     const double norm = std::sqrt(sq);
     const float coef = s.clip > 0 && s.clip / (norm + 1e-6) < 1 ? static_cast<float>(s.clip / (norm + 1e-6)) : 1.0f;
-    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
-    const float bc1 = 1.0f - static_cast<float>(std::pow(0.9, double(applied)));
-    const float bc2 = 1.0f - static_cast<float>(std::pow(0.999, double(applied)));
-    const float lr = static_cast<float>(s.lr);
+    float b1 = 0.9f, b2 = 0.999f, lr = static_cast<float>(s.lr);
+    const float eps = 1e-8f;
+    float bc1 = 1.0f - static_cast<float>(std::pow(0.9, double(applied)));
+    float bc2 = 1.0f - static_cast<float>(std::pow(0.999, double(applied)));
+    if (sched != nullptr) {
+      const auto betas = sched->betas({0.9, 0.999});
+      b1 = static_cast<float>(betas[0]);
+      b2 = static_cast<float>(betas[1]);
+      bc1 = 1.0f - static_cast<float>(std::pow(double(b1), double(applied)));
+      bc2 = 1.0f - static_cast<float>(std::pow(double(b2), double(applied)));
+      lr = static_cast<float>(sched->group_lr(s.lr));
+      sched->step();
+    }
     for (std::size_t k = 0; k < model.size(); ++k) {
       const float wd = model[k].decay ? static_cast<float>(s.weight_decay) : 0.0f;
       for (std::size_t i = 0; i < master[k].size(); ++i) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <doctest/doctest.h>
+#include <string>
+#include <utility>
 
 using zero::dtype;
 using zero::testing::run_spec;
@@ -38,6 +40,35 @@ TEST_CASE("stages 0, 1, 2, 3 give the parameters of a plain single-process AdamW
             }
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("OneCycle's lr and betas and LRRangeTest's lr reach every step, at every stage, offloaded too") {
+  // OneCycle with momentum: beta1 moves every step and beta2 is 0.99, so an engine that kept the optimizer's
+  // betas (0.9, 0.999) or the first step's would leave the reference by far more than 1e-6.
+  const std::string one_cycle = R"("scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.002,
+      "cycle_max_lr": 0.02, "cycle_first_step_size": 2, "cycle_second_step_size": 1, "decay_step_size": 1,
+      "decay_lr_rate": 0.5, "decay_mom_rate": 0.01}})";
+  const std::string range_test = R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.002,
+      "lr_range_test_step_size": 2, "lr_range_test_step_rate": 3}})";
+  for (const auto& [name, block] : {std::pair{"OneCycle", one_cycle}, {"LRRangeTest", range_test}}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (const char* offload : {"", R"("offload_optimizer": {"device": "cpu"})"}) {
+        if (stage == 0 && *offload != '\0') {
+          continue;
+        }
+        run_spec s{.stage = stage, .world = 2, .steps = 6, .zero_extra = offload, .top_extra = block};
+        const std::string where = *offload == '\0' ? "in memory" : "offloaded";
+        CAPTURE(name);
+        CAPTURE(stage);
+        CAPTURE(where);
+        const auto cfg = zero::config::from_string(zero::testing::config_json(s));
+        auto sched = zero::scheduler_from_config(cfg);
+        const auto want = train_reference(s, &sched);
+        CHECK(max_rel_diff(train_with_engine(s).params, want.params) <= 1e-6);
+        CHECK(max_rel_diff(train_reference(s).params, want.params) > 1e-3); // the schedule matters here
       }
     }
   }

@@ -6,6 +6,7 @@
 #include "zero/core/error.hpp"
 #include "zero/optim/lr_schedule.hpp"
 
+#include <array>
 #include <doctest/doctest.h>
 #include <limits>
 #include <string>
@@ -155,4 +156,135 @@ TEST_CASE("lr_scheduler counts DeepSpeed's last_batch_iteration") {
   constant.step();
   CHECK(constant.lr() == 3e-4);
   CHECK(constant.group_lr(0.1) == 0.1);
+}
+
+// LRRangeTest and OneCycle: the expected values are what DeepSpeed 0.19.8's classes (its sdist's
+// deepspeed/runtime/lr_schedules.py, run with a stub optimizer of one parameter group) set the group's lr and betas
+// to after construction (i = -1) and after each scheduler step; repr() of the Python doubles.
+
+TEST_CASE("LRRangeTest, continuous and in stairs") {
+  const zero::lr_range_test s({.min_lr = 1e-3, .step_size = 3, .step_rate = 2.0});
+  CHECK(s.lr_at(-1) == 0.001);
+  CHECK(s.lr_at(0) == 0.0016666666666666666); // 1e-3 * (1 + 2 * 1 / 3)
+  CHECK(s.lr_at(1) == 0.002333333333333333);
+  CHECK(s.lr_at(2) == 0.003);
+  CHECK(s.lr_at(4) == 0.004333333333333334);
+  CHECK(s.lr_at(6) == 0.005666666666666667);
+  const zero::lr_range_test stairs({.min_lr = 1e-3, .step_size = 3, .step_rate = 2.0, .staircase = true});
+  const double expected[] = {0.001, 0.001, 0.001, 0.003, 0.003, 0.003, 0.005, 0.005}; // i = -1 .. 6
+  for (int i = -1; i <= 6; ++i) {
+    CAPTURE(i);
+    CHECK(stairs.lr_at(i) == expected[i + 1]);
+  }
+  CHECK_THROWS_WITH_AS(zero::lr_range_test({.step_size = 0}),
+                       doctest::Contains("scheduler.params.lr_range_test_step_size must be a positive integer, got 0"),
+                       zero::config_error);
+}
+
+TEST_CASE("OneCycle: the lr and beta1 through an uneven cycle, then the decay") {
+  const zero::one_cycle s({.cycle_min_lr = 1e-4,
+                           .cycle_max_lr = 1e-3,
+                           .decay_lr_rate = 0.5,
+                           .cycle_first_step_size = 4,
+                           .cycle_second_step_size = 6,
+                           .decay_step_size = 2,
+                           .decay_mom_rate = 0.01});
+  // i = -1 .. 13: the cycle is 10 steps (4 up, 6 down), then the decay.
+  const double lr[] = {0.0001,
+                       0.0003250000000000002,
+                       0.0005499999999999999,
+                       0.0007750000000000001,
+                       0.0009999999999999998,
+                       0.0008500000000000001,
+                       0.0006999999999999999,
+                       0.0005500000000000001,
+                       0.0003999999999999999,
+                       0.00025000000000000017,
+                       0.0001,
+                       8e-05,
+                       6.666666666666667e-05,
+                       5.714285714285715e-05,
+                       5e-05};
+  const double beta1[] = {0.8,
+                          0.875,
+                          0.8500000000000001,
+                          0.8250000000000001,
+                          0.8,
+                          0.8166666666666667,
+                          0.8333333333333334,
+                          0.85,
+                          0.8666666666666667,
+                          0.8833333333333333,
+                          0.9,
+                          0.9045,
+                          0.909,
+                          0.9135,
+                          0.918};
+  for (int i = -1; i <= 13; ++i) {
+    CAPTURE(i);
+    CHECK(s.lr_at(i) == lr[i + 1]);
+    const auto betas = s.betas_at(i);
+    REQUIRE(betas.has_value());
+    CHECK((*betas)[0] == beta1[i + 1]);
+    CHECK((*betas)[1] == 0.99); // DeepSpeed pairs every beta1 with 0.99
+  }
+}
+
+TEST_CASE("OneCycle: stairs in each half, no momentum cycle, no decay") {
+  const zero::one_cycle s({.cycle_min_lr = 1e-4,
+                           .cycle_max_lr = 1e-3,
+                           .cycle_first_step_size = 5,
+                           .cycle_second_step_size = 4,
+                           .cycle_first_stair_count = 2,
+                           .cycle_second_stair_count = 3,
+                           .cycle_momentum = false});
+  const double lr[] = {0.0001, 0.0001, 0.0001, 0.00055, 0.00055, 0.001, 0.0007, 0.00039999999999999996,
+                       0.0001, 0.0001, 0.0001, 0.0001,  0.0001}; // i = -1 .. 11
+  for (int i = -1; i <= 11; ++i) {
+    CAPTURE(i);
+    CHECK(s.lr_at(i) == lr[i + 1]);
+    CHECK_FALSE(s.betas_at(i).has_value()); // the optimizer's betas stay
+  }
+}
+
+TEST_CASE("OneCycle: DeepSpeed's defaults (second half = first, no decay), and what it refuses") {
+  const zero::one_cycle s({.cycle_min_lr = 2e-4, .cycle_max_lr = 2e-3, .cycle_first_step_size = 3});
+  const double lr[] = {0.0002,
+                       0.0008000000000000003,
+                       0.0013999999999999998,
+                       0.002,
+                       0.0014000000000000006,
+                       0.0007999999999999994,
+                       0.0002,
+                       0.0002,
+                       0.0002}; // i = -1 .. 7
+  const double beta1[] = {
+      0.8, 0.8666666666666667, 0.8333333333333334, 0.8, 0.8333333333333334, 0.8666666666666667, 0.9, 0.9, 0.9};
+  for (int i = -1; i <= 7; ++i) {
+    CAPTURE(i);
+    CHECK(s.lr_at(i) == lr[i + 1]);
+    CHECK((*s.betas_at(i))[0] == beta1[i + 1]);
+  }
+  CHECK_THROWS_WITH_AS(zero::one_cycle({.cycle_first_step_size = 0}),
+                       doctest::Contains("cycle_first_step_size must be positive"), zero::config_error);
+  CHECK_THROWS_WITH_AS(zero::one_cycle({.cycle_second_step_size = -1.0}),
+                       doctest::Contains("cycle_second_step_size non-negative"), zero::config_error);
+  CHECK_THROWS_AS(zero::one_cycle({.cycle_max_lr = std::numeric_limits<double>::infinity()}), zero::config_error);
+}
+
+TEST_CASE("lr_scheduler: OneCycle sets every group's lr and Adam's betas; the other schedules keep the optimizer's") {
+  zero::lr_scheduler sched(zero::one_cycle({.cycle_min_lr = 2e-4, .cycle_max_lr = 2e-3, .cycle_first_step_size = 3}));
+  const std::array<double, 2> adam{0.9, 0.999};
+  CHECK(sched.betas(adam) == std::array<double, 2>{0.8, 0.99}); // the first step: cycle_min_mom
+  CHECK(sched.group_lr(0.5) == 0.0002);
+  sched.step();
+  CHECK(sched.betas(adam) == std::array<double, 2>{0.8666666666666667, 0.99});
+  CHECK(sched.group_lr(0.5) == 0.0008000000000000003);
+
+  zero::lr_scheduler range(zero::lr_range_test({.min_lr = 1e-3, .step_size = 3, .step_rate = 2.0}));
+  range.step();
+  CHECK(range.group_lr(0.5) == 0.0016666666666666666);
+  CHECK(range.betas(adam) == adam);
+  zero::lr_scheduler warmup(zero::warmup_lr(zero::warmup_lr_params{}));
+  CHECK(warmup.betas(adam) == adam);
 }

@@ -61,9 +61,9 @@ enum class optimizer_type : std::uint8_t { adam, adamw };
 }
 
 /// The learning-rate schedules this version runs (DeepSpeed's `deepspeed.runtime.lr_schedules`).
-enum class scheduler_type : std::uint8_t { warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+enum class scheduler_type : std::uint8_t { warmup_lr, warmup_decay_lr, warmup_cosine_lr, lr_range_test, one_cycle };
 
-/// DeepSpeed's name of a schedule: "WarmupLR", "WarmupDecayLR", "WarmupCosineLR".
+/// DeepSpeed's name of a schedule: "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest", "OneCycle".
 [[nodiscard]] constexpr std::string_view name_of(scheduler_type t) noexcept {
   switch (t) {
   case scheduler_type::warmup_lr:
@@ -72,6 +72,10 @@ enum class scheduler_type : std::uint8_t { warmup_lr, warmup_decay_lr, warmup_co
     return "WarmupDecayLR";
   case scheduler_type::warmup_cosine_lr:
     return "WarmupCosineLR";
+  case scheduler_type::lr_range_test:
+    return "LRRangeTest";
+  case scheduler_type::one_cycle:
+    return "OneCycle";
   }
   return "?";
 }
@@ -156,9 +160,11 @@ struct optimizer_config {
   friend bool operator==(const optimizer_config&, const optimizer_config&) = default;
 };
 
-/// The `scheduler` block: one of DeepSpeed's warm-up schedules.
+/// The `scheduler` block: one of DeepSpeed's schedules. Each reads only its own parameters (the others keep
+/// their defaults); the names and defaults are DeepSpeed's.
 struct scheduler_config {
-  /// `scheduler.type`: "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR" (exact case, as in DeepSpeed).
+  /// `scheduler.type`: "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest" or "OneCycle" (exact case,
+  /// as in DeepSpeed).
   scheduler_type type = scheduler_type::warmup_lr;
   /// `warmup_min_lr` (WarmupLR, WarmupDecayLR): the learning rate at step 0. Default 0.
   double warmup_min_lr = 0.0;
@@ -179,6 +185,39 @@ struct scheduler_config {
   double warmup_min_ratio = 0.0;
   /// `cos_min_ratio` (WarmupCosineLR): the fraction of lr at the end of the cosine. Default 1e-4.
   double cos_min_ratio = 1e-4;
+  /// `lr_range_test_min_lr` (LRRangeTest): the lr the test starts at. Default 1e-3.
+  double lr_range_test_min_lr = 1e-3;
+  /// `lr_range_test_step_size` (LRRangeTest): steps per interval (>= 1). Default 2000.
+  std::int64_t lr_range_test_step_size = 2000;
+  /// `lr_range_test_step_rate` (LRRangeTest): the lr's growth per interval, in units of the minimum. Default 1.
+  double lr_range_test_step_rate = 1.0;
+  /// `lr_range_test_staircase` (LRRangeTest): the lr rises in whole intervals. Default false.
+  bool lr_range_test_staircase = false;
+  /// `cycle_min_lr` (OneCycle; required): the lr at the ends of the cycle.
+  double cycle_min_lr = 0.0;
+  /// `cycle_max_lr` (OneCycle; required): the lr at the cycle's peak.
+  double cycle_max_lr = 0.0;
+  /// `decay_lr_rate` (OneCycle): the lr's decay after the cycle. Default 0 (none).
+  double decay_lr_rate = 0.0;
+  /// `cycle_first_step_size` (OneCycle): steps of the rising half (> 0). Default 2000.
+  double cycle_first_step_size = 2000;
+  /// `cycle_second_step_size` (OneCycle): steps of the falling half (>= 0). Default null: the first's.
+  std::optional<double> cycle_second_step_size{};
+  /// `cycle_first_stair_count` (OneCycle): stairs of the rising half. Default 0 (continuous).
+  std::int64_t cycle_first_stair_count = 0;
+  /// `cycle_second_stair_count` (OneCycle): stairs of the falling half. Default null: the first's.
+  std::optional<std::int64_t> cycle_second_stair_count{};
+  /// `decay_step_size` (OneCycle): steps per unit of the decay after the cycle. Default 0 (no decay).
+  double decay_step_size = 0;
+  /// `cycle_momentum` (OneCycle): Adam's beta1 cycles against the lr, and beta2 is 0.99 (DeepSpeed replaces
+  /// `optimizer.params.betas` so). Default true.
+  bool cycle_momentum = true;
+  /// `cycle_min_mom` (OneCycle): beta1 at the peak lr (and at the first step). Default 0.8.
+  double cycle_min_mom = 0.8;
+  /// `cycle_max_mom` (OneCycle): beta1 at the ends of the cycle. Default 0.9.
+  double cycle_max_mom = 0.9;
+  /// `decay_mom_rate` (OneCycle): beta1's growth after the cycle. Default 0 (none).
+  double decay_mom_rate = 0.0;
   friend bool operator==(const scheduler_config&, const scheduler_config&) = default;
 };
 

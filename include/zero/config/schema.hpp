@@ -33,7 +33,9 @@ inline constexpr choice<optimizer_type> optimizer_types[] = {{"Adam", optimizer_
                                                              {"AdamW", optimizer_type::adamw}};
 inline constexpr choice<scheduler_type> scheduler_types[] = {{"WarmupLR", scheduler_type::warmup_lr},
                                                              {"WarmupDecayLR", scheduler_type::warmup_decay_lr},
-                                                             {"WarmupCosineLR", scheduler_type::warmup_cosine_lr}};
+                                                             {"WarmupCosineLR", scheduler_type::warmup_cosine_lr},
+                                                             {"LRRangeTest", scheduler_type::lr_range_test},
+                                                             {"OneCycle", scheduler_type::one_cycle}};
 inline constexpr choice<warmup_curve> warmup_curves[] = {{"log", warmup_curve::log}, {"linear", warmup_curve::linear}};
 // DeepSpeed's DtypeEnum spellings of the three float types.
 inline constexpr choice<dtype> dtype_names[] = {
@@ -57,6 +59,7 @@ inline void read_host_ratio(const key_read<offload_optimizer_config>&);
 inline void read_gather_16bit_weights(const key_read<zero_optimization_config>&);
 inline void read_schedule_param(const key_read<scheduler_config>&);
 inline void read_total_num_steps(const key_read<scheduler_config>&);
+inline void read_required_schedule_param(const key_read<scheduler_config>&);
 inline std::optional<json> auto_unset(const parse_context&, std::string_view, const config_inputs&);
 inline json write_pipeline_stages(const pipeline_config&);
 
@@ -177,6 +180,24 @@ inline constexpr key_row<scheduler_config> scheduler_params_keys[] = {
         .by_hand(read_total_num_steps),
     key<&scheduler_config::warmup_min_ratio>("warmup_min_ratio").range(0.0, 1.0),
     key<&scheduler_config::cos_min_ratio>("cos_min_ratio").range(0.0, 1.0),
+    key<&scheduler_config::lr_range_test_min_lr>("lr_range_test_min_lr").at_least(0.0),
+    key<&scheduler_config::lr_range_test_step_size>("lr_range_test_step_size").at_least(1),
+    key<&scheduler_config::lr_range_test_step_rate>("lr_range_test_step_rate").at_least(0.0),
+    key<&scheduler_config::lr_range_test_staircase>("lr_range_test_staircase"),
+    // Required by OneCycle (DeepSpeed's constructor has no default for them).
+    key<&scheduler_config::cycle_min_lr>("cycle_min_lr").at_least(0.0).by_hand(read_required_schedule_param),
+    key<&scheduler_config::cycle_max_lr>("cycle_max_lr").at_least(0.0).by_hand(read_required_schedule_param),
+    key<&scheduler_config::decay_lr_rate>("decay_lr_rate").at_least(0.0),
+    // More than 0: parse_scheduler refuses 0, as DeepSpeed does.
+    key<&scheduler_config::cycle_first_step_size>("cycle_first_step_size").at_least(0.0),
+    key<&scheduler_config::cycle_second_step_size>("cycle_second_step_size").at_least(0.0).or_null(),
+    key<&scheduler_config::cycle_first_stair_count>("cycle_first_stair_count").at_least(0),
+    key<&scheduler_config::cycle_second_stair_count>("cycle_second_stair_count").at_least(0).or_null(),
+    key<&scheduler_config::decay_step_size>("decay_step_size").at_least(0.0),
+    key<&scheduler_config::cycle_momentum>("cycle_momentum"),
+    key<&scheduler_config::cycle_min_mom>("cycle_min_mom").range(0.0, 1.0),
+    key<&scheduler_config::cycle_max_mom>("cycle_max_mom").range(0.0, 1.0),
+    key<&scheduler_config::decay_mom_rate>("decay_mom_rate").at_least(0.0),
 };
 
 // The parameters each schedule's constructor takes in DeepSpeed, in its order; a schedule refuses
@@ -188,6 +209,23 @@ inline constexpr std::string_view warmup_decay_lr_params[] = {
 inline constexpr std::string_view warmup_cosine_lr_params[] = {
     "total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"};
 
+inline constexpr std::string_view lr_range_test_params[] = {"lr_range_test_min_lr", "lr_range_test_step_size",
+                                                            "lr_range_test_step_rate", "lr_range_test_staircase",
+                                                            "last_batch_iteration"};
+inline constexpr std::string_view one_cycle_params[] = {"cycle_min_lr",
+                                                        "cycle_max_lr",
+                                                        "decay_lr_rate",
+                                                        "cycle_first_step_size",
+                                                        "cycle_second_step_size",
+                                                        "cycle_first_stair_count",
+                                                        "cycle_second_stair_count",
+                                                        "decay_step_size",
+                                                        "cycle_momentum",
+                                                        "cycle_min_mom",
+                                                        "cycle_max_mom",
+                                                        "decay_mom_rate",
+                                                        "last_batch_iteration"};
+
 /// The parameters schedule `t` takes.
 constexpr std::span<const std::string_view> schedule_params(scheduler_type t) {
   switch (t) {
@@ -195,6 +233,10 @@ constexpr std::span<const std::string_view> schedule_params(scheduler_type t) {
     return warmup_lr_params;
   case scheduler_type::warmup_decay_lr:
     return warmup_decay_lr_params;
+  case scheduler_type::lr_range_test:
+    return lr_range_test_params;
+  case scheduler_type::one_cycle:
+    return one_cycle_params;
   case scheduler_type::warmup_cosine_lr:
     break;
   }

@@ -106,8 +106,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
     {"optimizer.legacy_fusion", unimplemented_when::differs_from, "false", "legacy fused fp16 optimizer", "not planned",
      ""},
     {"optimizer.params.amsgrad", unimplemented_when::differs_from, "false", "AMSGrad", "not planned", ""},
-    {"scheduler.type", unimplemented_when::one_of, R"(["OneCycle", "LRRangeTest"])",
-     "the OneCycle and LRRangeTest schedules", "not planned", R"("WarmupLR", "WarmupDecayLR" or "WarmupCosineLR")"},
     // ---- gradients and communication ---------------------------------------------------------
     {"prescale_gradients", unimplemented_when::differs_from, "false", "pre-scaling gradients before all-reduce",
      "not planned", ""},

@@ -151,7 +151,7 @@ template <class S> step_result check_step(S& s, grad_check& g) {
 /// stream), then the agreement on its NVMe writes (the plan's `end_writes`).
 template <class S> void apply(S& s, double norm) {
   const auto args = adamw_args_from_config(*s.cfg.optimizer, s.counters.applied_steps + 1,
-                                           clip_coefficient(norm, s.cfg.gradient_clipping));
+                                           clip_coefficient(norm, s.cfg.gradient_clipping), s.scheduler);
   s.plan.apply(args, [&](std::size_t k, const auto& on) { s.params([&](auto& r) { r.after_update(k, on); }); });
   if (auto e = s.plan.end_writes(s.params.param_file(), [&] { finish_gathers(s); })) {
     s.applied_error = e;

@@ -11,6 +11,7 @@
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
 
+#include <array>
 #include <string>
 
 namespace zero {
@@ -41,6 +42,24 @@ namespace zero {
                                                     .warmup_num_steps = s.warmup_num_steps,
                                                     .cos_min_ratio = s.cos_min_ratio,
                                                     .warmup_type = curve});
+  case scheduler_type::lr_range_test:
+    return lr_range_test(lr_range_test_params{.min_lr = s.lr_range_test_min_lr,
+                                              .step_size = s.lr_range_test_step_size,
+                                              .step_rate = s.lr_range_test_step_rate,
+                                              .staircase = s.lr_range_test_staircase});
+  case scheduler_type::one_cycle:
+    return one_cycle(one_cycle_params{.cycle_min_lr = s.cycle_min_lr,
+                                      .cycle_max_lr = s.cycle_max_lr,
+                                      .decay_lr_rate = s.decay_lr_rate,
+                                      .cycle_first_step_size = s.cycle_first_step_size,
+                                      .cycle_second_step_size = s.cycle_second_step_size,
+                                      .cycle_first_stair_count = s.cycle_first_stair_count,
+                                      .cycle_second_stair_count = s.cycle_second_stair_count,
+                                      .decay_step_size = s.decay_step_size,
+                                      .cycle_momentum = s.cycle_momentum,
+                                      .cycle_min_mom = s.cycle_min_mom,
+                                      .cycle_max_mom = s.cycle_max_mom,
+                                      .decay_mom_rate = s.decay_mom_rate});
   }
   return constant_lr(optimizer_lr);
 }
@@ -70,12 +89,14 @@ namespace zero {
 }
 
 /// The arguments of AdamW step `step` (1-based, for bias correction) of `o`, its gradients scaled by
-/// `grad_scale` (the clip coefficient); lr and weight decay come from the parameter groups.
+/// `grad_scale` (the clip coefficient), with `sched`'s betas for the step (OneCycle cycles them, the others keep
+/// `o.betas`); lr and weight decay come from the parameter groups.
 [[nodiscard]] inline adamw_step_args adamw_args_from_config(const optimizer_config& o, std::int64_t step,
-                                                            double grad_scale) {
+                                                            double grad_scale, const lr_scheduler& sched) {
+  const std::array<double, 2> betas = sched.betas(o.betas);
   adamw_step_args args;
-  args.beta1 = static_cast<float>(o.betas[0]);
-  args.beta2 = static_cast<float>(o.betas[1]);
+  args.beta1 = static_cast<float>(betas[0]);
+  args.beta2 = static_cast<float>(betas[1]);
   args.eps = static_cast<float>(o.eps);
   args.adam_w_mode = o.adam_w_mode;
   args.set_step(step, o.bias_correction);

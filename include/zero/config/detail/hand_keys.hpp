@@ -221,6 +221,14 @@ inline void read_schedule_param(const key_read<scheduler_config>& k) {
   }
 }
 
+/// A parameter a schedule takes and has no default for (OneCycle's cycle_min_lr and cycle_max_lr).
+inline void read_required_schedule_param(const key_read<scheduler_config>& k) {
+  if (schedule_takes(k.out.type, k.row.name) && !read_typed(k)) {
+    k.r.ctx().fail(k.r.path_of(k.row.name),
+                   cat("missing; ", name_of(k.out.type), " needs it (DeepSpeed's constructor has no default)"));
+  }
+}
+
 inline void read_total_num_steps(const key_read<scheduler_config>& k) {
   if (schedule_takes(k.out.type, k.row.name) && !read_typed(k)) {
     k.r.ctx().fail(k.r.path_of(k.row.name), cat("missing; ", name_of(k.out.type),

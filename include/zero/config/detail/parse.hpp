@@ -246,7 +246,8 @@ inline std::optional<scheduler_config> parse_scheduler(parse_context& ctx, const
   object_reader r = open_block<scheduler_keys>(ctx, *block, "scheduler");
   scheduler_config s;
   if (!r.has("type")) {
-    ctx.fail("scheduler.type", "missing; expected \"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"");
+    ctx.fail("scheduler.type", "missing; expected \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\", "
+                               "\"LRRangeTest\" or \"OneCycle\"");
   }
   read_named(r, scheduler_keys, "type", s, in);
   const json* params = r.get("params");
@@ -266,17 +267,32 @@ inline std::optional<scheduler_config> parse_scheduler(parse_context& ctx, const
           allowed += cat(allowed.empty() ? "" : ", ", k);
         }
         std::string takers;
+        int taker_count = 0;
         for (const auto& c : scheduler_types) {
           if (schedule_takes(c.value, it.key())) {
             takers += cat(takers.empty() ? "" : " and ", c.name);
+            ++taker_count;
           }
         }
-        ctx.fail(p.path_of(it.key()), cat("not a parameter of ", name_of(s.type), " (it takes ", allowed, ")",
-                                          (takers.empty() ? "" : cat("; ", takers, " take it"))));
+        ctx.fail(p.path_of(it.key()),
+                 cat("not a parameter of ", name_of(s.type), " (it takes ", allowed, ")",
+                     (takers.empty() ? "" : cat("; ", takers, taker_count == 1 ? " takes it" : " take it"))));
       }
     }
   }
   read_keys(p, scheduler_params_keys, s, in);
+  if (s.type == scheduler_type::one_cycle) {
+    if (s.cycle_first_step_size == 0) {
+      ctx.fail(p.path_of("cycle_first_step_size"),
+               "found 0; expected a positive number of steps (DeepSpeed refuses 0)");
+    }
+    if (s.cycle_momentum) {
+      ctx.note(p.path_of("cycle_momentum"),
+               cat("true: Adam's beta1 cycles between ", show(json(s.cycle_max_mom)), " and ",
+                   show(json(s.cycle_min_mom)),
+                   " and beta2 is 0.99, in place of optimizer.params.betas, as DeepSpeed's OneCycle sets them"));
+    }
+  }
   if (!s.warmup_max_lr && schedule_takes(s.type, "warmup_max_lr")) {
     if (s.type == scheduler_type::warmup_decay_lr) {
       s.warmup_max_lr = 0.001;

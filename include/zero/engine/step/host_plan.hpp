@@ -31,7 +31,7 @@ template <class Parts, class HostOptimizer> struct host_updates {
     }
     if (!host.early()) {
       // The schedule by value: an update may still run after the step has moved it on.
-      host.begin_early(adamw_args_from_config(*p.cfg->optimizer, p.counters->applied_steps + 1, 1.0),
+      host.begin_early(adamw_args_from_config(*p.cfg->optimizer, p.counters->applied_steps + 1, 1.0, *p.scheduler),
                        [sched = *p.scheduler](double lr) { return sched.group_lr(lr); });
     }
     host.update_early(k);
