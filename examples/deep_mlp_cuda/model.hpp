@@ -29,13 +29,13 @@
 #include <cuda_runtime_api.h>
 #include <functional>
 #include <memory>
-#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
 #include <zero/core/cuda_check.hpp>
 #include <zero/core/dtype.hpp>
 #include <zero/core/error.hpp>
+#include <zero/core/source_location.hpp>
 #include <zero/engine/engine.hpp>
 #include <zero/memory/buffer.hpp>
 #include <zero/memory/device_allocator.hpp>
@@ -43,14 +43,14 @@
 namespace deep_mlp {
 
 /// Throws `zero::cuda_error` naming the call when a cuBLAS call fails.
-inline void check_cublas(cublasStatus_t status, const char* expr, const std::source_location& loc) {
+inline void check_cublas(cublasStatus_t status, const char* expr, const zero::detail::source_location& loc) {
   if (status != CUBLAS_STATUS_SUCCESS) {
     throw zero::cuda_error(std::string(expr) + " failed at " + zero::detail::where(loc) + ": " +
                                cublasGetStatusString(status),
                            static_cast<int>(status));
   }
 }
-#define DEEP_MLP_CHECK_CUBLAS(expr) ::deep_mlp::check_cublas((expr), #expr, ::std::source_location::current())
+#define DEEP_MLP_CHECK_CUBLAS(expr) ::deep_mlp::check_cublas((expr), #expr, ::zero::detail::source_location::current())
 
 /// The engine's device memory: the backend's caching pool (copies share it).
 using pool_type = zero::caching_device_allocator;
