@@ -12,8 +12,8 @@
 ///   all_gather      read B (every piece),   write n B
 /// and compared with a device-to-device copy moving as much (a copy of X bytes reads X and writes X), timed by rank
 /// 0 just before. Counters: GBps = (read + written) / 2 / time, as a copy's bytes/s is counted, and vs_copy = that
-/// over the copy's. zero's own implementation moves more than the least (all_reduce reduces into a chunk, then
-/// every rank copies every chunk; all_gather reads each piece n times), so vs_copy also says what that costs.
+/// over the copy's. zero's implementation moves exactly the least (each element read once from every rank that holds
+/// it and written once to every rank that needs it), so vs_copy says how close its kernels come to a copy's speed.
 
 #include "bench_support.hpp"
 #include "zero/comm/device_group_communicator.hpp"

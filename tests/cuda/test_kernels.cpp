@@ -12,9 +12,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <doctest/doctest.h>
 #include <limits>
+#include <memory>
+#include <random>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -546,6 +551,109 @@ TEST_SUITE("kernels") {
     for (const int bits : {8, 4}) {
       check_quantize_like_cpu<T>(stream, zero::quant_format{.bits = bits, .block = 4096},
                                  std::size_t{8192} * 4096 + 1000);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("reduce_ranks combines the inputs in rank order into every output, at any alignment", T, float,
+                     bf16, double, std::int32_t, std::uint8_t) {
+    using A = std::conditional_t<zero::is_half_v<T>, float, T>; // what the kernel accumulates in
+    auto value = [](std::mt19937& rng) {
+      if constexpr (std::is_floating_point_v<T> || zero::is_half_v<T>) {
+        return zero::from_float<T>(std::normal_distribution<float>(0.0f, 4.0f)(rng));
+      } else {
+        return static_cast<T>(std::uniform_int_distribution<int>(0, 120)(rng)); // uint8 sums wrap, as T's do
+      }
+    };
+    auto widen = [](T x) -> A {
+      if constexpr (zero::is_half_v<T>) {
+        return zero::to_float(x);
+      } else {
+        return x;
+      }
+    };
+    auto narrow = [](A x) -> T {
+      if constexpr (zero::is_half_v<T>) {
+        return zero::from_float<T>(x);
+      } else {
+        return x;
+      }
+    };
+    std::vector<zero::cuda::rank_reduce> ops{zero::cuda::rank_reduce::sum, zero::cuda::rank_reduce::max};
+    if constexpr (std::is_floating_point_v<T> || zero::is_half_v<T>) {
+      ops.push_back(zero::cuda::rank_reduce::avg);
+    }
+    test_stream stream;
+    std::mt19937 rng(7);
+    // Offsets of each buffer from the allocation: all aligned (packs from 0), all one element in (packs after a
+    // head), and mixed (one element per access).
+    const std::vector<std::vector<std::size_t>> offset_sets{{0}, {1}, {0, 1, 2}};
+    for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{262147}}) {
+      std::vector<std::vector<T>> host(zero::cuda::max_reduce_ranks, std::vector<T>(n));
+      for (auto& h : host) {
+        std::generate(h.begin(), h.end(), [&] { return value(rng); });
+      }
+      for (const int ins : {1, 3, 16}) {
+        for (const int outs : {1, 4}) {
+          for (const auto& offsets : offset_sets) {
+            for (const auto op : ops) {
+              CAPTURE(n);
+              CAPTURE(ins);
+              CAPTURE(outs);
+              CAPTURE(offsets.size());
+              CAPTURE(static_cast<int>(op));
+              std::vector<std::unique_ptr<device_buffer<T>>> in_bufs, out_bufs;
+              std::vector<const T*> in_ptrs;
+              std::vector<T*> out_ptrs;
+              for (int r = 0; r < ins; ++r) {
+                in_bufs.push_back(
+                    std::make_unique<device_buffer<T>>(n, offsets[static_cast<std::size_t>(r) % offsets.size()]));
+                in_bufs.back()->upload(host[static_cast<std::size_t>(r)]);
+                in_ptrs.push_back(in_bufs.back()->get());
+              }
+              for (int o = 0; o < outs; ++o) {
+                out_bufs.push_back(
+                    std::make_unique<device_buffer<T>>(n, offsets[static_cast<std::size_t>(o + 1) % offsets.size()]));
+                out_ptrs.push_back(out_bufs.back()->get());
+              }
+              out_ptrs.back() = in_bufs.back()->get(); // the last output is the last input: in place
+              zero::cuda::reduce_ranks(std::span<T* const>(out_ptrs), std::span<const T* const>(in_ptrs), n, op,
+                                       stream.get());
+              stream.sync();
+              std::vector<T> expected(n);
+              for (std::size_t i = 0; i < n; ++i) {
+                A acc = widen(host[0][i]);
+                for (std::size_t r = 1; r < static_cast<std::size_t>(ins); ++r) {
+                  const A v = widen(host[r][i]);
+                  acc = op == zero::cuda::rank_reduce::max ? std::max(acc, v) : static_cast<A>(acc + v);
+                }
+                if (op == zero::cuda::rank_reduce::avg) {
+                  acc = static_cast<A>(acc / static_cast<A>(ins));
+                }
+                expected[i] = narrow(acc);
+              }
+              for (int o = 0; o < outs; ++o) {
+                CAPTURE(o);
+                const auto got =
+                    o + 1 < outs ? out_bufs[static_cast<std::size_t>(o)]->download() : in_bufs.back()->download();
+                CHECK(std::memcmp(got.data(), expected.data(), n * sizeof(T)) == 0);
+                CHECK(out_bufs[static_cast<std::size_t>(o)]->guards_intact());
+              }
+            }
+          }
+        }
+      }
+    }
+    SUBCASE("no input, no output or more than max_reduce_ranks is a usage error naming the counts") {
+      device_buffer<T> a(4);
+      const T* in[1] = {a.get()};
+      T* out[1] = {a.get()};
+      std::vector<const T*> many(zero::cuda::max_reduce_ranks + 1, a.get());
+      CHECK_THROWS_WITH_AS(zero::cuda::reduce_ranks(std::span<T* const>(out), std::span<const T* const>(many), 4,
+                                                    zero::cuda::rank_reduce::sum, stream.get()),
+                           doctest::Contains("17 inputs and 1 outputs; expected 1 to 16"), zero::usage_error);
+      CHECK_THROWS_AS(zero::cuda::reduce_ranks(std::span<T* const>(), std::span<const T* const>(in), 4,
+                                               zero::cuda::rank_reduce::sum, stream.get()),
+                      zero::usage_error);
     }
   }
 

@@ -44,14 +44,24 @@ inline constexpr std::size_t max_reduce_ranks = 16;
 /// What `reduce_ranks` computes per element.
 enum class rank_reduce : std::uint8_t { sum, avg, max };
 
-/// `out[i] = in[0][i] op in[1][i] op ...` in rank order (avg: the sum divided by the number of inputs, once,
-/// at the end), for i in [0, n): the 16-bit types accumulate in fp32 and round once to nearest even, the others
-/// in their own type. `out` may be one of the inputs (each element is read before it is written). Instantiated
-/// for float, f16, bf16, double, int32, int64 and uint8; avg of an integer type divides as the type does.
-/// 	hrows usage_error for no input or more than `max_reduce_ranks`, or a null buffer with n > 0; cuda_error
-///         if the launch fails.
+/// `out[o][i] = in[0][i] op in[1][i] op ...` in rank order for every output o (avg: the sum divided by the number
+/// of inputs, once, at the end), for i in [0, n): the 16-bit types accumulate in fp32 and round once to nearest
+/// even, the others in their own type. One input and several outputs is a copy to all of them. An output may be
+/// one of the inputs (each element is read from every input before it is written). 16 bytes per access where
+/// every buffer has the same offset from 16-byte alignment, one element per access otherwise. Instantiated for
+/// float, f16, bf16, double, int32, int64 and uint8; avg of an integer type divides as the type does.
+/// \throws usage_error for no input or output, or more than `max_reduce_ranks` of either, or a null buffer
+///         with n > 0; cuda_error if the launch fails.
 template <class T>
-void reduce_ranks(T* out, std::span<const T* const> in, std::size_t n, rank_reduce op, cudaStream_t stream);
+void reduce_ranks(std::span<T* const> out, std::span<const T* const> in, std::size_t n, rank_reduce op,
+                  cudaStream_t stream);
+
+/// `reduce_ranks` into the one buffer `out`.
+template <class T>
+void reduce_ranks(T* out, std::span<const T* const> in, std::size_t n, rank_reduce op, cudaStream_t stream) {
+  T* const outs[1] = {out};
+  reduce_ranks(std::span<T* const>(outs), in, n, op, stream);
+}
 
 /// The element types `zero::cuda` is compiled for: `float`, `zero::f16` and `zero::bf16`.
 template <class T>

@@ -12,12 +12,15 @@
 /// 1. The rank's stream waits for its compute stream; the rank records `ready` and puts its call (what it is,
 ///    its buffers) in its slot, and waits on the host until every rank has (a rendezvous bounded by the
 ///    timeout; calls that differ between ranks throw `comm_error` on every rank, naming each rank's call).
-/// 2. Its stream waits for every rank's `ready`; it then reads the other ranks' inputs and writes only its own
-///    outputs (all_reduce: its chunk of the sum into a buffer of its own), records `part`, and meets the others
-///    again; its stream waits for every rank's `part`.
-/// 3. all_reduce only: it copies every rank's chunk of the sum into its `recv`, records `copied`, meets the
-///    others a third time, and waits for every rank's `copied` (so no rank reuses its chunk buffer early).
-/// 4. It records the handle's event: every rank has read this rank's buffers by then.
+/// 2. Its stream waits for every rank's `ready` (every rank's buffers are then free: the work each rank
+///    enqueued before the call is done); it then does its share of the call in one pass, reading and writing
+///    any rank's buffers (all_reduce: its chunk of the result from every send into every recv; all_gather: its
+///    send into every recv; broadcast: the root's send into every recv; reduce_scatter and all_to_all: its own
+///    recv from every send), records `part`, and meets the others again.
+/// 3. Its stream waits for every rank's `part` and records the handle's event: every rank has read this rank's
+///    send and written this rank's recv by then.
+/// Every element is moved by one kernel or copy, each byte read and written the least number of times the
+/// operation allows (bench/cuda/bench_device_group.cpp measures it against a device copy of that traffic).
 /// The host meets the other ranks in every call, as a thread group does; the device work of different calls
 /// still overlaps the ranks' compute streams like NCCL's.
 ///
@@ -179,27 +182,25 @@ public:
     const std::size_t per = (count + n - 1) / n;
     const std::size_t first = std::min(count, per * static_cast<std::size_t>(rank_));
     const std::size_t mine = std::min(count, first + per) - first;
-    T* chunk = reserve_chunk<T>(per);
-    return run<T>(
-        0, count, static_cast<std::int64_t>(op), send, recv, chunk,
-        [&](auto& s) {
-          // My chunk of the sum, into my own buffer (every rank's send stays unwritten until step 3).
-          reduce(chunk, s, first, mine, op);
-        },
-        [&](auto& s) {
-          for (std::size_t r = 0; r < n; ++r) {
-            const std::size_t f = std::min(count, per * r);
-            const std::size_t k = std::min(count, f + per) - f;
-            copy(recv + f, static_cast<const T*>(s[r].chunk), k);
-          }
-        });
+    return run<T>(0, count, static_cast<std::int64_t>(op), send, recv, [&](auto& s) {
+      // My chunk of the result, from every rank's send into every rank's recv in one pass: each element is read
+      // from every send before it is written, so an in-place all_reduce (recv == send) is safe too.
+      std::array<const T*, cuda::max_reduce_ranks> in{};
+      std::array<T*, cuda::max_reduce_ranks> out{};
+      for (std::size_t r = 0; r < n; ++r) {
+        in[r] = static_cast<const T*>(s[r].send) + first;
+        out[r] = static_cast<T*>(s[r].recv) + first;
+      }
+      cuda::reduce_ranks(std::span<T* const>(out.data(), n), std::span<const T* const>(in.data(), n), mine,
+                         detail::rank_reduce_of(op), stream_);
+    });
   }
 
   /// Rank r's `recv` gets the element-wise `op` over all ranks' block r of `send`.
   template <element_type T>
   [[nodiscard]] handle reduce_scatter(const T* send, T* recv, std::size_t recv_count, reduce_op op) {
     check_op<T>("reduce_scatter", op);
-    return run<T>(1, recv_count, static_cast<std::int64_t>(op), send, recv, nullptr, [&](auto& s) {
+    return run<T>(1, recv_count, static_cast<std::int64_t>(op), send, recv, [&](auto& s) {
       std::array<const T*, cuda::max_reduce_ranks> in{};
       for (int r = 0; r < size(); ++r) {
         in[static_cast<std::size_t>(r)] =
@@ -212,11 +213,9 @@ public:
 
   /// Block r of every rank's `recv` gets rank r's `send`.
   template <element_type T> [[nodiscard]] handle all_gather(const T* send, T* recv, std::size_t send_count) {
-    return run<T>(2, send_count, 0, send, recv, nullptr, [&](auto& s) {
-      for (int r = 0; r < size(); ++r) {
-        copy(recv + static_cast<std::size_t>(r) * send_count,
-             static_cast<const T*>(s[static_cast<std::size_t>(r)].send), send_count);
-      }
+    return run<T>(2, send_count, 0, send, recv, [&](auto& s) {
+      // My send, read once, into block rank() of every rank's recv.
+      copy_to_all(s, static_cast<std::size_t>(rank_) * send_count, send, send_count);
     });
   }
 
@@ -226,13 +225,16 @@ public:
       throw usage_error("broadcast: root " + std::to_string(root) + " is outside the group of " +
                         std::to_string(size()));
     }
-    return run<T>(3, count, root, send, recv, nullptr,
-                  [&](auto& s) { copy(recv, static_cast<const T*>(s[static_cast<std::size_t>(root)].send), count); });
+    return run<T>(3, count, root, send, recv, [&](auto& s) {
+      if (rank_ == root) { // the root's send, read once, into every rank's recv
+        copy_to_all(s, 0, send, count);
+      }
+    });
   }
 
   /// Block p of this rank's `send` goes to rank p's block `rank()` of `recv`; `recv` must not overlap `send`.
   template <element_type T> [[nodiscard]] handle all_to_all(const T* send, T* recv, std::size_t count_per_peer) {
-    return run<T>(5, count_per_peer, 0, send, recv, nullptr, [&](auto& s) {
+    return run<T>(5, count_per_peer, 0, send, recv, [&](auto& s) {
       for (int q = 0; q < size(); ++q) {
         copy(recv + static_cast<std::size_t>(q) * count_per_peer,
              static_cast<const T*>(s[static_cast<std::size_t>(q)].send) +
@@ -293,7 +295,7 @@ public:
     me.key = key;
     int new_rank = 0;
     // run's rendezvous and call check, with no device work: the colors and keys are read between its meetings.
-    auto h = run<std::uint8_t>(6, 0, 0, nullptr, nullptr, nullptr, [&](auto& s) {
+    auto h = run<std::uint8_t>(6, 0, 0, nullptr, nullptr, [&](auto& s) {
       std::vector<std::pair<int, int>> members; // (key, old rank) of my color
       for (int r = 0; r < size(); ++r) {
         if (s[static_cast<std::size_t>(r)].color == color) {
@@ -325,7 +327,7 @@ public:
 
   /// Completes once every rank has reached it.
   [[nodiscard]] handle barrier() {
-    return run<std::uint8_t>(4, 0, 0, nullptr, nullptr, nullptr, [](auto&) {});
+    return run<std::uint8_t>(4, 0, 0, nullptr, nullptr, [](auto&) {});
   }
 
 private:
@@ -336,14 +338,11 @@ private:
     stream_ = std::exchange(o.stream_, nullptr);
     produced_ = std::exchange(o.produced_, nullptr);
     compute_ = o.compute_;
-    chunk_ = std::exchange(o.chunk_, nullptr);
-    chunk_bytes_ = std::exchange(o.chunk_bytes_, 0);
     maker_ = o.maker_;
   }
   void destroy() noexcept {
     if (stream_ != nullptr) {
       ZERO_CHECK_CUDA_NOTHROW(cudaStreamSynchronize(stream_));
-      ZERO_CHECK_CUDA_NOTHROW(cudaFree(chunk_));
       ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(produced_));
       ZERO_CHECK_CUDA_NOTHROW(cudaStreamDestroy(stream_));
       stream_ = nullptr;
@@ -375,30 +374,18 @@ private:
     }
   }
 
-  /// The rank's all_reduce chunk buffer, grown to `elements` of T (after its last readers: every rank waited
-  /// for every rank's `copied` before the call that grows it returned).
-  template <class T> T* reserve_chunk(std::size_t elements) {
-    const std::size_t bytes = std::max<std::size_t>(elements * sizeof(T), 1);
-    if (bytes > chunk_bytes_) {
-      ZERO_CHECK_CUDA(cudaStreamSynchronize(stream_));
-      ZERO_CHECK_CUDA(cudaFree(chunk_));
-      chunk_ = nullptr;
-      chunk_bytes_ = 0;
-      ZERO_CHECK_CUDA(cudaMalloc(&chunk_, bytes));
-      chunk_bytes_ = bytes;
-    }
-    return static_cast<T*>(chunk_);
-  }
-
   /// Every rank's slots, read between meetings.
   using slots = std::vector<detail::device_slot>;
 
-  template <class T> void reduce(T* out, const slots& s, std::size_t first, std::size_t n, reduce_op op) {
-    std::array<const T*, cuda::max_reduce_ranks> in{};
+  /// `n` elements of `src` into every rank's recv at `offset`, in one kernel (`reduce_ranks` of one input).
+  template <class T> void copy_to_all(const slots& s, std::size_t offset, const T* src, std::size_t n) {
+    std::array<T*, cuda::max_reduce_ranks> out{};
     for (std::size_t r = 0; r < s.size(); ++r) {
-      in[r] = static_cast<const T*>(s[r].send) + first;
+      out[r] = static_cast<T*>(s[r].recv) + offset;
     }
-    cuda::reduce_ranks(out, std::span<const T* const>(in.data(), s.size()), n, detail::rank_reduce_of(op), stream_);
+    const T* const in[1] = {src};
+    cuda::reduce_ranks(std::span<T* const>(out.data(), s.size()), std::span<const T* const>(in), n,
+                       cuda::rank_reduce::sum, stream_);
   }
   template <class T> void copy(T* dst, const T* src, std::size_t n) {
     if (n > 0 && dst != src) {
@@ -406,10 +393,9 @@ private:
     }
   }
 
-  /// Steps 1-4 of the file comment; `work` is step 2's, `gather` (all_reduce) step 3's.
-  template <class T, class Work, class Gather = std::nullptr_t>
-  handle run(std::int64_t kind, std::size_t count, std::int64_t extra, const T* send, T* recv, const T* chunk,
-             Work&& work, Gather&& gather = nullptr) {
+  /// Steps 1-3 of the file comment; `work` is step 2's.
+  template <class T, class Work>
+  handle run(std::int64_t kind, std::size_t count, std::int64_t extra, const T* send, T* recv, Work&& work) {
     const detail::op_signature sig{kind, static_cast<std::int64_t>(count), static_cast<std::int64_t>(dtype_v<T>),
                                    extra};
     const std::string what = detail::describe(sig);
@@ -419,7 +405,6 @@ private:
     me.sig = sig;
     me.send = send;
     me.recv = recv;
-    me.chunk = chunk;
     ZERO_CHECK_CUDA(cudaEventRecord(me.ready, stream_));
     try {
       g_->meet(rank_, what, timeout_);
@@ -438,12 +423,6 @@ private:
       ZERO_CHECK_CUDA(cudaEventRecord(me.part, stream_));
       g_->meet(rank_, what + " (its reads)", timeout_);
       wait_all(all, &detail::device_slot::part);
-      if constexpr (!std::is_same_v<std::remove_cvref_t<Gather>, std::nullptr_t>) {
-        gather(all);
-        ZERO_CHECK_CUDA(cudaEventRecord(me.copied, stream_));
-        g_->meet(rank_, what + " (its copies)", timeout_);
-        wait_all(all, &detail::device_slot::copied);
-      }
     } catch (...) { // the other ranks stop waiting for this one
       g_->fail(what + " failed at rank " + std::to_string(rank_));
       throw;
@@ -466,8 +445,6 @@ private:
   cudaStream_t stream_ = nullptr;
   cudaEvent_t produced_ = nullptr;
   cudaStream_t compute_ = nullptr;
-  void* chunk_ = nullptr;
-  std::size_t chunk_bytes_ = 0;
   int maker_ = 0; // split: the old rank that made this rank's new group
 };
 

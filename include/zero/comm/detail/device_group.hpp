@@ -56,12 +56,10 @@ struct device_slot {
   op_signature sig{};
   const void* send = nullptr;
   void* recv = nullptr;
-  const void* chunk = nullptr;        // all_reduce: this rank's chunk of the sum, on the device
   int color = 0, key = 0;             // split
   std::shared_ptr<device_group> made; // split: the group the lowest rank of a color made for it
   cudaEvent_t ready = nullptr;
   cudaEvent_t part = nullptr;
-  cudaEvent_t copied = nullptr;
 };
 
 /// The state the ranks of one group share: their slots and the host rendezvous.
@@ -75,7 +73,7 @@ public:
     ZERO_CHECK_CUDA(cudaSetDevice(device));
     slots_.resize(static_cast<std::size_t>(size));
     for (auto& s : slots_) {
-      for (cudaEvent_t* e : {&s.ready, &s.part, &s.copied}) {
+      for (cudaEvent_t* e : {&s.ready, &s.part}) {
         ZERO_CHECK_CUDA(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       }
     }
@@ -84,7 +82,7 @@ public:
   device_group& operator=(const device_group&) = delete;
   ~device_group() {
     for (auto& s : slots_) {
-      for (cudaEvent_t e : {s.ready, s.part, s.copied}) {
+      for (cudaEvent_t e : {s.ready, s.part}) {
         ZERO_CHECK_CUDA_NOTHROW(cudaEventDestroy(e));
       }
     }
