@@ -20,6 +20,7 @@
 /// Needs nlohmann-json (`nlohmann_json::nlohmann_json`); the rest of zero does not.
 
 #include "zero/config/detail/json_text.hpp" // max_config_bytes, max_config_depth: the bounds of a config's text
+#include "zero/config/optimizer_config.hpp" // the optimizer and scheduler blocks
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
@@ -50,42 +51,6 @@ enum class offload_device : std::uint8_t { none, cpu, nvme };
     return "nvme";
   }
   return "?";
-}
-
-/// The optimizers this version runs: DeepSpeed's `"Adam"` and `"AdamW"`.
-enum class optimizer_type : std::uint8_t { adam, adamw };
-
-/// DeepSpeed's name of an optimizer type: "Adam", "AdamW".
-[[nodiscard]] constexpr std::string_view name_of(optimizer_type t) noexcept {
-  return t == optimizer_type::adam ? "Adam" : "AdamW";
-}
-
-/// The learning-rate schedules this version runs (DeepSpeed's `deepspeed.runtime.lr_schedules`).
-enum class scheduler_type : std::uint8_t { warmup_lr, warmup_decay_lr, warmup_cosine_lr, lr_range_test, one_cycle };
-
-/// DeepSpeed's name of a schedule: "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest", "OneCycle".
-[[nodiscard]] constexpr std::string_view name_of(scheduler_type t) noexcept {
-  switch (t) {
-  case scheduler_type::warmup_lr:
-    return "WarmupLR";
-  case scheduler_type::warmup_decay_lr:
-    return "WarmupDecayLR";
-  case scheduler_type::warmup_cosine_lr:
-    return "WarmupCosineLR";
-  case scheduler_type::lr_range_test:
-    return "LRRangeTest";
-  case scheduler_type::one_cycle:
-    return "OneCycle";
-  }
-  return "?";
-}
-
-/// How a schedule rises during warm-up: DeepSpeed's `"log"` (default) or `"linear"`.
-enum class warmup_curve : std::uint8_t { log, linear };
-
-/// DeepSpeed's name of a warm-up curve: "log", "linear".
-[[nodiscard]] constexpr std::string_view name_of(warmup_curve c) noexcept {
-  return c == warmup_curve::log ? "log" : "linear";
 }
 
 /// The gradient accumulation dtype DeepSpeed's engine uses when `data_types.grad_accum_dtype` is
@@ -137,88 +102,6 @@ struct bf16_config {
   /// `bf16.enabled`: parameters and gradients in bf16 with fp32 master weights. Default false.
   bool enabled = false;
   friend bool operator==(const bf16_config&, const bf16_config&) = default;
-};
-
-/// The `optimizer` block. Only Adam and AdamW are implemented; other DeepSpeed optimizers are
-/// refused by `unimplemented_features`.
-struct optimizer_config {
-  /// `optimizer.type`: "Adam" or "AdamW" (case-insensitive, as in DeepSpeed).
-  optimizer_type type = optimizer_type::adamw;
-  /// `optimizer.params.lr`. Default 1e-3 (DeepSpeed's FusedAdam and CPUAdam).
-  double lr = 1e-3;
-  /// `optimizer.params.betas`: [beta1, beta2]. Default [0.9, 0.999].
-  std::array<double, 2> betas{0.9, 0.999};
-  /// `optimizer.params.eps`. Default 1e-8.
-  double eps = 1e-8;
-  /// `optimizer.params.weight_decay`. Default 0, or 0.01 for AdamW with `torch_adam` (PyTorch's default).
-  double weight_decay = 0.0;
-  /// Decoupled weight decay (AdamW) when true, L2 added to the gradient (Adam) when false. DeepSpeed
-  /// runs AdamW for type "AdamW" and for type "Adam" unless `optimizer.params.adam_w_mode` is false.
-  bool adam_w_mode = true;
-  /// `optimizer.params.bias_correction`. Default true.
-  bool bias_correction = true;
-  friend bool operator==(const optimizer_config&, const optimizer_config&) = default;
-};
-
-/// The `scheduler` block: one of DeepSpeed's schedules. Each reads only its own parameters (the others keep
-/// their defaults); the names and defaults are DeepSpeed's.
-struct scheduler_config {
-  /// `scheduler.type`: "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "LRRangeTest" or "OneCycle" (exact case,
-  /// as in DeepSpeed).
-  scheduler_type type = scheduler_type::warmup_lr;
-  /// `warmup_min_lr` (WarmupLR, WarmupDecayLR): the learning rate at step 0. Default 0.
-  double warmup_min_lr = 0.0;
-  /// `warmup_max_lr` (WarmupLR, WarmupDecayLR): the learning rate after warm-up. WarmupDecayLR
-  /// defaults to 0.001; WarmupLR defaults to the optimizer's lr, and stays empty when the config has
-  /// no optimizer block (which the engine refuses).
-  std::optional<double> warmup_max_lr;
-  /// `warmup_num_steps`: length of the warm-up in optimizer steps (>= 1). Default 1000.
-  std::int64_t warmup_num_steps = 1000;
-  /// `warmup_type`: how the rate rises during warm-up. Default log.
-  warmup_curve warmup_type = warmup_curve::log;
-  /// `last_batch_iteration`: the step to resume from; -1 (default) starts at the beginning.
-  std::int64_t last_batch_iteration = -1;
-  /// `total_num_steps` (WarmupDecayLR, WarmupCosineLR; required there): steps of the whole run.
-  /// 0 for WarmupLR, which has none.
-  std::int64_t total_num_steps = 0;
-  /// `warmup_min_ratio` (WarmupCosineLR): the fraction of lr at step 0. Default 0.
-  double warmup_min_ratio = 0.0;
-  /// `cos_min_ratio` (WarmupCosineLR): the fraction of lr at the end of the cosine. Default 1e-4.
-  double cos_min_ratio = 1e-4;
-  /// `lr_range_test_min_lr` (LRRangeTest): the lr the test starts at. Default 1e-3.
-  double lr_range_test_min_lr = 1e-3;
-  /// `lr_range_test_step_size` (LRRangeTest): steps per interval (>= 1). Default 2000.
-  std::int64_t lr_range_test_step_size = 2000;
-  /// `lr_range_test_step_rate` (LRRangeTest): the lr's growth per interval, in units of the minimum. Default 1.
-  double lr_range_test_step_rate = 1.0;
-  /// `lr_range_test_staircase` (LRRangeTest): the lr rises in whole intervals. Default false.
-  bool lr_range_test_staircase = false;
-  /// `cycle_min_lr` (OneCycle; required): the lr at the ends of the cycle.
-  double cycle_min_lr = 0.0;
-  /// `cycle_max_lr` (OneCycle; required): the lr at the cycle's peak.
-  double cycle_max_lr = 0.0;
-  /// `decay_lr_rate` (OneCycle): the lr's decay after the cycle. Default 0 (none).
-  double decay_lr_rate = 0.0;
-  /// `cycle_first_step_size` (OneCycle): steps of the rising half (> 0). Default 2000.
-  double cycle_first_step_size = 2000;
-  /// `cycle_second_step_size` (OneCycle): steps of the falling half (>= 0). Default null: the first's.
-  std::optional<double> cycle_second_step_size{};
-  /// `cycle_first_stair_count` (OneCycle): stairs of the rising half. Default 0 (continuous).
-  std::int64_t cycle_first_stair_count = 0;
-  /// `cycle_second_stair_count` (OneCycle): stairs of the falling half. Default null: the first's.
-  std::optional<std::int64_t> cycle_second_stair_count{};
-  /// `decay_step_size` (OneCycle): steps per unit of the decay after the cycle. Default 0 (no decay).
-  double decay_step_size = 0;
-  /// `cycle_momentum` (OneCycle): Adam's beta1 cycles against the lr, and beta2 is 0.99 (DeepSpeed replaces
-  /// `optimizer.params.betas` so). Default true.
-  bool cycle_momentum = true;
-  /// `cycle_min_mom` (OneCycle): beta1 at the peak lr (and at the first step). Default 0.8.
-  double cycle_min_mom = 0.8;
-  /// `cycle_max_mom` (OneCycle): beta1 at the ends of the cycle. Default 0.9.
-  double cycle_max_mom = 0.9;
-  /// `decay_mom_rate` (OneCycle): beta1's growth after the cycle. Default 0 (none).
-  double decay_mom_rate = 0.0;
-  friend bool operator==(const scheduler_config&, const scheduler_config&) = default;
 };
 
 /// `zero_optimization.offload_optimizer`: where the fp32 master weights, Adam moments and the
