@@ -53,7 +53,10 @@ TEST_CASE("OneCycle's lr and betas and LRRangeTest's lr reach every step, at eve
       "decay_lr_rate": 0.5, "decay_mom_rate": 0.01}})";
   const std::string range_test = R"("scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.002,
       "lr_range_test_step_size": 2, "lr_range_test_step_rate": 3}})";
-  for (const auto& [name, block] : {std::pair{"OneCycle", one_cycle}, {"LRRangeTest", range_test}}) {
+  // No structured bindings here: Clang 14 refuses them inside CAPTURE's lambda.
+  for (const auto& schedule : {std::pair{"OneCycle", one_cycle}, {"LRRangeTest", range_test}}) {
+    const std::string name = schedule.first;
+    const std::string& block = schedule.second;
     for (int stage : {0, 1, 2, 3}) {
       for (const char* offload : {"", R"("offload_optimizer": {"device": "cpu"})"}) {
         if (stage == 0 && *offload != '\0') {
