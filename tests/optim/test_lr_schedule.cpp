@@ -270,6 +270,8 @@ TEST_CASE("OneCycle: DeepSpeed's defaults (second half = first, no decay), and w
   CHECK_THROWS_WITH_AS(zero::one_cycle({.cycle_second_step_size = -1.0}),
                        doctest::Contains("cycle_second_step_size non-negative"), zero::config_error);
   CHECK_THROWS_AS(zero::one_cycle({.cycle_max_lr = std::numeric_limits<double>::infinity()}), zero::config_error);
+  CHECK_THROWS_WITH_AS(zero::one_cycle({.cycle_second_stair_count = -2}),
+                       doctest::Contains("must not be negative, got 0, -2 and 0.000000"), zero::config_error);
 }
 
 TEST_CASE("lr_scheduler: OneCycle sets every group's lr and Adam's betas; the other schedules keep the optimizer's") {

@@ -359,7 +359,10 @@ public:
                          std::to_string(first_) + " and " + std::to_string(second_));
     }
     if (first_stairs_ < 0 || second_stairs_ < 0 || p.decay_step_size < 0) {
-      throw config_error("scheduler.params: OneCycle's stair counts and decay_step_size must not be negative");
+      throw config_error("scheduler.params: OneCycle's cycle_first_stair_count, cycle_second_stair_count and "
+                         "decay_step_size must not be negative, got " +
+                         std::to_string(first_stairs_) + ", " + std::to_string(second_stairs_) + " and " +
+                         std::to_string(p.decay_step_size));
     }
     total_ = first_ + second_;
     ratio_ = first_ / total_;
