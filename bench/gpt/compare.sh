@@ -10,7 +10,8 @@
 # Arguments: the preset (d12, d24, d36, d48: GPT-2's sizes, vocabulary 50257) and B. Environment: T (default 1024),
 # STEPS (default 20; each program's first steps are its warm-up: zero-gpt and llm.c leave out the first, torch
 # runs 3 more first), OUT (default ./gpu-out), ONLY (a space-separated subset of: llmc zero0 zero3 eager compile
-# fsdp2), ZERO_ARGS (more zero-gpt-cuda flags, e.g. --no-gemm-epilogues). Needs nvcc and cuBLAS for llm.c (built with NO_MULTI_GPU=1 USE_CUDNN=0; CUDA 13's cudaMemAdvise takes a
+# fsdp2), ZERO_ARGS (more zero-gpt-cuda flags, e.g. --no-gemm-epilogues), LLMC_BUILD (a folder with a train_gpt2cu
+# built before, from the same sources and flags as below). Needs nvcc and cuBLAS for llm.c (built with NO_MULTI_GPU=1 USE_CUDNN=0; CUDA 13's cudaMemAdvise takes a
 # cudaMemLocation, patched in the build copy), python3 with torch for the PyTorch rows.
 #
 # Step time: each program's mean step after its warm-up (zero-gpt's own tokens/s; llm.c's printed per-step ms;
@@ -61,10 +62,10 @@ measure() {
 }
 
 if want llmc; then
-  LLMC=${LLMC:?LLMC names a copy of karpathy/llm.c (Makefile, train_gpt2.cu, llmc/)}
-  # One build serves every preset of this $OUT.
-  build=$OUT/llmc-build
+  # One build serves every preset of this $OUT; LLMC_BUILD names one made before (a folder holding train_gpt2cu).
+  build=${LLMC_BUILD:-$OUT/llmc-build}
   if [[ ! -x $build/train_gpt2cu ]]; then
+    LLMC=${LLMC:?LLMC names a copy of karpathy/llm.c (Makefile, train_gpt2.cu, llmc/), or LLMC_BUILD a build of it}
     rm -rf "$build" && cp -r "$LLMC" "$build"
     # CUDA 13: cudaMemAdvise's location is a cudaMemLocation, not a device number.
     if nvcc --version | grep -q "release 1[3-9]"; then
