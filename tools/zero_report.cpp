@@ -603,6 +603,13 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
                             "or 3 and no offload_param nvme)")
                   << " (zero_optimization.offload_optimizer.forward_overlap; docs/offload.md)\n";
       }
+      if (opt.delayed_update) {
+        std::cout << "  offload: NOT EXACT: after " << opt.delayed_warmup_steps
+                  << " exact step(s), each update will use the gradients of the parameters one step old: the host's "
+                     "AdamW of a step runs beside the next forward and backward, and the next step() publishes it; "
+                     "the host gradient shard is held twice (zero_optimization.offload_optimizer.delayed_update; "
+                     "docs/offload.md, \"Exact, delayed, selective\")\n";
+      }
     };
     if (opt.device == zero::offload_device::cpu && opt.ratio_auto) {
       std::cout << "  offload: partial; the engine measures host and device AdamW and copy rates at finalize and "

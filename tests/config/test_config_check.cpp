@@ -281,3 +281,45 @@ TEST_CASE("DeepSpeed's defaults and no-op values are accepted with a note; value
     CHECK(check_noted(c, "zero_optimization.offload_param.pin_memory: no effect"));
   }
 }
+
+TEST_CASE("offload_optimizer.delayed_update (zero's own block): read, written back, its key checked, refused where "
+          "the engine cannot delay") {
+  const std::string head = R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, )"
+                           R"("zero_optimization": {"stage": 2, "offload_optimizer": )";
+  const config c = config::from_string(head + R"({"device": "cpu", "delayed_update": {"warmup_steps": 40}}}})");
+  CHECK(c.zero_optimization.offload_optimizer.delayed_update);
+  CHECK(c.zero_optimization.offload_optimizer.delayed_warmup_steps == 40);
+  CHECK(c.to_json()["zero_optimization"]["offload_optimizer"]["delayed_update"]["warmup_steps"] == 40);
+  zero::config_inputs in;
+  in.world_size = c.world_size;
+  CHECK(config::from_json(c.to_json(), in).to_json() == c.to_json());
+  CHECK_NOTHROW(zero::check_engine_config(c, 1));
+  // Absent: exact, and not written.
+  const config exact = config::from_string(head + R"({"device": "cpu"}}})");
+  CHECK_FALSE(exact.zero_optimization.offload_optimizer.delayed_update);
+  CHECK_FALSE(exact.to_json()["zero_optimization"]["offload_optimizer"].contains("delayed_update"));
+  // The block's own key, by its path.
+  CHECK(has(error_of(head + R"({"device": "cpu", "delayed_update": {"warmup": 4}}}})"),
+            "zero_optimization.offload_optimizer.delayed_update.warmup"));
+  CHECK(has(error_of(head + R"({"device": "cpu", "delayed_update": {"warmup_steps": -1}}}})"),
+            "zero_optimization.offload_optimizer.delayed_update.warmup_steps"));
+  CHECK(has(error_of(head + R"({"device": "cpu", "delayed_update": true}}})"),
+            "zero_optimization.offload_optimizer.delayed_update"));
+  // Made in code where it cannot act: check_engine_config names the block and the setting.
+  config bad = c;
+  bad.zero_optimization.offload_optimizer.ratio = 0.5;
+  try {
+    zero::check_engine_config(bad, 1);
+    FAIL("ratio 0.5 was accepted");
+  } catch (const zero::config_error& e) {
+    CHECK(has(e.what(), "zero_optimization.offload_optimizer.delayed_update with ratio 0.5"));
+  }
+  bad = c;
+  bad.zero_optimization.offload_optimizer.delayed_warmup_steps = -3;
+  try {
+    zero::check_engine_config(bad, 1);
+    FAIL("warmup_steps -3 was accepted");
+  } catch (const zero::config_error& e) {
+    CHECK(has(e.what(), "delayed_update.warmup_steps -3: expected a count of steps >= 0"));
+  }
+}

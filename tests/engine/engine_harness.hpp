@@ -71,6 +71,9 @@ struct run_spec {
   /// stage 3 must hand the framework the current values.
   float param_coupling = 1.0f / 64;
   std::int64_t persistence_threshold = 40; // stage 3: the biases (37 and 5 elements) stay whole
+  /// `train_reference` only: the one-step delayed update after this many applied steps (-1: exact). The
+  /// engine's `offload_optimizer.delayed_update` block goes in `zero_extra`.
+  std::int64_t delayed_warmup = -1;
   /// More keys of zero_optimization, e.g. `"overlap_comm": false` (empty: none).
   std::string zero_extra{};
   /// More top-level keys, e.g. `"aio": {"block_size": 4096}` (empty: none).
@@ -354,6 +357,10 @@ inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullp
   }
   run_result out;
   std::int64_t applied = 0;
+  // What the framework computes with: the master after every update, or with the delayed update the
+  // master as the last step published it (each delayed step publishes the update before it, then updates).
+  auto seen_master = master;
+  bool unpublished = false;
   for (std::int64_t t = 0; t < s.steps; ++t) {
     std::vector<std::vector<float>> g(model.size());
     double sq = 0;
@@ -365,7 +372,7 @@ inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullp
         }
         // The framework sees the parameter in the training dtype.
         const float seen =
-            visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(master[k][i])); });
+            visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(seen_master[k][i])); });
         g[k].push_back(static_cast<float>(sum / s.batch) + s.param_coupling * seen);
         sq += static_cast<double>(g[k].back()) * g[k].back();
       }
@@ -376,6 +383,10 @@ inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullp
       continue;
     }
     out.applied.push_back(true);
+    const bool delayed = s.delayed_warmup >= 0 && applied >= s.delayed_warmup;
+    if (delayed && unpublished) {
+      seen_master = master;
+    }
     ++applied;
     const double norm = std::sqrt(sq);
     const float coef = s.clip > 0 && s.clip / (norm + 1e-6) < 1 ? static_cast<float>(s.clip / (norm + 1e-6)) : 1.0f;
@@ -402,6 +413,10 @@ inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullp
         const float denom = std::sqrt(v[k][i]) / std::sqrt(bc2) + eps;
         master[k][i] -= (lr / bc1) * m[k][i] / denom;
       }
+    }
+    unpublished = delayed;
+    if (!delayed) {
+      seen_master = master;
     }
   }
   out.params = master;

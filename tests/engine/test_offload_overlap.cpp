@@ -34,20 +34,12 @@ struct counted_run {
   std::size_t async_steps = 0; // steps the host ran beside the next forward
 };
 counted_run train_counting(const run_spec& s) {
-  namespace zt = zero::testing;
   counted_run out;
-  out.run.applied_by_rank.resize(static_cast<std::size_t>(s.world));
-  zt::with_cpu_engines(s, [&](auto& eng, const zt::model_handles& mh, auto& comm) {
-    zt::train_steps(eng, mh, comm, s, 0, s.steps, out.run);
-    if (comm.rank() == 0) {
-      const auto* host = eng.optimizer().host_part();
-      REQUIRE(host != nullptr);
-      out.kept = host->early_updates().kept;
-      out.dropped = host->early_updates().dropped;
-      out.cancelled = host->early_updates().cancelled;
-      out.async_steps = host->async_steps();
-    }
-    zt::collect_params(eng, mh, comm, out.run);
+  out.run = zero::testing::train_then_read(s, [&](const auto& host) {
+    out.kept = host.early_updates().kept;
+    out.dropped = host.early_updates().dropped;
+    out.cancelled = host.early_updates().cancelled;
+    out.async_steps = host.async_steps();
   });
   return out;
 }

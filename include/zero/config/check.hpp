@@ -48,6 +48,44 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
                        off);
   }
 }
+
+/// Refuses `offload_optimizer.delayed_update` where the engine cannot delay the host's update by one step:
+/// the host must hold the whole state (device cpu, ratio 1), the gradients must stream to it during
+/// backward into a buffer of their own (stages 2-3, no accumulation), and nothing the next step reads may
+/// be what the host rewrites (the parameter shard on the device, no updates during backward).
+inline void check_delayed_update(const config& c) {
+  const auto& o = c.zero_optimization.offload_optimizer;
+  const std::string what = "zero_optimization.offload_optimizer.delayed_update";
+  if (o.delayed_warmup_steps < 0) {
+    throw config_error(what + ".warmup_steps " + std::to_string(o.delayed_warmup_steps) +
+                       ": expected a count of steps >= 0");
+  }
+  // Each setting the delay cannot run with: the setting as found, why, and what it must be instead.
+  const auto refuse = [&](bool found, const std::string& setting, const char* why, const char* expected) {
+    if (found) {
+      throw config_error(what + " " + setting + ": " + why + "; expected " + expected + ", or remove the block");
+    }
+  };
+  const auto device = [](offload_device d) { return "\"" + std::string(name_of(d)) + "\""; };
+  refuse(o.device != offload_device::cpu, "with device " + device(o.device),
+         "the host delays only an update of state it holds in memory", "device \"cpu\"");
+  refuse(o.ratio_auto || o.ratio < 1,
+         "with ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)),
+         "the delayed update runs on the whole state in host memory", "ratio 1");
+  refuse(c.stage() < 2, "at stage " + std::to_string(c.stage()),
+         "the next step's gradients must stream to the host during backward while the host still updates, which "
+         "they do at stages 2-3",
+         "zero_optimization.stage 2 or 3");
+  refuse(c.gradient_accumulation_steps != 1,
+         "with gradient_accumulation_steps " + std::to_string(c.gradient_accumulation_steps),
+         "the host adds accumulated gradients with the threads its delayed update runs on",
+         "gradient_accumulation_steps 1");
+  refuse(c.zero_optimization.offload_param.device != offload_device::none,
+         "with offload_param " + device(c.zero_optimization.offload_param.device),
+         "the next step gathers from the parameter shard the host would be rewriting", "offload_param \"none\"");
+  refuse(o.backward_overlap != 0, "with backward_overlap " + std::to_string(o.backward_overlap),
+         "an update during backward would use the step's own gradients, not one step old ones", "backward_overlap 0");
+}
 } // namespace detail
 
 /// Refuses what a config asks and the engine cannot honour, naming the key, the value and what is
@@ -106,6 +144,9 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
   if (o.forward_overlap) {
     detail::require_state_on_cpu(c, "zero_optimization.offload_optimizer.forward_overlap true",
                                  "steps beside the forward", "forward_overlap false", true);
+  }
+  if (o.delayed_update) {
+    detail::check_delayed_update(c);
   }
   const auto& zq = c.zero_optimization;
   if (zq.zero_quantized_gradients && c.stage() >= 2) {

@@ -146,6 +146,15 @@ struct offload_optimizer_config {
   /// that can wait for a host word on a stream (`zero::can_wait_value`: CUDA); elsewhere the host waits
   /// at the step, as without it. Default false.
   bool forward_overlap = false;
+  /// `delayed_update` (zero-specific, not a DeepSpeed key; a block, `{"warmup_steps": N}`): the ZeRO-Offload
+  /// paper's one-step delayed parameter update. The first N applied steps are exact; after them the host's
+  /// AdamW of step t runs while the device computes step t+1 on the parameters before it, and its parameters
+  /// reach the device at step t+1's `step()`: each update uses gradients one step old (docs/offload.md,
+  /// "Exact, delayed"). Not exact. Acts with device cpu holding the whole state at stages 2-3, with the
+  /// parameters on the device and no gradient accumulation (refused otherwise). `delayed_update` is true
+  /// when the block is given; `delayed_warmup_steps` is its `warmup_steps`, default 0.
+  bool delayed_update = false;
+  std::int64_t delayed_warmup_steps = 0;
   friend bool operator==(const offload_optimizer_config&, const offload_optimizer_config&) = default;
 };
 

@@ -275,6 +275,14 @@ inline constexpr key_row<offload_optimizer_config> offload_optimizer_keys[] = {
     // zero-specific, not a DeepSpeed key.
     key<&offload_optimizer_config::backward_overlap>("backward_overlap").range(0.0, 1.0),
     key<&offload_optimizer_config::forward_overlap>("forward_overlap"),
+    // zero-specific, not a DeepSpeed key: a block, read by read_offload_block into the fields of
+    // delayed_update_keys.
+    hand<offload_optimizer_config>("delayed_update"),
+};
+
+// zero_optimization.offload_optimizer.delayed_update (zero's own block): the one-step delayed update.
+inline constexpr key_row<offload_optimizer_config> delayed_update_keys[] = {
+    key<&offload_optimizer_config::delayed_warmup_steps>("warmup_steps").at_least(0),
 };
 
 inline constexpr key_row<offload_param_config> offload_param_keys[] = {
@@ -458,6 +466,7 @@ template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<scheduler_params_keys>("scheduler.params");
   f.template operator()<zero_optimization_keys>("zero_optimization");
   f.template operator()<offload_optimizer_keys>("zero_optimization.offload_optimizer");
+  f.template operator()<delayed_update_keys>("zero_optimization.offload_optimizer.delayed_update");
   f.template operator()<offload_param_keys>("zero_optimization.offload_param");
   f.template operator()<aio_keys>("aio");
   f.template operator()<pipeline_keys>("pipeline");
@@ -485,7 +494,7 @@ struct config_block {
 /// Every block zero reads and the keys it reads there, from the key tables above. `bfloat16` is
 /// DeepSpeed's old name of `bf16`.
 inline constexpr auto config_blocks = [] {
-  std::array<config_block, 17> out{};
+  std::array<config_block, 18> out{};
   std::size_t i = 0;
   detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
     out.at(i++) = {path, detail::key_names<Table>};

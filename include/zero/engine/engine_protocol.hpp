@@ -81,10 +81,18 @@ template <class S> void finish_gathers(S& s) {
 }
 /// `finish_gathers` for what reads or writes the parameters or the state outside a step: between backward
 /// and the step the host's updates during backward end first, dropped (stage 3's host shard, which they
-/// write in place, put back), and the step then runs as without them.
+/// write in place, put back), and the step then runs as without them; an update the delayed update left
+/// unpublished is published (with several ranks at stages 2-3 its all-gathers make the reader a
+/// collective call).
 template <class S> void finish_for_reader(S& s) {
   s.plan.end_early(false, 0.0);
   finish_gathers(s);
+  // The delayed update's parameters published, so the reader sees the state's: after the last step's
+  // all-gathers have ended, which another rank may still be moving into this rank's parameters.
+  if (s.plan.settle()) {
+    s.params([](auto& r) { r.refresh(); });
+    finish_gathers(s);
+  }
 }
 
 /// Ends an accumulation: zeroes the gradients (behind the update, on its stream, when it overlaps).

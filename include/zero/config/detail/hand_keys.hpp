@@ -9,6 +9,7 @@
 
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace zero::detail {
 
@@ -120,6 +121,15 @@ void read_offload_block(parse_context& ctx, const json& v, std::string_view name
   object_reader r(ctx, expect_object(ctx, path, v), path, key_names<Table>);
   read_keys(r, Table, out, in);
   note_values(r, Table, 0);
+  if constexpr (std::is_same_v<S, offload_optimizer_config>) {
+    if (const json* d = r.get("delayed_update"); d != nullptr && !d->is_null()) {
+      const std::string at = r.path_of("delayed_update");
+      object_reader dr(ctx, expect_object(ctx, at, *d), at, key_names<delayed_update_keys>);
+      read_keys(dr, delayed_update_keys, out, in);
+      dr.finish();
+      out.delayed_update = true;
+    }
+  }
   for (const key_row<S>& row : Table) {
     if (row.nvme_only && out.device != offload_device::nvme && r.has(row.name)) {
       ctx.note(r.path_of(row.name), cat("no effect: device is ", name_of(out.device), ", not nvme"));

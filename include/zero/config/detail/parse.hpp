@@ -525,6 +525,10 @@ inline nlohmann::json config::to_json() const {
   }
   j["zero_optimization"] = write_keys(zero_optimization_keys, zero_optimization);
   j["zero_optimization"]["offload_optimizer"] = write_keys(offload_optimizer_keys, zero_optimization.offload_optimizer);
+  if (zero_optimization.offload_optimizer.delayed_update) {
+    j["zero_optimization"]["offload_optimizer"]["delayed_update"] =
+        write_keys(delayed_update_keys, zero_optimization.offload_optimizer);
+  }
   j["zero_optimization"]["offload_param"] = write_keys(offload_param_keys, zero_optimization.offload_param);
   j["aio"] = write_keys(aio_keys, aio);
   j["pipeline"] = write_keys(pipeline_keys, pipeline);

@@ -37,7 +37,7 @@ struct norm_slots {
   /// The owned `ranges`, range k a slice of `extent[k]` (its segment; the whole buffer unpartitioned),
   /// without the flat ranges `excluded`: each extent's counted pieces (the extent less `excluded`, the
   /// same on every rank of the data group) become slots, each cut to the rank's slice.
-  /// 	hrows usage_error when the extents are not one per range or do not hold their ranges.
+  /// \throws usage_error when the extents are not one per range or do not hold their ranges.
   [[nodiscard]] static norm_slots without(const std::vector<std::pair<flat_range, std::size_t>>& ranges,
                                           const std::vector<flat_range>& extent, std::vector<flat_range> excluded) {
     if (extent.size() != ranges.size()) {

@@ -5,7 +5,9 @@
 /// backward (`gradient_intake`) and keeps no gradient shard; without accumulation a range whose slice
 /// landed may be updated during backward (`backward_overlap`: kept when the step applies unclipped,
 /// else dropped), and the host may step beside the next forward (`forward_overlap`). At stages 0-1 the
-/// step copies each range's reduced gradients to the host as it begins. docs/offload.md.
+/// step copies each range's reduced gradients to the host as it begins. With the delayed update
+/// (`offload_optimizer.delayed_update`), after its warm-up a step publishes the update the step before
+/// began and begins its own on the host without waiting for it. docs/offload.md.
 
 #include "zero/engine/memory_report.hpp"
 #include "zero/engine/schedule_from_config.hpp"
@@ -80,17 +82,36 @@ public:
   }
   void end_early(bool applied, double norm) { updates::end(*p_, opt_, applied, norm); }
   void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
+    if (delays()) {
+      // The update the step before began reaches the device (the residency acting on each range as after
+      // any update); this step's begins on the host, to be published by the next.
+      opt_.begin_publish();
+      run_update(opt_, *p_, args, after);
+      opt_.end_publish();
+      opt_.begin_delayed(args, [sched = *p_->scheduler](double lr) { return sched.group_lr(lr); });
+      return;
+    }
+    // A warm-up step publishes what a reader has not (nothing: the warm-up comes before any delay).
     if (steps_async()) {
       updates::begin_async(*p_, opt_, args);
     }
     run_update(opt_, *p_, args, after);
   }
+  /// Publishes a delayed update still unpublished on the engine's stream, for a reader of the parameters
+  /// or the state. \returns true when there was one (the residency must then make the parameters whole).
+  bool settle() { return opt_.publish(*p_->stream); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {
     add_host_memory(m, opt_.host_memory(), 1.0, intake_.streams() ? 1.0 : 0.0);
   }
   [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 1.0; }
 
 private:
+  /// True when this step's update is delayed: the delayed update, past its warm-up.
+  [[nodiscard]] bool delays() const {
+    return opt_.can_delay() &&
+           p_->counters->applied_steps >= p_->cfg->zero_optimization.offload_optimizer.delayed_warmup_steps;
+  }
+
   Optimizer opt_;
   Parts* p_ = nullptr;
   host_gradient_intake<Parts, Optimizer> intake_;

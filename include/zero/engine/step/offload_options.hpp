@@ -56,6 +56,9 @@ struct offload_options {
   double backward_overlap = 0.0;
   /// The step runs on a thread of the host beside the caller (`offloaded_adamw::begin_async`).
   bool forward_overlap = false;
+  /// The one-step delayed update (`offloaded_adamw::begin_delayed`): the host gradient shard held twice, so
+  /// the next backward streams into one while the host's update reads the other.
+  bool delayed_update = false;
 };
 
 } // namespace zero

@@ -33,12 +33,15 @@
 /// `begin_async` hands the ranges to the host's thread, which updates them in order and sets each
 /// range's word (`detail::range_flags`); `step_range` only posts a wait for the word and the upload.
 /// `join_async` waits for the host; whatever reads or writes the state here joins first.
+///
+/// **The delayed update** (`offload_options::delayed_update`): `detail::delayed_updates`, a base of this class.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/step/detail/delayed_updates.hpp"
 #include "zero/engine/step/detail/host_gradients.hpp"
 #include "zero/engine/step/detail/job_thread.hpp"
 #include "zero/engine/step/detail/range_flags.hpp"
@@ -67,7 +70,8 @@ namespace zero {
 /// is `partitioned_adamw`'s (`ranges`, `runs`, `state_size`, `groups`, `has_master`, `load_master`,
 /// `step`, `step_range`, `read_state`, `write_state`).
 template <backend Backend, allocator DeviceAlloc, allocator HostAlloc = offload_allocator_t<Backend>>
-class offloaded_adamw {
+class offloaded_adamw : public detail::delayed_updates<offloaded_adamw<Backend, DeviceAlloc, HostAlloc>, Backend> {
+  friend detail::delayed_updates<offloaded_adamw, Backend>;
   using host_backend = host_backend_t<HostAlloc>;
   using host_counting = counting_allocator<HostAlloc>;
   using stream_type = typename Backend::stream_type;
@@ -119,6 +123,13 @@ public:
     if (opt.forward_overlap && !in_file_) {
       flags_ = detail::range_flags<host_counting>(counted_, inner_.ranges().size());
       async_posts_.assign(inner_.ranges().size(), 0);
+    }
+    if (opt.delayed_update) {
+      if (params_on_host_ || in_file_ || second_.elements() > 0) {
+        throw usage_error("offloaded_adamw: the delayed update needs the parameters on the device and no updates "
+                          "during backward");
+      }
+      this->hold_delayed(inner_.ranges().size());
     }
   }
 
@@ -348,6 +359,7 @@ public:
 
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
+    this->drop_delayed();
     join_async();
     end_early(false);
     second_.settle(inner_.ranges(), [this](std::size_t k) { return home_of(k, 0); });
@@ -363,6 +375,7 @@ public:
 
   /// Host copies of the state (see `partitioned_adamw::read_state`; host memory, so a plain copy).
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
+    this->join_delayed();
     join_async();
     end_early(false);
     second_.for_each_piece(inner_.ranges(), inner_.state_size(), t, state_offset, out.size(),
@@ -377,6 +390,7 @@ public:
   /// Writes host values into the state. The device parameters are the caller's to write (a
   /// checkpoint writes both).
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
+    this->drop_delayed();
     join_async();
     end_early(false);
     second_.for_each_piece(inner_.ranges(), inner_.state_size(), t, state_offset, in.size(),
@@ -404,6 +418,10 @@ public:
   template <class GradOf, class GroupLr>
   void step_range(std::size_t k, const stream_type& s, const adamw_step_args& base, GroupLr&& group_lr,
                   GradOf&& grad_of) {
+    if (this->publishing()) {
+      this->publish_range(k, s);
+      return;
+    }
     if (async_) {
       if (k >= async_posts_.size()) {
         throw usage_error("offloaded_adamw::step_range: range " + std::to_string(k) +
@@ -440,7 +458,8 @@ public:
 
 private:
   /// Runs AdamW over range `k` on the host, from and into the home its state is in.
-  template <class GroupLr> void update_range(std::size_t k, const adamw_step_args& base, GroupLr& group_lr) {
+  template <class GroupLr>
+  void update_range(std::size_t k, const adamw_step_args& base, GroupLr& group_lr, const std::byte* grads = nullptr) {
     const auto& [range, state_offset] = inner_.ranges()[k];
     const home h = home_of(k, second_.side(k));
     inner_.step_window({.range = k,
@@ -449,7 +468,7 @@ private:
                         .master = h.master,
                         .m = h.m,
                         .v = h.v,
-                        .grads = grads_.at(state_offset),
+                        .grads = grads != nullptr ? grads : grads_.at(state_offset),
                         .params = params_on_host_ ? place_params(state_offset) : host_params(state_offset)},
                        host_stream_, base, group_lr);
   }

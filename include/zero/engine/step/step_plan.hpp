@@ -128,6 +128,8 @@ public:
       }
       // The step beside the next forward needs the gradients on the host when it begins (streamed).
       opt.forward_overlap = o.forward_overlap && streams;
+      // The delayed update, checked by check_engine_config: the whole state on the host, its gradients streamed.
+      opt.delayed_update = o.delayed_update && streams && host == state;
       if (host == state) {
         v_.template emplace<host_plan<parts_type, on_host>>(streams, layout, place, reg.group_of(), reg.groups(),
                                                             backend, host_allocator_type{}, stream, opt);
@@ -182,6 +184,10 @@ public:
   }
   void end_early(bool applied, double norm) {
     visit([&](auto& p) { p.end_early(applied, norm); });
+  }
+  /// Publishes an update the delayed update left unpublished, for a reader. \returns true when there was one.
+  bool settle() {
+    return visit([](auto& p) { return p.settle(); });
   }
   void apply(const adamw_step_args& args, const typename parts_type::after_update& after) {
     visit([&](auto& p) { p.apply(args, after); });

@@ -184,6 +184,33 @@ public:
   /// The host gradients from state index `state_offset` on.
   [[nodiscard]] std::byte* at(std::size_t state_offset) noexcept { return shard_.data() + state_offset * grad_size_; }
 
+  /// Holds the shard twice (the delayed update, `offloaded_adamw::begin_delayed`): `flip` then swaps the two,
+  /// so the next micro-steps fill one while the host's update reads the other.
+  void hold_twice() {
+    if (spare_.size() == 0) {
+      spare_ = buffer<std::byte, Alloc>(alloc_, shard_.size(), memory_tag::grads);
+      std::fill_n(spare_.data(), spare_.size(), std::byte{0}); // padding, as the shard's
+    }
+  }
+  /// After every copy into the shard has landed and been added: the shard becomes the spare, which
+  /// `spare_at` reads, and the spare the shard the next micro-steps fill (as after `reset`).
+  /// \throws usage_error without `hold_twice`.
+  void flip() {
+    if (spare_.size() == 0) {
+      throw usage_error("host_gradients::flip: the shard is held once (hold_twice was not called)");
+    }
+    finish();
+    for (const auto& e : fetched_) {
+      backend_.synchronize(e);
+    }
+    std::swap(shard_, spare_);
+    reset();
+  }
+  /// The gradients `flip` set aside, from state index `state_offset` on.
+  [[nodiscard]] const std::byte* spare_at(std::size_t state_offset) const noexcept {
+    return spare_.data() + state_offset * grad_size_;
+  }
+
 private:
   struct pending {
     std::size_t range;
@@ -218,6 +245,7 @@ private:
   dtype grad_type_;
   std::size_t grad_size_;
   buffer<std::byte, Alloc> shard_;
+  buffer<std::byte, Alloc> spare_; // the delayed update's second shard (`hold_twice`), or empty
   std::vector<event_type> fetched_;
   std::vector<bool> posted_;
   std::vector<bool> fresh_;

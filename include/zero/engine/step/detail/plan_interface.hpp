@@ -46,6 +46,8 @@ public:
   grad_check check(double unscale) { return self().intake_.check(unscale); }
   /// Nothing was updated during backward.
   void end_early(bool /*applied*/, double /*norm*/) {}
+  /// No update is ever left unpublished.
+  static constexpr bool settle() noexcept { return false; }
   /// AdamW over the owned ranges (`run_update`).
   void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
     run_update(self().opt_, *self().p_, args, after);
