@@ -289,7 +289,8 @@ TEST_CASE("a partial offload's plan fits what the engine holds, and a larger dev
 TEST_CASE("the plan's block merged into the config it was planned from is a setting the engine runs, the chosen one") {
   // The overlap keys are zero's own and the engine refuses them with some settings (device none or nvme; a
   // ratio below 1 with backward_overlap but no forward_overlap, or with gradient accumulation at stages
-  // 2-3); the block turns off what the chosen row cannot run and keeps what it can. The ratio is written
+  // 2-3; the delayed update off the whole state on the CPU at stages 2-3 with the parameters on the device);
+  // the block turns off what the chosen row cannot run and keeps what it can. The ratio is written
   // for every CPU row, so a config's own ratio does not survive the merge into a whole offload.
   struct base_config {
     const char* name;
@@ -302,10 +303,14 @@ TEST_CASE("the plan's block merged into the config it was planned from is a sett
       {"both keys and a ratio",
        1,
        {{"device", "cpu"}, {"backward_overlap", 1}, {"forward_overlap", true}, {"ratio", 0.7}}},
+      {"the delayed update", 1, {{"device", "cpu"}, {"delayed_update", {{"warmup_steps", 3}}}}},
   };
   const auto model = zt::summarize_modules({{256 * 784, 256}, {128 * 256, 128}, {10 * 128, 10}});
   for (const base_config& b : bases) {
     for (int stage : {1, 2, 3}) {
+      if (b.offload.contains("delayed_update") && stage < 2) {
+        continue; // refused at stage 1 (check_engine_config)
+      }
       CAPTURE(b.name);
       CAPTURE(stage);
       auto base = nlohmann::json::parse(fmnist_config(zt::estimate_row{}, false, "/mnt/nvme"));
@@ -335,6 +340,14 @@ TEST_CASE("the plan's block merged into the config it was planned from is a sett
         CHECK(c.stage() == row.stage);
         CHECK(got.device == row.offload_optimizer);
         CHECK(c.zero_optimization.offload_param.device == row.offload_param);
+        // The delayed update runs only with the whole state on the CPU at stages 2-3 and the parameters on the
+        // device (accumulation 1 here).
+        const bool delays = asked.delayed_update && row.offload_optimizer == zero::offload_device::cpu &&
+                            row.offload_ratio >= 1 && row.stage >= 2 && row.offload_param == zero::offload_device::none;
+        CHECK(got.delayed_update == delays);
+        if (delays) {
+          CHECK(got.delayed_warmup_steps == 3);
+        }
         if (row.offload_optimizer != zero::offload_device::cpu) {
           CHECK(got.backward_overlap == 0);
           CHECK_FALSE(got.forward_overlap);

@@ -294,6 +294,9 @@ struct estimate_options {
   /// refuses them.
   double config_backward_overlap = 0;
   bool config_forward_overlap = false;
+  /// The config's offload_optimizer.delayed_update.warmup_steps (zero's own block), or -1 without the block; not
+  /// counted in any row. `plan_config_block` keeps the block where its row runs it and turns it off elsewhere.
+  std::int64_t config_delayed_warmup = -1;
   std::int64_t gradient_accumulation_steps = 1;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
   /// 1 MiB and 8), at most the largest owned range.

@@ -404,6 +404,14 @@ struct plan_result {
   if (o.config_backward_overlap != 0) {
     z["offload_optimizer"]["backward_overlap"] = on_cpu && (!split || forward) ? o.config_backward_overlap : 0.0;
   }
+  // zero's delayed update, where the config has it: kept where the row runs it (the whole state on the CPU at
+  // stages 2-3, the parameters on the device, no accumulation), else turned off (null: the block absent).
+  if (o.config_delayed_warmup >= 0) {
+    const bool delays = on_cpu && !split && r.stage >= 2 && r.offload_param == offload_device::none &&
+                        o.gradient_accumulation_steps == 1;
+    z["offload_optimizer"]["delayed_update"] =
+        delays ? nlohmann::json{{"warmup_steps", o.config_delayed_warmup}} : nlohmann::json(nullptr);
+  }
   z["offload_param"] = offload(r.offload_param);
   nlohmann::json block = {{"zero_optimization", z}};
   if (o.param_dtype != dtype::f32) {
@@ -483,6 +491,7 @@ struct plan_result {
   o.offload_forward_overlap = z.offload_optimizer.forward_overlap && c.gradient_accumulation_steps == 1;
   o.config_backward_overlap = z.offload_optimizer.backward_overlap;
   o.config_forward_overlap = z.offload_optimizer.forward_overlap;
+  o.config_delayed_warmup = z.offload_optimizer.delayed_update ? z.offload_optimizer.delayed_warmup_steps : -1;
   o.host_ratio = z.offload_optimizer.device == offload_device::nvme ? z.offload_optimizer.host_ratio : 0.0;
   o.config_host_ratio = z.offload_optimizer.host_ratio;
   o.gradient_accumulation_steps = c.gradient_accumulation_steps;

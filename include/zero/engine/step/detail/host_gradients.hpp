@@ -182,7 +182,7 @@ public:
   void wait_landed(std::size_t k) const { backend_.synchronize(fetched_[k]); }
 
   /// The host gradients from state index `state_offset` on.
-  [[nodiscard]] std::byte* at(std::size_t state_offset) noexcept { return shard_.data() + state_offset * grad_size_; }
+  [[nodiscard]] std::byte* at(std::size_t state_offset) noexcept { return filled_ + state_offset * grad_size_; }
 
   /// Holds the shard twice (the delayed update, `offloaded_adamw::begin_delayed`): `flip` then swaps the two,
   /// so the next micro-steps fill one while the host's update reads the other.
@@ -190,6 +190,7 @@ public:
     if (spare_.size() == 0) {
       spare_ = buffer<std::byte, Alloc>(alloc_, shard_.size(), memory_tag::grads);
       std::fill_n(spare_.data(), spare_.size(), std::byte{0}); // padding, as the shard's
+      aside_ = spare_.data();
     }
   }
   /// After every copy into the shard has landed and been added: the shard becomes the spare, which
@@ -203,12 +204,12 @@ public:
     for (const auto& e : fetched_) {
       backend_.synchronize(e);
     }
-    std::swap(shard_, spare_);
+    std::swap(filled_, aside_);
     reset();
   }
   /// The gradients `flip` set aside, from state index `state_offset` on.
   [[nodiscard]] const std::byte* spare_at(std::size_t state_offset) const noexcept {
-    return spare_.data() + state_offset * grad_size_;
+    return aside_ + state_offset * grad_size_;
   }
 
 private:
@@ -246,6 +247,8 @@ private:
   std::size_t grad_size_;
   buffer<std::byte, Alloc> shard_;
   buffer<std::byte, Alloc> spare_; // the delayed update's second shard (`hold_twice`), or empty
+  std::byte* filled_ = shard_.data(); // the half the micro-steps fill: shard_, or spare_ after a `flip`
+  std::byte* aside_ = nullptr;        // the other half (`spare_at`)
   std::vector<event_type> fetched_;
   std::vector<bool> posted_;
   std::vector<bool> fresh_;
