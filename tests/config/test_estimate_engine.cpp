@@ -68,12 +68,14 @@ zero::memory_report measure(int stage, int world, const std::string& precision, 
 /// The estimate's row for that model at `stage` on `world` ranks, optimizer offload `opt`, parameter
 /// offload `par` (on NVMe: `max_in_cpu` elements in host memory, `param_buffers` bounce buffers); gradients in the
 /// config's default dtype (fp32 for bf16 at stage 0); `hpz`: zero_hpz_partition_size; `host_ratio`: the share of
-/// the nvme rows' state in host memory.
+/// the nvme rows' state in host memory; `delayed_warmup`: the config's delayed_update block (-1: none).
 zero::tools::estimate_row estimate(int stage, int world, zero::dtype param, zero::offload_device opt,
                                    zero::offload_device par = zero::offload_device::none, double ratio = 1.0,
                                    std::int64_t max_in_cpu = 1'000'000'000, std::int64_t param_buffers = 5,
-                                   std::int64_t hpz = 1, bool forward_overlap = false, double host_ratio = 0) {
+                                   std::int64_t hpz = 1, bool forward_overlap = false, double host_ratio = 0,
+                                   std::int64_t delayed_warmup = -1) {
   zero::tools::estimate_options o;
+  o.config_delayed_warmup = delayed_warmup;
   o.host_ratio = host_ratio;
   o.offload_forward_overlap = forward_overlap;
   o.hpz_partition_size = hpz;
@@ -157,6 +159,26 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows are within 2% of what the 
         check_device_and_host(row, m);
         CHECK(row.host_bytes_per_node == world * row.host_bytes_per_rank);
       }
+    }
+  }
+}
+
+TEST_CASE("zero-estimate's offload_optimizer=cpu rows with the delayed update count the host gradient shard twice, "
+          "within 2% of the engine") {
+  // Stages 2-3, the whole state on the host: the engine holds a second gradient shard for the update beside the
+  // next backward (hold_twice), which the estimate adds to the rows that run it.
+  for (int stage : {2, 3}) {
+    for (int world : {1, 2}) {
+      CAPTURE(stage);
+      CAPTURE(world);
+      const auto m = measure(stage, world, R"("bf16": {"enabled": true},)",
+                             R"("device": "cpu", "delayed_update": {"warmup_steps": 0})");
+      const auto row = estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu, zero::offload_device::none,
+                                1.0, 1'000'000'000, 5, 1, false, 0, 0);
+      check_device_and_host(row, m);
+      const auto exact = estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu);
+      const std::int64_t shard = model_params / world;
+      CHECK(row.host_bytes_per_rank - exact.host_bytes_per_rank >= shard * 2); // bf16 gradients, once more
     }
   }
 }

@@ -294,8 +294,9 @@ struct estimate_options {
   /// refuses them.
   double config_backward_overlap = 0;
   bool config_forward_overlap = false;
-  /// The config's offload_optimizer.delayed_update.warmup_steps (zero's own block), or -1 without the block; not
-  /// counted in any row. `plan_config_block` keeps the block where its row runs it and turns it off elsewhere.
+  /// The config's offload_optimizer.delayed_update.warmup_steps (zero's own block), or -1 without the block: the rows
+  /// that run it (`delayed_update_runs`) hold the host gradient shard twice. `plan_config_block` keeps the block
+  /// where its row runs it and turns it off elsewhere.
   std::int64_t config_delayed_warmup = -1;
   std::int64_t gradient_accumulation_steps = 1;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
@@ -487,6 +488,10 @@ struct estimate_row {
       // The rank's gradient shard and parameter shard (their offloaded part), staged in host memory for
       // the copies; with the parameters on the CPU the host AdamW updates their shard in place instead.
       host += offloaded * g;
+      if (o.config_delayed_warmup >= 0 &&
+          delayed_update_runs(stage, opt, o.offload_ratio >= 1.0, par, o.gradient_accumulation_steps)) {
+        host += offloaded * g; // the delayed update: the gradient shard held twice
+      }
       if (opt == offload_device::cpu) {
         if (par != offload_device::cpu) {
           host += offloaded * p;

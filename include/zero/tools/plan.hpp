@@ -407,8 +407,8 @@ struct plan_result {
   // zero's delayed update, where the config has it: kept where the row runs it (the whole state on the CPU at
   // stages 2-3, the parameters on the device, no accumulation), else turned off (null: the block absent).
   if (o.config_delayed_warmup >= 0) {
-    const bool delays = on_cpu && !split && r.stage >= 2 && r.offload_param == offload_device::none &&
-                        o.gradient_accumulation_steps == 1;
+    const bool delays =
+        delayed_update_runs(r.stage, r.offload_optimizer, !split, r.offload_param, o.gradient_accumulation_steps);
     z["offload_optimizer"]["delayed_update"] =
         delays ? nlohmann::json{{"warmup_steps", o.config_delayed_warmup}} : nlohmann::json(nullptr);
   }

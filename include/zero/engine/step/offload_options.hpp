@@ -8,6 +8,7 @@
 #include "zero/config/config.hpp"
 #include "zero/memory/host_allocator.hpp"
 
+#include <cstdint>
 #include <utility>
 
 namespace zero {
@@ -44,6 +45,16 @@ template <class HostAlloc>
                                                       bool forward_overlap) noexcept {
   return stage >= 2 &&
          (device == offload_device::nvme || (device == offload_device::cpu && (whole_state || forward_overlap)));
+}
+
+/// Whether the delayed update (`offload_optimizer.delayed_update`) runs where a config asks for it: the whole state on
+/// the CPU (`whole_state`) at stages 2-3, the parameters on the device, no gradient accumulation; elsewhere
+/// `check_engine_config` refuses it. The one rule the plan's config block and zero-estimate (the host gradient
+/// shard held twice) follow.
+[[nodiscard]] constexpr bool delayed_update_runs(int stage, offload_device device, bool whole_state,
+                                                 offload_device params, std::int64_t accumulation) noexcept {
+  return stage >= 2 && device == offload_device::cpu && whole_state && params == offload_device::none &&
+         accumulation == 1;
 }
 
 /// How an `offloaded_adamw` runs on the host.
