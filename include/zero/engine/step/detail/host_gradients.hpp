@@ -246,7 +246,7 @@ private:
   dtype grad_type_;
   std::size_t grad_size_;
   buffer<std::byte, Alloc> shard_;
-  buffer<std::byte, Alloc> spare_; // the delayed update's second shard (`hold_twice`), or empty
+  buffer<std::byte, Alloc> spare_;    // the delayed update's second shard (`hold_twice`), or empty
   std::byte* filled_ = shard_.data(); // the half the micro-steps fill: shard_, or spare_ after a `flip`
   std::byte* aside_ = nullptr;        // the other half (`spare_at`)
   std::vector<event_type> fetched_;
