@@ -16,6 +16,7 @@
 #include "zero/engine/step/offloaded_adamw.hpp"
 #include "zero/engine/step/step_parts.hpp"
 
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -34,7 +35,7 @@ template <class Parts, class HostOptimizer> struct host_updates {
     if (!host.early()) {
       // The schedule by value: an update may still run after the step has moved it on.
       host.begin_early(adamw_args_from_config(*p.cfg->optimizer, p.counters->applied_steps + 1, 1.0, *p.scheduler),
-                       [sched = *p.scheduler](double lr) { return sched.group_lr(lr); });
+                       group_lr(p));
     }
     host.update_early(k);
   }
@@ -45,7 +46,12 @@ template <class Parts, class HostOptimizer> struct host_updates {
   /// Hands the step to the host's thread when it runs beside the next forward, after which the
   /// schedule moves on: it keeps this step's.
   static void begin_async(Parts& p, HostOptimizer& host, const adamw_step_args& args) {
-    host.begin_async(args, [sched = *p.scheduler](double lr) { return sched.group_lr(lr); });
+    host.begin_async(args, group_lr(p));
+  }
+  /// The schedule's group learning rate by value: an update on the host's thread may still run after the
+  /// step has moved the schedule on.
+  static std::function<double(double)> group_lr(Parts& p) {
+    return [sched = *p.scheduler](double lr) { return sched.group_lr(lr); };
   }
 };
 } // namespace detail
@@ -88,10 +94,9 @@ public:
       opt_.begin_publish();
       run_update(opt_, *p_, args, after);
       opt_.end_publish();
-      opt_.begin_delayed(args, [sched = *p_->scheduler](double lr) { return sched.group_lr(lr); });
+      opt_.begin_delayed(args, updates::group_lr(*p_));
       return;
     }
-    // A warm-up step publishes what a reader has not (nothing: the warm-up comes before any delay).
     if (steps_async()) {
       updates::begin_async(*p_, opt_, args);
     }
