@@ -21,6 +21,10 @@
 //   zero-estimate --plan --gpu-memory 24GiB --host-memory 256GiB --nvme 3TB --nvme-path /mnt/nvme/zero
 //                 --rates rates.json --model gpt2.json
 //
+// The plan proposes a setting that is not exact only when asked: with --allow-stale (and the step's
+// --forward-ms and --backward-ms, which the delayed update hides the host's AdamW behind) the rows that
+// can run offload_optimizer.delayed_update join the candidates.
+//
 // Exit status: 0 on success, 1 for an unreadable model description or rates file, a config the engine
 // refuses, and when no setting fits the budgets (--plan), 2 for a command-line error.
 
@@ -67,6 +71,9 @@ struct plan_args {
   // The step at --nodes x --gpus-per-node GPUs (zero/tools/step_model.hpp): with --inter-node-gbps.
   std::optional<double> inter_node_gbps;
   double intra_node_gbs = 360, forward_ms = 0, backward_ms = 0, overlap = 0;
+  // --allow-stale: the delayed update joins the candidates, its first stale_warmup_steps exact.
+  bool allow_stale = false;
+  std::int64_t stale_warmup_steps = 40;
 };
 
 /// --inter-node-gbps: the predicted step of each communication setting at --nodes x --gpus-per-node GPUs beside
@@ -145,7 +152,9 @@ nlohmann::json print_step_model(const plan_args& a, const zero::tools::memory_bu
 
 /// --plan's budgets and probe size from its options, checked before anything is printed or measured.
 /// \throws usage_error naming the option and what it expects.
-std::pair<zero::tools::memory_budget, zero::tools::probe_options> plan_inputs(const plan_args& a) {
+/// `config_delays`: the config has offload_optimizer.delayed_update, whose row the forward and backward times
+/// also price.
+std::pair<zero::tools::memory_budget, zero::tools::probe_options> plan_inputs(const plan_args& a, bool config_delays) {
   if (!a.gpu_memory || !a.host_memory) {
     throw zero::usage_error("--plan needs --gpu-memory BYTES and --host-memory BYTES: the memory zero may use on "
                             "each GPU and on each node's host");
@@ -153,6 +162,16 @@ std::pair<zero::tools::memory_budget, zero::tools::probe_options> plan_inputs(co
   if (a.nvme && !a.rates_file && !a.nvme_path) {
     throw zero::usage_error("--nvme needs the storage's rates: give --nvme-path DIR to measure them there, or "
                             "--rates FILE from zero-report --save-rates FILE --path DIR");
+  }
+  if (a.forward_ms + a.backward_ms > 0 && !a.inter_node_gbps && !a.allow_stale && !config_delays) {
+    throw zero::usage_error("--forward-ms and --backward-ms price the step model (--inter-node-gbps) and the "
+                            "delayed update (--allow-stale, or a config with offload_optimizer.delayed_update); "
+                            "this run has neither");
+  }
+  if (a.allow_stale && !(a.forward_ms + a.backward_ms > 0)) {
+    throw zero::usage_error("--allow-stale needs --forward-ms and --backward-ms, one step's forward and backward "
+                            "on one GPU as measured: the delayed update hides the host's AdamW behind them, and "
+                            "the plan cannot rank it without their time");
   }
   zero::tools::memory_budget budget;
   budget.device_bytes = zero::tools::parse_bytes(*a.gpu_memory);
@@ -197,7 +216,8 @@ int run_plan(const plan_args& a, const zero::tools::memory_budget& budget, const
     return 1;
   }
   const std::string nvme_path = a.nvme_path.value_or(rates.nvme_path);
-  const auto plan = zero::tools::make_plan(o, rates, budget);
+  const auto plan = zero::tools::make_plan(
+      o, rates, budget, a.allow_stale ? std::optional<std::int64_t>(a.stale_warmup_steps) : std::nullopt);
   std::cout << "\nbudgets: " << zero::tools::show_bytes(budget.device_bytes) << " per GPU, "
             << zero::tools::show_bytes(budget.host_bytes) << " of host memory per node, "
             << zero::tools::show_bytes(budget.nvme_bytes) << " of NVMe per node" << (a.nvme ? "" : " (no --nvme)")
@@ -354,12 +374,28 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->needs(inter_opt)
       ->check(CLI::PositiveNumber);
-  plans->add_option("--forward-ms", plan.forward_ms, "one GPU's forward without communication, per step")
-      ->needs(inter_opt)
+  plans
+      ->add_option("--forward-ms", plan.forward_ms,
+                   "one GPU's forward without communication, per step: the step model's, and what the delayed update "
+                   "hides the host's AdamW behind")
+      ->needs(plan_opt)
       ->check(CLI::NonNegativeNumber);
-  plans->add_option("--backward-ms", plan.backward_ms, "one GPU's backward without communication, per step")
-      ->needs(inter_opt)
+  plans
+      ->add_option("--backward-ms", plan.backward_ms,
+                   "one GPU's backward without communication, per step (as --forward-ms)")
+      ->needs(plan_opt)
       ->check(CLI::NonNegativeNumber);
+  auto* stale_opt = plans
+                        ->add_flag("--allow-stale", plan.allow_stale,
+                                   "let the plan propose offload_optimizer.delayed_update (parameters one step old: "
+                                   "NOT EXACT) where it is faster; needs --forward-ms and --backward-ms")
+                        ->needs(plan_opt);
+  plans
+      ->add_option("--stale-warmup-steps", plan.stale_warmup_steps,
+                   "the exact steps before the delayed update, written as its warmup_steps")
+      ->capture_default_str()
+      ->needs(stale_opt)
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   plans->add_option("--overlap", plan.overlap, "share of the communication hidden behind forward and backward")
       ->capture_default_str()
       ->needs(inter_opt)
@@ -434,7 +470,7 @@ int main(int argc, char** argv) {
       const auto& opt = cfg->zero_optimization.offload_optimizer;
       o.offload_ratio = opt.device == zero::offload_device::cpu && !opt.ratio_auto ? opt.ratio : 1.0;
       if (plan.plan) {
-        std::tie(budget, probe) = plan_inputs(plan);
+        std::tie(budget, probe) = plan_inputs(plan, opt.delayed_update);
       }
     }
     if (!cfg) {
@@ -482,7 +518,7 @@ int main(int argc, char** argv) {
                                                 zero::tools::parse_count(persistence));
       }
       if (plan.plan) {
-        std::tie(budget, probe) = plan_inputs(plan);
+        std::tie(budget, probe) = plan_inputs(plan, false);
       }
     }
   } catch (const zero::config_error& e) {
@@ -536,6 +572,7 @@ int main(int argc, char** argv) {
                  "(pass --model FILE or --largest-layer-params N)\n";
   }
   if (plan.plan) {
+    o.compute_seconds = (plan.forward_ms + plan.backward_ms) * 1e-3;
     return run_plan(plan, budget, probe, o, json_out);
   }
   std::cout << "\nzero's accounting (model states + gradient buckets + stage-3 working set; every row without a note "
@@ -559,6 +596,7 @@ int main(int argc, char** argv) {
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
               << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
               << (r.implemented ? "" : "  (not run with HSDP)")
+              << (r.delayed_warmup >= 0 ? "  (delayed update: the gradient shard twice; NOT EXACT)" : "")
               << (cfg && r.stage == cfg->stage() &&
                           r.offload_optimizer == cfg->zero_optimization.offload_optimizer.device &&
                           r.offload_param == cfg->zero_optimization.offload_param.device

@@ -2,6 +2,7 @@
 // choice against budgets, and the config block it prints. tests/config/test_plan_engine.cpp holds
 // plans against what engines measure.
 
+#include "plan_cases.hpp"
 #include "support.hpp"
 #include "zero/tools/plan.hpp"
 
@@ -9,6 +10,8 @@
 #include <string>
 
 using zero::offload_device;
+using zero_test::eight_m_on_two;
+using zero_test::hand_rates;
 using zero_test::has;
 namespace zt = zero::tools;
 
@@ -75,24 +78,6 @@ std::string rates_message(const nlohmann::json& j) {
 }
 
 constexpr std::int64_t gib = std::int64_t{1} << 30;
-
-/// 8e6 bf16 parameters on 2 ranks of one node: each rank updates n = 4e6 elements.
-zt::estimate_options eight_m_on_two() {
-  zt::estimate_options o;
-  o.params = 8'000'000;
-  o.gpus_per_node = 2;
-  return o;
-}
-
-/// Round rates for costs worked by hand.
-zt::machine_rates hand_rates() {
-  zt::machine_rates r;
-  r.device_adamw = 4e9;
-  r.host_adamw = 1e9; // 5e8 per rank
-  r.host_to_device = 1e10;
-  r.device_to_host = 2e10;
-  return r;
-}
 
 } // namespace
 

@@ -298,6 +298,10 @@ struct estimate_options {
   /// that run it (`delayed_update_runs`) hold the host gradient shard twice. `plan_config_block` keeps the block
   /// where its row runs it and turns it off elsewhere.
   std::int64_t config_delayed_warmup = -1;
+  /// Seconds of one step's forward and backward on one rank, as the user measured them (zero-estimate's
+  /// --forward-ms and --backward-ms); 0: not given. `estimate_step_cost` credits a row that runs the delayed
+  /// update with hiding the host's AdamW behind them, and with nothing where they are not given.
+  double compute_seconds = 0;
   std::int64_t gradient_accumulation_steps = 1;
   /// State elements per NVMe chunk buffer and tensor: aio.block_size / 4 x aio.queue_depth (the defaults
   /// 1 MiB and 8), at most the largest owned range.
@@ -347,6 +351,9 @@ struct estimate_row {
   /// the share of the optimizer state in host memory beside the NVMe file (the options' host_ratio, as
   /// split: its elements over the shard's), in the NVMe rows; 0 elsewhere
   double host_ratio = 0;
+  /// the delayed update's warmup_steps where the row runs it (the options' `config_delayed_warmup` in the
+  /// rows `delayed_update_runs` allows), counting the host gradient shard twice; -1 where the row is exact
+  std::int64_t delayed_warmup = -1;
 };
 
 /// zero's accounting for every stage and offload choice: stage 0; stages 1 and 2 with optimizer
@@ -491,6 +498,7 @@ struct estimate_row {
       if (o.config_delayed_warmup >= 0 &&
           delayed_update_runs(stage, opt, o.offload_ratio >= 1.0, par, o.gradient_accumulation_steps)) {
         host += offloaded * g; // the delayed update: the gradient shard held twice
+        r.delayed_warmup = o.config_delayed_warmup;
       }
       if (opt == offload_device::cpu) {
         if (par != offload_device::cpu) {

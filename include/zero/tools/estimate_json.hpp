@@ -13,7 +13,7 @@ namespace zero::tools {
 /// The `--json` object of zero-estimate: {"params", "largest_layer_params", "gpus", "gpus_per_node",
 /// "nodes", "param_dtype", "grad_dtype", "offload_ratio", "offload_forward_overlap", "host_ratio",
 /// "hpz_partition_size", "mics_shard_size", "rows": [{"stage", "offload_optimizer", "offload_param",
-/// "host_ratio", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
+/// "host_ratio", "delayed_update", "gpu_bytes_per_rank", "host_bytes_per_node", ...}]}.
 [[nodiscard]] inline nlohmann::json estimate_json(const estimate_options& o, const std::vector<estimate_row>& rows) {
   nlohmann::json j = {{"params", o.params},
                       {"largest_layer_params", o.largest_layer_params},
@@ -38,6 +38,7 @@ namespace zero::tools {
                          {"offload_optimizer", name_of(r.offload_optimizer)},
                          {"offload_param", name_of(r.offload_param)},
                          {"host_ratio", r.host_ratio},
+                         {"delayed_update", r.delayed_warmup >= 0},
                          {"grad_dtype", name_of(r.grad_dtype)},
                          {"gpu_bytes_per_rank", r.gpu_bytes_per_rank},
                          {"gpu_model_state_bytes", r.gpu_model_state_bytes},

@@ -23,6 +23,13 @@
 ///                       bytes read plus K (n - h) written) + host AdamW over h (it updates in place only
 ///                       after the file's writes landed)
 ///
+///     delayed update    a row that runs offload_optimizer.delayed_update (the config's block, or the plan's
+///                       `stale_warmup`): the whole state on the CPU, its host AdamW beside the next forward
+///                       and backward (`o.compute_seconds`, the user's measure): max(host AdamW over n at the
+///                       host's rate - that time, P n bytes up, which each step publishes before the next
+///                       forward); with no time given, the CPU row's cost (nothing credited as hidden). The
+///                       warm-up's exact steps are left out.
+///
 /// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
 /// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
 /// Forward and backward are the same for every setting and are left out; so is the communication
@@ -165,6 +172,7 @@ struct step_cost {
   double host_adamw = 0;   ///< AdamW on the host
   double transfer = 0;     ///< gradients down and parameters up between host and device
   double nvme = 0;         ///< the state read from and written to NVMe
+  double hidden = 0;       ///< of host_adamw, what the delayed update runs beside forward and backward
   /// device_adamw + max(host_adamw, transfer, nvme): the host side overlaps; for a partial offload
   /// max(the whole shard's AdamW on the device, host_adamw + transfer), or the sum of the three on the CPU
   /// backend (file comment)
@@ -228,6 +236,11 @@ struct step_cost {
     // backward upload them.
     c.transfer =
         per_second(n * g, rates.device_to_host) + per_second((params_on_host ? 2 : 1) * n * p, rates.host_to_device);
+    if (r.delayed_warmup >= 0 && o.compute_seconds > 0) {
+      c.hidden = std::min(c.host_adamw, o.compute_seconds);
+      c.total = std::max(c.host_adamw - c.hidden, per_second(n * p, rates.host_to_device));
+      return c;
+    }
     if (r.offload_optimizer == offload_device::nvme) {
       c.nvme =
           per_second(k * n, rates.nvme_read / ranks_per_node) + per_second(k * n, rates.nvme_write / ranks_per_node);
@@ -293,16 +306,32 @@ struct plan_result {
 /// Ranks `plan_settings(o)`, then the partial offloads of stages 1-3 for `budget`
 /// (`partial_offload_setting`; none when `rates.device` is "cpu", the CPU backend), by
 /// `estimate_step_cost` (stable: equal costs keep that order) and chooses the first that fits
-/// `budget`. \throws usage_error as `estimate_memory` and `estimate_step_cost` do, and for a negative
-/// budget.
+/// `budget`. With `stale_warmup` (zero-estimate's --allow-stale: the user accepts parameters one step
+/// old) and a config without the delayed block, the rows of `plan_settings` that can run the delayed update
+/// join as well, with that many exact steps first, ranked after the exact row of equal cost: the plan
+/// proposes a mode that is not exact only when asked. \throws usage_error as `estimate_memory` and
+/// `estimate_step_cost` do, and for a negative budget or warm-up.
 [[nodiscard]] inline plan_result make_plan(const estimate_options& o, const machine_rates& rates,
-                                           const memory_budget& budget) {
+                                           const memory_budget& budget,
+                                           std::optional<std::int64_t> stale_warmup = std::nullopt) {
   if (budget.device_bytes < 0 || budget.host_bytes < 0 || budget.nvme_bytes < 0) {
     throw usage_error("make_plan: budgets are bytes >= 0");
+  }
+  if (stale_warmup && *stale_warmup < 0) {
+    throw usage_error("make_plan: the delayed update's warm-up is a number of steps >= 0");
   }
   plan_result plan;
   for (const estimate_row& r : plan_settings(o)) {
     plan.ranked.push_back({r, estimate_step_cost(r, o, rates), shortfalls(r, budget)});
+  }
+  if (stale_warmup && o.config_delayed_warmup < 0) {
+    estimate_options delayed = o;
+    delayed.config_delayed_warmup = *stale_warmup;
+    for (const estimate_row& r : plan_settings(delayed)) {
+      if (r.delayed_warmup >= 0) {
+        plan.ranked.push_back({r, estimate_step_cost(r, delayed, rates), shortfalls(r, budget)});
+      }
+    }
   }
   // The settings sized to a budget, `setting(stage, param)`, at stages 1-3 with the parameters on the device and
   // at stage 3 also in host memory.
@@ -402,15 +431,16 @@ struct plan_result {
     z["offload_optimizer"]["forward_overlap"] = forward;
   }
   if (o.config_backward_overlap != 0) {
-    z["offload_optimizer"]["backward_overlap"] = on_cpu && (!split || forward) ? o.config_backward_overlap : 0.0;
+    // The delayed update refuses it (an update during backward would use the step's own gradients).
+    z["offload_optimizer"]["backward_overlap"] =
+        on_cpu && (!split || forward) && r.delayed_warmup < 0 ? o.config_backward_overlap : 0.0;
   }
-  // zero's delayed update, where the config has it: kept where the row runs it (the whole state on the CPU at
-  // stages 2-3, the parameters on the device, no accumulation), else turned off (null: the block absent).
-  if (o.config_delayed_warmup >= 0) {
-    const bool delays =
-        delayed_update_runs(r.stage, r.offload_optimizer, !split, r.offload_param, o.gradient_accumulation_steps);
-    z["offload_optimizer"]["delayed_update"] =
-        delays ? nlohmann::json{{"warmup_steps", o.config_delayed_warmup}} : nlohmann::json(nullptr);
+  // zero's delayed update: written where the row runs it (the config's block where the row can run it, or the
+  // plan's --allow-stale), turned off (null: the block absent) where the config has it and the row does not.
+  if (r.delayed_warmup >= 0) {
+    z["offload_optimizer"]["delayed_update"] = {{"warmup_steps", r.delayed_warmup}};
+  } else if (o.config_delayed_warmup >= 0) {
+    z["offload_optimizer"]["delayed_update"] = nullptr;
   }
   z["offload_param"] = offload(r.offload_param);
   nlohmann::json block = {{"zero_optimization", z}};
@@ -523,14 +553,19 @@ inline std::string plan_ms(double seconds) {
 
 /// A setting in words: "stage 2, offload_optimizer cpu, offload_param none", or for a partial offload
 /// "stage 2, offload_optimizer cpu ratio 0.5751, offload_param none", or for a state split between host
-/// memory and NVMe "stage 2, offload_optimizer nvme host_ratio 0.4, offload_param none".
+/// memory and NVMe "stage 2, offload_optimizer nvme host_ratio 0.4, offload_param none", and for the
+/// delayed update "stage 2, offload_optimizer cpu delayed_update (warmup_steps 40; NOT EXACT), offload_param
+/// none".
 [[nodiscard]] inline std::string setting_name(const estimate_row& r) {
   const bool partial = r.offload_optimizer == offload_device::cpu && r.offload_ratio < 1;
   const bool split = r.offload_optimizer == offload_device::nvme && r.host_ratio > 0;
   return cat("stage ", std::to_string(r.stage), ", offload_optimizer ", name_of(r.offload_optimizer),
              partial ? cat(" ratio ", zero::detail::show_number(r.offload_ratio)) : std::string(),
-             split ? cat(" host_ratio ", zero::detail::show_number(r.host_ratio)) : std::string(), ", offload_param ",
-             name_of(r.offload_param));
+             split ? cat(" host_ratio ", zero::detail::show_number(r.host_ratio)) : std::string(),
+             r.delayed_warmup >= 0
+                 ? cat(" delayed_update (warmup_steps ", std::to_string(r.delayed_warmup), "; NOT EXACT)")
+                 : std::string(),
+             ", offload_param ", name_of(r.offload_param));
 }
 
 /// The plan as lines of text: the candidates fastest first with cost, bytes and verdict ("fits", or
