@@ -591,6 +591,9 @@ TEST_CASE("to_json writes every key under DeepSpeed's names") {
     } else if (path == "zero_optimization.offload_optimizer.delayed_update") {
       // Written only when given (its presence turns the delayed update on): test_config_check.cpp.
       CHECK_FALSE(j["zero_optimization"]["offload_optimizer"].contains("delayed_update"));
+    } else if (path == "zero_optimization.zenflow") {
+      // Written only when given (its presence turns ZenFlow on): test_config_zenflow.cpp.
+      CHECK_FALSE(j["zero_optimization"].contains("zenflow"));
     } else if (const nlohmann::json::json_pointer at(pointer); !path.empty() && !j.contains(at)) {
       // A block to_json leaves out (checkpoint: its keys are checked and kept nowhere) has no key to write.
       for (const auto& row : Table) {
@@ -632,7 +635,7 @@ TEST_CASE("the check every key table passes to compile: names once, aliases of a
   static_assert(!d::well_formed(two_aliases));
   static_assert(!d::well_formed(alias_and_input));
   static_assert(d::key_names<good>[1] == "intra_op_parallelism");
-  CHECK(zero::config_blocks.size() == 18); // every table, and bf16's once more as bfloat16
+  CHECK(zero::config_blocks.size() == 19); // every table, and bf16's once more as bfloat16
 }
 
 TEST_CASE("docs/config.md documents every key zero reads and every key it refuses") {

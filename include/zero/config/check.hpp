@@ -49,6 +49,28 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
   }
 }
 
+/// Refuses `zero_optimization.zenflow`: first where DeepSpeed refuses it (stage 0; stages 1-2 without the
+/// optimizer offloaded; `offload` without `overlap_comm`), so that a DeepSpeed config gets DeepSpeed's
+/// reason, then in every case: this version reads and checks the block but its engine does not run ZenFlow.
+inline void check_zenflow(const config& c) {
+  const auto& z = c.zero_optimization;
+  const std::string what = "zero_optimization.zenflow";
+  if (c.stage() == 0) {
+    throw config_error(what + " at stage 0: ZenFlow partitions the optimizer state; expected stage 1, 2 or 3");
+  }
+  if (c.stage() <= 2 && z.offload_optimizer.device == offload_device::none) {
+    throw config_error(what + " at stage " + std::to_string(c.stage()) +
+                       " without offload_optimizer: ZenFlow applies the unselected columns on the host; expected "
+                       "offload_optimizer.device \"cpu\" (DeepSpeed refuses it too)");
+  }
+  if (z.zenflow.offload && !z.overlap_comm) {
+    throw config_error(what + ".offload true without overlap_comm: DeepSpeed requires overlap_comm true with it");
+  }
+  throw config_error(what + ": read with DeepSpeed's keys and rules, but this version's engine does not run "
+                            "ZenFlow yet (docs/offload.md, \"Selective\"); remove the block, or use "
+                            "offload_optimizer.delayed_update for an update that is not exact");
+}
+
 /// Refuses `offload_optimizer.delayed_update` where the engine cannot delay the host's update by one step:
 /// the host must hold the whole state (device cpu, ratio 1), the gradients must stream to it during
 /// backward into a buffer of their own (stages 2-3, no accumulation), and nothing the next step reads may
@@ -147,6 +169,9 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
   }
   if (o.delayed_update) {
     detail::check_delayed_update(c);
+  }
+  if (c.zero_optimization.zenflow.enabled) {
+    detail::check_zenflow(c);
   }
   const auto& zq = c.zero_optimization;
   if (zq.zero_quantized_gradients && c.stage() >= 2) {

@@ -21,6 +21,7 @@
 
 #include "zero/config/detail/json_text.hpp" // max_config_bytes, max_config_depth: the bounds of a config's text
 #include "zero/config/optimizer_config.hpp" // the optimizer and scheduler blocks
+#include "zero/config/zenflow_config.hpp"   // zero_optimization.zenflow
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 
@@ -203,6 +204,8 @@ struct zero_optimization_config {
   offload_optimizer_config offload_optimizer;
   /// `offload_param` (stage 3). Also set by the deprecated `cpu_offload_param: true`.
   offload_param_config offload_param;
+  /// `zenflow`: DeepSpeed's ZenFlow (zenflow_config); read, refused by this version's engine.
+  zenflow_config zenflow;
   /// `sub_group_size`: elements the optimizer step processes at a time (stage 3). Default 1e9.
   std::int64_t sub_group_size = 1'000'000'000;
   /// `stage3_max_live_parameters`: gathered parameter elements a rank may hold at once. Default 1e9.

@@ -29,6 +29,8 @@ namespace detail {
 
 inline constexpr choice<offload_device> offload_devices[] = {
     {"none", offload_device::none}, {"cpu", offload_device::cpu}, {"nvme", offload_device::nvme}};
+inline constexpr choice<zenflow_select> zenflow_selects[] = {
+    {"auto", zenflow_select::automatic}, {"step", zenflow_select::step}, {"epoch", zenflow_select::epoch}};
 inline constexpr choice<optimizer_type> optimizer_types[] = {{"Adam", optimizer_type::adam},
                                                              {"AdamW", optimizer_type::adamw}};
 inline constexpr choice<scheduler_type> scheduler_types[] = {{"WarmupLR", scheduler_type::warmup_lr},
@@ -62,6 +64,9 @@ inline void read_total_num_steps(const key_read<scheduler_config>&);
 inline void read_required_schedule_param(const key_read<scheduler_config>&);
 inline std::optional<json> auto_unset(const parse_context&, std::string_view, const config_inputs&);
 inline json write_pipeline_stages(const pipeline_config&);
+inline void read_zenflow(const key_read<zero_optimization_config>&);
+inline json write_select_interval(const zenflow_config&);
+inline json write_update_interval(const zenflow_config&);
 
 // ---- the top level -------------------------------------------------------------------------------
 
@@ -294,6 +299,26 @@ inline constexpr key_row<offload_param_config> offload_param_keys[] = {
     key<&offload_param_config::max_in_cpu>("max_in_cpu").at_least(0).nvme(),
 };
 
+// zero_optimization.zenflow (DeepSpeed 0.19's ZenFlow, its defaults): read_zenflow checks the rules between them.
+inline constexpr key_row<zenflow_config> zenflow_keys[] = {
+    key<&zenflow_config::topk_ratio>("topk_ratio").range(0.0, 1.0),
+    key<&zenflow_config::select_strategy, zenflow_selects>("select_strategy"),
+    key<&zenflow_config::select_interval>("select_interval")
+        .at_least(0)
+        .on_auto(auto_unset)
+        .written_by(write_select_interval),
+    key<&zenflow_config::update_interval>("update_interval")
+        .at_least(1)
+        .on_auto(auto_unset)
+        .written_by(write_update_interval),
+    key<&zenflow_config::overlap_step>("overlap_step"),
+    key<&zenflow_config::offload>("offload"),
+    key<&zenflow_config::auto_ratio>("auto_ratio").range(0.0, 1.0),
+    key<&zenflow_config::full_warm_up_rounds>("full_warm_up_rounds").at_least(0),
+    key<&zenflow_config::pt_reserved_cores_perc>("pt_reserved_cores_perc").range(0.0, 1.0),
+    key<&zenflow_config::steps_per_epoch>("steps_per_epoch").at_least(0),
+};
+
 // Stage masks: bit s set when the key acts at stage s; a key written for another stage is noted.
 inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
     key<&zero_optimization_config::stage>("stage").range(0, 3),
@@ -318,6 +343,8 @@ inline constexpr key_row<zero_optimization_config> zero_optimization_keys[] = {
     // read_offload reads both offload blocks and their deprecated boolean forms (cpu_offload...).
     hand<zero_optimization_config>("offload_optimizer").by_hand(read_offload),
     hand<zero_optimization_config>("offload_param"),
+    // DeepSpeed's ZenFlow: a block, read by read_zenflow into the fields of zenflow_keys.
+    hand<zero_optimization_config>("zenflow").by_hand(read_zenflow),
     key<&zero_optimization_config::sub_group_size>("sub_group_size")
         .at_least(0)
         .at_stages(0b1000)
@@ -468,6 +495,7 @@ template <class F> constexpr void for_each_key_table(F&& f) {
   f.template operator()<offload_optimizer_keys>("zero_optimization.offload_optimizer");
   f.template operator()<delayed_update_keys>("zero_optimization.offload_optimizer.delayed_update");
   f.template operator()<offload_param_keys>("zero_optimization.offload_param");
+  f.template operator()<zenflow_keys>("zero_optimization.zenflow");
   f.template operator()<aio_keys>("aio");
   f.template operator()<pipeline_keys>("pipeline");
   f.template operator()<tensor_parallel_keys>("tensor_parallel");
@@ -494,7 +522,7 @@ struct config_block {
 /// Every block zero reads and the keys it reads there, from the key tables above. `bfloat16` is
 /// DeepSpeed's old name of `bf16`.
 inline constexpr auto config_blocks = [] {
-  std::array<config_block, 18> out{};
+  std::array<config_block, 19> out{};
   std::size_t i = 0;
   detail::for_each_key_table([&]<const auto & Table>(std::string_view path) {
     out.at(i++) = {path, detail::key_names<Table>};

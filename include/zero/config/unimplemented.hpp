@@ -76,7 +76,6 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "pipeline-parallel checkpoint loading", "not planned", ""},
     {"zero_optimization.log_trace_cache_warnings", unimplemented_when::differs_from, "false",
      "stage-3 trace cache warnings", "not planned", ""},
-    {"zero_optimization.zenflow", unimplemented_when::active, "", "ZenFlow", "not planned", ""},
     // ---- precision ---------------------------------------------------------------------------
     {"fp16.auto_cast", unimplemented_when::differs_from, "false", "casting inputs to fp16 (the framework casts)",
      "not planned", ""},

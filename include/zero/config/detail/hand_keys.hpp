@@ -252,6 +252,61 @@ inline std::optional<json> auto_unset(const parse_context&, std::string_view, co
   return std::nullopt;
 }
 
+// ---- zero_optimization.zenflow ----------------------------------------------------------------------------
+
+inline json write_select_interval(const zenflow_config& z) {
+  return z.select_interval ? json(*z.select_interval) : json("auto");
+}
+inline json write_update_interval(const zenflow_config& z) {
+  return z.update_interval ? json(*z.update_interval) : json("auto");
+}
+
+/// `zenflow`: its keys by their rows, then DeepSpeed's rules between them (its ZenFlowConfig and
+/// configure_zenflow): "auto" select_strategy with an interval of its own, "step" or "epoch" without one,
+/// and a select interval shorter than the update interval are refused as DeepSpeed refuses them. The
+/// adaptive update interval ("auto", DeepSpeed's default) is not built: refused, naming the number to give.
+inline void read_zenflow(const key_read<zero_optimization_config>& k) {
+  const json* v = k.r.get(k.row.name);
+  if (v == nullptr || v->is_null()) {
+    return;
+  }
+  parse_context& ctx = k.r.ctx();
+  const std::string at = k.r.path_of(k.row.name);
+  object_reader r(ctx, expect_object(ctx, at, *v), at, key_names<zenflow_keys>);
+  zenflow_config& z = k.out.zenflow;
+  read_keys(r, zenflow_keys, z, k.in);
+  const auto given = [&](std::string_view key) { return r.get(key) != nullptr && !is_auto(*r.get(key)); };
+  if (z.select_strategy == zenflow_select::automatic && given("select_interval")) {
+    ctx.fail(r.path_of("select_interval"),
+             cat("found ", show(*r.get("select_interval")),
+                 " with select_strategy \"auto\", which selects once an epoch; give select_strategy \"step\" or "
+                 "\"epoch\" for an interval of your own, or leave select_interval out (DeepSpeed refuses it too)"));
+  }
+  if (z.select_strategy != zenflow_select::automatic && !z.select_interval) {
+    ctx.fail(r.path_of("select_interval"),
+             cat(r.get("select_interval") != nullptr ? "found \"auto\"" : "missing", "; select_strategy \"",
+                 name_of(z.select_strategy), "\" needs a number: the ",
+                 z.select_strategy == zenflow_select::step ? "steps" : "epochs",
+                 " between selections (0: select once)"));
+  }
+  if (!z.update_interval) {
+    ctx.fail(r.path_of("update_interval"),
+             cat(r.get("update_interval") != nullptr ? "found \"auto\"" : "missing, which DeepSpeed reads as \"auto\"",
+                 "; zero has no adaptive update interval: give the steps between the host's updates, e.g. 4 (the "
+                 "interval of DeepSpeed's ZenFlow tutorial)"));
+  }
+  const std::int64_t select = zenflow_select_steps(z);
+  if (select != 0 && select < *z.update_interval) {
+    ctx.fail(r.path_of("select_interval"),
+             cat("selects every ", std::to_string(select), " steps, fewer than update_interval ",
+                 std::to_string(*z.update_interval),
+                 "; expected a select interval >= the update interval (as "
+                 "DeepSpeed requires)"));
+  }
+  r.finish();
+  z.enabled = true;
+}
+
 // ---- checkpoint ----------------------------------------------------------------------------------------
 
 /// `checkpoint.tag_validation`: "Warn" (DeepSpeed's default) or "Ignore", in any case as DeepSpeed

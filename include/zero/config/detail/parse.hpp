@@ -530,6 +530,9 @@ inline nlohmann::json config::to_json() const {
         write_keys(delayed_update_keys, zero_optimization.offload_optimizer);
   }
   j["zero_optimization"]["offload_param"] = write_keys(offload_param_keys, zero_optimization.offload_param);
+  if (zero_optimization.zenflow.enabled) {
+    j["zero_optimization"]["zenflow"] = write_keys(zenflow_keys, zero_optimization.zenflow);
+  }
   j["aio"] = write_keys(aio_keys, aio);
   j["pipeline"] = write_keys(pipeline_keys, pipeline);
   j["tensor_parallel"] = write_keys(tensor_parallel_keys, tensor_parallel);
