@@ -6,6 +6,7 @@
 
 #include "engine_harness.hpp"
 #include "same_run.hpp"
+#include "wide_step.hpp"
 
 #include <doctest/doctest.h>
 #include <string>
@@ -158,6 +159,22 @@ TEST_CASE("the delayed update is refused by name where the engine cannot delay t
       const std::string what = e.what();
       CHECK(what.find("zero_optimization.offload_optimizer.delayed_update") != std::string::npos);
       CHECK(what.find(b.names) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("the delayed update's host memory: the gradient shard twice, counted by the report's formula") {
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    const auto run = zero::testing::step_a_wide_model(
+        R"("stage": )" + std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0, )" + delayed_keys(0));
+    for (const auto& r : run.reports) {
+      // Host: fp32 master, m, v (12 B), the bf16 parameter shard (2 B) and the bf16 gradient shard twice (4 B).
+      const std::size_t shard = (r.parameters + r.padding) / 2;
+      CHECK(r.host_optimizer == 12 * shard);
+      CHECK(r.host_grads == 2 * 2 * shard);
+      CHECK(r.host_formula == doctest::Approx(18.0 * static_cast<double>(r.parameters) / 2));
+      CHECK(static_cast<double>(r.host_peak) == doctest::Approx(r.host_formula).epsilon(0.02));
     }
   }
 }

@@ -107,6 +107,10 @@ public:
   bool settle() { return opt_.publish(*p_->stream); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {
     add_host_memory(m, opt_.host_memory(), 1.0, intake_.streams() ? 1.0 : 0.0);
+    if (opt_.can_delay()) {
+      // The delayed update holds the host gradient shard twice (host_gradients::hold_twice): G psi / N more.
+      m.host_formula += static_cast<double>(size_of(m.grad_type)) * static_cast<double>(m.parameters) / m.world_size;
+    }
   }
   [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 1.0; }
 
