@@ -342,42 +342,95 @@ inline run_result train_with_engine(const run_spec& s) {
       [](thread_communicator&) { return cpu_backend({.threads = 1}); }, host_io{});
 }
 
+/// The reference's Adam arguments of one applied step (`applied`: its count, from 1): s.lr and (0.9, 0.999),
+/// or with `sched` its lr and betas (stepped after).
+struct reference_adam {
+  float b1 = 0.9f, b2 = 0.999f, lr = 0, bc1 = 0, bc2 = 0;
+  reference_adam(const run_spec& s, std::int64_t applied, lr_scheduler* sched) : lr(static_cast<float>(s.lr)) {
+    // The bias corrections from the betas in double, as the engine's: 0.9 and 0.999, or the schedule's as floats.
+    double beta1 = 0.9, beta2 = 0.999;
+    if (sched != nullptr) {
+      const auto betas = sched->betas({0.9, 0.999});
+      b1 = static_cast<float>(betas[0]);
+      b2 = static_cast<float>(betas[1]);
+      beta1 = double(b1);
+      beta2 = double(b2);
+      lr = static_cast<float>(sched->group_lr(s.lr));
+      sched->step();
+    }
+    bc1 = 1.0f - static_cast<float>(std::pow(beta1, double(applied)));
+    bc2 = 1.0f - static_cast<float>(std::pow(beta2, double(applied)));
+  }
+  /// AdamW on one element: gradient `g` (already clipped), weight decay `wd`.
+  void update(float g, float wd, float& master, float& m, float& v) const {
+    const float eps = 1e-8f;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    master *= 1 - lr * wd;
+    const float denom = std::sqrt(v) / std::sqrt(bc2) + eps;
+    master -= (lr / bc1) * m / denom;
+  }
+};
+
+/// The clip coefficient of a gradient of global norm `norm` (1 without clipping or below the bound).
+inline float reference_clip(const run_spec& s, double norm) {
+  return s.clip > 0 && s.clip / (norm + 1e-6) < 1 ? static_cast<float>(s.clip / (norm + 1e-6)) : 1.0f;
+}
+
+/// The global-batch gradient of step t at parameters `seen` (as the framework sees them, in the training
+/// dtype) into `g`; returns its squared norm.
+inline double reference_grads(const run_spec& s, const std::vector<model_param>& model, std::int64_t t,
+                              const std::vector<std::vector<float>>& seen, std::vector<std::vector<float>>& g) {
+  double sq = 0;
+  g.assign(model.size(), {});
+  for (std::size_t k = 0; k < model.size(); ++k) {
+    for (std::size_t i = 0; i < model[k].numel(); ++i) {
+      double sum = 0;
+      for (int j = 0; j < s.batch; ++j) {
+        sum += sample_grad(k, i, t, static_cast<std::size_t>(j));
+      }
+      const float as_seen =
+          visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(seen[k][i])); });
+      g[k].push_back(static_cast<float>(sum / s.batch) + s.param_coupling * as_seen);
+      sq += static_cast<double>(g[k].back()) * g[k].back();
+    }
+  }
+  return sq;
+}
+
+/// The small model's initial values (`init_value`), and zeroed moments of the same sizes.
+struct reference_state {
+  std::vector<model_param> model = small_model();
+  std::vector<std::vector<float>> master, m, v;
+  reference_state() : master(model.size()), m(model.size()), v(model.size()) {
+    for (std::size_t k = 0; k < model.size(); ++k) {
+      for (std::size_t i = 0; i < model[k].numel(); ++i) {
+        master[k].push_back(init_value(k, i));
+      }
+      m[k].assign(model[k].numel(), 0.0f);
+      v[k].assign(model[k].numel(), 0.0f);
+    }
+  }
+  [[nodiscard]] float decay_of(const run_spec& s, std::size_t k) const {
+    return model[k].decay ? static_cast<float>(s.weight_decay) : 0.0f;
+  }
+};
+
 /// Plain single-process AdamW on the global-batch gradient: the oracle.
 /// `sched`: the lr and Adam's betas of each applied step come from it (stepped after each), as the engine's do;
 /// null: s.lr and (0.9, 0.999).
 inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullptr) {
-  const auto model = small_model();
-  std::vector<std::vector<float>> master(model.size()), m(model.size()), v(model.size());
-  for (std::size_t k = 0; k < model.size(); ++k) {
-    for (std::size_t i = 0; i < model[k].numel(); ++i) {
-      master[k].push_back(init_value(k, i));
-    }
-    m[k].assign(model[k].numel(), 0.0f);
-    v[k].assign(model[k].numel(), 0.0f);
-  }
+  reference_state st;
   run_result out;
   std::int64_t applied = 0;
   // What the framework computes with: the master after every update, or with the delayed update the
   // master as the last step published it (each delayed step publishes the update before it, then updates).
-  auto seen_master = master;
+  auto seen_master = st.master;
   bool unpublished = false;
   for (std::int64_t t = 0; t < s.steps; ++t) {
-    std::vector<std::vector<float>> g(model.size());
-    double sq = 0;
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      for (std::size_t i = 0; i < model[k].numel(); ++i) {
-        double sum = 0;
-        for (int j = 0; j < s.batch; ++j) {
-          sum += sample_grad(k, i, t, static_cast<std::size_t>(j));
-        }
-        // The framework sees the parameter in the training dtype.
-        const float seen =
-            visit_float(s.type, [&]<class P>(type_tag<P>) { return to_float(from_float<P>(seen_master[k][i])); });
-        g[k].push_back(static_cast<float>(sum / s.batch) + s.param_coupling * seen);
-        sq += static_cast<double>(g[k].back()) * g[k].back();
-      }
-    }
-    out.norms.push_back(std::sqrt(sq));
+    std::vector<std::vector<float>> g;
+    const double norm = std::sqrt(reference_grads(s, st.model, t, seen_master, g));
+    out.norms.push_back(norm);
     if (t == s.overflow_step) {
       out.applied.push_back(false);
       continue;
@@ -385,41 +438,22 @@ inline run_result train_reference(const run_spec& s, lr_scheduler* sched = nullp
     out.applied.push_back(true);
     const bool delayed = s.delayed_warmup >= 0 && applied >= s.delayed_warmup;
     if (delayed && unpublished) {
-      seen_master = master;
+      seen_master = st.master;
     }
     ++applied;
-    const double norm = std::sqrt(sq);
-    const float coef = s.clip > 0 && s.clip / (norm + 1e-6) < 1 ? static_cast<float>(s.clip / (norm + 1e-6)) : 1.0f;
-    float b1 = 0.9f, b2 = 0.999f, lr = static_cast<float>(s.lr);
-    const float eps = 1e-8f;
-    float bc1 = 1.0f - static_cast<float>(std::pow(0.9, double(applied)));
-    float bc2 = 1.0f - static_cast<float>(std::pow(0.999, double(applied)));
-    if (sched != nullptr) {
-      const auto betas = sched->betas({0.9, 0.999});
-      b1 = static_cast<float>(betas[0]);
-      b2 = static_cast<float>(betas[1]);
-      bc1 = 1.0f - static_cast<float>(std::pow(double(b1), double(applied)));
-      bc2 = 1.0f - static_cast<float>(std::pow(double(b2), double(applied)));
-      lr = static_cast<float>(sched->group_lr(s.lr));
-      sched->step();
-    }
-    for (std::size_t k = 0; k < model.size(); ++k) {
-      const float wd = model[k].decay ? static_cast<float>(s.weight_decay) : 0.0f;
-      for (std::size_t i = 0; i < master[k].size(); ++i) {
-        const float gi = g[k][i] * coef;
-        m[k][i] = b1 * m[k][i] + (1 - b1) * gi;
-        v[k][i] = b2 * v[k][i] + (1 - b2) * gi * gi;
-        master[k][i] *= 1 - lr * wd;
-        const float denom = std::sqrt(v[k][i]) / std::sqrt(bc2) + eps;
-        master[k][i] -= (lr / bc1) * m[k][i] / denom;
+    const float coef = reference_clip(s, norm);
+    const reference_adam adam(s, applied, sched);
+    for (std::size_t k = 0; k < st.model.size(); ++k) {
+      for (std::size_t i = 0; i < st.master[k].size(); ++i) {
+        adam.update(g[k][i] * coef, st.decay_of(s, k), st.master[k][i], st.m[k][i], st.v[k][i]);
       }
     }
     unpublished = delayed;
     if (!delayed) {
-      seen_master = master;
+      seen_master = st.master;
     }
   }
-  out.params = master;
+  out.params = st.master;
   return out;
 }
 
