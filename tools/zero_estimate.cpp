@@ -74,6 +74,7 @@ struct plan_args {
   // --allow-stale: the delayed update joins the candidates, its first stale_warmup_steps exact.
   bool allow_stale = false;
   std::int64_t stale_warmup_steps = 40;
+  bool stale_warmup_given = false; // --stale-warmup-steps is on the command line
 };
 
 /// --inter-node-gbps: the predicted step of each communication setting at --nodes x --gpus-per-node GPUs beside
@@ -167,6 +168,10 @@ std::pair<zero::tools::memory_budget, zero::tools::probe_options> plan_inputs(co
     throw zero::usage_error("--forward-ms and --backward-ms price the step model (--inter-node-gbps) and the "
                             "delayed update (--allow-stale, or a config with offload_optimizer.delayed_update); "
                             "this run has neither");
+  }
+  if (a.stale_warmup_given && config_delays) {
+    throw zero::usage_error("--stale-warmup-steps with a config that has offload_optimizer.delayed_update: its "
+                            "warmup_steps is the warm-up the plan keeps; give one of them");
   }
   if (a.allow_stale && !(a.forward_ms + a.backward_ms > 0)) {
     throw zero::usage_error("--allow-stale needs --forward-ms and --backward-ms, one step's forward and backward "
@@ -390,12 +395,12 @@ int main(int argc, char** argv) {
                                    "let the plan propose offload_optimizer.delayed_update (parameters one step old: "
                                    "NOT EXACT) where it is faster; needs --forward-ms and --backward-ms")
                         ->needs(plan_opt);
-  plans
-      ->add_option("--stale-warmup-steps", plan.stale_warmup_steps,
-                   "the exact steps before the delayed update, written as its warmup_steps")
-      ->capture_default_str()
-      ->needs(stale_opt)
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
+  auto* stale_warmup_opt = plans
+                               ->add_option("--stale-warmup-steps", plan.stale_warmup_steps,
+                                            "the exact steps before the delayed update, written as its warmup_steps")
+                               ->capture_default_str()
+                               ->needs(stale_opt)
+                               ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 40));
   plans->add_option("--overlap", plan.overlap, "share of the communication hidden behind forward and backward")
       ->capture_default_str()
       ->needs(inter_opt)
@@ -409,6 +414,7 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+    plan.stale_warmup_given = stale_warmup_opt->count() > 0;
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every command-line mistake exits 2.
     return app.exit(e) == 0 ? 0 : 2;

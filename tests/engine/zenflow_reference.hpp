@@ -86,9 +86,9 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
         }
       }
     }
+    summed += warming ? 0 : 1;
     const bool host = !warming && z.schedule.updates_host(m);
     if (host) {
-      ++summed;
       double sq = 0;
       for (std::size_t k = 0; k < n; ++k) {
         for (float& x : sum[k]) {
@@ -106,8 +106,6 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
         }
       }
       summed = 0;
-    } else if (!warming) {
-      ++summed;
     }
     if (trace != nullptr) {
       trace->chosen.push_back(chosen);
