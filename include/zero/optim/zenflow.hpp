@@ -119,7 +119,8 @@ void add_column_abs(std::span<const T> part, std::int64_t first, std::int64_t co
 [[nodiscard]] inline std::vector<std::int64_t> column_elements(std::span<const std::int64_t> columns, std::int64_t cols,
                                                                std::int64_t first, std::int64_t size) {
   if (cols < 1 || first < 0 || size < 0) {
-    throw usage_error("column_elements: expected cols >= 1, first >= 0 and size >= 0");
+    throw usage_error("column_elements: expected cols >= 1, first >= 0 and size >= 0; got " + std::to_string(cols) +
+                      ", " + std::to_string(first) + " and " + std::to_string(size));
   }
   for (std::size_t i = 0; i < columns.size(); ++i) {
     if (columns[i] < 0 || columns[i] >= cols || (i > 0 && columns[i] <= columns[i - 1])) {

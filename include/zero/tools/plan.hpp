@@ -318,7 +318,8 @@ struct plan_result {
     throw usage_error("make_plan: budgets are bytes >= 0");
   }
   if (stale_warmup && *stale_warmup < 0) {
-    throw usage_error("make_plan: the delayed update's warm-up is a number of steps >= 0");
+    throw usage_error(cat("make_plan: the delayed update's warm-up is ", std::to_string(*stale_warmup),
+                          "; expected a number of steps >= 0"));
   }
   plan_result plan;
   for (const estimate_row& r : plan_settings(o)) {
