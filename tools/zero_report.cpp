@@ -610,6 +610,17 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
                      "the host gradient shard is held twice (zero_optimization.offload_optimizer.delayed_update; "
                      "docs/offload.md, \"Exact, delayed, selective\")\n";
       }
+      if (z.zenflow.enabled) {
+        const auto select = zero::zenflow_select_steps(z.zenflow);
+        std::cout << "  offload: NOT EXACT: selective (ZenFlow): after " << z.zenflow.full_warm_up_rounds
+                  << " exact step(s), the top " << z.zenflow.topk_ratio
+                  << " of each 2-D weight's columns by gradient norm (and every element of the other parameters) "
+                     "will be updated on the device every step; the rest accumulate in an fp32 window in host "
+                     "memory (4 bytes per parameter over the ranks) and are applied on the host every "
+                  << z.zenflow.update_interval.value_or(1) << " step(s); the columns are chosen "
+                  << (select > 0 ? "again every " + std::to_string(select) + " steps" : std::string("once"))
+                  << " (zero_optimization.zenflow; docs/offload.md, \"Exact, delayed, selective\")\n";
+      }
     };
     if (opt.device == zero::offload_device::cpu && opt.ratio_auto) {
       std::cout << "  offload: partial; the engine measures host and device AdamW and copy rates at finalize and "

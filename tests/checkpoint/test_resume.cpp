@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <doctest/doctest.h>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
@@ -337,5 +338,36 @@ TEST_CASE(
       CAPTURE(name);
       CHECK(tensor.second == saved.tensors.at(name + "/0"));
     }
+  }
+}
+
+TEST_CASE("ZenFlow: save is refused by name and writes nothing; a load starts ZenFlow again from the loaded state") {
+  const std::string zenflow = R"("offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.2, )"
+                              R"("select_strategy": "step", "select_interval": 0, "update_interval": 2, )";
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    // A run of exact offload saved at step 4, then loaded by a ZenFlow engine: the load voids ZenFlow's window and
+    // choice, so it chooses at its first step. That is the run whose warm-up ends at step 4, to the bit.
+    zt::run_spec exact{
+        .stage = stage, .world = 2, .steps = 8, .zero_extra = R"("offload_optimizer": {"device": "cpu"})"};
+    zt::run_spec zen = exact;
+    zen.zero_extra = zenflow + R"("full_warm_up_rounds": 0})";
+    zt::run_spec warm = exact;
+    warm.zero_extra = zenflow + R"("full_warm_up_rounds": 4})";
+    const auto dir = zt::scratch("zenflow-" + std::to_string(stage));
+    const auto want = zt::train_plain(warm);
+    CHECK(zt::train_with_break(exact, 4, zen, dir, {}).params == want.params);
+    CHECK(max_rel_diff(zt::train_plain(exact).params, want.params) > 1e-4); // not the exact run
+    // Its save: refused before anything is written; the checkpoint saved before stays the latest.
+    zt::with_engine(zen, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+      zt::init_and_train(eng, mh, comm, zen, 3);
+      const std::string e = zt::error_of([&] { eng.save(dir, "zenflow"); });
+      CHECK(e.find("save(\"zenflow\") of an engine running ZenFlow (zero_optimization.zenflow): this version's "
+                   "checkpoints do not hold its window") != std::string::npos);
+      CHECK(e.find("nothing was written") != std::string::npos);
+    });
+    CHECK_FALSE(std::filesystem::exists(dir / "zenflow"));
+    CHECK_FALSE(std::filesystem::exists(dir / ".tmp-zenflow"));
+    CHECK(zt::read_text(dir / "latest").rfind("step-4", 0) == 0);
   }
 }

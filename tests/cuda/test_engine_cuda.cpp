@@ -2,7 +2,8 @@
 /// The engine on GPUs (cuda_backend + nccl_communicator, or device_group_communicator for ranks sharing one GPU)
 /// against the engine on the CPU (cpu_backend + thread_communicator) and against the single-process AdamW oracle:
 /// stages 0-3 on 1 and 2 GPUs and at 2 and 4 ranks of one GPU (`gpu_rank_sets`), fp32, bf16 and fp16, with and
-/// without accumulation and clipping, offloaded to host memory and NVMe; HSDP and ZeRO++ at 4 ranks of one GPU.
+/// without accumulation and clipping, offloaded to host memory and NVMe, the delayed update and ZenFlow; HSDP and
+/// ZeRO++ at 4 ranks of one GPU.
 #include "gpu_engine.hpp"
 
 #include <algorithm>
@@ -178,6 +179,39 @@ TEST_SUITE("engine") {
             }
             CHECK(gpu.applied == cpu.applied);
           }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("ZenFlow on GPUs: the exact offload's bits with every column chosen, the CPU engine's run otherwise") {
+    // The chosen columns' gradients are gathered out of each reduced slice on the device (kernels/index.cu) and
+    // their parameters scattered back after the compact AdamW; the rest sum in the host's window.
+    const auto keys = [](double topk, int warmup) {
+      return R"("offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": )" + std::to_string(topk) +
+             R"(, "select_strategy": "step", "select_interval": 0, "update_interval": 3, "full_warm_up_rounds": )" +
+             std::to_string(warmup) + "}";
+    };
+    for (const auto ranks : zero::test::gpu_rank_sets()) {
+      for (int stage : {2, 3}) {
+        for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
+          CAPTURE(ranks);
+          CAPTURE(stage);
+          CAPTURE(zero::name_of(type));
+          zero::testing::run_spec s{
+              .stage = stage, .world = ranks.world, .type = type, .clip = 1.0, .steps = 7, .param_coupling = 0.25f};
+          s.zero_extra = R"("offload_optimizer": {"device": "cpu"})";
+          const auto exact = zero::test::train_on(s, ranks);
+          s.zero_extra = keys(1.0, 0);
+          check_offloaded(zero::test::train_on(s, ranks), exact, false);
+          s.zero_extra = keys(0.2, 1);
+          const auto gpu = zero::test::train_on(s, ranks);
+          const auto cpu = zero::testing::train_with_engine(s);
+          CHECK(zero::testing::max_rel_diff(gpu.params, cpu.params) <= (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
+          if (type == zero::dtype::f32) {
+            CHECK(zero::testing::max_rel_diff(gpu.params, exact.params) > 1e-4);
+          }
+          CHECK(gpu.applied == cpu.applied);
         }
       }
     }

@@ -90,9 +90,10 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
     const bool host = !warming && z.schedule.updates_host(m);
     if (host) {
       double sq = 0;
+      const float inverse = 1.0f / static_cast<float>(summed); // the engine's: a product by the reciprocal
       for (std::size_t k = 0; k < n; ++k) {
         for (float& x : sum[k]) {
-          x /= static_cast<float>(summed);
+          x *= inverse;
           sq += static_cast<double>(x) * x;
         }
       }

@@ -224,6 +224,25 @@ concept can_wait_value = backend_base<B> &&
   { b.wait_value(s, word, value) } -> std::same_as<void>;
 };
 
+namespace detail {
+template <class B, class T>
+concept index_copy_for = requires(B& b, const T* src, const std::uint32_t* index, std::size_t n, T* dst,
+                                  const typename B::stream_type& s) {
+  { b.gather(src, index, n, dst, s) } -> std::same_as<void>;
+  { b.scatter(src, index, n, dst, s) } -> std::same_as<void>;
+};
+} // namespace detail
+
+/// Optional: `gather<T>(const T* src, const std::uint32_t* index, std::size_t n, T* dst, const stream_type& s)`,
+/// dst[i] = src[index[i]], and `scatter<T>(...)` with the same arguments, dst[index[i]] = src[i], for i < n and T
+/// among float, f16, bf16 (the indices in backend memory; a scatter's indices distinct). ZenFlow's step
+/// (`offload_optimizer` with `zero_optimization.zenflow`, docs/offload.md "Selective") uses them to take the chosen
+/// columns' gradients out of a reduced slice and to write their parameters back; a backend without them runs
+/// every other step.
+template <class B>
+concept can_index_copy = backend_base<B> && detail::index_copy_for<B, float> && detail::index_copy_for<B, f16> &&
+    detail::index_copy_for<B, bf16>;
+
 /// A complete backend: the base concept and every kernel ZeRO's stages 0-3 use.
 template <class B>
 concept backend = backend_base<B> && can_adamw_step<B> && can_cast<B> && can_unscale_and_check<B> &&

@@ -420,6 +420,33 @@ public:
     });
   }
 
+  /// dst[i] = src[index[i]] for i < n (zero::can_index_copy).
+  template <backend_float T>
+  void gather(const T* src, const std::uint32_t* index, std::size_t n, T* dst, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(src != nullptr && index != nullptr && dst != nullptr, "gather", "src, index or dst");
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      for (std::size_t i = b; i < b + len; ++i) {
+        dst[i] = src[index[i]];
+      }
+    });
+  }
+  /// dst[index[i]] = src[i] for i < n, the indices distinct (zero::can_index_copy).
+  template <backend_float T>
+  void scatter(const T* src, const std::uint32_t* index, std::size_t n, T* dst, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(src != nullptr && index != nullptr && dst != nullptr, "scatter", "src, index or dst");
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      for (std::size_t i = b; i < b + len; ++i) {
+        dst[index[i]] = src[i];
+      }
+    });
+  }
+
   /// x[i] = T(float(x[i]) * factor) for i < n.
   template <backend_float T> void scale(T* x, std::size_t n, float factor, const stream_type& /*s*/) {
     if (n == 0) {
@@ -536,5 +563,6 @@ using cpu_backend = basic_cpu_backend<>;
 static_assert(backend<cpu_backend>, "cpu_backend must satisfy zero::backend");
 static_assert(check_backend<cpu_backend>());
 static_assert(can_quantize<cpu_backend>);
+static_assert(can_index_copy<cpu_backend>);
 
 } // namespace zero

@@ -225,6 +225,16 @@ public:
   template <class T>
   requires backend_float<T> || std::same_as<T, int>
   void fill(T* x, std::size_t n, T value, const stream_type& s) const { cuda::fill(x, n, value, s.get()); }
+  /// See zero::cuda::gather.
+  template <backend_float T>
+  void gather(const T* src, const std::uint32_t* index, std::size_t n, T* dst, const stream_type& s) const {
+    cuda::gather(src, index, n, dst, s.get());
+  }
+  /// See zero::cuda::scatter.
+  template <backend_float T>
+  void scatter(const T* src, const std::uint32_t* index, std::size_t n, T* dst, const stream_type& s) const {
+    cuda::scatter(src, index, n, dst, s.get());
+  }
   /// See zero::cuda::accumulate.
   template <backend_float S, backend_float D>
   void accumulate(const S* src, D* dst, std::size_t n, const stream_type& s) const {
@@ -266,5 +276,6 @@ private:
 static_assert(backend<cuda_backend>);
 static_assert(can_copy<cuda_backend>);
 static_assert(can_quantize<cuda_backend>);
+static_assert(can_index_copy<cuda_backend>);
 
 } // namespace zero

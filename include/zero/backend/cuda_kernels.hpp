@@ -75,6 +75,15 @@ concept float_element = std::same_as<T, float> || std::same_as<T, f16> || std::s
 /// \throws usage_error if `data` is null and `n > 0`; cuda_error if the launch fails.
 template <float_element T> void fill(T* data, std::size_t n, T value, cudaStream_t stream);
 
+/// `dst[i] = src[index[i]]` for every i in [0, n), in `stream` order (all three in device memory).
+/// \throws usage_error if a pointer is null and `n > 0`; cuda_error if the launch fails.
+template <float_element T>
+void gather(const T* src, const std::uint32_t* index, std::size_t n, T* dst, cudaStream_t stream);
+/// `dst[index[i]] = src[i]` for every i in [0, n), the indices distinct, in `stream` order.
+/// \throws usage_error if a pointer is null and `n > 0`; cuda_error if the launch fails.
+template <float_element T>
+void scatter(const T* src, const std::uint32_t* index, std::size_t n, T* dst, cudaStream_t stream);
+
 /// Sets `data[i] = value` for every i in [0, n): the `int` flags of `unscale_and_check`.
 /// \throws usage_error if `data` is null and `n > 0`; cuda_error if the launch fails.
 void fill(int* data, std::size_t n, int value, cudaStream_t stream);

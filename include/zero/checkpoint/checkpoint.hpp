@@ -182,8 +182,9 @@ template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, 
 /// Saves `eng` as checkpoint `tag` of `root` (of `root/pipe-PP-tensor-TT` for an engine in a
 /// model-parallel job: `model_dir`); collective over the engine's communicator. Call it between
 /// optimizer steps (at an accumulation boundary).
-/// \throws usage_error for a bad tag, an engine not finalized, or a call inside an accumulation;
-/// io_error naming the file when writing fails (the previous checkpoint and `latest` are untouched).
+/// \throws usage_error for a bad tag, an engine not finalized, a call inside an accumulation, or an engine
+/// running ZenFlow (whose window the format does not hold yet); io_error naming the file when writing fails (the
+/// previous checkpoint and `latest` are untouched).
 template <class Engine>
 void save(Engine& eng, const std::filesystem::path& root, const std::string& tag, const save_options& opt = {}) {
   using access = checkpoint_access<Engine>;
@@ -204,6 +205,12 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
     throw usage_error(cat(
         "save(\"", tag, "\") inside a gradient accumulation (micro-step ", std::to_string(eng.counters().micro_step),
         " of ", std::to_string(cfg.gradient_accumulation_steps), "); save after the step() that ends an accumulation"));
+  }
+  if (cfg.zero_optimization.zenflow.enabled) {
+    throw usage_error(cat("save(\"", tag,
+                          "\") of an engine running ZenFlow (zero_optimization.zenflow): this version's checkpoints "
+                          "do not hold its window of accumulated gradients and its chosen columns, so a run resumed "
+                          "from one would not continue this run; nothing was written"));
   }
   auto event = [&](std::string_view what, std::size_t index = 0) {
     if (opt.observer) {

@@ -51,14 +51,16 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
 
 /// Refuses `zero_optimization.zenflow`: first where DeepSpeed refuses it (stage 0; stages 1-2 without the
 /// optimizer offloaded; `offload` without `overlap_comm`), so that a DeepSpeed config gets DeepSpeed's
-/// reason, then in every case: this version reads and checks the block but its engine does not run ZenFlow.
+/// reason, then where zero's engine does not run it (`zenflow_plan`): it runs at stages 2-3 with the whole
+/// state offloaded to the CPU, the parameters on the device, no accumulation and none of the other overlaps.
 inline void check_zenflow(const config& c) {
   const auto& z = c.zero_optimization;
+  const auto& o = z.offload_optimizer;
   const std::string what = "zero_optimization.zenflow";
   if (c.stage() == 0) {
     throw config_error(what + " at stage 0: ZenFlow partitions the optimizer state; expected stage 1, 2 or 3");
   }
-  if (c.stage() <= 2 && z.offload_optimizer.device == offload_device::none) {
+  if (c.stage() <= 2 && o.device == offload_device::none) {
     throw config_error(what + " at stage " + std::to_string(c.stage()) +
                        " without offload_optimizer: ZenFlow applies the unselected columns on the host; expected "
                        "offload_optimizer.device \"cpu\" (DeepSpeed refuses it too)");
@@ -66,9 +68,38 @@ inline void check_zenflow(const config& c) {
   if (z.zenflow.offload && !z.overlap_comm) {
     throw config_error(what + ".offload true without overlap_comm: DeepSpeed requires overlap_comm true with it");
   }
-  throw config_error(what + ": read with DeepSpeed's keys and rules, but this version's engine does not run "
-                            "ZenFlow yet (docs/offload.md, \"Selective\"); remove the block, or use "
-                            "offload_optimizer.delayed_update for an update that is not exact");
+  // What this version's engine runs: each setting it does not, as found, why, and what it must be instead.
+  const auto refuse = [&](bool found, const std::string& setting, const char* why, const char* expected) {
+    if (found) {
+      throw config_error(what + " " + setting + ": " + why + "; expected " + expected + ", or remove the block");
+    }
+  };
+  refuse(o.device != offload_device::cpu, "with offload_optimizer.device \"" + std::string(name_of(o.device)) + "\"",
+         "zero's ZenFlow keeps the whole optimizer state in host memory and the chosen columns' on the device",
+         "offload_optimizer.device \"cpu\"");
+  refuse(o.ratio_auto || o.ratio < 1,
+         "with offload_optimizer.ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)),
+         "the host holds the whole state", "ratio 1");
+  refuse(c.stage() < 2, "at stage " + std::to_string(c.stage()),
+         "zero gathers the chosen columns' gradients from each reduced slice as it streams to the host, which the "
+         "slices do at stages 2-3",
+         "zero_optimization.stage 2 or 3");
+  refuse(c.gradient_accumulation_steps != 1,
+         "with gradient_accumulation_steps " + std::to_string(c.gradient_accumulation_steps),
+         "the chosen columns are gathered from each slice when it is final, which it is as it lands only without "
+         "accumulation",
+         "gradient_accumulation_steps 1");
+  refuse(z.offload_param.device != offload_device::none,
+         "with offload_param \"" + std::string(name_of(z.offload_param.device)) + "\"",
+         "the device's update scatters into the parameter shard on the device", "offload_param \"none\"");
+  refuse(o.delayed_update, "with offload_optimizer.delayed_update",
+         "the two change what a step computes each their own way", "one of them");
+  refuse(o.backward_overlap != 0 || o.forward_overlap, "with offload_optimizer's backward_overlap or forward_overlap",
+         "ZenFlow's host step runs after backward, in place", "backward_overlap 0 and forward_overlap false");
+  refuse(z.zenflow.overlap_step, "with overlap_step true",
+         "this version's host update is not run beside the next steps", "overlap_step false");
+  refuse(z.zenflow.offload, "with offload true", "this version keeps the chosen columns' state on the device",
+         "offload false");
 }
 
 /// Refuses `offload_optimizer.delayed_update` where the engine cannot delay the host's update by one step:

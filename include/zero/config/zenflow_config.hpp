@@ -32,9 +32,9 @@ enum class zenflow_select : std::uint8_t {
 
 /// `zero_optimization.zenflow` (DeepSpeed 0.19's ZenFlow; docs/offload.md, "Selective"): the top-k columns of
 /// each 2-D weight by gradient norm updated on the device every step, the rest accumulated and applied on the
-/// host every `update_interval` steps. Read with DeepSpeed's keys, defaults and rules for "auto"; this version's
-/// engine does not run it yet and refuses the block (`check_engine_config`). `enabled` is true when the block
-/// is given (not null).
+/// host every `update_interval` steps. Read with DeepSpeed's keys, defaults and rules for "auto"; the engine runs
+/// it (`zenflow_plan`) where `check_engine_config` accepts it. `enabled` is true when the block is given (not
+/// null).
 struct zenflow_config {
   bool enabled = false;
   /// `topk_ratio`: the share of each 2-D weight's columns updated on the device every step, 0 to 1. Default 0.1.

@@ -33,6 +33,9 @@ public:
   using offset_fn = std::function<std::size_t(std::size_t k)>;
   /// The update during backward of owned range `k`, whose gradients are final and on their way.
   using early_fn = std::function<void(std::size_t k)>;
+  /// Owned range `k`'s final slice in backend memory, before its copy to the host is posted (ZenFlow gathers
+  /// its chosen elements there).
+  using slice_fn = std::function<void(std::size_t k, const std::byte* slice)>;
 
   /// Kept gradients only.
   gradient_intake() = default;
@@ -46,14 +49,15 @@ public:
 
   [[nodiscard]] bool streams() const noexcept { return grads_ != nullptr; }
 
-  /// Connects to `p`'s reducer: as its sink when streaming (`offset`, `early` as above); kept slices
-  /// go back to the allocator as the updates that read them are joined.
-  void connect(Parts& p, offset_fn offset = {}, early_fn early = {}) {
+  /// Connects to `p`'s reducer: as its sink when streaming (`offset`, `early`, `slice` as above); kept
+  /// slices go back to the allocator as the updates that read them are joined.
+  void connect(Parts& p, offset_fn offset = {}, early_fn early = {}, slice_fn slice = {}) {
     p_ = &p;
     if constexpr (can_stream) {
       if (streams()) {
         offset_ = std::move(offset);
         early_ = std::move(early);
+        slice_ = std::move(slice);
         in_take_ = p.cfg->gradient_accumulation_steps == 1;
         p.reducer->stream_to([this](std::size_t segment, std::byte * slice) -> const auto& {
           return take(segment, slice);
@@ -119,6 +123,9 @@ private:
       p_->stats->check_range(segment, slice, unscale_); // the slice is final on the device: check it there
     }
     const std::size_t skip = offset_ ? offset_(segment) * size_of(p_->cfg->grad_accum_dtype) : 0;
+    if (final && slice_) {
+      slice_(segment, slice + skip);
+    }
     decltype(auto) copied = grads_->take(segment, slice + skip, *p_->stream);
     if (final && early_) {
       early_(segment);
@@ -131,6 +138,7 @@ private:
   bool keeps_ = false;
   offset_fn offset_;
   early_fn early_;
+  slice_fn slice_;
   bool in_take_ = false;
   bool boundary_ = true;
   double unscale_ = 1.0;

@@ -12,6 +12,7 @@
 /// | `split_plan`  | `partial_adamw`     | a share on each | the device share's kept, the host's streamed |
 /// | `nvme_plan`   | `nvme_adamw`        | a file          | streamed to the host at stages 2-3          |
 /// | `host_nvme_plan` | `host_nvme_adamw` | a share in host memory, the rest in a file | kept by the reducer |
+/// | `zenflow_plan` | `zenflow_adamw`    | host memory, the chosen columns' on the backend | streamed to the host |
 ///
 /// The engine drives whichever it holds through one set of verbs, and never asks which:
 ///
@@ -40,6 +41,7 @@
 #include "zero/engine/step/split_plan.hpp"
 #include "zero/engine/step/step_parts.hpp"
 #include "zero/engine/step/update_rates.hpp"
+#include "zero/engine/step/zenflow_plan.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/storage/storage.hpp"
 
@@ -63,6 +65,7 @@ public:
   using on_nvme = nvme_adamw<Backend, Allocator, Storage>;
   using on_both = partial_adamw<Backend, Allocator>;
   using on_host_nvme = host_nvme_adamw<Backend, Allocator, Storage>;
+  using on_zenflow = zenflow_adamw<Backend, Allocator>;
 
   /// Makes the plan `cfg.zero_optimization.offload_optimizer` asks for (docs/offload.md) over `reg`'s
   /// finalized layout: with `nvme`, the state in a file of `storage` (which must be given) cut by the
@@ -130,7 +133,16 @@ public:
       opt.forward_overlap = o.forward_overlap && streams;
       // The delayed update, checked by check_engine_config: the whole state on the host, its gradients streamed.
       opt.delayed_update = o.delayed_update && streams && host == state;
-      if (host == state) {
+      if (cfg.zero_optimization.zenflow.enabled) {
+        // ZenFlow, checked by check_engine_config: the whole state on the host, its gradients streamed.
+        const auto& z = cfg.zero_optimization.zenflow;
+        const zenflow_options zo{.topk_ratio = z.topk_ratio,
+                                 .schedule = {.warmup = z.full_warm_up_rounds,
+                                              .update_interval = z.update_interval.value_or(1),
+                                              .select_interval = zenflow_select_steps(z)}};
+        v_.template emplace<zenflow_plan<parts_type, on_zenflow>>(layout, place, reg.group_of(), reg.groups(), backend,
+                                                                  device, host_allocator_type{}, stream, opt, zo);
+      } else if (host == state) {
         v_.template emplace<host_plan<parts_type, on_host>>(streams, layout, place, reg.group_of(), reg.groups(),
                                                             backend, host_allocator_type{}, stream, opt);
       } else if (host == 0) {
@@ -246,6 +258,7 @@ public:
   [[nodiscard]] const on_nvme* nvme() const noexcept { return made<on_nvme>(); }
   [[nodiscard]] on_host_nvme* host_nvme() noexcept { return made<on_host_nvme>(); }
   [[nodiscard]] const on_host_nvme* host_nvme() const noexcept { return made<on_host_nvme>(); }
+  [[nodiscard]] on_zenflow* zenflow() noexcept { return made<on_zenflow>(); }
   /// What steps on the host from host memory: the whole offloaded optimizer, or a split one's host part.
   [[nodiscard]] on_host* host_part() noexcept {
     if (auto* both = partial()) {
@@ -290,7 +303,8 @@ private:
 
   static constexpr const char* unmade = "the engine has no optimizer before finalize()";
   std::variant<std::monostate, device_type, host_plan<parts_type, on_host>, nvme_plan<parts_type, on_nvme>,
-               split_plan<parts_type, on_both>, host_nvme_plan<parts_type, on_host_nvme>>
+               split_plan<parts_type, on_both>, host_nvme_plan<parts_type, on_host_nvme>,
+               zenflow_plan<parts_type, on_zenflow>>
       v_;
 };
 

@@ -1,0 +1,75 @@
+#pragma once
+/// \file
+/// `zenflow_plan`: DeepSpeed's ZenFlow (`zero_optimization.zenflow`) as a step plan over `zenflow_adamw`. The
+/// gradients stream to the host during backward as `host_plan`'s do; the intake hands each slice to the
+/// optimizer first, which gathers the chosen columns' gradients from it on the device. At a step that
+/// chooses again the plan all-reduces the column sums over the data group; at a host step whose window holds
+/// earlier steps it writes the window's mean into the host shard and clips the host's update by that mean's
+/// norm (`grad_stats::combine`, one all-reduce). docs/offload.md, "Selective".
+
+#include "zero/comm/communicator.hpp"
+#include "zero/engine/memory_report.hpp"
+#include "zero/engine/schedule_from_config.hpp"
+#include "zero/engine/step/detail/plan_interface.hpp"
+#include "zero/engine/step/gradient_intake.hpp"
+#include "zero/engine/step/step_parts.hpp"
+#include "zero/engine/step/zenflow_adamw.hpp"
+
+#include <cstddef>
+#include <utility>
+
+namespace zero {
+
+/// The step plan of ZenFlow; the verbs are `step_plan`'s, `detail::plan_interface`'s but for the schedule's.
+template <class Parts, class Optimizer>
+class zenflow_plan : public detail::plan_interface<zenflow_plan<Parts, Optimizer>, Parts, Optimizer> {
+  friend detail::plan_interface<zenflow_plan, Parts, Optimizer>;
+
+public:
+  /// Makes the optimizer from `args` (as `zenflow_adamw`'s); its gradients stream to the host.
+  template <class... Args>
+  explicit zenflow_plan(Args&&... args) : opt_(std::forward<Args>(args)...), intake_(&opt_.grads(), false) {}
+
+  void connect(Parts& p) {
+    p_ = &p;
+    intake_.connect(p, {}, {}, [this](std::size_t k, const std::byte* slice) { opt_.take(k, slice); });
+    opt_.connect([this](float* sums, std::size_t n) {
+      if (p_->comm->size() > 1) {
+        p_->comm->all_reduce(sums, sums, n, reduce_op::sum).wait();
+      }
+    });
+  }
+  void begin_micro_step(bool boundary, double unscale) {
+    opt_.begin_step(p_->counters->applied_steps);
+    intake_.begin_micro_step(boundary, unscale);
+  }
+  void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
+    opt_.begin_step(p_->counters->applied_steps); // after a load (init_params, a checkpoint) since the micro-step began
+    if (opt_.selects()) {
+      opt_.select();
+    }
+    if (opt_.averages()) {
+      opt_.mean_into_shard();
+      const auto c = opt_.grads().check(1.0, p_->stats->slots());
+      const grad_check mean = p_->stats->combine(c.squared_norms, c.nonfinite, false);
+      adamw_step_args host = args;
+      host.grad_scale = static_cast<float>(clip_coefficient(mean.norm, p_->cfg->gradient_clipping));
+      opt_.set_host_args(host);
+    }
+    run_update(opt_, *p_, args, after);
+    opt_.end_step();
+  }
+  void add_memory(memory_report& m, const offload_split& /*split*/) const {
+    add_host_memory(m, opt_.host_memory(), 1.0, 1.0);
+    // The window: an fp32 sum of the gradient shard, 4 psi / N more.
+    m.host_formula += 4.0 * static_cast<double>(m.parameters) / m.world_size;
+  }
+  [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 1.0; }
+
+private:
+  Optimizer opt_;
+  Parts* p_ = nullptr;
+  host_gradient_intake<Parts, Optimizer> intake_;
+};
+
+} // namespace zero
