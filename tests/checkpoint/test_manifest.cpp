@@ -2,8 +2,10 @@
 
 #include "zero/checkpoint/manifest.hpp"
 
+#include <cstdint>
 #include <doctest/doctest.h>
 #include <string>
+#include <vector>
 
 using zero::checkpoint::manifest;
 
@@ -134,4 +136,45 @@ TEST_CASE("a model-parallel manifest records its coordinates and split dimension
   bad = j;
   bad["params"][0]["tensor_split"] = -1;
   CHECK(error_of(bad).find("params[0].tensor_split: found -1, expected a value in [0, 1]") != std::string::npos);
+}
+
+TEST_CASE("ZenFlow's block and window files read back, and bad ones are refused by name") {
+  manifest m = sample();
+  m.zenflow = zero::checkpoint::zenflow_entry{.window_steps = 2, .selected = true, .columns = {{0, {1, 3}}}};
+  m.files.push_back({"zenflow-00000.bin", "zenflow", 0, 24, 4, {{0, 0, 6, 0}}});
+  m.files.push_back({"zenflow-00001.bin", "zenflow", 1, 24, 5, {{0, 6, 6, 0}}});
+  const auto j = m.to_json();
+  CHECK(j["zenflow"] == nlohmann::json::parse(R"({"window_steps": 2, "selected": true,
+                                                  "columns": [{"param": "w", "columns": [1, 3]}]})"));
+  const auto back = manifest::parse(j.dump(), "m.json");
+  CHECK(back.to_json() == j);
+  REQUIRE(back.zenflow.has_value());
+  CHECK(back.zenflow->columns.front().second == std::vector<std::int64_t>{1, 3});
+  auto bad = j;
+  bad.erase("zenflow");
+  CHECK(error_of(bad).find("m.json: files: has files of kind \"zenflow\" but the manifest has no \"zenflow\" block") !=
+        std::string::npos);
+  bad = j;
+  bad["zenflow"]["columns"][0]["columns"] = {3, 1};
+  CHECK(error_of(bad).find("zenflow.columns[0].columns: found 1; expected ascending columns in [0, 4)") !=
+        std::string::npos);
+  bad = j;
+  bad["zenflow"]["columns"][0]["columns"] = {4};
+  CHECK(error_of(bad).find("expected ascending columns in [0, 4)") != std::string::npos);
+  bad = j;
+  bad["zenflow"]["columns"][0]["param"] = "f";
+  CHECK(error_of(bad).find("zenflow.columns[0].param: \"f\": expected a trainable 2-D parameter of params, named "
+                           "once") != std::string::npos);
+  bad = j;
+  bad["zenflow"]["window_steps"] = -1;
+  CHECK(error_of(bad).find("zenflow.window_steps") != std::string::npos);
+  bad = j;
+  bad["files"][4]["pieces"][0]["count"] = 5;
+  bad["files"][4]["size"] = 20;
+  CHECK(error_of(bad).find("parameter \"w\": elements [11, 12) are in no file of kind \"zenflow\"") !=
+        std::string::npos);
+  bad = j;
+  bad["files"][3]["kind"] = "window";
+  CHECK(error_of(bad).find("files[3].kind: found \"window\", expected \"shard\", \"frozen\" or \"zenflow\"") !=
+        std::string::npos);
 }

@@ -29,6 +29,8 @@
 /// other groups (which hold the same state) only agree, and every group loads from it, so it loads
 /// into any shard size or a plain engine like any other (docs/zeropp.md, "HSDP").
 
+#include "zero/checkpoint/access.hpp"
+#include "zero/checkpoint/detail/zenflow_state.hpp"
 #include "zero/checkpoint/file_io.hpp"
 #include "zero/checkpoint/manifest.hpp"
 #include "zero/checkpoint/model_reader.hpp"
@@ -54,136 +56,13 @@
 
 namespace zero {
 
-/// How checkpoint code reads and writes an engine: only through its public state view
-/// (`registered`, `owned_by`, `stores`, `counters`, `restore`) and the backend's `upload`/`download`,
-/// with staging in backend memory where the communicator needs it (NCCL).
-template <class Engine> struct checkpoint_access {
-  using registered = registered_param;
-  using owned = owned_piece;
-  using counting = typename Engine::counting_allocator_type;
-  static constexpr bool host_accessible = Engine::allocator_type::host_accessible;
-
-  static auto& comm(Engine& e) { return e.communicator(); }
-  /// HSDP: the ranks of this rank's shard in the other shard groups (`replica_group`), or null.
-  static auto* replicas(Engine& e) {
-    if constexpr (requires { e.replica_group(); }) {
-      return e.replica_group();
-    } else {
-      return static_cast<std::remove_reference_t<decltype(e.communicator())>*>(nullptr);
-    }
-  }
-  /// True on the ranks whose shard group writes files: the first shard group's with HSDP (the others
-  /// hold the same state), every rank without.
-  static bool writes(Engine& e) {
-    const auto* r = replicas(e);
-    return r == nullptr || r->rank() == 0;
-  }
-  static const flat_layout& frozen_layout(const Engine& e) { return e.frozen_layout(); }
-  static bool finalized(const Engine& e) { return e.finalized(); }
-  static std::vector<registered> params(const Engine& e) { return e.registered(); }
-  static std::vector<owned> owned_by(const Engine& e, int rank) { return e.owned_by(rank); }
-
-  /// A host copy of `n` elements of engine memory, after the engine's stream.
-  template <class T> static std::vector<T> read(Engine& e, const T* src, std::size_t n) {
-    std::vector<T> host(n);
-    if (n > 0) {
-      download<host_accessible>(e.backend(), e.stream(), src, host.data(), n);
-    }
-    return host;
-  }
-  /// Writes `n` host elements into engine memory at `dst`.
-  template <class T> static void write(Engine& e, const T* host, T* dst, std::size_t n) {
-    if (n > 0) {
-      upload<host_accessible>(e.backend(), e.stream(), host, dst, n);
-    }
-  }
-
-  /// `op` over ranks of `n` host elements, in place; collective. Host memory as it is when the
-  /// engine's memory is host accessible, otherwise through a staging buffer of the engine's buffer
-  /// allocator (NCCL needs device memory).
-  /// Over the engine's communicator, or over `group` (its model group) when given.
-  template <class T>
-  static void all_reduce(Engine& e, T* host, std::size_t n, reduce_op op,
-                         typename Engine::communicator_type* group = nullptr) {
-    auto& c = group != nullptr ? *group : e.communicator();
-    if constexpr (host_accessible) {
-      c.all_reduce(host, host, n, op).wait();
-    } else {
-      buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
-      write(e, host, dev.data(), n);
-      c.all_reduce(dev.data(), dev.data(), n, op).wait();
-      download<host_accessible>(e.backend(), e.stream(), dev.data(), host, n);
-    }
-  }
-  /// Sends `n` host elements to `peer`.
-  template <class T> static void send(Engine& e, const T* host, std::size_t n, int peer) {
-    if constexpr (host_accessible) {
-      e.communicator().send(host, n, peer).wait();
-    } else {
-      buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
-      write(e, host, dev.data(), n);
-      e.communicator().send(dev.data(), n, peer).wait();
-    }
-  }
-  /// Receives `n` host elements from `peer`.
-  template <class T> static void recv(Engine& e, T* host, std::size_t n, int peer) {
-    if constexpr (host_accessible) {
-      e.communicator().recv(host, n, peer).wait();
-    } else {
-      buffer<T, counting> dev(e.buffer_allocator(), n, memory_tag::buffers);
-      e.communicator().recv(dev.data(), n, peer).wait();
-      download<host_accessible>(e.backend(), e.stream(), dev.data(), host, n);
-    }
-  }
-};
-
 namespace checkpoint {
-
-namespace detail {
-
-/// After a phase that may have failed on some ranks: one all-reduce so that every rank knows.
-/// The rank that failed rethrows its own exception; the others throw an error naming it.
-/// In a model-parallel job the engines of the other stages and tensor slices learn it too (one more
-/// all-reduce over the model group), so that the job's coordinates load or save together.
-template <class Engine> void agree(Engine& eng, const std::exception_ptr& mine, std::string_view phase) {
-  auto& comm = checkpoint_access<Engine>::comm(eng);
-  std::int32_t failed = mine ? comm.rank() + 1 : 0;
-  if (comm.size() > 1) {
-    checkpoint_access<Engine>::all_reduce(eng, &failed, 1, reduce_op::max);
-  }
-  std::int32_t elsewhere = failed != 0 ? 1 : 0;
-  if (auto* model = eng.model_group(); model != nullptr && model->size() > 1) {
-    checkpoint_access<Engine>::all_reduce(eng, &elsewhere, 1, reduce_op::max, model);
-  }
-  // HSDP: the shard groups learn it from each other (one of them writes, all of them load).
-  std::int32_t other_group = failed != 0 || elsewhere != 0 ? 1 : 0;
-  if (auto* replicas = checkpoint_access<Engine>::replicas(eng); replicas != nullptr && replicas->size() > 1) {
-    checkpoint_access<Engine>::all_reduce(eng, &other_group, 1, reduce_op::max, replicas);
-  }
-  if (mine) {
-    std::rethrow_exception(mine);
-  }
-  if (failed != 0) {
-    throw as_echo(checkpoint_error(cat(phase, " failed on rank ", std::to_string(failed - 1),
-                                       " (its exception names the cause); nothing was changed on this rank")));
-  }
-  if (elsewhere != 0) {
-    throw as_echo(checkpoint_error(cat(phase, " failed on another pipeline stage or tensor slice of the job (its "
-                                              "exception names the cause); nothing was changed on this rank")));
-  }
-  if (other_group != 0) {
-    throw as_echo(checkpoint_error(cat(phase, " failed in another shard group of the job (mics_shard_size; its "
-                                              "exception names the cause); nothing was changed on this rank")));
-  }
-}
-
-} // namespace detail
 
 /// Saves `eng` as checkpoint `tag` of `root` (of `root/pipe-PP-tensor-TT` for an engine in a
 /// model-parallel job: `model_dir`); collective over the engine's communicator. Call it between
 /// optimizer steps (at an accumulation boundary).
-/// \throws usage_error for a bad tag, an engine not finalized, a call inside an accumulation, or an engine
-/// running ZenFlow (whose window the format does not hold yet); io_error naming the file when writing fails (the
+/// \throws usage_error for a bad tag, an engine not finalized, a call inside an accumulation, or a model-parallel
+/// engine running ZenFlow; io_error naming the file when writing fails (the
 /// previous checkpoint and `latest` are untouched).
 template <class Engine>
 void save(Engine& eng, const std::filesystem::path& root, const std::string& tag, const save_options& opt = {}) {
@@ -206,11 +85,11 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
         "save(\"", tag, "\") inside a gradient accumulation (micro-step ", std::to_string(eng.counters().micro_step),
         " of ", std::to_string(cfg.gradient_accumulation_steps), "); save after the step() that ends an accumulation"));
   }
-  if (cfg.zero_optimization.zenflow.enabled) {
+  auto* zen = eng.optimizer().zenflow();
+  if (zen != nullptr && eng.model_place() != nullptr) {
     throw usage_error(cat("save(\"", tag,
-                          "\") of an engine running ZenFlow (zero_optimization.zenflow): this version's checkpoints "
-                          "do not hold its window of accumulated gradients and its chosen columns, so a run resumed "
-                          "from one would not continue this run; nothing was written"));
+                          "\") of a model-parallel engine running ZenFlow (zero_optimization.zenflow): its window "
+                          "and chosen columns are saved for data-parallel engines only; nothing was written"));
   }
   auto event = [&](std::string_view what, std::size_t index = 0) {
     if (opt.observer) {
@@ -270,6 +149,9 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
     m.files.push_back(std::move(fe));
   }
   const std::size_t shard_files = m.files.size();
+  if (zen != nullptr) {
+    detail::add_zenflow(m, *zen, layout, index_of_layout_id, shard_files); // files [shard_files, 2 shard_files)
+  }
   if (frozen.param_count() > 0) {
     file_entry fe{"frozen.bin", "frozen", 0, 0, 0, {}};
     std::uint64_t at = 0;
@@ -317,8 +199,8 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
   }
   detail::agree(eng, err, cat("save(\"", tag, "\"): creating ", tmp.string()));
 
-  // Each rank writes its shard: master, m, v per piece.
-  std::vector<std::int64_t> sums(2 * static_cast<std::size_t>(world), 0);
+  // Each rank writes its shard: master, m, v per piece; and with ZenFlow its window's file.
+  std::vector<std::int64_t> sums(4 * static_cast<std::size_t>(world), 0);
   try {
     const auto& mine = owned[static_cast<std::size_t>(rank)];
     if (!mine.empty() && writes) {
@@ -344,6 +226,15 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
       event("shard_synced");
       sums[2 * static_cast<std::size_t>(rank)] = static_cast<std::int64_t>(w.size());
       sums[2 * static_cast<std::size_t>(rank) + 1] = std::bit_cast<std::int64_t>(w.digest());
+      if (zen != nullptr) {
+        detail::hashing_writer z(tmp / detail::zenflow_file_name(rank));
+        for (const auto& o : mine) {
+          z.write(zen->window().data() + o.state, o.count * sizeof(float));
+        }
+        z.finish();
+        sums[2 * static_cast<std::size_t>(world + rank)] = static_cast<std::int64_t>(z.size());
+        sums[2 * static_cast<std::size_t>(world + rank) + 1] = std::bit_cast<std::int64_t>(z.digest());
+      }
     }
   } catch (...) {
     err = std::current_exception();
@@ -356,9 +247,9 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
 
   try {
     if (rank == 0 && writes) {
-      for (std::size_t f = 0; f < shard_files; ++f) {
+      for (std::size_t f = 0; f < (zen != nullptr ? 2 : 1) * shard_files; ++f) {
         auto& fe = m.files[f];
-        const auto q = static_cast<std::size_t>(fe.rank);
+        const auto q = static_cast<std::size_t>(fe.rank) + (f < shard_files ? 0 : static_cast<std::size_t>(world));
         if (static_cast<std::uint64_t>(sums[2 * q]) != fe.size) {
           throw io_error(cat((tmp / fe.name).string(), ": rank ", std::to_string(q), " wrote ",
                              std::to_string(sums[2 * q]), " bytes, expected ", std::to_string(fe.size)));
@@ -470,6 +361,8 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
     total += o.count;
   }
   std::vector<float> master(total), m1(total), m2(total);
+  std::vector<float> window; // ZenFlow's, when the engine runs it and the checkpoint holds one
+  auto* zen = eng.optimizer().zenflow();
   std::vector<std::vector<float>> frozen_values(frozen.param_count());
   std::exception_ptr err;
   try {
@@ -518,6 +411,10 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
       rd->read_slice(s, tensor_kind::master, h.cut, h.index, o.param_offset, {master.data() + next, o.count});
       rd->read_slice(s, tensor_kind::exp_avg, h.cut, h.index, o.param_offset, {m1.data() + next, o.count});
       rd->read_slice(s, tensor_kind::exp_avg_sq, h.cut, h.index, o.param_offset, {m2.data() + next, o.count});
+      if (zen != nullptr && m.zenflow) {
+        window.resize(total);
+        rd->read_slice(s, tensor_kind::zenflow_window, h.cut, h.index, o.param_offset, {window.data() + next, o.count});
+      }
       next += o.count;
     }
     for (std::size_t id = 0; id < frozen.param_count(); ++id) {
@@ -564,6 +461,14 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
       }
       access::write(eng, values.data(), reinterpret_cast<P*>(st.frozen) + p.offset, p.numel);
     });
+  }
+  if (zen != nullptr && m.zenflow) { // after write_state, which restarts ZenFlow's window and choice
+    zen->restore(m.zenflow->window_steps, detail::zenflow_columns(m, layout), m.zenflow->selected);
+    std::size_t at = 0;
+    for (const auto& o : mine) {
+      std::copy_n(window.data() + at, o.count, zen->window().data() + o.state);
+      at += o.count;
+    }
   }
   // Keep accumulation boundaries aligned under this run's gradient_accumulation_steps.
   eng.restore({.applied_steps = m.global_steps,

@@ -23,6 +23,12 @@
 /// the `frozen` file holds `count` elements of the parameter's dtype. xxh64 is of the whole file
 /// (seed 0), as 16 lowercase hex digits.
 ///
+/// An engine running ZenFlow (`zero_optimization.zenflow`) adds its state: the block
+/// `"zenflow": {"window_steps": 1, "selected": true, "columns": [{"param": "fc1.weight", "columns": [3, 7]}, …]}`
+/// (the steps its window sums, whether columns were chosen, each 2-D weight's chosen columns) and one file of
+/// kind `zenflow` per shard file, whose pieces hold the window's fp32 sums (4 bytes per element) and cover every
+/// trainable parameter once, as the shards do.
+///
 /// `manifest::parse` trusts nothing in the text: a key given twice in an object is refused (the
 /// config reader's check), every field is type-checked, every size and count is capped and checked
 /// for overflow, file names are plain names inside the checkpoint directory, every piece starts at
@@ -70,6 +76,8 @@ inline constexpr int max_world_size = 1 << 20;
 inline constexpr std::size_t max_dims = 16;
 /// Bytes per element of a shard piece: fp32 master, m and v.
 inline constexpr std::uint64_t shard_bytes_per_element = 12;
+/// Bytes per element of a `zenflow` piece: the fp32 window.
+inline constexpr std::uint64_t zenflow_bytes_per_element = 4;
 /// The manifest's file name in a tag's directory.
 inline constexpr std::string_view manifest_name = "manifest.json";
 /// The commit marker beside the manifest: the xxh64 (seed 0) of `manifest.json`'s bytes as 16
@@ -107,7 +115,8 @@ struct piece_entry {
 struct file_entry {
   /// File name inside the tag directory (no directories).
   std::string name;
-  /// "shard" (master, m, v of trainable parameters) or "frozen" (frozen parameters in their dtype).
+  /// "shard" (master, m, v of trainable parameters), "frozen" (frozen parameters in their dtype) or "zenflow"
+  /// (ZenFlow's window of trainable parameters).
   std::string kind;
   /// The rank that wrote it.
   int rank = 0;
@@ -123,6 +132,14 @@ struct model_entry {
   int pipe = 0;
   int tensor = 0;
   int tensor_size = 1;
+};
+
+/// ZenFlow's state beside AdamW's, the manifest's optional "zenflow" block: the steps its window sums, whether
+/// columns were chosen, and the chosen columns of each 2-D weight (an index into `manifest::params`).
+struct zenflow_entry {
+  std::int64_t window_steps = 0;
+  bool selected = false;
+  std::vector<std::pair<std::size_t, std::vector<std::int64_t>>> columns;
 };
 
 /// Everything in `manifest.json`; see the file comment.
@@ -149,6 +166,8 @@ struct manifest {
   std::optional<model_entry> model;
   std::vector<param_entry> params;
   std::vector<file_entry> files;
+  /// Set when an engine running ZenFlow saved this; its window is in the files of kind "zenflow".
+  std::optional<zenflow_entry> zenflow;
 
   /// Index of the parameter named `name`, or -1.
   [[nodiscard]] std::ptrdiff_t find(std::string_view name) const {
@@ -181,6 +200,61 @@ inline bool plain_file_name(std::string_view n) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
            c == '.';
   });
+}
+
+/// Throws unless the runs (offset, count) of parameter `p` tile it exactly once; `files` names the files in
+/// messages beyond "file" (e.g. of one kind).
+inline void check_tiled(const std::string& source, const param_entry& p,
+                        std::vector<std::pair<std::uint64_t, std::uint64_t>>& runs, std::string_view files) {
+  std::sort(runs.begin(), runs.end());
+  std::uint64_t next = 0;
+  for (const auto& [off, cnt] : runs) {
+    if (off != next) {
+      throw checkpoint_error(cat(
+          source, ": parameter \"", p.name, "\": ",
+          off < next ? cat("elements from ", std::to_string(off), " are stored twice", files)
+                     : cat("elements [", std::to_string(next), ", ", std::to_string(off), ") are in no file", files)));
+    }
+    next = off + cnt;
+  }
+  if (next != p.numel) {
+    throw checkpoint_error(cat(source, ": parameter \"", p.name, "\": elements [", std::to_string(next), ", ",
+                               std::to_string(p.numel), ") are in no file", files));
+  }
+}
+
+/// The manifest's "zenflow" block (`top`'s), its parameters found in `by_name`: each a trainable 2-D weight named
+/// once, its columns ascending inside its width.
+inline zenflow_entry parse_zenflow(const fields& top, const std::vector<param_entry>& params,
+                                   const std::map<std::string, std::size_t, std::less<>>& by_name) {
+  const fields z(top.at("zenflow"), top.source(), "zenflow");
+  zenflow_entry e;
+  e.window_steps = z.integer("window_steps", 0, std::numeric_limits<std::int64_t>::max() / 4);
+  e.selected = z.boolean("selected");
+  std::size_t ci = 0;
+  std::vector<bool> seen(params.size(), false);
+  for (const json& v : z.array("columns")) {
+    const fields c(v, top.source(), cat("zenflow.columns[", std::to_string(ci++), "]"));
+    const std::string name = c.str("param");
+    const auto it = by_name.find(name);
+    if (it == by_name.end() || !params[it->second].trainable || params[it->second].shape.size() != 2 ||
+        seen[it->second]) {
+      c.fail("param", cat("\"", name.substr(0, 80), "\": expected a trainable 2-D parameter of params, named once"));
+    }
+    seen[it->second] = true;
+    const std::int64_t cols = params[it->second].shape[1];
+    std::vector<std::int64_t> chosen;
+    for (const json& col : c.array("columns")) {
+      if (!col.is_number_integer() || col.get<std::int64_t>() < 0 || col.get<std::int64_t>() >= cols ||
+          (!chosen.empty() && col.get<std::int64_t>() <= chosen.back())) {
+        c.fail("columns", cat("found ", zero::detail::show(col), "; expected ascending columns in [0, ",
+                              std::to_string(cols), ")"));
+      }
+      chosen.push_back(col.get<std::int64_t>());
+    }
+    e.columns.emplace_back(it->second, std::move(chosen));
+  }
+  return e;
 }
 
 } // namespace detail
@@ -244,6 +318,13 @@ inline nlohmann::json manifest::to_json() const {
                   {"pieces", std::move(pieces)}});
   }
   j["files"] = std::move(fs);
+  if (zenflow) {
+    json cs = json::array();
+    for (const auto& [param, cols] : zenflow->columns) {
+      cs.push_back({{"param", params[param].name}, {"columns", cols}});
+    }
+    j["zenflow"] = {{"window_steps", zenflow->window_steps}, {"selected", zenflow->selected}, {"columns", cs}};
+  }
   return j;
 }
 
@@ -362,8 +443,11 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
     by_name.emplace(p.name, m.params.size());
     m.params.push_back(std::move(p));
   }
-  // Covered[i]: the (offset, count) runs of parameter i, to check that pieces tile it exactly once.
+  // Covered[i]: the (offset, count) runs of parameter i, to check that pieces tile it exactly once (the shards'
+  // and the frozen file's, and apart from them ZenFlow's files').
   std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> covered(m.params.size());
+  auto covered_zenflow = covered;
+  bool has_zenflow_file = false;
   std::size_t fi = 0;
   bool has_frozen_file = false;
   for (const json& v : top.array("files")) {
@@ -382,10 +466,11 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
       }
     }
     fe.kind = f.str("kind");
-    if (fe.kind != "shard" && fe.kind != "frozen") {
-      f.fail("kind", cat("found \"", fe.kind.substr(0, 40), "\", expected \"shard\" or \"frozen\""));
+    if (fe.kind != "shard" && fe.kind != "frozen" && fe.kind != "zenflow") {
+      f.fail("kind", cat("found \"", fe.kind.substr(0, 40), "\", expected \"shard\", \"frozen\" or \"zenflow\""));
     }
-    const bool shard = fe.kind == "shard";
+    const bool zen = fe.kind == "zenflow";
+    const bool shard = fe.kind == "shard" || zen; // both hold fp32 values of trainable parameters
     has_frozen_file = has_frozen_file || !shard;
     fe.rank = static_cast<int>(f.integer("rank", 0, m.world_size - 1));
     fe.size = f.count("size", std::numeric_limits<std::int64_t>::max());
@@ -414,7 +499,9 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
         pf.fail("count", cat("elements [", std::to_string(pc.offset), ", ", std::to_string(pc.offset + pc.count),
                              ") do not lie inside \"", p.name, "\" of ", std::to_string(p.numel), " elements"));
       }
-      const std::uint64_t bytes = pc.count * (shard ? shard_bytes_per_element : size_of(p.type));
+      const std::uint64_t bytes = pc.count * (zen     ? zenflow_bytes_per_element
+                                              : shard ? shard_bytes_per_element
+                                                      : size_of(p.type));
       if (pc.byte_offset > fe.size || bytes > fe.size - pc.byte_offset) {
         pf.fail("byte_offset", cat("bytes [", std::to_string(pc.byte_offset), ", +", std::to_string(bytes),
                                    ") run past the file's size ", std::to_string(fe.size)));
@@ -426,7 +513,7 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
                 cat("found ", std::to_string(pc.byte_offset), ", expected a multiple of ", std::to_string(align),
                     " (the start of a ", shard ? "fp32" : name_of(p.type), " element)"));
       }
-      covered[pc.param].emplace_back(pc.offset, pc.count);
+      (zen ? covered_zenflow : covered)[pc.param].emplace_back(pc.offset, pc.count);
       tiles.push_back({pc.byte_offset, bytes, fe.pieces.size()});
       fe.pieces.push_back(pc);
     }
@@ -448,25 +535,20 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
       f.fail("size", cat("found ", std::to_string(fe.size), "; its pieces end at ", std::to_string(next_byte),
                          ", expected the file to end there"));
     }
+    has_zenflow_file = has_zenflow_file || zen;
     m.files.push_back(std::move(fe));
   }
   static_cast<void>(has_frozen_file);
+  if (top.has("zenflow")) {
+    m.zenflow = detail::parse_zenflow(top, m.params, by_name);
+  }
+  if (has_zenflow_file && !m.zenflow) {
+    top.fail("files", "has files of kind \"zenflow\" but the manifest has no \"zenflow\" block");
+  }
   for (std::size_t i = 0; i < m.params.size(); ++i) {
-    auto& runs = covered[i];
-    std::sort(runs.begin(), runs.end());
-    std::uint64_t next = 0;
-    for (const auto& [off, cnt] : runs) {
-      if (off != next) {
-        throw checkpoint_error(
-            cat(source, ": parameter \"", m.params[i].name, "\": ",
-                off < next ? "elements from " + std::to_string(off) + " are stored twice"
-                           : "elements [" + std::to_string(next) + ", " + std::to_string(off) + ") are in no file"));
-      }
-      next = off + cnt;
-    }
-    if (next != m.params[i].numel) {
-      throw checkpoint_error(cat(source, ": parameter \"", m.params[i].name, "\": elements [", std::to_string(next),
-                                 ", ", std::to_string(m.params[i].numel), ") are in no file"));
+    detail::check_tiled(source, m.params[i], covered[i], "");
+    if (m.zenflow && m.params[i].trainable) {
+      detail::check_tiled(source, m.params[i], covered_zenflow[i], " of kind \"zenflow\"");
     }
   }
   return m;

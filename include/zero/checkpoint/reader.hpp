@@ -51,6 +51,8 @@ enum class tensor_kind : std::uint8_t {
   master,     ///< fp32 master weights (for a frozen parameter: its values)
   exp_avg,    ///< Adam's first moment
   exp_avg_sq, ///< Adam's second moment
+  /// ZenFlow's window (the files of kind "zenflow"; a checkpoint with the manifest's "zenflow" block only)
+  zenflow_window,
 };
 
 namespace detail {
@@ -264,8 +266,15 @@ public:
     if (!p.trainable && kind != tensor_kind::master) {
       throw usage_error(cat("checkpoint read of \"", p.name, "\": a frozen parameter has no optimizer state"));
     }
+    const bool window = kind == tensor_kind::zenflow_window;
+    if (window && !m_.zenflow) {
+      throw usage_error(cat("checkpoint read of \"", p.name, "\": the checkpoint holds no ZenFlow window"));
+    }
     const std::uint64_t end = offset + out.size();
     for (const auto& [f, k] : by_param_[param]) {
+      if ((m_.files[f].kind == "zenflow") != window) {
+        continue; // the window's files hold nothing else, and nothing else is in them
+      }
       const auto& pc = m_.files[f].pieces[k];
       const std::uint64_t lo = std::max(offset, pc.offset);
       const std::uint64_t hi = std::min(end, pc.offset + pc.count);
@@ -275,7 +284,8 @@ public:
       const std::size_t n = static_cast<std::size_t>(hi - lo);
       float* dst = out.data() + (lo - offset);
       if (p.trainable) {
-        const std::uint64_t at = pc.byte_offset + (static_cast<std::uint64_t>(kind) * pc.count + (lo - pc.offset)) * 4;
+        const std::uint64_t tensor = window ? 0 : static_cast<std::uint64_t>(kind);
+        const std::uint64_t at = pc.byte_offset + (tensor * pc.count + (lo - pc.offset)) * 4;
         read_bytes(f, dst, n * 4, at);
       } else {
         const std::size_t es = size_of(p.type);

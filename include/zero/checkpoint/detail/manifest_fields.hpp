@@ -148,6 +148,8 @@ public:
     fail(key, cat("found \"", s.substr(0, 40), "\", expected \"fp32\", \"fp16\" or \"bf16\""));
   }
   const std::string& path() const noexcept { return path_; }
+  /// The manifest named in messages.
+  const std::string& source() const noexcept { return source_; }
 
 private:
   const json& j_;

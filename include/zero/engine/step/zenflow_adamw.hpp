@@ -134,7 +134,7 @@ public:
     restart_ = true;
   }
 
-  // ---- ZenFlow's own state (a checkpoint does not save it yet: `save` refuses a ZenFlow engine) ----
+  // ---- ZenFlow's own state, what a checkpoint saves beside AdamW's ----
   /// The window: the sum of the gradients of the steps since the host's last update (fp32, one per state element).
   [[nodiscard]] std::span<float> window() noexcept { return {window_.data(), host_.state_size()}; }
   /// The steps the window sums.
@@ -144,17 +144,53 @@ public:
   [[nodiscard]] const std::vector<std::int64_t>& columns(std::size_t id) const { return columns_.at(id); }
   /// True once columns were chosen.
   [[nodiscard]] bool selected() const noexcept { return selected_; }
+  /// Restores a checkpoint's window count and choice, after its AdamW state was written (`write_state`); its
+  /// window's values go into `window()` next. The compact copy is loaded from the host's state as the next step
+  /// begins. A choice of another size than this run's `topk_ratio` makes (a checkpoint of another ratio) is not
+  /// kept: the next step past the warm-up chooses again. \throws usage_error for columns of another count of
+  /// parameters, for a parameter that is not a 2-D weight, or out of order or range (the state is unchanged).
+  void restore(std::int64_t window_steps, std::vector<std::vector<std::int64_t>> columns, bool selected) {
+    if (window_steps < 0 || columns.size() != columns_.size()) {
+      throw usage_error("zenflow_adamw::restore: " + std::to_string(window_steps) + " window steps and columns of " +
+                        std::to_string(columns.size()) + " parameters; expected >= 0 and " +
+                        std::to_string(columns_.size()));
+    }
+    bool fits = true;
+    for (std::size_t id = 0; id < columns.size(); ++id) {
+      const auto& p = layout_.param(id);
+      if (sums_at_[id] == npos) {
+        if (!columns[id].empty()) {
+          throw usage_error("zenflow_adamw::restore: columns of \"" + p.name + "\", which is not a 2-D weight");
+        }
+        continue;
+      }
+      static_cast<void>(column_elements(columns[id], p.shape[1], 0, 0)); // their order and bounds
+      fits = fits && columns[id].size() == static_cast<std::size_t>(zenflow_column_count(z_.topk_ratio, p.shape[1]));
+    }
+    window_steps_ = window_steps;
+    columns_ = std::move(columns);
+    selected_ = selected && fits;
+    restart_ = false;
+    if (selected_) {
+      build();
+      reload_ = true;
+    }
+  }
 
   // ---- the step ----
   /// Connects the column sums' all-reduce (the plan's data group).
   void connect(reduce_fn reduce) { reduce_ = std::move(reduce); }
   /// A step begins that will be the `m`-th applied (from 0): what it does follows ZenFlow's schedule. Called as
-  /// the micro-step begins and again as the step applies (a load between them voids the window and the choice).
+  /// the micro-step begins, at each slice taken and as the step applies: a load between them (a checkpoint's,
+  /// `init_params`) changes m, the window and the choice.
   void begin_step(std::int64_t m) {
     if (std::exchange(restart_, false)) {
       kernels_.fill(window_.data(), window_.size(), 0.0F, host_stream_);
       window_steps_ = 0;
       selected_ = false;
+    }
+    if (std::exchange(reload_, false) && selected_) {
+      reload();
     }
     warming_ = z_.schedule.warming(m);
     selects_ = !warming_ && (z_.schedule.selects(m) || !selected_);
@@ -167,9 +203,10 @@ public:
   /// its mean into the host shard (`mean_into_shard`) and clips the host's update by that mean's norm.
   [[nodiscard]] bool averages() const noexcept { return !warming_ && host_step_ && window_steps_ > 0; }
 
-  /// Range `k`'s reduced slice at `slice` (in backend memory, final), before it goes to the host: the chosen
-  /// elements' gradients are gathered from it on the engine's stream.
-  void take(std::size_t k, const std::byte* slice) {
+  /// Range `k`'s reduced slice at `slice` (in backend memory, final) of the `m`-th step, before it goes to the
+  /// host: the chosen elements' gradients are gathered from it on the engine's stream.
+  void take(std::size_t k, const std::byte* slice, std::int64_t m) {
+    begin_step(m);
     if (!gather_at_take_ || count(k) == 0) {
       return;
     }
@@ -465,6 +502,7 @@ private:
   std::size_t sums_size_ = 0;
   bool selected_ = false;
   bool restart_ = false; // the host's state was written (a load): the compact copy and the window are void
+  bool reload_ = false;  // a checkpoint's choice was restored: the compact copy is loaded at the next step
   // The compact copy: per range its chosen elements [begin_[k], begin_[k + 1]) and their pieces by group.
   std::vector<std::uint32_t> index_host_;
   std::vector<std::size_t> begin_;

@@ -32,7 +32,8 @@ public:
 
   void connect(Parts& p) {
     p_ = &p;
-    intake_.connect(p, {}, {}, [this](std::size_t k, const std::byte* slice) { opt_.take(k, slice); });
+    intake_.connect(
+        p, {}, {}, [this](std::size_t k, const std::byte* slice) { opt_.take(k, slice, p_->counters->applied_steps); });
     opt_.connect([this](float* sums, std::size_t n) {
       if (p_->comm->size() > 1) {
         p_->comm->all_reduce(sums, sums, n, reduce_op::sum).wait();
