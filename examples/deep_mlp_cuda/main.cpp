@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -432,6 +433,7 @@ struct outcome {
   run_params p;
   std::size_t params = 0;
   double step_ms = 0;
+  double step_mean_ms = 0; // a mode whose steps differ (ZenFlow's host step every update_interval) is its mean
   double step_wall_ms = 0;
   /// Medians of where the period goes, on the engine's stream: from a step's start to the end of
   /// forward (loss included), on to the end of backward, and on to the next step's start (the
@@ -731,6 +733,9 @@ template <class Comm> outcome train(Comm& comm, const options& opt, const run_pa
     o.check_ok = checker->ok();
   }
   o.step_ms = median(event_ms);
+  o.step_mean_ms = event_ms.empty()
+                       ? 0.0
+                       : std::accumulate(event_ms.begin(), event_ms.end(), 0.0) / static_cast<double>(event_ms.size());
   o.step_wall_ms = median(wall_ms);
   o.forward_ms = median(forward_ms);
   o.backward_ms = median(backward_ms);
@@ -801,6 +806,7 @@ void report(const outcome& o, bool json) {
                      {"warmup", o.p.warmup},
                      {"lr", o.p.lr},
                      {"step_ms", o.step_ms},
+                     {"step_mean_ms", o.step_mean_ms},
                      {"step_wall_ms", o.step_wall_ms},
                      {"forward_ms", o.forward_ms},
                      {"backward_ms", o.backward_ms},
@@ -853,7 +859,7 @@ void report(const outcome& o, bool json) {
     const std::string flops =
         shared ? "6 * params * rows * " + std::to_string(o.ranks) + " ranks" : "6 * params * rows";
     std::printf("stage %d, %s, hidden %d, %d blocks, %d rows/%s, %zu parameters\n"
-                "  step %.2f ms median over %d steps (wall %.2f ms), %.1f TFLOP/s per GPU (%s)\n"
+                "  step %.2f ms median over %d steps (mean %.2f ms, wall %.2f ms), %.1f TFLOP/s per GPU (%s)\n"
                 "  of it forward %.2f ms, backward %.2f ms, optimizer step to the next start %.2f ms (medians)\n"
                 "  loss %.6f -> %.6f\n"
                 "  peak allocated %.2f GiB (%s; the peaks of engine model state %.2f + buffers %.2f + gathered "
@@ -861,14 +867,15 @@ void report(const outcome& o, bool json) {
                 "  peak reserved %.2f GiB (the pool's; cudaMemGetInfo delta %.2f GiB%s)\n"
                 "  host (offloaded): peak %.2f GiB, formula %.2f GiB\n%s",
                 o.stage, where.c_str(), o.p.shape.hidden, o.p.shape.blocks, o.p.shape.rows, shared ? "rank" : "GPU",
-                o.params, o.step_ms, o.p.steps, o.step_wall_ms, o.tflops_per_gpu, flops.c_str(), o.forward_ms,
-                o.backward_ms, o.optimizer_ms, o.loss_first, o.loss_last, static_cast<double>(allocated) / gib,
-                shared ? "rank 0's pool" : "one pool", static_cast<double>(m.model_state_peak) / gib,
-                static_cast<double>(m.buffers_peak) / gib, static_cast<double>(m.working_set_peak) / gib,
-                static_cast<double>(o.framework_bytes) / gib, static_cast<double>(sum_of_peaks) / gib,
-                static_cast<double>(o.activation_bytes) / gib, static_cast<double>(o.pool_peak_reserved) / gib,
-                static_cast<double>(o.device_peak_delta) / gib, shared ? ", the GPU's: every rank's" : "",
-                static_cast<double>(m.host_peak) / gib, m.host_formula / gib, m.table().c_str());
+                o.params, o.step_ms, o.p.steps, o.step_mean_ms, o.step_wall_ms, o.tflops_per_gpu, flops.c_str(),
+                o.forward_ms, o.backward_ms, o.optimizer_ms, o.loss_first, o.loss_last,
+                static_cast<double>(allocated) / gib, shared ? "rank 0's pool" : "one pool",
+                static_cast<double>(m.model_state_peak) / gib, static_cast<double>(m.buffers_peak) / gib,
+                static_cast<double>(m.working_set_peak) / gib, static_cast<double>(o.framework_bytes) / gib,
+                static_cast<double>(sum_of_peaks) / gib, static_cast<double>(o.activation_bytes) / gib,
+                static_cast<double>(o.pool_peak_reserved) / gib, static_cast<double>(o.device_peak_delta) / gib,
+                shared ? ", the GPU's: every rank's" : "", static_cast<double>(m.host_peak) / gib, m.host_formula / gib,
+                m.table().c_str());
     if (const auto& b = o.host_bound) {
       std::printf("  host side's lower bound %.2f ms: max(host AdamW %.2f ms at %.2f Gparam/s probed now, copies %.2f "
                   "ms at %.1f / %.1f GB/s down / up); step / bound %.3f (forward + backward on the GPU not in it)\n",

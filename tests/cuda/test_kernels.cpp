@@ -5,6 +5,7 @@
 /// formula of adamw_args.hpp), at odd sizes and misaligned pointers, with guard zones around every output.
 
 #include "cuda_test_support.hpp"
+#include "zero/backend/cpu_backend.hpp"
 #include "zero/backend/cuda_kernels.hpp"
 #include "zero/backend/quantize.hpp"
 
@@ -153,6 +154,50 @@ TEST_SUITE("kernels") {
     SUBCASE("a null pointer with n > 0 is a usage error") {
       CHECK_THROWS_AS(zero::cuda::fill(static_cast<T*>(nullptr), 5, value, stream.get()), zero::usage_error);
     }
+  }
+
+  TEST_CASE_TEMPLATE("gather and scatter move the indexed elements' bits and nothing else", T, float, f16, bf16) {
+    // ZenFlow's copies of the chosen elements (zero::can_index_copy): against cpu_backend's loops.
+    test_stream stream;
+    for (const std::size_t n : test_sizes) {
+      CAPTURE(n);
+      const std::size_t big = 2 * n + 3;
+      const auto src = zero::test::random_values<T>(big, n + 7);
+      std::vector<std::uint32_t> index(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        index[i] = static_cast<std::uint32_t>((i * 7919 + 5) % big); // distinct: 7919 is prime to 2n + 3
+      }
+      device_buffer<T> d_src(big);
+      device_buffer<std::uint32_t> d_index(n);
+      device_buffer<T> d_got(n, 1);
+      d_src.upload(src);
+      d_index.upload(index);
+      zero::cuda::gather(d_src.get(), d_index.get(), n, d_got.get(), stream.get());
+      stream.sync();
+      const auto got = d_got.download();
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        wrong += bits_of(got[i]) == bits_of(src[index[i]]) ? 0 : 1;
+      }
+      CHECK(wrong == 0);
+      CHECK(d_got.guards_intact());
+      device_buffer<T> d_back(big, 1);
+      std::vector<T> back(big, zero::from_float<T>(-1.0f));
+      d_back.upload(back);
+      zero::cuda::scatter(d_got.get(), d_index.get(), n, d_back.get(), stream.get());
+      stream.sync();
+      const auto after = d_back.download();
+      zero::cpu_backend cpu({.threads = 1});
+      cpu.scatter(got.data(), index.data(), n, back.data(), zero::cpu_backend::stream_type{});
+      for (std::size_t j = 0; j < big; ++j) {
+        wrong += bits_of(after[j]) == bits_of(back[j]) ? 0 : 1;
+      }
+      CHECK(wrong == 0);
+      CHECK(d_back.guards_intact());
+    }
+    CHECK_THROWS_AS(zero::cuda::gather(static_cast<const T*>(nullptr), static_cast<const std::uint32_t*>(nullptr), 3,
+                                       static_cast<T*>(nullptr), stream.get()),
+                    zero::usage_error);
   }
 
   TEST_CASE_TEMPLATE("cast rounds to nearest even and keeps inf, NaN and subnormals", P, type_pair<float, float>,
