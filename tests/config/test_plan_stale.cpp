@@ -148,3 +148,28 @@ TEST_CASE("the delayed row's block: warmup_steps written, backward_overlap turne
   const auto cpu = stale_row(eight_m_on_two(), 2, offload_device::cpu);
   CHECK(zt::plan_config_block(cpu, o, "")["zero_optimization"]["offload_optimizer"]["backward_overlap"] == 0.5);
 }
+
+TEST_CASE("a config's ZenFlow: its rows named NOT EXACT and counted with the window; other rows' blocks turn it off") {
+  // From a config (estimate_options_from), as zero-estimate --config reads it.
+  const auto c = zero::config::from_string(
+      R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                "zenflow": {"topk_ratio": 0.05, "update_interval": 4, "select_strategy": "step",
+                                            "select_interval": 0}}})",
+      {.world_size = 2});
+  const auto o = zt::estimate_options_from(c, zt::summarize_modules({{4'000'000, 4'000'000}}), 2, 1);
+  REQUIRE(o.config_zenflow_topk == 0.05);
+  const auto zen = stale_row(o, 2, offload_device::cpu);
+  const auto stage1 = stale_row(o, 1, offload_device::cpu);
+  CHECK(zen.zenflow);
+  CHECK_FALSE(stage1.zenflow); // the engine runs ZenFlow at stages 2-3
+  CHECK(zt::setting_name(zen) == "stage 2, offload_optimizer cpu zenflow (NOT EXACT), offload_param none");
+  auto exact = o;
+  exact.config_zenflow_topk.reset();
+  CHECK(zen.host_bytes_per_rank - stale_row(exact, 2, offload_device::cpu).host_bytes_per_rank ==
+        4 * 4'000'000); // each rank's fp32 window over its 4e6 elements
+  // The block the plan merges: the config's zenflow kept where the row runs it, null (removed) where not.
+  CHECK_FALSE(zt::plan_config_block(zen, o, "")["zero_optimization"].contains("zenflow"));
+  CHECK(zt::plan_config_block(stage1, o, "")["zero_optimization"]["zenflow"].is_null());
+}

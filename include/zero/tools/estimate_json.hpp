@@ -39,6 +39,7 @@ namespace zero::tools {
                          {"offload_param", name_of(r.offload_param)},
                          {"host_ratio", r.host_ratio},
                          {"delayed_update", r.delayed_warmup >= 0},
+                         {"zenflow", r.zenflow},
                          {"grad_dtype", name_of(r.grad_dtype)},
                          {"gpu_bytes_per_rank", r.gpu_bytes_per_rank},
                          {"gpu_model_state_bytes", r.gpu_model_state_bytes},
