@@ -110,3 +110,24 @@ TEST_CASE("ZenFlow's step is its oracle's: the chosen columns on the device ever
     }
   }
 }
+
+TEST_CASE("an fp16 overflow skips ZenFlow's step: nothing enters the window or the compact state, the schedule waits") {
+  // The skipped step counts no step (m stays), so its host step or choice comes with the next applied step, as the
+  // oracle's; fp16 parameters within a rounding of the oracle's fp32 arithmetic plus a tenth of the updates.
+  for (int stage : {2, 3}) {
+    for (int world : {1, 2}) {
+      for (std::int64_t overflow : {1, 2, 3}) { // a choice (m 1), a step into the window, a host step
+        CAPTURE(stage);
+        CAPTURE(world);
+        CAPTURE(overflow);
+        const run_spec s{.stage = stage, .world = world, .type = dtype::f16, .steps = 7, .overflow_step = overflow};
+        const zenflow_spec z{.topk_ratio = 0.2, .schedule = {.warmup = 1, .update_interval = 2, .select_interval = 0}};
+        const auto got = train_zenflow(s, z);
+        const auto want = zero::testing::train_zenflow_reference(s, z);
+        CHECK(got.run.applied == want.applied);
+        CHECK_FALSE(got.run.applied[static_cast<std::size_t>(overflow)]);
+        CHECK(max_rel_diff(got.run.params, want.params) <= 1.0 / 2048 + 0.1 * 6 * s.lr);
+      }
+    }
+  }
+}
