@@ -214,6 +214,8 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with ZenFlow count its win
       CHECK(row.host_bytes_per_rank - exact.host_bytes_per_rank == shard * 4); // the fp32 window
       CHECK(row.gpu_model_state_bytes - exact.gpu_model_state_bytes == shard / 10 * (4 + 12 + 2 + 2));
       CHECK(m.host_formula == doctest::Approx(static_cast<double>(row.host_bytes_per_rank)).epsilon(0.02));
+      // The report's device formula counts the compact state the engine chose (its model state's bytes).
+      CHECK(m.formula == doctest::Approx(static_cast<double>(m.model_state_peak)).epsilon(0.02));
     }
   }
 }

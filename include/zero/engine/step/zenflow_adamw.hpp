@@ -144,6 +144,9 @@ public:
   [[nodiscard]] const std::vector<std::int64_t>& columns(std::size_t id) const { return columns_.at(id); }
   /// True once columns were chosen.
   [[nodiscard]] bool selected() const noexcept { return selected_; }
+  /// The chosen elements of this rank's shard, whose compact state (index, master, m, v, gradient and, for 16-bit
+  /// parameters, parameter) lives in backend memory; 0 before the first choice.
+  [[nodiscard]] std::size_t chosen_elements() const noexcept { return index_host_.size(); }
   /// Restores a checkpoint's window count and choice, after its AdamW state was written (`write_state`); its
   /// window's values go into `window()` next. The compact copy is loaded from the host's state as the next step
   /// begins. A choice of another size than this run's `topk_ratio` makes (a checkpoint of another ratio) is not

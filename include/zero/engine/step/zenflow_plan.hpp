@@ -8,6 +8,7 @@
 /// norm (`grad_stats::combine`, one all-reduce). docs/offload.md, "Selective".
 
 #include "zero/comm/communicator.hpp"
+#include "zero/core/dtype.hpp"
 #include "zero/engine/memory_report.hpp"
 #include "zero/engine/schedule_from_config.hpp"
 #include "zero/engine/step/detail/plan_interface.hpp"
@@ -64,6 +65,10 @@ public:
     add_host_memory(m, opt_.host_memory(), 1.0, 1.0);
     // The window: an fp32 sum of the gradient shard, 4 psi / N more.
     m.host_formula += 4.0 * static_cast<double>(m.parameters) / m.world_size;
+    // The device: the chosen elements' compact state, 4 bytes of index, 12 of master, m and v, and the gradient
+    // and (16-bit training) the parameter of each.
+    const std::size_t param = m.param_type == dtype::f32 ? 0 : size_of(m.param_type);
+    m.formula += static_cast<double>(opt_.chosen_elements() * (4 + 12 + size_of(m.grad_type) + param));
   }
   [[nodiscard]] double host_param_share(const memory_report& /*m*/) const noexcept { return 1.0; }
 
