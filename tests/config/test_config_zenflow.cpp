@@ -141,6 +141,10 @@ TEST_CASE("zenflow: the engine's check refuses it where DeepSpeed does, then whe
   CHECK(has(engine_refusal(config::from_string(with_zenflow(R"({"update_interval": 4, "overlap_step": true})"))),
             "zero_optimization.zenflow with overlap_step true: this version's host update is not run beside the "
             "next steps; expected overlap_step false, or remove the block"));
+  CHECK(has(engine_refusal(
+                config::from_string(with_zenflow(R"({"update_interval": 4})", 2, R"("cpu", "forward_overlap": true)"))),
+            "zero_optimization.zenflow with offload_optimizer.backward_overlap 0.000000 and forward_overlap true: "
+            "ZenFlow's host step runs after backward"));
   // What zero's engine runs: stages 2-3, the whole state on the CPU.
   for (int stage : {2, 3}) {
     CAPTURE(stage);

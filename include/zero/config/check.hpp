@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace zero {
 
@@ -49,6 +50,17 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
   }
 }
 
+/// The refusal of a setting a block (`what`, e.g. "zero_optimization.zenflow") cannot run with: a callable
+/// `(found, setting, why, expected)` that throws config_error "<what> <setting>: <why>; expected <expected>, or
+/// remove the block" when `found`.
+inline auto refuse_in_block(std::string what) {
+  return [what = std::move(what)](bool found, const std::string& setting, const char* why, const char* expected) {
+    if (found) {
+      throw config_error(what + " " + setting + ": " + why + "; expected " + expected + ", or remove the block");
+    }
+  };
+}
+
 /// Refuses `zero_optimization.zenflow`: first where DeepSpeed refuses it (stage 0; stages 1-2 without the
 /// optimizer offloaded; `offload` without `overlap_comm`), so that a DeepSpeed config gets DeepSpeed's
 /// reason, then where zero's engine does not run it (`zenflow_plan`): it runs at stages 2-3 with the whole
@@ -69,11 +81,7 @@ inline void check_zenflow(const config& c) {
     throw config_error(what + ".offload true without overlap_comm: DeepSpeed requires overlap_comm true with it");
   }
   // What this version's engine runs: each setting it does not, as found, why, and what it must be instead.
-  const auto refuse = [&](bool found, const std::string& setting, const char* why, const char* expected) {
-    if (found) {
-      throw config_error(what + " " + setting + ": " + why + "; expected " + expected + ", or remove the block");
-    }
-  };
+  const auto refuse = refuse_in_block(what);
   refuse(o.device != offload_device::cpu, "with offload_optimizer.device \"" + std::string(name_of(o.device)) + "\"",
          "zero's ZenFlow keeps the whole optimizer state in host memory and the chosen columns' on the device",
          "offload_optimizer.device \"cpu\"");
@@ -94,7 +102,9 @@ inline void check_zenflow(const config& c) {
          "the device's update scatters into the parameter shard on the device", "offload_param \"none\"");
   refuse(o.delayed_update, "with offload_optimizer.delayed_update",
          "the two change what a step computes each their own way", "one of them");
-  refuse(o.backward_overlap != 0 || o.forward_overlap, "with offload_optimizer's backward_overlap or forward_overlap",
+  refuse(o.backward_overlap != 0 || o.forward_overlap,
+         "with offload_optimizer.backward_overlap " + std::to_string(o.backward_overlap) + " and forward_overlap " +
+             (o.forward_overlap ? "true" : "false"),
          "ZenFlow's host step runs after backward, in place", "backward_overlap 0 and forward_overlap false");
   refuse(z.zenflow.overlap_step, "with overlap_step true",
          "this version's host update is not run beside the next steps", "overlap_step false");
@@ -114,11 +124,7 @@ inline void check_delayed_update(const config& c) {
                        ": expected a count of steps >= 0");
   }
   // Each setting the delay cannot run with: the setting as found, why, and what it must be instead.
-  const auto refuse = [&](bool found, const std::string& setting, const char* why, const char* expected) {
-    if (found) {
-      throw config_error(what + " " + setting + ": " + why + "; expected " + expected + ", or remove the block");
-    }
-  };
+  const auto refuse = refuse_in_block(what);
   const auto device = [](offload_device d) { return "\"" + std::string(name_of(d)) + "\""; };
   refuse(o.device != offload_device::cpu, "with device " + device(o.device),
          "the host delays only an update of state it holds in memory", "device \"cpu\"");
