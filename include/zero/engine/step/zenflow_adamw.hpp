@@ -9,7 +9,9 @@
 ///     device   the chosen gradients gathered from each reduced slice as it is handed to the host (`take`),
 ///              AdamW over the compact copy with the step's arguments (clipped by the step's norm), and
 ///              the new parameters scattered into the device's (`can_index_copy`)
-///     host     the whole gradient shard added into the window, an fp32 sum in host memory
+///     host     the whole gradient shard added into the window, an fp32 sum in host memory (cast into it when
+///              the window is empty), on a thread of its own beside the next step's forward and backward:
+///              range k's add is waited for only before the next step's slice of range k is copied over it
 ///
 /// At a host step (`zenflow_schedule::updates_host`) the host applies the window's mean instead, clipped by that
 /// mean's norm, with AdamW over the whole shard, and uploads it; the device's update and scatter follow, so the
@@ -29,16 +31,19 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/step/detail/job_thread.hpp"
 #include "zero/engine/step/offloaded_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/optim/zenflow.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -81,7 +86,11 @@ public:
         host_(layout, place, std::move(group_of), std::move(groups), backend, host, stream, opt),
         kernels_(make_host_backend(opt.threads, host)),
         window_(host_.host_memory(), std::max<std::size_t>(host_.state_size(), 1), memory_tag::grads),
-        sums_at_(layout.param_count(), npos) {
+        sums_at_(layout.param_count(), npos), added_(std::make_unique<std::atomic<bool>[]>(host_.ranges().size())),
+        pending_add_(host_.ranges().size(), nullptr) {
+    for (std::size_t k = 0; k < host_.ranges().size(); ++k) {
+      added_[k].store(true);
+    }
     if constexpr (!can_index_copy<Backend>) {
       throw usage_error("zenflow_adamw: the backend has no gather and scatter (zero::can_index_copy), which ZenFlow's "
                         "device update needs");
@@ -135,8 +144,15 @@ public:
   }
 
   // ---- ZenFlow's own state, what a checkpoint saves beside AdamW's ----
-  /// The window: the sum of the gradients of the steps since the host's last update (fp32, one per state element).
-  [[nodiscard]] std::span<float> window() noexcept { return {window_.data(), host_.state_size()}; }
+  /// The window: the sum of the gradients of the steps since the host's last update (fp32, one per state element),
+  /// its adds finished; zeros when it sums no step (its memory is then filled first).
+  [[nodiscard]] std::span<float> window() {
+    join_adds();
+    if (window_steps_ == 0) {
+      kernels_.fill(window_.data(), window_.size(), 0.0F, host_stream_);
+    }
+    return {window_.data(), host_.state_size()};
+  }
   /// The steps the window sums.
   [[nodiscard]] std::int64_t window_steps() const noexcept { return window_steps_; }
   /// The chosen columns of parameter `id` (ascending; empty before the first choice and for a parameter that
@@ -170,6 +186,7 @@ public:
       static_cast<void>(column_elements(columns[id], p.shape[1], 0, 0)); // their order and bounds
       fits = fits && columns[id].size() == static_cast<std::size_t>(zenflow_column_count(z_.topk_ratio, p.shape[1]));
     }
+    join_adds();
     window_steps_ = window_steps;
     columns_ = std::move(columns);
     selected_ = selected && fits;
@@ -188,7 +205,7 @@ public:
   /// `init_params`) changes m, the window and the choice.
   void begin_step(std::int64_t m) {
     if (std::exchange(restart_, false)) {
-      kernels_.fill(window_.data(), window_.size(), 0.0F, host_stream_);
+      join_adds(); // the window is void: the next window step casts into it
       window_steps_ = 0;
       selected_ = false;
     }
@@ -209,6 +226,7 @@ public:
   /// Range `k`'s reduced slice at `slice` (in backend memory, final) of the `m`-th step, before it goes to the
   /// host: the chosen elements' gradients are gathered from it on the engine's stream.
   void take(std::size_t k, const std::byte* slice, std::int64_t m) {
+    wait_added(k); // the last step's add still reads range k's host shard, which this slice's copy overwrites
     begin_step(m);
     if (!gather_at_take_ || count(k) == 0) {
       return;
@@ -223,6 +241,7 @@ public:
 
   /// Chooses the columns from this step's gradients (in the host shard; see the file comment).
   void select() {
+    join_adds();
     flush();
     std::vector<float> sums(sums_size_, 0.0F);
     visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
@@ -268,6 +287,7 @@ public:
 
   /// Writes the window's mean, with this step's gradients, into the host shard, and empties the window.
   void mean_into_shard() {
+    join_adds();
     const float inverse = 1.0F / static_cast<float>(window_steps_ + 1);
     visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
       for (std::size_t k = 0; k < ranges().size(); ++k) {
@@ -277,7 +297,6 @@ public:
         kernels_.accumulate(g, window_.data() + off, n, host_stream_);
         kernels_.scale(window_.data() + off, n, inverse, host_stream_);
         kernels_.cast(window_.data() + off, g, n, host_stream_);
-        kernels_.fill(window_.data() + off, n, 0.0F, host_stream_);
       }
     });
   }
@@ -303,16 +322,22 @@ public:
     if (host_step_) {
       host_.step_range(k, s, host_args_.value_or(base), group_lr, grad_of);
     } else {
-      visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
-        const std::size_t off = ranges()[k].second;
-        kernels_.accumulate(reinterpret_cast<const G*>(landed(k)), window_.data() + off, ranges()[k].first.size(),
-                            host_stream_);
-      });
+      pending_add_[k] = landed(k); // added into the window at end_step, on the window's thread
     }
     update_compact(k, s, base, group_lr);
   }
-  /// The step has ended: the window counts it, or was emptied by the host's update.
+  /// The step has ended: the window counts it (its adds start on the window's thread, the last ranges first, as
+  /// backward hands them over again), or was emptied by the host's update.
   void end_step() {
+    if (!warming_ && !host_step_) {
+      const bool first = window_steps_ == 0;
+      for (std::size_t k = ranges().size(); k-- > 0;) {
+        if (std::byte* g = std::exchange(pending_add_[k], nullptr)) {
+          added_[k].store(false);
+          adds_.post([this, k, g, first] { add_into_window(k, g, first); });
+        }
+      }
+    }
     if (!warming_) {
       window_steps_ = host_step_ ? 0 : window_steps_ + 1;
     }
@@ -377,6 +402,31 @@ private:
       }
     }
   }
+
+  /// Range `k`'s gradients at `g` (its host shard) into the window: cast when it is the window's first step, else
+  /// added. On the window's thread; marks the range done even when a kernel throws (`join_adds` rethrows).
+  void add_into_window(std::size_t k, std::byte* g, bool first) {
+    struct done_mark {
+      std::atomic<bool>& flag;
+      ~done_mark() {
+        flag.store(true);
+        flag.notify_all();
+      }
+    } mark{added_[k]};
+    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
+      const G* src = reinterpret_cast<const G*>(g);
+      float* dst = window_.data() + ranges()[k].second;
+      if (first) {
+        kernels_.cast(src, dst, ranges()[k].first.size(), host_stream_);
+      } else {
+        kernels_.accumulate(src, dst, ranges()[k].first.size(), host_stream_);
+      }
+    });
+  }
+  /// Waits for range `k`'s add into the window.
+  void wait_added(std::size_t k) const { added_[k].wait(false); }
+  /// Waits for every add into the window. \throws the first error an add threw.
+  void join_adds() { adds_.drain(); }
 
   /// The chosen elements of each range (offsets in the range, ascending), their pieces by group, and the
   /// compact copy's memory.
@@ -522,6 +572,12 @@ private:
   bool selects_ = false;
   bool host_step_ = true;
   bool gather_at_take_ = false;
+  // The window's adds of the last step, beside the next (`end_step`): per range whether its add is done, the host
+  // shard a range's add reads (set by step_range until end_step posts it), and the thread. Declared last, so that
+  // the thread is joined before the buffers its jobs use go.
+  std::unique_ptr<std::atomic<bool>[]> added_;
+  std::vector<std::byte*> pending_add_;
+  detail::job_thread adds_;
 };
 
 } // namespace zero
