@@ -40,6 +40,17 @@ const zt::plan_candidate* find_row(const zt::plan_result& p, int stage, offload_
   return nullptr;
 }
 
+/// Stage 2 with the optimizer on the CPU and ZenFlow (topk_ratio 0.05, update_interval 4) on 2 ranks.
+zero::config zenflow_stage2_on_two() {
+  return zero::config::from_string(
+      R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                "zenflow": {"topk_ratio": 0.05, "update_interval": 4, "select_strategy": "step",
+                                            "select_interval": 0}}})",
+      {.world_size = 2});
+}
+
 } // namespace
 
 TEST_CASE("the delayed update's step cost, worked by hand: the host's AdamW less forward and backward") {
@@ -151,13 +162,7 @@ TEST_CASE("the delayed row's block: warmup_steps written, backward_overlap turne
 
 TEST_CASE("a config's ZenFlow: its rows named NOT EXACT and counted with the window; other rows' blocks turn it off") {
   // From a config (estimate_options_from), as zero-estimate --config reads it.
-  const auto c = zero::config::from_string(
-      R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-          "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
-                                "zenflow": {"topk_ratio": 0.05, "update_interval": 4, "select_strategy": "step",
-                                            "select_interval": 0}}})",
-      {.world_size = 2});
+  const auto c = zenflow_stage2_on_two();
   const auto o = zt::estimate_options_from(c, zt::summarize_modules({{4'000'000, 4'000'000}}), 2, 1);
   REQUIRE(o.config_zenflow_topk == 0.05);
   const auto zen = stale_row(o, 2, offload_device::cpu);
@@ -172,4 +177,29 @@ TEST_CASE("a config's ZenFlow: its rows named NOT EXACT and counted with the win
   // The block the plan merges: the config's zenflow kept where the row runs it, null (removed) where not.
   CHECK_FALSE(zt::plan_config_block(zen, o, "")["zero_optimization"].contains("zenflow"));
   CHECK(zt::plan_config_block(stage1, o, "")["zero_optimization"]["zenflow"].is_null());
+}
+
+TEST_CASE("ZenFlow's step cost, worked by hand: the chosen elements on the device, the host's step once an interval") {
+  auto o = eight_m_on_two();
+  o.config_zenflow_topk = 0.05;
+  o.config_zenflow_update_interval = 4;
+  const auto r = hand_rates();
+  const auto zen = stale_row(o, 2, offload_device::cpu);
+  REQUIRE(zen.zenflow);
+  // 4e6 elements a rank: the device's AdamW over the chosen 0.05 of them, 2e5 at 4e9/s = 0.05 ms; the host's
+  // over all, 4e6 at 5e8/s per rank = 8 ms, once in 4 steps = 2 ms; the bf16 gradients down every step, 8e6 B at
+  // 2e10 B/s = 0.4 ms, and the parameters up once in 4 steps, 8e6 B / 4 at 1e10 B/s = 0.2 ms.
+  const auto c = zt::estimate_step_cost(zen, o, r);
+  CHECK(c.device_adamw == doctest::Approx(0.05e-3));
+  CHECK(c.host_adamw == doctest::Approx(2e-3));
+  CHECK(c.transfer == doctest::Approx(0.6e-3));
+  CHECK(c.total == doctest::Approx(2.05e-3));
+  // The exact offload of the same rows costs the whole host AdamW every step.
+  auto exact = eight_m_on_two();
+  CHECK(zt::estimate_step_cost(stale_row(exact, 2, offload_device::cpu), exact, r).total == doctest::Approx(8e-3));
+  // From a config: the interval is read with the ratio, and 1 without the block.
+  const auto cfg = zenflow_stage2_on_two();
+  const auto from = zt::estimate_options_from(cfg, zt::summarize_modules({{4'000'000, 4'000'000}}), 2, 1);
+  CHECK(from.config_zenflow_update_interval == 4);
+  CHECK(zt::estimate_options{}.config_zenflow_update_interval == 1);
 }

@@ -170,6 +170,9 @@ struct estimate_options {
   /// element of a parameter that is not a 2-D weight too) at 4 bytes of index, 12 of state and p + g of
   /// parameter and gradient each.
   std::optional<double> config_zenflow_topk;
+  /// The config's zero_optimization.zenflow.update_interval (1 without the block): `estimate_step_cost` prices a
+  /// ZenFlow row's host AdamW and parameter upload once per that many steps.
+  std::int64_t config_zenflow_update_interval = 1;
   /// Seconds of one step's forward and backward on one rank, as the user measured them (zero-estimate's
   /// --forward-ms and --backward-ms); 0: not given. `estimate_step_cost` credits a row that runs the delayed
   /// update with hiding the host's AdamW behind them, and with nothing where they are not given.

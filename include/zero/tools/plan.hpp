@@ -29,6 +29,10 @@
 ///                       host's rate - that time, P n bytes up, which each step publishes before the next
 ///                       forward); with no time given, the CPU row's cost (nothing credited as hidden). The
 ///                       warm-up's exact steps are left out.
+///     ZenFlow           a row that runs the config's zero_optimization.zenflow (topk_ratio t, update_interval
+///                       U): AdamW over the chosen t n elements on the device every step + max(host AdamW over
+///                       n / U, G n bytes down + P n / U bytes up), the mean step of an interval; the window's
+///                       add runs beside the next step and is left out, and so are the warm-up's exact steps.
 ///
 /// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
 /// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
@@ -236,6 +240,14 @@ struct step_cost {
     // backward upload them.
     c.transfer =
         per_second(n * g, rates.device_to_host) + per_second((params_on_host ? 2 : 1) * n * p, rates.host_to_device);
+    if (r.zenflow && o.config_zenflow_topk) {
+      const double interval = static_cast<double>(std::max<std::int64_t>(1, o.config_zenflow_update_interval));
+      c.device_adamw = per_second(std::round(*o.config_zenflow_topk * n), rates.device_adamw);
+      c.host_adamw /= interval;
+      c.transfer = per_second(n * g, rates.device_to_host) + per_second(n * p / interval, rates.host_to_device);
+      c.total = c.device_adamw + std::max(c.host_adamw, c.transfer);
+      return c;
+    }
     if (r.delayed_warmup >= 0 && o.compute_seconds > 0) {
       c.hidden = std::min(c.host_adamw, o.compute_seconds);
       c.total = std::max(c.host_adamw - c.hidden, per_second(n * p, rates.host_to_device));
@@ -527,6 +539,7 @@ struct plan_result {
   o.config_forward_overlap = z.offload_optimizer.forward_overlap;
   o.config_delayed_warmup = z.offload_optimizer.delayed_update ? z.offload_optimizer.delayed_warmup_steps : -1;
   o.config_zenflow_topk = z.zenflow.enabled ? std::optional<double>(z.zenflow.topk_ratio) : std::nullopt;
+  o.config_zenflow_update_interval = z.zenflow.update_interval.value_or(1);
   o.host_ratio = z.offload_optimizer.device == offload_device::nvme ? z.offload_optimizer.host_ratio : 0.0;
   o.config_host_ratio = z.offload_optimizer.host_ratio;
   o.gradient_accumulation_steps = c.gradient_accumulation_steps;
