@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <doctest/doctest.h>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <unistd.h>
 #include <utility>
 #include <vector>
@@ -34,6 +36,53 @@ void check_offloaded(const zero::testing::run_result& got, const zero::testing::
     CHECK(got.norms[t] == doctest::Approx(want.norms[t]).epsilon(1e-6));
   }
   CHECK(zero::testing::max_rel_diff(got.params, want.params) <= 1.0 / 128);
+}
+
+/// The `offload_optimizer` blocks of a check, with "NVME" in one standing for a folder of the check's own.
+constexpr const char* nvme_setting = R"("offload_optimizer": {"device": "nvme", "nvme_path": "NVME"})";
+
+/// Each of `settings` (a config's `offload_optimizer` block) at stages 1-3, fp32, bf16 and fp16, with and without
+/// accumulation and clipping, on every rank set: the bits of the in-memory GPU engine (`check_offloaded`). The
+/// host's AdamW (cpu_backend) and the device's (cuda_backend) round every operation as written, in the same order
+/// (docs/backends.md), and read the same reduced gradients: the same bits, but for the norm of gradients
+/// accumulated on the host. A partial offload steps part of the state on each at once (its host copies on a
+/// stream of their own); with ratio 0.6 beside the next forward it is skipped where stages 2-3 refuse it (with
+/// accumulation).
+void check_offload_settings(std::initializer_list<std::string_view> settings) {
+  const auto swap = std::filesystem::temp_directory_path() / ("zero-gpu-swap-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(swap);
+  for (const auto ranks : zero::test::gpu_rank_sets()) {
+    for (int stage : {1, 2, 3}) {
+      for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
+        for (const auto& ac : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
+          const int accumulation = ac.first; // named, not bound: Clang 14 captures no structured binding
+          const double clip = ac.second;
+          zero::testing::run_spec s{
+              .stage = stage, .world = ranks.world, .type = type, .accumulation = accumulation, .clip = clip};
+          CAPTURE(ranks);
+          CAPTURE(stage);
+          CAPTURE(zero::name_of(type));
+          CAPTURE(accumulation);
+          const auto in_memory = zero::test::train_on(s, ranks);
+          for (const std::string_view setting : settings) {
+            std::string extra(setting);
+            if (const auto at = extra.find("NVME"); at != std::string::npos) {
+              extra.replace(at, 4, swap.string());
+            }
+            CAPTURE(extra);
+            if (extra.find("ratio\": 0.6") != std::string::npos && stage >= 2 && accumulation > 1) {
+              continue;
+            }
+            s.zero_extra = extra;
+            const bool partial = extra.find("ratio") != std::string::npos;
+            check_offloaded(zero::test::train_on(s, ranks), in_memory, stage >= 2 && accumulation > 1 && !partial);
+          }
+        }
+      }
+    }
+  }
+  CHECK(std::filesystem::is_empty(swap)); // each engine removed its state file
+  std::filesystem::remove_all(swap);
 }
 
 /// A GPU run of `s` against the CPU engine and the single-process AdamW: fp32 within 1e-6 of both (the kernels
@@ -98,57 +147,22 @@ TEST_SUITE("engine") {
       }
     }
   }
-  TEST_CASE("offload_optimizer cpu or nvme on GPUs, whole or partial (ratio 0.4, and 0.6 beside the next forward), "
-            "gives the bits of the in-memory GPU engine") {
-    const auto swap = std::filesystem::temp_directory_path() / ("zero-gpu-swap-" + std::to_string(::getpid()));
-    std::filesystem::create_directories(swap);
-    const std::string nvme = R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.string() + R"("})";
-    // The host's AdamW (cpu_backend) and the device's (cuda_backend) round every operation as written,
-    // in the same order (docs/backends.md), and read the same reduced gradients: the same bits, but
-    // for the norm of gradients accumulated on the host (`check_offloaded`). A partial offload steps
-    // part of the state on each at once (its host copies on a stream of their own).
-    for (const auto ranks : zero::test::gpu_rank_sets()) {
-      for (int stage : {1, 2, 3}) {
-        for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16, zero::dtype::f16}) {
-          for (const auto& ac : {std::pair{1, 0.0}, std::pair{2, 1.0}}) {
-            const int accumulation = ac.first; // named, not bound: Clang 14 captures no structured binding
-            const double clip = ac.second;
-            zero::testing::run_spec s{
-                .stage = stage, .world = ranks.world, .type = type, .accumulation = accumulation, .clip = clip};
-            CAPTURE(ranks);
-            CAPTURE(stage);
-            CAPTURE(zero::name_of(type));
-            CAPTURE(accumulation);
-            const auto in_memory = zero::test::train_on(s, ranks);
-            // backward_overlap: the host updates each range as its gradients land, during backward.
-            // forward_overlap: the host steps beside the next forward, each upload waiting on the device
-            // for its range's word (cuStreamWaitValue32); with a ratio, the host's share so (its gradients
-            // streamed, the device's kept), which stages 2-3 refuse with accumulation.
-            // nvme: the state in a file under `swap`, read into and written back from pinned buffers.
-            for (
-                const std::string& extra :
-                {std::string(R"("offload_optimizer": {"device": "cpu"})"),
-                 std::string(R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})"),
-                 std::string(R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})"),
-                 std::string(
-                     R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1, "forward_overlap": true})"),
-                 std::string(
-                     R"("offload_optimizer": {"device": "cpu", "ratio": 0.6, "backward_overlap": 1, "forward_overlap": true})"),
-                 nvme}) {
-              CAPTURE(extra);
-              if (extra.find("ratio\": 0.6") != std::string::npos && stage >= 2 && accumulation > 1) {
-                continue;
-              }
-              s.zero_extra = extra;
-              const bool partial = extra.find("ratio") != std::string::npos;
-              check_offloaded(zero::test::train_on(s, ranks), in_memory, stage >= 2 && accumulation > 1 && !partial);
-            }
-          }
-        }
-      }
-    }
-    CHECK(std::filesystem::is_empty(swap)); // each engine removed its state file
-    std::filesystem::remove_all(swap);
+  TEST_CASE("offload_optimizer cpu or nvme on GPUs, whole or partial (ratio 0.4), gives the bits of the in-memory GPU "
+            "engine") {
+    // nvme: the state in a file under the case's folder, read into and written back from pinned buffers.
+    check_offload_settings({R"("offload_optimizer": {"device": "cpu"})",
+                            R"("offload_optimizer": {"device": "cpu", "ratio": 0.4})", nvme_setting});
+  }
+  TEST_CASE("offload_optimizer cpu beside backward and the next forward on GPUs, whole or partial (ratio 0.6), gives "
+            "the bits of the in-memory GPU engine") {
+    // backward_overlap: the host updates each range as its gradients land, during backward.
+    // forward_overlap: the host steps beside the next forward, each upload waiting on the device for its range's
+    // word (cuStreamWaitValue32); with a ratio, the host's share so (its gradients streamed, the device's kept),
+    // which stages 2-3 refuse with accumulation.
+    check_offload_settings(
+        {R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1})",
+         R"("offload_optimizer": {"device": "cpu", "backward_overlap": 1, "forward_overlap": true})",
+         R"("offload_optimizer": {"device": "cpu", "ratio": 0.6, "backward_overlap": 1, "forward_overlap": true})"});
   }
 
   TEST_CASE("the delayed update on GPUs: exact within its warm-up, the CPU engine's delayed run after it") {
