@@ -156,7 +156,9 @@ inline run_result train_with_break(const run_spec& a, std::int64_t k, const run_
     init_all(eng);
     train_steps(eng, mh, comm, a, 0, k, first);
     eng.save(dir, "step-" + std::to_string(k));
-    saved_steps = eng.global_steps();
+    if (comm.rank() == 0) { // one rank writes it: the ranks are threads
+      saved_steps = eng.global_steps();
+    }
   });
   run_result out;
   out.applied_by_rank.resize(static_cast<std::size_t>(b.world));
