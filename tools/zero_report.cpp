@@ -617,7 +617,12 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
                   << " of each 2-D weight's columns by gradient norm (and every element of the other parameters) "
                      "will be updated on the device every step; the rest accumulate in an fp32 window in host "
                      "memory (4 bytes per parameter over the ranks) and are applied on the host every "
-                  << z.zenflow.update_interval.value_or(1) << " step(s); the columns are chosen "
+                  << z.zenflow.update_interval.value_or(1) << " step(s)"
+                  << (z.zenflow.overlap_step ? ", each host update running beside the next interval's steps and "
+                                               "reaching the device at the next host update (one interval late; "
+                                               "the host gradient shard held twice)"
+                                             : "")
+                  << "; the columns are chosen "
                   << (select > 0 ? "again every " + std::to_string(select) + " steps" : std::string("once"))
                   << " (zero_optimization.zenflow; docs/offload.md, \"Exact, delayed, selective\")\n";
       }

@@ -384,3 +384,35 @@ TEST_CASE("ZenFlow: a checkpoint mid-interval resumes the uninterrupted run, at 
           zt::train_plain(warm3).params);
   }
 }
+
+TEST_CASE("ZenFlow with overlap_step: a save publishes the host update still pending, as any reader does, and the "
+          "resumed run is the uninterrupted run that read its parameters there") {
+  // topk 0.2, update_interval 3, chosen once after a warm-up of 1: the host updates of steps 3 and 6 run beside
+  // the steps after them. Saved after 2 steps (none pending) and 5 (step 3's pending).
+  const std::string zenflow = R"("offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.2, )"
+                              R"("select_strategy": "step", "select_interval": 0, "update_interval": 3, )"
+                              R"("full_warm_up_rounds": 1, "overlap_step": true})";
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    const zt::run_spec zen{.stage = stage, .world = 2, .steps = 9, .zero_extra = zenflow};
+    const auto plain = zt::train_plain(zen);
+    for (std::int64_t k : {2, 5}) {
+      CAPTURE(k);
+      zt::run_result read_at_k;
+      read_at_k.applied_by_rank.resize(2);
+      zt::with_engine(zen, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+        zt::init_all(eng);
+        zt::train_steps(eng, mh, comm, zen, 0, k, read_at_k);
+        zt::run_result seen;
+        zt::collect_params(eng, mh, comm, seen); // a reader: publishes what is pending
+        zt::train_steps(eng, mh, comm, zen, k, zen.steps, read_at_k);
+        zt::collect_params(eng, mh, comm, read_at_k);
+      });
+      CHECK(zt::train_with_break(zen, k, zen,
+                                 zt::scratch("zenflow-overlap-" + std::to_string(stage) + "-" + std::to_string(k)))
+                .params == read_at_k.params);
+      // Reading with nothing pending changes nothing; reading with step 3's update pending publishes it early.
+      CHECK((read_at_k.params == plain.params) == (k == 2));
+    }
+  }
+}

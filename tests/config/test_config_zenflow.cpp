@@ -138,9 +138,12 @@ TEST_CASE("zenflow: the engine's check refuses it where DeepSpeed does, then whe
   CHECK(has(engine_refusal(config::from_string(with_zenflow(R"({"update_interval": 4})", 1))),
             "zero_optimization.zenflow at stage 1: zero gathers the chosen columns' gradients from each reduced "
             "slice as it streams to the host"));
-  CHECK(has(engine_refusal(config::from_string(with_zenflow(R"({"update_interval": 4, "overlap_step": true})"))),
-            "zero_optimization.zenflow with overlap_step true: this version's host update is not run beside the "
-            "next steps; expected overlap_step false, or remove the block"));
+  // overlap_step runs with the columns chosen once; choosing again beside it is refused.
+  CHECK(engine_refusal(config::from_string(with_zenflow(R"({"update_interval": 4, "overlap_step": true})"))).empty());
+  CHECK(has(engine_refusal(config::from_string(with_zenflow(
+                R"({"update_interval": 4, "overlap_step": true, "select_strategy": "step", "select_interval": 6})"))),
+            "zero_optimization.zenflow with overlap_step true and columns chosen again every 6 steps: this version "
+            "publishes the host's update over the columns chosen when it began"));
   CHECK(has(engine_refusal(
                 config::from_string(with_zenflow(R"({"update_interval": 4})", 2, R"("cpu", "forward_overlap": true)"))),
             "zero_optimization.zenflow with offload_optimizer.backward_overlap 0.000000 and forward_overlap true: "

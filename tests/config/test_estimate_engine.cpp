@@ -186,36 +186,42 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with the delayed update co
 TEST_CASE("zero-estimate's offload_optimizer=cpu rows with ZenFlow count its window and compact state, within 2% of "
           "the engine") {
   // Stages 2-3, the whole state on the host: the engine adds an fp32 window per state element in host memory and,
-  // on the device, the chosen columns' compact state (a tenth of each weight's 500 columns, every bias element).
+  // on the device, the chosen columns' compact state (a tenth of each weight's 500 columns, every bias element);
+  // with overlap_step the host gradient shard twice.
   for (int stage : {2, 3}) {
     for (int world : {1, 2}) {
-      CAPTURE(stage);
-      CAPTURE(world);
-      const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", R"("device": "cpu")", "",
-                             R"(, "zenflow": {"topk_ratio": 0.1, "update_interval": 2, "select_strategy": "step", )"
-                             R"("select_interval": 0})");
-      zero::tools::estimate_options o;
-      o.config_zenflow_topk = 0.1;
-      o.params = model_params;
-      o.largest_layer_params = largest_layer;
-      o.gpus_per_node = world;
-      o.param_dtype = zero::dtype::bf16;
-      zero::tools::estimate_row row;
-      for (const auto& r : zero::tools::estimate_memory(o)) {
-        if (r.stage == stage && r.offload_optimizer == zero::offload_device::cpu &&
-            r.offload_param == zero::offload_device::none) {
-          row = r;
+      for (bool overlap : {false, true}) {
+        CAPTURE(stage);
+        CAPTURE(world);
+        CAPTURE(overlap);
+        const auto m = measure(stage, world, R"("bf16": {"enabled": true},)", R"("device": "cpu")", "",
+                               R"(, "zenflow": {"topk_ratio": 0.1, "update_interval": 2, "select_strategy": "step", )"
+                               R"("select_interval": 0, "overlap_step": )" +
+                                   std::string(overlap ? "true" : "false") + "}");
+        zero::tools::estimate_options o;
+        o.config_zenflow_topk = 0.1;
+        o.config_zenflow_overlap = overlap;
+        o.params = model_params;
+        o.largest_layer_params = largest_layer;
+        o.gpus_per_node = world;
+        o.param_dtype = zero::dtype::bf16;
+        zero::tools::estimate_row row;
+        for (const auto& r : zero::tools::estimate_memory(o)) {
+          if (r.stage == stage && r.offload_optimizer == zero::offload_device::cpu &&
+              r.offload_param == zero::offload_device::none) {
+            row = r;
+          }
         }
+        CHECK(row.zenflow);
+        check_device_and_host(row, m);
+        const auto exact = estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu);
+        const std::int64_t shard = model_params / world;
+        CHECK(row.host_bytes_per_rank - exact.host_bytes_per_rank == shard * (overlap ? 4 + 2 : 4)); // window, grads
+        CHECK(row.gpu_model_state_bytes - exact.gpu_model_state_bytes == shard / 10 * (4 + 12 + 2 + 2));
+        CHECK(m.host_formula == doctest::Approx(static_cast<double>(row.host_bytes_per_rank)).epsilon(0.02));
+        // The report's device formula counts the compact state the engine chose (its model state's bytes).
+        CHECK(m.formula == doctest::Approx(static_cast<double>(m.model_state_peak)).epsilon(0.02));
       }
-      CHECK(row.zenflow);
-      check_device_and_host(row, m);
-      const auto exact = estimate(stage, world, zero::dtype::bf16, zero::offload_device::cpu);
-      const std::int64_t shard = model_params / world;
-      CHECK(row.host_bytes_per_rank - exact.host_bytes_per_rank == shard * 4); // the fp32 window
-      CHECK(row.gpu_model_state_bytes - exact.gpu_model_state_bytes == shard / 10 * (4 + 12 + 2 + 2));
-      CHECK(m.host_formula == doctest::Approx(static_cast<double>(row.host_bytes_per_rank)).epsilon(0.02));
-      // The report's device formula counts the compact state the engine chose (its model state's bytes).
-      CHECK(m.formula == doctest::Approx(static_cast<double>(m.model_state_peak)).epsilon(0.02));
     }
   }
 }

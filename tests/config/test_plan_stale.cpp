@@ -194,6 +194,16 @@ TEST_CASE("ZenFlow's step cost, worked by hand: the chosen elements on the devic
   CHECK(c.host_adamw == doctest::Approx(2e-3));
   CHECK(c.transfer == doctest::Approx(0.6e-3));
   CHECK(c.total == doctest::Approx(2.05e-3));
+  // overlap_step: the host's 2 ms beside 1.5 ms of forward and backward leave 0.5 ms, below the copies' 0.6 ms;
+  // its rows hold the bf16 gradient shard twice.
+  auto overlapped = o;
+  overlapped.config_zenflow_overlap = true;
+  overlapped.compute_seconds = 1.5e-3;
+  const auto zen_overlapped = stale_row(overlapped, 2, offload_device::cpu);
+  const auto co = zt::estimate_step_cost(zen_overlapped, overlapped, r);
+  CHECK(co.hidden == doctest::Approx(1.5e-3));
+  CHECK(co.total == doctest::Approx(0.65e-3));
+  CHECK(zen_overlapped.host_bytes_per_rank - zen.host_bytes_per_rank == 4'000'000 * 2);
   // The exact offload of the same rows costs the whole host AdamW every step.
   auto exact = eight_m_on_two();
   CHECK(zt::estimate_step_cost(stale_row(exact, 2, offload_device::cpu), exact, r).total == doctest::Approx(8e-3));

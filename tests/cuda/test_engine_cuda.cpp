@@ -200,11 +200,13 @@ TEST_SUITE("engine") {
 
   TEST_CASE("ZenFlow on GPUs: the exact offload's bits with every column chosen, the CPU engine's run otherwise") {
     // The chosen columns' gradients are gathered out of each reduced slice on the device (kernels/index.cu) and
-    // their parameters scattered back after the compact AdamW; the rest sum in the host's window.
-    const auto keys = [](double topk, int warmup) {
+    // their parameters scattered back after the compact AdamW; the rest sum in the host's window. With
+    // overlap_step the host's update runs on its thread beside the next interval and its upload waits for the next
+    // host step.
+    const auto keys = [](double topk, int warmup, bool overlap = false) {
       return R"("offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": )" + std::to_string(topk) +
              R"(, "select_strategy": "step", "select_interval": 0, "update_interval": 3, "full_warm_up_rounds": )" +
-             std::to_string(warmup) + "}";
+             std::to_string(warmup) + R"(, "overlap_step": )" + (overlap ? "true" : "false") + "}";
     };
     for (const auto ranks : zero::test::gpu_rank_sets()) {
       for (int stage : {2, 3}) {
@@ -226,6 +228,13 @@ TEST_SUITE("engine") {
             CHECK(zero::testing::max_rel_diff(gpu.params, exact.params) > 1e-4);
           }
           CHECK(gpu.applied == cpu.applied);
+          s.zero_extra = keys(0.2, 1, true);
+          const auto overlapped = zero::test::train_on(s, ranks);
+          CHECK(zero::testing::max_rel_diff(overlapped.params, zero::testing::train_with_engine(s).params) <=
+                (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
+          if (type == zero::dtype::f32) {
+            CHECK(zero::testing::max_rel_diff(overlapped.params, gpu.params) > 1e-5);
+          }
         }
       }
     }

@@ -15,10 +15,12 @@
 
 namespace zero::testing {
 
-/// A ZenFlow run's keys: topk_ratio and the schedule (full_warm_up_rounds, update_interval, select interval).
+/// A ZenFlow run's keys: topk_ratio, the schedule (full_warm_up_rounds, update_interval, select interval) and
+/// overlap_step.
 struct zenflow_spec {
   double topk_ratio = 0.1;
   zenflow_schedule schedule{};
+  bool overlap = false;
 };
 
 /// What `train_zenflow_reference` returns beside the run: per applied step, which elements were chosen (the
@@ -36,7 +38,10 @@ struct zenflow_trace {
 /// - chosen elements: AdamW with the step's gradient clipped by the step's norm, Adam's step t = m + 1;
 /// - every element's gradient is added to the host's sum; at a host step (`zenflow_schedule::updates_host`)
 ///   the elements not chosen take AdamW with the mean of the sum over the steps since the host's last update,
-///   clipped by that mean's norm over all elements, at t = m + 1, and the sum is emptied.
+///   clipped by that mean's norm over all elements, at t = m + 1, and the sum is emptied;
+/// - with overlap_step, the gradients of the elements not chosen are taken at their values before the last host
+///   step's update: a host step past the warm-up first makes the update of the host step before it visible, then
+///   updates (the last one stays unseen until the run's parameters are read, which makes it visible).
 inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec& z, zenflow_trace* trace = nullptr,
                                           lr_scheduler* sched = nullptr) {
   z.schedule.check();
@@ -50,9 +55,10 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
   }
   std::int64_t summed = 0;
   std::int64_t m = 0;
+  auto visible = st.master; // the parameters forward and backward see
   for (std::int64_t t = 0; t < s.steps; ++t) {
     std::vector<std::vector<float>> g;
-    const double norm = std::sqrt(reference_grads(s, st.model, t, st.master, g));
+    const double norm = std::sqrt(reference_grads(s, st.model, t, visible, g));
     out.norms.push_back(norm);
     out.applied.push_back(t != s.overflow_step);
     if (t == s.overflow_step) {
@@ -88,6 +94,15 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
     }
     summed += warming ? 0 : 1;
     const bool host = !warming && z.schedule.updates_host(m);
+    if (host && z.overlap) {
+      for (std::size_t k = 0; k < n; ++k) { // the update of the host step before reaches the device
+        for (std::size_t i = 0; i < sum[k].size(); ++i) {
+          if (!chosen[k][i]) {
+            visible[k][i] = st.master[k][i];
+          }
+        }
+      }
+    }
     if (host) {
       double sq = 0;
       const float inverse = 1.0f / static_cast<float>(summed); // the engine's: a product by the reciprocal
@@ -107,6 +122,13 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
         }
       }
       summed = 0;
+    }
+    for (std::size_t k = 0; k < n; ++k) { // what the device updated now (all of it without overlap_step)
+      for (std::size_t i = 0; i < sum[k].size(); ++i) {
+        if (!z.overlap || warming || chosen[k][i]) {
+          visible[k][i] = st.master[k][i];
+        }
+      }
     }
     if (trace != nullptr) {
       trace->chosen.push_back(chosen);

@@ -173,6 +173,9 @@ struct estimate_options {
   /// The config's zero_optimization.zenflow.update_interval (1 without the block): `estimate_step_cost` prices a
   /// ZenFlow row's host AdamW and parameter upload once per that many steps.
   std::int64_t config_zenflow_update_interval = 1;
+  /// The config's zero_optimization.zenflow.overlap_step: its rows hold the host gradient shard twice, and
+  /// `estimate_step_cost` credits its host update with running beside the interval's forward and backward.
+  bool config_zenflow_overlap = false;
   /// Seconds of one step's forward and backward on one rank, as the user measured them (zero-estimate's
   /// --forward-ms and --backward-ms); 0: not given. `estimate_step_cost` credits a row that runs the delayed
   /// update with hiding the host's AdamW behind them, and with nothing where they are not given.
@@ -380,6 +383,9 @@ struct estimate_row {
       if (o.config_zenflow_topk &&
           delayed_update_runs(stage, opt, o.offload_ratio >= 1.0, par, o.gradient_accumulation_steps)) {
         host += offloaded * 4; // ZenFlow's window: an fp32 sum per state element
+        if (o.config_zenflow_overlap) {
+          host += offloaded * g; // overlap_step: the gradient shard held twice, one half for the host's update
+        }
         r.zenflow = true;
       }
       if (opt == offload_device::cpu) {

@@ -32,7 +32,9 @@
 ///     ZenFlow           a row that runs the config's zero_optimization.zenflow (topk_ratio t, update_interval
 ///                       U): AdamW over the chosen t n elements on the device every step + max(host AdamW over
 ///                       n / U, G n bytes down + P n / U bytes up), the mean step of an interval; the window's
-///                       add runs beside the next step and is left out, and so are the warm-up's exact steps.
+///                       add runs beside the next step and is left out, and so are the warm-up's exact steps;
+///                       with overlap_step the host's share less the forward and backward it runs beside
+///                       (`o.compute_seconds`, as the delayed update's).
 ///
 /// n is Ψ at stage 0 and ceil(Ψ / N) at stages 1-3; with parameters offloaded (stage 3) the gathers
 /// of forward and backward upload 2 P n bytes and the optimizer's new parameters stay on the host.
@@ -176,7 +178,7 @@ struct step_cost {
   double host_adamw = 0;   ///< AdamW on the host
   double transfer = 0;     ///< gradients down and parameters up between host and device
   double nvme = 0;         ///< the state read from and written to NVMe
-  double hidden = 0;       ///< of host_adamw, what the delayed update runs beside forward and backward
+  double hidden = 0;       ///< of host_adamw, what the delayed update or overlap_step runs beside forward and backward
   /// device_adamw + max(host_adamw, transfer, nvme): the host side overlaps; for a partial offload
   /// max(the whole shard's AdamW on the device, host_adamw + transfer), or the sum of the three on the CPU
   /// backend (file comment)
@@ -245,7 +247,10 @@ struct step_cost {
       c.device_adamw = per_second(std::round(*o.config_zenflow_topk * n), rates.device_adamw);
       c.host_adamw /= interval;
       c.transfer = per_second(n * g, rates.device_to_host) + per_second(n * p / interval, rates.host_to_device);
-      c.total = c.device_adamw + std::max(c.host_adamw, c.transfer);
+      if (o.config_zenflow_overlap) { // the host's update beside the interval's forward and backward
+        c.hidden = std::min(c.host_adamw, o.compute_seconds);
+      }
+      c.total = c.device_adamw + std::max(c.host_adamw - c.hidden, c.transfer);
       return c;
     }
     if (r.delayed_warmup >= 0 && o.compute_seconds > 0) {
@@ -540,6 +545,7 @@ struct plan_result {
   o.config_delayed_warmup = z.offload_optimizer.delayed_update ? z.offload_optimizer.delayed_warmup_steps : -1;
   o.config_zenflow_topk = z.zenflow.enabled ? std::optional<double>(z.zenflow.topk_ratio) : std::nullopt;
   o.config_zenflow_update_interval = z.zenflow.update_interval.value_or(1);
+  o.config_zenflow_overlap = z.zenflow.overlap_step;
   o.host_ratio = z.offload_optimizer.device == offload_device::nvme ? z.offload_optimizer.host_ratio : 0.0;
   o.config_host_ratio = z.offload_optimizer.host_ratio;
   o.gradient_accumulation_steps = c.gradient_accumulation_steps;

@@ -139,7 +139,8 @@ public:
         const zenflow_options zo{.topk_ratio = z.topk_ratio,
                                  .schedule = {.warmup = z.full_warm_up_rounds,
                                               .update_interval = z.update_interval.value_or(1),
-                                              .select_interval = zenflow_select_steps(z)}};
+                                              .select_interval = zenflow_select_steps(z)},
+                                 .overlap = z.overlap_step};
         v_.template emplace<zenflow_plan<parts_type, on_zenflow>>(layout, place, reg.group_of(), reg.groups(), backend,
                                                                   device, host_allocator_type{}, stream, opt, zo);
       } else if (host == state) {

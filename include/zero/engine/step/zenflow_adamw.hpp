@@ -31,19 +31,17 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
-#include "zero/engine/step/detail/job_thread.hpp"
+#include "zero/engine/step/detail/zenflow_window.hpp"
 #include "zero/engine/step/offloaded_adamw.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 #include "zero/optim/zenflow.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -53,10 +51,12 @@
 
 namespace zero {
 
-/// ZenFlow's keys as the step uses them.
+/// ZenFlow's keys as the step uses them. `overlap` (`overlap_step`): the host's update of an interval runs on its
+/// thread beside the next interval's steps and reaches the device at the next host step (one interval late).
 struct zenflow_options {
   double topk_ratio = 0.1;
   zenflow_schedule schedule{};
+  bool overlap = false;
 };
 
 /// ZenFlow's optimizer over a rank's part of the flat buffer; see the file comment. The state view is
@@ -83,14 +83,9 @@ public:
                 std::vector<param_group> groups, Backend& backend, device_counting device, host_alloc host,
                 stream_type& stream, offload_options opt, zenflow_options z)
       : layout_(layout), place_(place), backend_(backend), device_(std::move(device)), stream_(stream), z_(z),
-        host_(layout, place, std::move(group_of), std::move(groups), backend, host, stream, opt),
-        kernels_(make_host_backend(opt.threads, host)),
-        window_(host_.host_memory(), std::max<std::size_t>(host_.state_size(), 1), memory_tag::grads),
-        sums_at_(layout.param_count(), npos), added_(std::make_unique<std::atomic<bool>[]>(host_.ranges().size())),
-        pending_add_(host_.ranges().size(), nullptr) {
-    for (std::size_t k = 0; k < host_.ranges().size(); ++k) {
-      added_[k].store(true);
-    }
+        host_(layout, place, std::move(group_of), std::move(groups), backend, host, stream, with_delay(opt, z.overlap)),
+        window_(host_.host_memory(), host, opt.threads, host_.ranges(), host_.state_size(), place.grad_type),
+        sums_at_(layout.param_count(), npos) {
     if constexpr (!can_index_copy<Backend>) {
       throw usage_error("zenflow_adamw: the backend has no gather and scatter (zero::can_index_copy), which ZenFlow's "
                         "device update needs");
@@ -101,7 +96,6 @@ public:
     }
     z.schedule.check();
     static_cast<void>(zenflow_column_count(z.topk_ratio, 1)); // the ratio's check
-    kernels_.fill(window_.data(), window_.size(), 0.0F, host_stream_);
     std::size_t sums = 0;
     for (std::size_t id = 0; id < layout.param_count(); ++id) {
       if (layout.param(id).shape.size() == 2) {
@@ -146,13 +140,7 @@ public:
   // ---- ZenFlow's own state, what a checkpoint saves beside AdamW's ----
   /// The window: the sum of the gradients of the steps since the host's last update (fp32, one per state element),
   /// its adds finished; zeros when it sums no step (its memory is then filled first).
-  [[nodiscard]] std::span<float> window() {
-    join_adds();
-    if (window_steps_ == 0) {
-      kernels_.fill(window_.data(), window_.size(), 0.0F, host_stream_);
-    }
-    return {window_.data(), host_.state_size()};
-  }
+  [[nodiscard]] std::span<float> window() { return window_.values(window_steps_, host_.state_size()); }
   /// The steps the window sums.
   [[nodiscard]] std::int64_t window_steps() const noexcept { return window_steps_; }
   /// The chosen columns of parameter `id` (ascending; empty before the first choice and for a parameter that
@@ -186,7 +174,7 @@ public:
       static_cast<void>(column_elements(columns[id], p.shape[1], 0, 0)); // their order and bounds
       fits = fits && columns[id].size() == static_cast<std::size_t>(zenflow_column_count(z_.topk_ratio, p.shape[1]));
     }
-    join_adds();
+    window_.join();
     window_steps_ = window_steps;
     columns_ = std::move(columns);
     selected_ = selected && fits;
@@ -205,7 +193,7 @@ public:
   /// `init_params`) changes m, the window and the choice.
   void begin_step(std::int64_t m) {
     if (std::exchange(restart_, false)) {
-      join_adds(); // the window is void: the next window step casts into it
+      window_.join(); // the window is void: the next window step casts into it
       window_steps_ = 0;
       selected_ = false;
     }
@@ -222,11 +210,35 @@ public:
   /// True when this step ends with the host applying a window of more than its own gradients: the plan writes
   /// its mean into the host shard (`mean_into_shard`) and clips the host's update by that mean's norm.
   [[nodiscard]] bool averages() const noexcept { return !warming_ && host_step_ && window_steps_ > 0; }
+  /// True when this step's host update runs beside the next steps (`overlap_step`, past the warm-up): the plan
+  /// publishes the one before it (`begin_publish`, the step, `end_publish`) and then hands this one to the host's
+  /// thread (`begin_delayed`).
+  [[nodiscard]] bool overlaps() const noexcept { return z_.overlap && !warming_ && host_step_; }
+  /// True when made for `overlap_step`.
+  [[nodiscard]] bool overlap() const noexcept { return z_.overlap; }
+  void begin_publish() { host_.begin_publish(); }
+  void end_publish() { host_.end_publish(); }
+  /// Hands this step's host update to the host's thread, with the host's arguments of `set_host_args` (or `base`)
+  /// and the schedule's group learning rate by value.
+  void begin_delayed(const adamw_step_args& base, std::function<double(double)> group_lr) {
+    host_.begin_delayed(host_args_.value_or(base), std::move(group_lr));
+  }
+  /// Publishes a host update still unpublished on `s` for a reader, then scatters the chosen elements' own
+  /// parameters over the stale ones it uploaded. \returns true when one was pending.
+  bool publish(const stream_type& s) {
+    if (!host_.publish(s)) {
+      return false;
+    }
+    for (std::size_t k = 0; k < ranges().size(); ++k) {
+      scatter_compact(k, s);
+    }
+    return true;
+  }
 
   /// Range `k`'s reduced slice at `slice` (in backend memory, final) of the `m`-th step, before it goes to the
   /// host: the chosen elements' gradients are gathered from it on the engine's stream.
   void take(std::size_t k, const std::byte* slice, std::int64_t m) {
-    wait_added(k); // the last step's add still reads range k's host shard, which this slice's copy overwrites
+    window_.wait(k); // the last step's add still reads range k's host shard, which this slice's copy overwrites
     begin_step(m);
     if (!gather_at_take_ || count(k) == 0) {
       return;
@@ -241,7 +253,7 @@ public:
 
   /// Chooses the columns from this step's gradients (in the host shard; see the file comment).
   void select() {
-    join_adds();
+    window_.join();
     flush();
     std::vector<float> sums(sums_size_, 0.0F);
     visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
@@ -287,18 +299,10 @@ public:
 
   /// Writes the window's mean, with this step's gradients, into the host shard, and empties the window.
   void mean_into_shard() {
-    join_adds();
-    const float inverse = 1.0F / static_cast<float>(window_steps_ + 1);
-    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
-      for (std::size_t k = 0; k < ranges().size(); ++k) {
-        const std::size_t off = ranges()[k].second;
-        const std::size_t n = ranges()[k].first.size();
-        G* g = reinterpret_cast<G*>(landed(k));
-        kernels_.accumulate(g, window_.data() + off, n, host_stream_);
-        kernels_.scale(window_.data() + off, n, inverse, host_stream_);
-        kernels_.cast(window_.data() + off, g, n, host_stream_);
-      }
-    });
+    window_.join();
+    for (std::size_t k = 0; k < ranges().size(); ++k) {
+      window_.mean_into(k, landed(k), window_steps_);
+    }
   }
 
   /// The host's arguments of this step when they are not the step's (a window's mean, clipped by its norm).
@@ -322,7 +326,7 @@ public:
     if (host_step_) {
       host_.step_range(k, s, host_args_.value_or(base), group_lr, grad_of);
     } else {
-      pending_add_[k] = landed(k); // added into the window at end_step, on the window's thread
+      window_.hold(k, landed(k)); // added into the window at end_step, on the window's thread
     }
     update_compact(k, s, base, group_lr);
   }
@@ -330,13 +334,7 @@ public:
   /// backward hands them over again), or was emptied by the host's update.
   void end_step() {
     if (!warming_ && !host_step_) {
-      const bool first = window_steps_ == 0;
-      for (std::size_t k = ranges().size(); k-- > 0;) {
-        if (std::byte* g = std::exchange(pending_add_[k], nullptr)) {
-          added_[k].store(false);
-          adds_.post([this, k, g, first] { add_into_window(k, g, first); });
-        }
-      }
+      window_.post_all(window_steps_ == 0);
     }
     if (!warming_) {
       window_steps_ = host_step_ ? 0 : window_steps_ + 1;
@@ -402,31 +400,6 @@ private:
       }
     }
   }
-
-  /// Range `k`'s gradients at `g` (its host shard) into the window: cast when it is the window's first step, else
-  /// added. On the window's thread; marks the range done even when a kernel throws (`join_adds` rethrows).
-  void add_into_window(std::size_t k, std::byte* g, bool first) {
-    struct done_mark {
-      std::atomic<bool>& flag;
-      ~done_mark() {
-        flag.store(true);
-        flag.notify_all();
-      }
-    } mark{added_[k]};
-    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
-      const G* src = reinterpret_cast<const G*>(g);
-      float* dst = window_.data() + ranges()[k].second;
-      if (first) {
-        kernels_.cast(src, dst, ranges()[k].first.size(), host_stream_);
-      } else {
-        kernels_.accumulate(src, dst, ranges()[k].first.size(), host_stream_);
-      }
-    });
-  }
-  /// Waits for range `k`'s add into the window.
-  void wait_added(std::size_t k) const { added_[k].wait(false); }
-  /// Waits for every add into the window. \throws the first error an add threw.
-  void join_adds() { adds_.drain(); }
 
   /// The chosen elements of each range (offsets in the range, ascending), their pieces by group, and the
   /// compact copy's memory.
@@ -529,13 +502,30 @@ private:
             backend_.adamw_step(master_.data() + c.begin, m_.data() + c.begin, v_.data() + c.begin, g + c.begin,
                                 p == nullptr ? nullptr : p + c.begin, c.count, a, s);
           }
-          const P* src = p == nullptr ? reinterpret_cast<const P*>(master_.data()) : p;
-          const std::size_t at = place_.params_sharded ? ranges()[k].second : ranges()[k].first.begin;
-          backend_.scatter(src + begin_[k], index_.data() + begin_[k], count(k),
-                           reinterpret_cast<P*>(place_.params) + at, s);
         });
       });
     }
+    scatter_compact(k, s);
+  }
+  /// Scatters range `k`'s chosen elements' parameters (the compact copy's) into the device's on `s`.
+  void scatter_compact(std::size_t k, const stream_type& s) {
+    if (count(k) == 0) {
+      return;
+    }
+    if constexpr (can_index_copy<Backend>) {
+      visit_float(layout_.type(), [&]<class P>(type_tag<P>) {
+        const P* src = std::is_same_v<P, float> ? reinterpret_cast<const P*>(master_.data())
+                                                : reinterpret_cast<const P*>(params_.data());
+        const std::size_t at = place_.params_sharded ? ranges()[k].second : ranges()[k].first.begin;
+        backend_.scatter(src + begin_[k], index_.data() + begin_[k], count(k), reinterpret_cast<P*>(place_.params) + at,
+                         s);
+      });
+    }
+  }
+  /// `opt` with the delayed update of `overlap_step`: the host's updates on its thread, its gradients held twice.
+  [[nodiscard]] static offload_options with_delay(offload_options opt, bool overlap) {
+    opt.delayed_update = opt.delayed_update || overlap;
+    return opt;
   }
 
   const flat_layout& layout_;
@@ -545,9 +535,7 @@ private:
   stream_type& stream_;
   zenflow_options z_;
   host_type host_;
-  host_backend_t<host_alloc> kernels_; // the host's kernels for the window
-  typename host_backend_t<host_alloc>::stream_type host_stream_;
-  buffer<float, host_counting> window_;
+  detail::zenflow_window<host_alloc> window_;
   std::int64_t window_steps_ = 0;
   // The choice: per parameter its columns (2-D weights) and where its column sums start (npos: not 2-D).
   std::vector<std::vector<std::int64_t>> columns_;
@@ -572,12 +560,6 @@ private:
   bool selects_ = false;
   bool host_step_ = true;
   bool gather_at_take_ = false;
-  // The window's adds of the last step, beside the next (`end_step`): per range whether its add is done, the host
-  // shard a range's add reads (set by step_range until end_step posts it), and the thread. Declared last, so that
-  // the thread is joined before the buffers its jobs use go.
-  std::unique_ptr<std::atomic<bool>[]> added_;
-  std::vector<std::byte*> pending_add_;
-  detail::job_thread adds_;
 };
 
 } // namespace zero

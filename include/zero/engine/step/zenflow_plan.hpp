@@ -5,7 +5,9 @@
 /// optimizer first, which gathers the chosen columns' gradients from it on the device. At a step that
 /// chooses again the plan all-reduces the column sums over the data group; at a host step whose window holds
 /// earlier steps it writes the window's mean into the host shard and clips the host's update by that mean's
-/// norm (`grad_stats::combine`, one all-reduce). docs/offload.md, "Selective".
+/// norm (`grad_stats::combine`, one all-reduce). With `overlap_step` that host update runs on the host's thread
+/// beside the next steps and the next host step publishes it before it hands over its own (the delayed update's
+/// protocol of `offloaded_adamw`); a reader publishes one still pending. docs/offload.md, "Selective".
 
 #include "zero/comm/communicator.hpp"
 #include "zero/core/dtype.hpp"
@@ -58,13 +60,28 @@ public:
       host.grad_scale = static_cast<float>(clip_coefficient(mean.norm, p_->cfg->gradient_clipping));
       opt_.set_host_args(host);
     }
-    run_update(opt_, *p_, args, after);
+    if (opt_.overlaps()) {
+      // The host update the last host step began reaches the device (each range's upload before its compact
+      // scatter); this step's begins on the host's thread, to be published by the next host step.
+      opt_.begin_publish();
+      run_update(opt_, *p_, args, after);
+      opt_.end_publish();
+      opt_.begin_delayed(args, [sched = *p_->scheduler](double lr) { return sched.group_lr(lr); });
+    } else {
+      run_update(opt_, *p_, args, after);
+    }
     opt_.end_step();
   }
+  /// Publishes a host update still unpublished (`overlap_step`) on the engine's stream, for a reader of the
+  /// parameters or the state. \returns true when there was one (the residency must then make the parameters whole).
+  bool settle() { return opt_.publish(*p_->stream); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {
     add_host_memory(m, opt_.host_memory(), 1.0, 1.0);
     // The window: an fp32 sum of the gradient shard, 4 psi / N more.
     m.host_formula += 4.0 * static_cast<double>(m.parameters) / m.world_size;
+    if (opt_.overlap()) { // overlap_step holds the host gradient shard twice (host_gradients::hold_twice)
+      m.host_formula += static_cast<double>(size_of(m.grad_type)) * static_cast<double>(m.parameters) / m.world_size;
+    }
     // The device: the chosen elements' compact state, 4 bytes of index, 12 of master, m and v, and the gradient
     // and (16-bit training) the parameter of each.
     const std::size_t param = m.param_type == dtype::f32 ? 0 : size_of(m.param_type);
