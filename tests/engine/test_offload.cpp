@@ -5,6 +5,7 @@
 #include "same_run.hpp"
 #include "wide_step.hpp"
 
+#include <array>
 #include <doctest/doctest.h>
 
 using zero::dtype;
@@ -55,7 +56,7 @@ TEST_CASE("offloaded state lives in host memory: none on the device, nor at stag
   for (int stage : {1, 2, 3}) {
     CAPTURE(stage);
     const auto run = step_a_wide_model(R"("stage": )" + std::to_string(stage) + ", " + offload_cpu);
-    CHECK(run.offloaded == std::vector<bool>{true, true});
+    CHECK(run.offloaded == std::array<bool, 2>{true, true});
     for (const auto& r : run.reports) {
       CHECK(r.optimizer == 0);
       CHECK(r.optimizer_peak == 0);
@@ -155,7 +156,7 @@ TEST_CASE("offloaded parameters: no shard on the device, the host at the formula
     CAPTURE(with_optimizer);
     const auto run = step_a_wide_model(R"("stage": 3, "stage3_param_persistence_threshold": 0, )" +
                                        std::string(with_optimizer ? offload_both : offload_params));
-    CHECK(run.offloaded == std::vector<bool>{with_optimizer, with_optimizer});
+    CHECK(run.offloaded == std::array<bool, 2>{with_optimizer, with_optimizer});
     for (std::size_t rank = 0; rank < run.reports.size(); ++rank) {
       const auto& r = run.reports[rank];
       const std::size_t shard = (r.parameters + r.padding) / 2;

@@ -4,6 +4,7 @@
 
 #include "zero/zero.hpp"
 
+#include <array>
 #include <doctest/doctest.h>
 #include <string>
 #include <vector>
@@ -15,7 +16,7 @@ namespace zero::testing {
 /// offloaded, and the host bytes of stage 3's shard (0 when it is on the device).
 struct wide_step {
   std::vector<zero::memory_report> reports = std::vector<zero::memory_report>(2);
-  std::vector<bool> offloaded = std::vector<bool>(2);
+  std::array<bool, 2> offloaded{}; // one byte each: the rank threads write their own (a vector<bool> packs them)
   std::vector<std::size_t> shard_host = std::vector<std::size_t>(2);
 };
 
