@@ -603,7 +603,10 @@ int main(int argc, char** argv) {
               << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
               << (r.implemented ? "" : "  (not run with HSDP)")
               << (r.delayed_warmup >= 0 ? "  (delayed update: the gradient shard twice; NOT EXACT)" : "")
-              << (r.zenflow ? "  (ZenFlow: the host's window, the GPU's compact state; NOT EXACT)" : "")
+              << (!r.zenflow                 ? ""
+                  : o.config_zenflow_overlap ? "  (ZenFlow with overlap_step: the host's window and the gradient shard "
+                                               "twice, the GPU's compact state; NOT EXACT)"
+                                             : "  (ZenFlow: the host's window, the GPU's compact state; NOT EXACT)")
               << (cfg && r.stage == cfg->stage() &&
                           r.offload_optimizer == cfg->zero_optimization.offload_optimizer.device &&
                           r.offload_param == cfg->zero_optimization.offload_param.device
