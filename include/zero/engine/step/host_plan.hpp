@@ -48,11 +48,8 @@ template <class Parts, class HostOptimizer> struct host_updates {
   static void begin_async(Parts& p, HostOptimizer& host, const adamw_step_args& args) {
     host.begin_async(args, group_lr(p));
   }
-  /// The schedule's group learning rate by value: an update on the host's thread may still run after the
-  /// step has moved the schedule on.
-  static std::function<double(double)> group_lr(Parts& p) {
-    return [sched = *p.scheduler](double lr) { return sched.group_lr(lr); };
-  }
+  /// The schedule's group learning rate by value (`step_parts::group_lr_by_value`).
+  static std::function<double(double)> group_lr(Parts& p) { return p.group_lr_by_value(); }
 };
 } // namespace detail
 

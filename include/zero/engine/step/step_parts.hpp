@@ -55,6 +55,10 @@ template <class Backend, class Comm, class Allocator, class Storage> struct step
   [[nodiscard]] auto group_lr() const {
     return [s = scheduler](double lr) { return s->group_lr(lr); };
   }
+  /// The same by value: an update on the host's thread may still run after the step has moved the schedule on.
+  [[nodiscard]] std::function<double(double)> group_lr_by_value() const {
+    return [sched = *scheduler](double lr) { return sched.group_lr(lr); };
+  }
   /// True when `mine` is true on any rank (one all-reduce of an int in backend memory), its int written and
   /// read on `on` (the update stream, within a step on it) or on the engine's stream.
   bool any_rank(bool mine, const stream_type* on = nullptr) {

@@ -522,9 +522,10 @@ private:
       });
     }
   }
-  /// `opt` with the delayed update of `overlap_step`: the host's updates on its thread, its gradients held twice.
+  /// `opt` with the delayed update exactly when `overlap_step` asks for it: the host's updates on its thread, its
+  /// gradients held twice (ZenFlow uses it for nothing else).
   [[nodiscard]] static offload_options with_delay(offload_options opt, bool overlap) {
-    opt.delayed_update = opt.delayed_update || overlap;
+    opt.delayed_update = overlap;
     return opt;
   }
 

@@ -66,7 +66,7 @@ public:
       opt_.begin_publish();
       run_update(opt_, *p_, args, after);
       opt_.end_publish();
-      opt_.begin_delayed(args, [sched = *p_->scheduler](double lr) { return sched.group_lr(lr); });
+      opt_.begin_delayed(args, p_->group_lr_by_value());
     } else {
       run_update(opt_, *p_, args, after);
     }
