@@ -148,9 +148,17 @@ TEST_CASE("zenflow: the engine's check refuses it where DeepSpeed does, then whe
                 config::from_string(with_zenflow(R"({"update_interval": 4})", 2, R"("cpu", "forward_overlap": true)"))),
             "zero_optimization.zenflow with offload_optimizer.backward_overlap 0.000000 and forward_overlap true: "
             "ZenFlow's host step runs after backward"));
-  // What zero's engine runs: stages 2-3, the whole state on the CPU.
+  // What zero's engine runs: stages 2-3, the whole state on the CPU, with gradient accumulation too.
+  const auto accumulating = [](std::string text) { return "{\"gradient_accumulation_steps\": 2, " + text.substr(1); };
   for (int stage : {2, 3}) {
     CAPTURE(stage);
     CHECK(engine_refusal(config::from_string(with_zenflow(R"({"update_interval": 4})", stage))).empty());
+    CHECK(engine_refusal(config::from_string(accumulating(with_zenflow(R"({"update_interval": 4})", stage)))).empty());
   }
+  // overlap_step's host update would share the threads that add the micro-steps' gradients.
+  CHECK(has(engine_refusal(
+                config::from_string(accumulating(with_zenflow(R"({"update_interval": 4, "overlap_step": true})")))),
+            "zero_optimization.zenflow with overlap_step true and gradient_accumulation_steps 2: the host's update "
+            "runs beside the next steps on the threads that would add their micro-steps' gradients; expected "
+            "overlap_step false, or gradient_accumulation_steps 1"));
 }

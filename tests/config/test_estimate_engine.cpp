@@ -224,6 +224,26 @@ TEST_CASE("zero-estimate's offload_optimizer=cpu rows with ZenFlow count its win
       }
     }
   }
+  // With gradient accumulation the engine runs ZenFlow, window and all, unless overlap_step is on (it refuses that).
+  for (bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    zero::tools::estimate_options o;
+    o.config_zenflow_topk = 0.1;
+    o.config_zenflow_overlap = overlap;
+    o.gradient_accumulation_steps = 2;
+    o.params = model_params;
+    o.largest_layer_params = largest_layer;
+    o.param_dtype = zero::dtype::bf16;
+    int rows = 0;
+    for (const auto& r : zero::tools::estimate_memory(o)) {
+      if (r.stage >= 2 && r.offload_optimizer == zero::offload_device::cpu &&
+          r.offload_param == zero::offload_device::none) {
+        CHECK(r.zenflow == !overlap);
+        ++rows;
+      }
+    }
+    CHECK(rows == 2);
+  }
 }
 
 TEST_CASE("zero-estimate's offload_optimizer=nvme rows are within 2% of the engine's device, host and file bytes") {

@@ -64,7 +64,8 @@ inline auto refuse_in_block(std::string what) {
 /// Refuses `zero_optimization.zenflow`: first where DeepSpeed refuses it (stage 0; stages 1-2 without the
 /// optimizer offloaded; `offload` without `overlap_comm`), so that a DeepSpeed config gets DeepSpeed's
 /// reason, then where zero's engine does not run it (`zenflow_plan`): it runs at stages 2-3 with the whole
-/// state offloaded to the CPU, the parameters on the device, no accumulation and none of the other overlaps.
+/// state offloaded to the CPU, the parameters on the device and none of the other overlaps (`overlap_step`
+/// without accumulation).
 inline void check_zenflow(const config& c) {
   const auto& z = c.zero_optimization;
   const auto& o = z.offload_optimizer;
@@ -92,11 +93,10 @@ inline void check_zenflow(const config& c) {
          "zero gathers the chosen columns' gradients from each reduced slice as it streams to the host, which the "
          "slices do at stages 2-3",
          "zero_optimization.stage 2 or 3");
-  refuse(c.gradient_accumulation_steps != 1,
-         "with gradient_accumulation_steps " + std::to_string(c.gradient_accumulation_steps),
-         "the chosen columns are gathered from each slice when it is final, which it is as it lands only without "
-         "accumulation",
-         "gradient_accumulation_steps 1");
+  refuse(z.zenflow.overlap_step && c.gradient_accumulation_steps != 1,
+         "with overlap_step true and gradient_accumulation_steps " + std::to_string(c.gradient_accumulation_steps),
+         "the host's update runs beside the next steps on the threads that would add their micro-steps' gradients",
+         "overlap_step false, or gradient_accumulation_steps 1");
   refuse(z.offload_param.device != offload_device::none,
          "with offload_param \"" + std::string(name_of(z.offload_param.device)) + "\"",
          "the device's update scatters into the parameter shard on the device", "offload_param \"none\"");

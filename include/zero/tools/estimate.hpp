@@ -164,8 +164,8 @@ struct estimate_options {
   /// that run it (`delayed_update_runs`) hold the host gradient shard twice. `plan_config_block` keeps the block
   /// where its row runs it and turns it off elsewhere.
   std::int64_t config_delayed_warmup = -1;
-  /// The config's zero_optimization.zenflow.topk_ratio, or empty without the block: the rows that run it (the
-  /// delayed update's, `delayed_update_runs`) add the host's fp32 window, 4 bytes per state element, and on the
+  /// The config's zero_optimization.zenflow.topk_ratio, or empty without the block: the rows that run it
+  /// (`zenflow_runs`) add the host's fp32 window, 4 bytes per state element, and on the
   /// GPU the compact state of the chosen columns, topk_ratio of the shard (an estimate: the engine chooses every
   /// element of a parameter that is not a 2-D weight too) at 4 bytes of index, 12 of state and p + g of
   /// parameter and gradient each.
@@ -380,8 +380,8 @@ struct estimate_row {
         host += offloaded * g; // the delayed update: the gradient shard held twice
         r.delayed_warmup = o.config_delayed_warmup;
       }
-      if (o.config_zenflow_topk &&
-          delayed_update_runs(stage, opt, o.offload_ratio >= 1.0, par, o.gradient_accumulation_steps)) {
+      if (o.config_zenflow_topk && zenflow_runs(stage, opt, o.offload_ratio >= 1.0, par, o.gradient_accumulation_steps,
+                                                o.config_zenflow_overlap)) {
         host += offloaded * 4; // ZenFlow's window: an fp32 sum per state element
         if (o.config_zenflow_overlap) {
           host += offloaded * g; // overlap_step: the gradient shard held twice, one half for the host's update

@@ -33,9 +33,10 @@ public:
   using offset_fn = std::function<std::size_t(std::size_t k)>;
   /// The update during backward of owned range `k`, whose gradients are final and on their way.
   using early_fn = std::function<void(std::size_t k)>;
-  /// Owned range `k`'s final slice in backend memory, before its copy to the host is posted (ZenFlow gathers
-  /// its chosen elements there).
-  using slice_fn = std::function<void(std::size_t k, const std::byte* slice)>;
+  /// Owned range `k`'s slice in backend memory, before its copy to the host is posted; `final`: no later
+  /// micro-step adds to it (no accumulation), so it is checked and unscaled (ZenFlow gathers its chosen
+  /// elements there; with accumulation it only waits until it may overwrite the host's copy).
+  using slice_fn = std::function<void(std::size_t k, const std::byte* slice, bool final)>;
 
   /// Kept gradients only.
   gradient_intake() = default;
@@ -123,8 +124,8 @@ private:
       p_->stats->check_range(segment, slice, unscale_); // the slice is final on the device: check it there
     }
     const std::size_t skip = offset_ ? offset_(segment) * size_of(p_->cfg->grad_accum_dtype) : 0;
-    if (final && slice_) {
-      slice_(segment, slice + skip);
+    if (slice_) {
+      slice_(segment, slice + skip, final);
     }
     decltype(auto) copied = grads_->take(segment, slice + skip, *p_->stream);
     if (final && early_) {

@@ -57,6 +57,15 @@ template <class HostAlloc>
          accumulation == 1;
 }
 
+/// Whether ZenFlow (`zero_optimization.zenflow`) runs where a config asks for it: as the delayed update, but with
+/// gradient accumulation too unless `overlap_step` is on (its host update would share the threads that add the
+/// micro-steps); elsewhere `check_engine_config` refuses it. The rule the plan's config block and zero-estimate
+/// (the host's window) follow.
+[[nodiscard]] constexpr bool zenflow_runs(int stage, offload_device device, bool whole_state, offload_device params,
+                                          std::int64_t accumulation, bool overlap_step) noexcept {
+  return delayed_update_runs(stage, device, whole_state, params, overlap_step ? accumulation : 1);
+}
+
 /// How an `offloaded_adamw` runs on the host.
 struct offload_options {
   /// Threads of the host AdamW, the calling thread included (0: the host's hardware concurrency).

@@ -23,8 +23,8 @@
 ///
 /// zero departs from DeepSpeed's code on purpose (tests/engine/zenflow_reference.hpp is the oracle): the chosen
 /// columns' state moves with them, the device's update is clipped, and the host applies the mean of the steps
-/// since its last update. Stages 2-3, no accumulation, the parameters on the device: `check_engine_config`
-/// refuses the rest.
+/// since its last update. Stages 2-3, the parameters on the device, `overlap_step` without accumulation:
+/// `check_engine_config` refuses the rest.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
@@ -235,12 +235,13 @@ public:
     return true;
   }
 
-  /// Range `k`'s reduced slice at `slice` (in backend memory, final) of the `m`-th step, before it goes to the
-  /// host: the chosen elements' gradients are gathered from it on the engine's stream.
-  void take(std::size_t k, const std::byte* slice, std::int64_t m) {
+  /// Range `k`'s reduced slice at `slice` (in backend memory) of the `m`-th step, before it goes to the host. When
+  /// it is `final` (no accumulation) the chosen elements' gradients are gathered from it on the engine's stream;
+  /// with accumulation they come from the host shard's sums at the step (`take_from_shard`).
+  void take(std::size_t k, const std::byte* slice, bool final, std::int64_t m) {
     window_.wait(k); // the last step's add still reads range k's host shard, which this slice's copy overwrites
     begin_step(m);
-    if (!gather_at_take_ || count(k) == 0) {
+    if (!final || !gather_at_take_ || count(k) == 0) {
       return;
     }
     if constexpr (can_index_copy<Backend>) {
@@ -249,6 +250,23 @@ public:
                         reinterpret_cast<G*>(grad_.data()) + begin_[k], stream_);
       });
     }
+  }
+  /// The chosen elements' gradients of this step from the host shard (checked, unscaled), uploaded: after a choice
+  /// (whose slices left the device before it) and with gradient accumulation. Nothing in the warm-up.
+  void take_from_shard() {
+    if (warming_ || !selected_) {
+      return;
+    }
+    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
+      std::vector<G> g(index_host_.size());
+      for (std::size_t k = 0; k < ranges().size(); ++k) {
+        const G* shard = reinterpret_cast<const G*>(landed(k));
+        for (std::size_t j = begin_[k]; j < begin_[k + 1]; ++j) {
+          g[j] = shard[index_host_[j]];
+        }
+      }
+      upload<device_host_accessible>(backend_, stream_, g.data(), reinterpret_cast<G*>(grad_.data()), g.size());
+    });
   }
 
   /// Chooses the columns from this step's gradients (in the host shard; see the file comment).
@@ -284,17 +302,7 @@ public:
     selected_ = true;
     build();
     reload();
-    // This step's chosen gradients, from the host shard (the slices left the device before the choice).
-    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
-      std::vector<G> g(index_host_.size());
-      for (std::size_t k = 0; k < ranges().size(); ++k) {
-        const G* shard = reinterpret_cast<const G*>(landed(k));
-        for (std::size_t j = begin_[k]; j < begin_[k + 1]; ++j) {
-          g[j] = shard[index_host_[j]];
-        }
-      }
-      upload<device_host_accessible>(backend_, stream_, g.data(), reinterpret_cast<G*>(grad_.data()), g.size());
-    });
+    take_from_shard();
   }
 
   /// Writes the window's mean, with this step's gradients, into the host shard, and empties the window.

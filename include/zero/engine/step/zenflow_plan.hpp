@@ -2,8 +2,9 @@
 /// \file
 /// `zenflow_plan`: DeepSpeed's ZenFlow (`zero_optimization.zenflow`) as a step plan over `zenflow_adamw`. The
 /// gradients stream to the host during backward as `host_plan`'s do; the intake hands each slice to the
-/// optimizer first, which gathers the chosen columns' gradients from it on the device. At a step that
-/// chooses again the plan all-reduces the column sums over the data group; at a host step whose window holds
+/// optimizer first, which gathers the chosen columns' gradients from it on the device, or (with gradient
+/// accumulation, whose slices are not final as they leave) takes them from the host shard's sums at the step. At a step
+/// that chooses again the plan all-reduces the column sums over the data group; at a host step whose window holds
 /// earlier steps it writes the window's mean into the host shard and clips the host's update by that mean's
 /// norm (`grad_stats::combine`, one all-reduce). With `overlap_step` that host update runs on the host's thread
 /// beside the next steps and the next host step publishes it before it hands over its own (the delayed update's
@@ -35,8 +36,9 @@ public:
 
   void connect(Parts& p) {
     p_ = &p;
-    intake_.connect(
-        p, {}, {}, [this](std::size_t k, const std::byte* slice) { opt_.take(k, slice, p_->counters->applied_steps); });
+    intake_.connect(p, {}, {}, [this](std::size_t k, const std::byte* slice, bool final) {
+      opt_.take(k, slice, final, p_->counters->applied_steps);
+    });
     opt_.connect([this](float* sums, std::size_t n) {
       if (p_->comm->size() > 1) {
         p_->comm->all_reduce(sums, sums, n, reduce_op::sum).wait();
@@ -51,6 +53,8 @@ public:
     opt_.begin_step(p_->counters->applied_steps); // after a load (init_params, a checkpoint) since the micro-step began
     if (opt_.selects()) {
       opt_.select();
+    } else if (p_->cfg->gradient_accumulation_steps > 1) {
+      opt_.take_from_shard(); // the slices were not final as they left: the chosen gradients are the host shard's sums
     }
     if (opt_.averages()) {
       opt_.mean_into_shard();
