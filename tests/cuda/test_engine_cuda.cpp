@@ -199,8 +199,9 @@ TEST_SUITE("engine") {
   }
 
   TEST_CASE("ZenFlow on GPUs: the exact offload's bits with every column chosen, the CPU engine's run otherwise") {
-    // The chosen columns' gradients are gathered out of each reduced slice on the device (kernels/index.cu) and
-    // their parameters scattered back after the compact AdamW; the rest sum in the host's window. With
+    // The chosen columns' gradients are gathered out of each reduced slice on the device (kernels/index.cu; stage 1:
+    // out of the kept gradients at the step) and their parameters scattered back after the compact AdamW; the rest
+    // sum in the host's window. With
     // overlap_step the host's update runs on its thread beside the next interval and its upload waits for the next
     // host step.
     const auto keys = [](double topk, int warmup, bool overlap = false) {
@@ -209,7 +210,7 @@ TEST_SUITE("engine") {
              std::to_string(warmup) + R"(, "overlap_step": )" + (overlap ? "true" : "false") + "}";
     };
     for (const auto ranks : zero::test::gpu_rank_sets()) {
-      for (int stage : {2, 3}) {
+      for (int stage : {1, 2, 3}) {
         for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
           CAPTURE(ranks);
           CAPTURE(stage);
@@ -235,6 +236,12 @@ TEST_SUITE("engine") {
           if (type == zero::dtype::f32) {
             CHECK(zero::testing::max_rel_diff(overlapped.params, gpu.params) > 1e-5);
           }
+          // Gradient accumulation: the chosen gradients come from the host shard's sums at the step.
+          s.zero_extra = keys(0.2, 1);
+          s.accumulation = 2;
+          CHECK(zero::testing::max_rel_diff(zero::test::train_on(s, ranks).params,
+                                            zero::testing::train_with_engine(s).params) <=
+                (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
         }
       }
     }

@@ -1,6 +1,6 @@
 // ZenFlow's engine step (`zero_optimization.zenflow`, zenflow_plan): the exact offload's bits where ZenFlow is
 // exact (every column chosen, the host every step, a warm-up as long as the run), the oracle of
-// zenflow_reference.hpp where it is not, on 1-3 ranks at stages 2-3, with and without gradient accumulation.
+// zenflow_reference.hpp where it is not, on 1-3 ranks at stages 1-3, with and without gradient accumulation.
 
 #include "engine_harness.hpp"
 #include "same_run.hpp"
@@ -50,10 +50,10 @@ zenflow_run train_zenflow(run_spec s, const zenflow_spec& z) {
   return out;
 }
 
-/// Calls `f(s, z)` for each ZenFlow `z` of `cases` with `s` a run of `steps` fp32 steps at stages 2-3, on 1-3 ranks,
+/// Calls `f(s, z)` for each ZenFlow `z` of `cases` with `s` a run of `steps` fp32 steps at stages 1-3, on 1-3 ranks,
 /// with and without clipping (the gradients coupled to the parameters, so that late parameters show).
 template <class F> void for_each_oracle_run(std::span<const zenflow_spec> cases, int steps, F&& f) {
-  for (int stage : {2, 3}) {
+  for (int stage : {1, 2, 3}) {
     for (int world : {1, 2, 3}) {
       for (double clip : {0.0, 1.0}) {
         for (const auto& z : cases) {
@@ -80,7 +80,7 @@ TEST_CASE("ZenFlow gives the exact offload's bits with every column chosen, the 
       // overlap_step: every element chosen, so the host's late update is overwritten wherever it lands.
       {.topk_ratio = 1.0, .schedule = {.warmup = 0, .update_interval = 2, .select_interval = 0}, .overlap = true},
   };
-  for (int stage : {2, 3}) {
+  for (int stage : {1, 2, 3}) {
     for (int world : {1, 3}) {
       for (dtype type : {dtype::f32, dtype::bf16, dtype::f16}) {
         CAPTURE(stage);
@@ -134,7 +134,7 @@ TEST_CASE("ZenFlow with gradient accumulation: the exact offload's bits where it
       {.topk_ratio = 0.2, .schedule = {.warmup = 1, .update_interval = 3, .select_interval = 0}},
       {.topk_ratio = 0.3, .schedule = {.warmup = 0, .update_interval = 2, .select_interval = 4}},
   };
-  for (int stage : {2, 3}) {
+  for (int stage : {1, 2, 3}) {
     for (int world : {1, 3}) {
       for (int accumulation : {2, 4}) {
         CAPTURE(stage);
@@ -170,7 +170,7 @@ TEST_CASE("ZenFlow with gradient accumulation: the exact offload's bits where it
 TEST_CASE("an fp16 overflow skips ZenFlow's step: nothing enters the window or the compact state, the schedule waits") {
   // The skipped step counts no step (m stays), so its host step or choice comes with the next applied step, as the
   // oracle's; fp16 parameters within a rounding of the oracle's fp32 arithmetic plus a tenth of the updates.
-  for (int stage : {2, 3}) {
+  for (int stage : {1, 2, 3}) {
     for (int world : {1, 2}) {
       for (std::int64_t overflow : {1, 2, 3}) { // a choice (m 1), a step into the window, a host step
         CAPTURE(stage);

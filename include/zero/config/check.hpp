@@ -63,7 +63,7 @@ inline auto refuse_in_block(std::string what) {
 
 /// Refuses `zero_optimization.zenflow`: first where DeepSpeed refuses it (stage 0; stages 1-2 without the
 /// optimizer offloaded; `offload` without `overlap_comm`), so that a DeepSpeed config gets DeepSpeed's
-/// reason, then where zero's engine does not run it (`zenflow_plan`): it runs at stages 2-3 with the whole
+/// reason, then where zero's engine does not run it (`zenflow_plan`): it runs at stages 1-3 with the whole
 /// state offloaded to the CPU, the parameters on the device and none of the other overlaps (`overlap_step`
 /// without accumulation).
 inline void check_zenflow(const config& c) {
@@ -89,10 +89,6 @@ inline void check_zenflow(const config& c) {
   refuse(o.ratio_auto || o.ratio < 1,
          "with offload_optimizer.ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)),
          "the host holds the whole state", "ratio 1");
-  refuse(c.stage() < 2, "at stage " + std::to_string(c.stage()),
-         "zero gathers the chosen columns' gradients from each reduced slice as it streams to the host, which the "
-         "slices do at stages 2-3",
-         "zero_optimization.stage 2 or 3");
   refuse(z.zenflow.overlap_step && c.gradient_accumulation_steps != 1,
          "with overlap_step true and gradient_accumulation_steps " + std::to_string(c.gradient_accumulation_steps),
          "the host's update runs beside the next steps on the threads that would add their micro-steps' gradients",

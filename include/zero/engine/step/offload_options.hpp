@@ -57,13 +57,14 @@ template <class HostAlloc>
          accumulation == 1;
 }
 
-/// Whether ZenFlow (`zero_optimization.zenflow`) runs where a config asks for it: as the delayed update, but with
-/// gradient accumulation too unless `overlap_step` is on (its host update would share the threads that add the
-/// micro-steps); elsewhere `check_engine_config` refuses it. The rule the plan's config block and zero-estimate
-/// (the host's window) follow.
+/// Whether ZenFlow (`zero_optimization.zenflow`) runs where a config asks for it: the whole state on the CPU
+/// (`whole_state`) at stages 1-3, the parameters on the device, and with `overlap_step` no gradient accumulation
+/// (its host update would share the threads that add the micro-steps); elsewhere `check_engine_config` refuses it.
+/// The rule the plan's config block and zero-estimate (the host's window) follow.
 [[nodiscard]] constexpr bool zenflow_runs(int stage, offload_device device, bool whole_state, offload_device params,
                                           std::int64_t accumulation, bool overlap_step) noexcept {
-  return delayed_update_runs(stage, device, whole_state, params, overlap_step ? accumulation : 1);
+  return stage >= 1 && device == offload_device::cpu && whole_state && params == offload_device::none &&
+         (!overlap_step || accumulation == 1);
 }
 
 /// How an `offloaded_adamw` runs on the host.

@@ -134,15 +134,16 @@ public:
       // The delayed update, checked by check_engine_config: the whole state on the host, its gradients streamed.
       opt.delayed_update = o.delayed_update && streams && host == state;
       if (cfg.zero_optimization.zenflow.enabled) {
-        // ZenFlow, checked by check_engine_config: the whole state on the host, its gradients streamed.
+        // ZenFlow, checked by check_engine_config: the whole state on the host, its gradients streamed at stages 2-3.
         const auto& z = cfg.zero_optimization.zenflow;
         const zenflow_options zo{.topk_ratio = z.topk_ratio,
                                  .schedule = {.warmup = z.full_warm_up_rounds,
                                               .update_interval = z.update_interval.value_or(1),
                                               .select_interval = zenflow_select_steps(z)},
                                  .overlap = z.overlap_step};
-        v_.template emplace<zenflow_plan<parts_type, on_zenflow>>(layout, place, reg.group_of(), reg.groups(), backend,
-                                                                  device, host_allocator_type{}, stream, opt, zo);
+        v_.template emplace<zenflow_plan<parts_type, on_zenflow>>(streams, layout, place, reg.group_of(), reg.groups(),
+                                                                  backend, device, host_allocator_type{}, stream, opt,
+                                                                  zo);
       } else if (host == state) {
         v_.template emplace<host_plan<parts_type, on_host>>(streams, layout, place, reg.group_of(), reg.groups(),
                                                             backend, host_allocator_type{}, stream, opt);

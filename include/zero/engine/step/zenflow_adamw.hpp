@@ -23,8 +23,8 @@
 ///
 /// zero departs from DeepSpeed's code on purpose (tests/engine/zenflow_reference.hpp is the oracle): the chosen
 /// columns' state moves with them, the device's update is clipped, and the host applies the mean of the steps
-/// since its last update. Stages 2-3, the parameters on the device, `overlap_step` without accumulation:
-/// `check_engine_config` refuses the rest.
+/// since its last update. Stages 1-3 (stage 1's gradients stay on the device until the step: `fetch`), the
+/// parameters on the device, `overlap_step` without accumulation: `check_engine_config` refuses the rest.
 
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
@@ -250,6 +250,16 @@ public:
                         reinterpret_cast<G*>(grad_.data()) + begin_[k], stream_);
       });
     }
+  }
+  /// Stage 1 (the reduced gradients kept on the device, checked and unscaled there): gathers the chosen elements'
+  /// gradients from each range's (`grad_of(range, state offset)`) and posts every range's copy to the host shard,
+  /// which the choice and the window read before the host's step would fetch it.
+  template <class GradOf> void fetch(GradOf&& grad_of, std::int64_t m) {
+    for (std::size_t k = 0; k < ranges().size(); ++k) {
+      const auto& [range, off] = ranges()[k];
+      take(k, static_cast<const std::byte*>(grad_of(range, off)), true, m);
+    }
+    grads().fetch_all(stream_, grad_of);
   }
   /// The chosen elements' gradients of this step from the host shard (checked, unscaled), uploaded: after a choice
   /// (whose slices left the device before it) and with gradient accumulation. Nothing in the warm-up.

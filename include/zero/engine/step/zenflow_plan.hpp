@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// `zenflow_plan`: DeepSpeed's ZenFlow (`zero_optimization.zenflow`) as a step plan over `zenflow_adamw`. The
-/// gradients stream to the host during backward as `host_plan`'s do; the intake hands each slice to the
-/// optimizer first, which gathers the chosen columns' gradients from it on the device, or (with gradient
+/// `zenflow_plan`: DeepSpeed's ZenFlow (`zero_optimization.zenflow`) as a step plan over `zenflow_adamw`. At
+/// stages 2-3 the gradients stream to the host during backward as `host_plan`'s do (at stage 1 they stay on the
+/// device, where the step gathers the chosen ones, and are copied to the host as it begins); the intake hands each
+/// slice to the optimizer first, which gathers the chosen columns' gradients from it on the device, or (with gradient
 /// accumulation, whose slices are not final as they leave) takes them from the host shard's sums at the step. At a step
 /// that chooses again the plan all-reduces the column sums over the data group; at a host step whose window holds
 /// earlier steps it writes the window's mean into the host shard and clips the host's update by that mean's
@@ -30,9 +31,11 @@ class zenflow_plan : public detail::plan_interface<zenflow_plan<Parts, Optimizer
   friend detail::plan_interface<zenflow_plan, Parts, Optimizer>;
 
 public:
-  /// Makes the optimizer from `args` (as `zenflow_adamw`'s); its gradients stream to the host.
+  /// Makes the optimizer from `args` (as `zenflow_adamw`'s); `streams`: stages 2-3, whose gradients stream to the
+  /// host during backward (stage 1 keeps them on the device until the step).
   template <class... Args>
-  explicit zenflow_plan(Args&&... args) : opt_(std::forward<Args>(args)...), intake_(&opt_.grads(), false) {}
+  explicit zenflow_plan(bool streams, Args&&... args)
+      : opt_(std::forward<Args>(args)...), intake_(streams ? &opt_.grads() : nullptr, false) {}
 
   void connect(Parts& p) {
     p_ = &p;
@@ -51,9 +54,12 @@ public:
   }
   void apply(const adamw_step_args& args, const typename Parts::after_update& after) {
     opt_.begin_step(p_->counters->applied_steps); // after a load (init_params, a checkpoint) since the micro-step began
+    if (!intake_.streams()) {
+      opt_.fetch(p_->reduced(), p_->counters->applied_steps); // stage 1: the chosen gradients gathered on the device
+    }
     if (opt_.selects()) {
       opt_.select();
-    } else if (p_->cfg->gradient_accumulation_steps > 1) {
+    } else if (intake_.streams() && p_->cfg->gradient_accumulation_steps > 1) {
       opt_.take_from_shard(); // the slices were not final as they left: the chosen gradients are the host shard's sums
     }
     if (opt_.averages()) {
@@ -80,7 +86,7 @@ public:
   /// parameters or the state. \returns true when there was one (the residency must then make the parameters whole).
   bool settle() { return opt_.publish(*p_->stream); }
   void add_memory(memory_report& m, const offload_split& /*split*/) const {
-    add_host_memory(m, opt_.host_memory(), 1.0, 1.0);
+    add_host_memory(m, opt_.host_memory(), 1.0, intake_.streams() ? 1.0 : 0.0);
     // The window: an fp32 sum of the gradient shard, 4 psi / N more.
     m.host_formula += 4.0 * static_cast<double>(m.parameters) / m.world_size;
     if (opt_.overlap()) { // overlap_step holds the host gradient shard twice (host_gradients::hold_twice)

@@ -76,7 +76,8 @@ public:
   }
 
   /// Range `k`'s reduced gradients in host memory, after posting the copies (fetched: every range's
-  /// at k = 0, range k's alone when range 0 did not post it; streamed: already posted by `take`) and
+  /// at k = 0 unless `fetch_all` did, range k's alone when range 0 did not post it; streamed: already posted by
+  /// `take`) and
   /// waiting for k's. `grad_of(range, state offset)` gives the device gradients (fetched only).
   /// \throws usage_error naming `who` for a range that does not exist.
   template <class GradOf> const std::byte* wait(std::size_t k, const stream_type& s, GradOf& grad_of, const char* who) {
@@ -86,11 +87,11 @@ public:
                             " (exclusive), one per segment"));
     }
     if (!streamed()) {
-      if (k == 0) {
+      if (k == 0 && !std::exchange(ahead_, false)) {
         for (std::size_t j = 0; j < ranges_.size(); ++j) {
           fetch(j, s, grad_of);
         }
-      } else if (!posted_[k]) {
+      } else if (k != 0 && !posted_[k]) {
         fetch(k, s, grad_of);
       }
       posted_[k] = false;
@@ -99,6 +100,15 @@ public:
     }
     backend_.synchronize(std::as_const(fetched_[k]));
     return at(ranges_[k].second);
+  }
+
+  /// Fetched: posts every range's copy now, for a reader of the shard before the step's `wait`s (ZenFlow's choice
+  /// and window); the next `wait(0)` posts none again.
+  template <class GradOf> void fetch_all(const stream_type& s, GradOf& grad_of) {
+    for (std::size_t j = 0; j < ranges_.size(); ++j) {
+      fetch(j, s, grad_of);
+    }
+    ahead_ = true;
   }
 
   /// Streams from now on: the gradient reducer hands each reduced slice to `take`.
@@ -251,6 +261,7 @@ private:
   std::byte* aside_ = nullptr;        // the other half (`spare_at`)
   std::vector<event_type> fetched_;
   std::vector<bool> posted_;
+  bool ahead_ = false; // fetch_all posted this step's copies
   std::vector<bool> fresh_;
   std::size_t largest_ = 0;
   // Streamed: the copy stream, the engine's stream at a take, host staging for accumulation.
