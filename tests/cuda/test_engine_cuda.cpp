@@ -204,10 +204,11 @@ TEST_SUITE("engine") {
     // sum in the host's window. With
     // overlap_step the host's update runs on its thread beside the next interval and its upload waits for the next
     // host step.
-    const auto keys = [](double topk, int warmup, bool overlap = false) {
+    const auto keys = [](double topk, int warmup, bool overlap = false, int select = 0) {
       return R"("offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": )" + std::to_string(topk) +
-             R"(, "select_strategy": "step", "select_interval": 0, "update_interval": 3, "full_warm_up_rounds": )" +
-             std::to_string(warmup) + R"(, "overlap_step": )" + (overlap ? "true" : "false") + "}";
+             R"(, "select_strategy": "step", "select_interval": )" + std::to_string(select) +
+             R"(, "update_interval": 3, "full_warm_up_rounds": )" + std::to_string(warmup) + R"(, "overlap_step": )" +
+             (overlap ? "true" : "false") + "}";
     };
     for (const auto ranks : zero::test::gpu_rank_sets()) {
       for (int stage : {1, 2, 3}) {
@@ -236,6 +237,11 @@ TEST_SUITE("engine") {
           if (type == zero::dtype::f32) {
             CHECK(zero::testing::max_rel_diff(overlapped.params, gpu.params) > 1e-5);
           }
+          // overlap_step with the columns chosen again every 3 steps: the update pending lands at each choice.
+          s.zero_extra = keys(0.2, 1, true, 3);
+          CHECK(zero::testing::max_rel_diff(zero::test::train_on(s, ranks).params,
+                                            zero::testing::train_with_engine(s).params) <=
+                (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
           // Gradient accumulation: the chosen gradients come from the host shard's sums at the step.
           s.zero_extra = keys(0.2, 1);
           s.accumulation = 2;

@@ -195,6 +195,9 @@ TEST_CASE("overlap_step: the host's update of an interval reaches the device at 
       {.topk_ratio = 0.2, .schedule = {.warmup = 1, .update_interval = 3, .select_interval = 0}, .overlap = true},
       {.topk_ratio = 0.3, .schedule = {.warmup = 0, .update_interval = 2, .select_interval = 0}, .overlap = true},
       {.topk_ratio = 0.2, .schedule = {.warmup = 2, .update_interval = 1, .select_interval = 0}, .overlap = true},
+      // Columns chosen again: the update pending lands at the choice (steps 4 and 8 here, after host steps 3 and 7).
+      {.topk_ratio = 0.3, .schedule = {.warmup = 0, .update_interval = 2, .select_interval = 4}, .overlap = true},
+      {.topk_ratio = 0.2, .schedule = {.warmup = 1, .update_interval = 3, .select_interval = 3}, .overlap = true},
   };
   for_each_oracle_run(cases, 9, [](const run_spec& s, const zenflow_spec& z) {
     const auto want = zero::testing::train_zenflow_reference(s, z);

@@ -41,7 +41,8 @@ struct zenflow_trace {
 ///   clipped by that mean's norm over all elements, at t = m + 1, and the sum is emptied;
 /// - with overlap_step, the gradients of the elements not chosen are taken at their values before the last host
 ///   step's update: a host step past the warm-up first makes the update of the host step before it visible, then
-///   updates (the last one stays unseen until the run's parameters are read, which makes it visible).
+///   updates (the last one stays unseen until the run's parameters are read, which makes it visible); a selection
+///   first makes the one still pending visible, so the columns move with every update landed.
 inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec& z, zenflow_trace* trace = nullptr,
                                           lr_scheduler* sched = nullptr) {
   z.schedule.check();
@@ -68,6 +69,9 @@ inline run_result train_zenflow_reference(const run_spec& s, const zenflow_spec&
     const float coef = reference_clip(s, norm);
     const bool warming = z.schedule.warming(m);
     if (!warming && z.schedule.selects(m)) {
+      if (z.overlap) {
+        visible = st.master; // the host update still pending (over the old choice) lands before the choice moves
+      }
       for (std::size_t k = 0; k < n; ++k) {
         const auto& shape = st.model[k].shape;
         chosen[k].assign(st.model[k].numel(), shape.size() != 2);

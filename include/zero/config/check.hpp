@@ -102,12 +102,6 @@ inline void check_zenflow(const config& c) {
          "with offload_optimizer.backward_overlap " + std::to_string(o.backward_overlap) + " and forward_overlap " +
              (o.forward_overlap ? "true" : "false"),
          "ZenFlow's host step runs after backward, in place", "backward_overlap 0 and forward_overlap false");
-  refuse(z.zenflow.overlap_step && zenflow_select_steps(z.zenflow) > 0,
-         "with overlap_step true and columns chosen again every " + std::to_string(zenflow_select_steps(z.zenflow)) +
-             " steps",
-         "this version publishes the host's update over the columns chosen when it began, and choosing again while "
-         "it runs beside the steps is not built",
-         "overlap_step false, or columns chosen once (select_interval 0, or an epoch's steps unknown)");
   refuse(z.zenflow.offload, "with offload true", "this version keeps the chosen columns' state on the device",
          "offload false");
 }

@@ -58,6 +58,12 @@ public:
       opt_.fetch(p_->reduced(), p_->counters->applied_steps); // stage 1: the chosen gradients gathered on the device
     }
     if (opt_.selects()) {
+      if (opt_.overlap()) {
+        // overlap_step: the host update still beside the steps was begun over the old choice. It lands first (each
+        // range uploaded, the chosen elements' own scattered over it; the step's all-gathers follow), then the
+        // choice writes the compact state back and moves it.
+        static_cast<void>(opt_.publish(*p_->stream));
+      }
       opt_.select();
     } else if (intake_.streams() && p_->cfg->gradient_accumulation_steps > 1) {
       opt_.take_from_shard(); // the slices were not final as they left: the chosen gradients are the host shard's sums
