@@ -12,8 +12,7 @@
 /// | `split_plan`  | `partial_adamw`     | a share on each | the device share's kept, the host's streamed |
 /// | `nvme_plan`   | `nvme_adamw`        | a file          | streamed to the host at stages 2-3          |
 /// | `host_nvme_plan` | `host_nvme_adamw` | a share in host memory, the rest in a file | kept by the reducer |
-/// | `zenflow_plan` | `zenflow_adamw`    | host memory, the chosen columns' on the backend | streamed to the host at
-/// stages 2-3 |
+/// | `zenflow_plan` | `zenflow_adamw` | host memory, the chosen on the backend | streamed at stages 2-3 |
 ///
 /// The engine drives whichever it holds through one set of verbs, and never asks which:
 ///
