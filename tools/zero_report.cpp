@@ -619,7 +619,8 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
                      "memory (4 bytes per parameter over the ranks) and are applied on the host every "
                   << z.zenflow.update_interval.value_or(1) << " step(s)"
                   << (z.zenflow.overlap_step ? ", each host update running beside the next interval's steps and "
-                                               "reaching the device at the next host update (one interval late; "
+                                               "reaching the device at the next host update or choice of columns "
+                                               "(one interval late; "
                                                "the host gradient shard held twice)"
                                              : "")
                   << "; the columns are chosen "

@@ -166,9 +166,10 @@ TEST_CASE("a config's ZenFlow: its rows named NOT EXACT and counted with the win
   const auto o = zt::estimate_options_from(c, zt::summarize_modules({{4'000'000, 4'000'000}}), 2, 1);
   REQUIRE(o.config_zenflow_topk == 0.05);
   const auto zen = stale_row(o, 2, offload_device::cpu);
-  const auto stage1 = stale_row(o, 1, offload_device::cpu);
+  const auto none = stale_row(o, 2, offload_device::none);
   CHECK(zen.zenflow);
-  CHECK_FALSE(stage1.zenflow); // the engine runs ZenFlow at stages 2-3
+  CHECK(stale_row(o, 1, offload_device::cpu).zenflow); // the engine runs ZenFlow at stages 1-3
+  CHECK_FALSE(none.zenflow);                           // with the whole state in host memory
   CHECK(zt::setting_name(zen) == "stage 2, offload_optimizer cpu zenflow (NOT EXACT), offload_param none");
   auto exact = o;
   exact.config_zenflow_topk.reset();
@@ -176,7 +177,7 @@ TEST_CASE("a config's ZenFlow: its rows named NOT EXACT and counted with the win
         4 * 4'000'000); // each rank's fp32 window over its 4e6 elements
   // The block the plan merges: the config's zenflow kept where the row runs it, null (removed) where not.
   CHECK_FALSE(zt::plan_config_block(zen, o, "")["zero_optimization"].contains("zenflow"));
-  CHECK(zt::plan_config_block(stage1, o, "")["zero_optimization"]["zenflow"].is_null());
+  CHECK(zt::plan_config_block(none, o, "")["zero_optimization"]["zenflow"].is_null());
 }
 
 TEST_CASE("ZenFlow's step cost, worked by hand: the chosen elements on the device, the host's step once an interval") {
