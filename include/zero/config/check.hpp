@@ -33,7 +33,7 @@ inline void require_state_on_cpu(const config& c, const std::string& what, const
   if (!(o.ratio_auto || o.ratio < 1)) {
     return;
   }
-  const std::string ratio = o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio);
+  const std::string ratio = o.ratio_auto ? std::string("\"auto\"") : detail::show_number(o.ratio);
   if (!split_ok) {
     throw config_error(what + " with ratio " + ratio + ": the host " + does +
                        " only when it holds the whole state, or with forward_overlap true; expected ratio 1, "
@@ -87,7 +87,7 @@ inline void check_zenflow(const config& c) {
          "zero's ZenFlow keeps the whole optimizer state in host memory and the chosen columns' on the device",
          "offload_optimizer.device \"cpu\"");
   refuse(o.ratio_auto || o.ratio < 1,
-         "with offload_optimizer.ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)),
+         "with offload_optimizer.ratio " + (o.ratio_auto ? std::string("\"auto\"") : detail::show_number(o.ratio)),
          "the host holds the whole state", "ratio 1");
   refuse(z.zenflow.overlap_step && c.gradient_accumulation_steps != 1,
          "with overlap_step true and gradient_accumulation_steps " + std::to_string(c.gradient_accumulation_steps),
@@ -99,8 +99,8 @@ inline void check_zenflow(const config& c) {
   refuse(o.delayed_update, "with offload_optimizer.delayed_update",
          "the two change what a step computes each their own way", "one of them");
   refuse(o.backward_overlap != 0 || o.forward_overlap,
-         "with offload_optimizer.backward_overlap " + std::to_string(o.backward_overlap) + " and forward_overlap " +
-             (o.forward_overlap ? "true" : "false"),
+         "with offload_optimizer.backward_overlap " + detail::show_number(o.backward_overlap) +
+             " and forward_overlap " + (o.forward_overlap ? "true" : "false"),
          "ZenFlow's host step runs after backward, in place", "backward_overlap 0 and forward_overlap false");
   refuse(z.zenflow.offload, "with offload true", "this version keeps the chosen columns' state on the device",
          "offload false");
@@ -123,7 +123,7 @@ inline void check_delayed_update(const config& c) {
   refuse(o.device != offload_device::cpu, "with device " + device(o.device),
          "the host delays only an update of state it holds in memory", "device \"cpu\"");
   refuse(o.ratio_auto || o.ratio < 1,
-         "with ratio " + (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)),
+         "with ratio " + (o.ratio_auto ? std::string("\"auto\"") : detail::show_number(o.ratio)),
          "the delayed update runs on the whole state in host memory", "ratio 1");
   refuse(c.stage() < 2, "at stage " + std::to_string(c.stage()),
          "the next step's gradients must stream to the host during backward while the host still updates, which "
@@ -136,7 +136,7 @@ inline void check_delayed_update(const config& c) {
   refuse(c.zero_optimization.offload_param.device != offload_device::none,
          "with offload_param " + device(c.zero_optimization.offload_param.device),
          "the next step gathers from the parameter shard the host would be rewriting", "offload_param \"none\"");
-  refuse(o.backward_overlap != 0, "with backward_overlap " + std::to_string(o.backward_overlap),
+  refuse(o.backward_overlap != 0, "with backward_overlap " + detail::show_number(o.backward_overlap),
          "an update during backward would use the step's own gradients, not one step old ones", "backward_overlap 0");
 }
 } // namespace detail
@@ -174,7 +174,7 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
                        "them back from NVMe could not be undone");
   }
   if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
-    throw config_error("zero_optimization.offload_optimizer.ratio: " + std::to_string(o.ratio) +
+    throw config_error("zero_optimization.offload_optimizer.ratio: " + detail::show_number(o.ratio) +
                        "; expected a number >= 0 and <= 1 (the share of the optimizer state offloaded), or \"auto\"");
   }
   refuse("offload_optimizer.ratio", detail::nvme_ratio_refusal(o));
@@ -182,13 +182,13 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
   refuse("offload_optimizer.host_ratio", detail::host_ratio_param_refusal(o, param));
   if (param == offload_device::nvme && o.device == offload_device::cpu && (o.ratio_auto || o.ratio < 1)) {
     throw config_error("zero_optimization.offload_optimizer.ratio: " +
-                       (o.ratio_auto ? std::string("\"auto\"") : std::to_string(o.ratio)) +
+                       (o.ratio_auto ? std::string("\"auto\"") : detail::show_number(o.ratio)) +
                        " with offload_param \"nvme\"; a partial offload needs the parameter shard in memory "
                        "(offload_param \"none\" or \"cpu\"), or set the ratio to 1");
   }
   if (o.backward_overlap != 0) {
     const std::string what =
-        "zero_optimization.offload_optimizer.backward_overlap " + std::to_string(o.backward_overlap);
+        "zero_optimization.offload_optimizer.backward_overlap " + detail::show_number(o.backward_overlap);
     if (!(o.backward_overlap > 0 && o.backward_overlap <= 1)) {
       throw config_error(what + ": expected a share in [0, 1]");
     }
