@@ -75,10 +75,9 @@ public:
     }
   }
 
-  /// Range `k`'s reduced gradients in host memory, after posting the copies (fetched: every range's
-  /// at k = 0 unless `fetch_all` did, range k's alone when range 0 did not post it; streamed: already posted by
-  /// `take`) and
-  /// waiting for k's. `grad_of(range, state offset)` gives the device gradients (fetched only).
+  /// Range `k`'s reduced gradients in host memory, after posting the copies (fetched: every range's at k = 0
+  /// unless `fetch_all` did, range k's alone when range 0 did not post it; streamed: already posted by `take`)
+  /// and waiting for k's. `grad_of(range, state offset)` gives the device gradients (fetched only).
   /// \throws usage_error naming `who` for a range that does not exist.
   template <class GradOf> const std::byte* wait(std::size_t k, const stream_type& s, GradOf& grad_of, const char* who) {
     if (k >= ranges_.size()) {
