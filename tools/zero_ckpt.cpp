@@ -55,7 +55,14 @@ void show(const zero::checkpoint::reader& r) {
   }
   std::cout << "\n"
             << "  dtypes              params " << zero::name_of(m.param_dtype) << ", grads "
-            << zero::name_of(m.grad_dtype) << ", optimizer state fp32\n"
+            << zero::name_of(m.grad_dtype) << ", optimizer state fp32 (" << m.optimizer.type << ": master" <<
+      [&] {
+        std::string names;
+        for (const auto& t : m.optimizer.state) {
+          names += ", " + t;
+        }
+        return names;
+      }() << ")\n"
             << "  steps               " << m.global_steps << " optimizer steps, " << m.micro_steps << " micro-steps, "
             << m.boundaries << " boundaries\n"
             << "  loss scaler         " << (m.scaler_dynamic ? "dynamic" : "static") << ", scale " << m.scaler.cur_scale

@@ -592,15 +592,19 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
       }
       if (opt.forward_overlap) {
         const bool acts = c.stage() >= 2 && z.offload_param.device != zero::offload_device::nvme;
+        // The host's update: AdamW, or the config's other rule (docs/optimizers.md).
+        const std::string rule = c.optimizer && c.optimizer->type != zero::optimizer_type::adam
+                                     ? std::string(zero::name_of(c.optimizer->type))
+                                     : std::string("AdamW");
         std::cout << "  offload: "
-                  << (acts
-                          ? (split ? "step() will return while the host still runs AdamW on its share (whose gradients "
-                                     "go to the host during backward); the next forward's modules wait on the device "
-                                     "only for the ranges they read"
-                                   : "step() will return while the host still runs AdamW; the next forward's modules "
-                                     "wait on the device only for the ranges they read")
-                          : "the step would run beside the next forward, but not in this config (it needs stage 2 "
-                            "or 3 and no offload_param nvme)")
+                  << (acts ? (split
+                                  ? "step() will return while the host still runs " + rule +
+                                        " on its share (whose gradients go to the host during backward); the next "
+                                        "forward's modules wait on the device only for the ranges they read"
+                                  : "step() will return while the host still runs " + rule +
+                                        "; the next forward's modules wait on the device only for the ranges they read")
+                           : "the step would run beside the next forward, but not in this config (it needs stage 2 "
+                             "or 3 and no offload_param nvme)")
                   << " (zero_optimization.offload_optimizer.forward_overlap; docs/offload.md)\n";
       }
       if (opt.delayed_update) {

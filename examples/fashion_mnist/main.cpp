@@ -8,6 +8,7 @@
 //   mpirun -np 2 zero-fashion-mnist --timeout 30      report a stopped rank after 30 s (default 300)
 //   zero-fashion-mnist --ranks 2 --config offload_cpu.json    ZeRO-Offload: optimizer state in host memory
 //   zero-fashion-mnist --ranks 8 --config stage3_zeropp.json  stage 3 with ZeRO++ (qwZ, qgZ, hpZ)
+//   zero-fashion-mnist --ranks 2 --config lion.json        Lion (or sgd.json, adagrad.json; docs/optimizers.md)
 //   zero-fashion-mnist --ranks 2 --config offload_nvme.json --nvme-path /mnt/nvme/zero
 //                                                       ZeRO-Infinity: optimizer state in a file per rank
 //   zero-fashion-mnist --ranks 2 --config auto-plan     the fastest setting that fits this machine

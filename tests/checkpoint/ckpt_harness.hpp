@@ -192,7 +192,9 @@ inline snapshot read_snapshot(const fs::path& dir, const std::string& tag = "lat
     const auto& p = r.info().params[i];
     for (auto kind :
          {checkpoint::tensor_kind::master, checkpoint::tensor_kind::exp_avg, checkpoint::tensor_kind::exp_avg_sq}) {
-      if (!p.trainable && kind != checkpoint::tensor_kind::master) {
+      // A frozen parameter has its values only; the rule's state tensors are those the manifest names.
+      if (kind != checkpoint::tensor_kind::master &&
+          (!p.trainable || static_cast<std::size_t>(kind) > r.info().optimizer.state.size())) {
         continue;
       }
       std::vector<float> v(p.numel);

@@ -178,3 +178,33 @@ TEST_CASE("ZenFlow's block and window files read back, and bad ones are refused 
   CHECK(error_of(bad).find("files[3].kind: found \"window\", expected \"shard\", \"frozen\" or \"zenflow\"") !=
         std::string::npos);
 }
+
+TEST_CASE("a rule's optimizer block reads back, sizes the pieces, and a bad one is refused by name") {
+  manifest m = sample();
+  m.optimizer = {"Lion", {"exp_avg"}};
+  m.files[0].size = 48; // 6 elements of master and exp_avg
+  m.files[1].size = 48;
+  const auto j = m.to_json();
+  CHECK(j["optimizer"]["type"] == "Lion");
+  const auto back = manifest::parse(j.dump(), "m.json");
+  CHECK(back.optimizer == m.optimizer);
+  CHECK(back.shard_element_bytes() == 8);
+  CHECK(sample().to_json().contains("optimizer") == false); // AdamW's manifests are as before
+  auto bad = j;
+  bad["files"][0]["size"] = 72; // AdamW's size: the piece no longer tiles the file
+  CHECK(!error_of(bad).empty());
+  bad = j;
+  bad["optimizer"]["state"] = {"exp_avg_sq"};
+  CHECK(error_of(bad).find(R"(m.json: optimizer.state: found ["exp_avg_sq"], expected Lion's ["exp_avg"])") !=
+        std::string::npos);
+  bad = j;
+  bad["optimizer"]["type"] = "LAMB";
+  CHECK(error_of(bad).find(R"(optimizer.type: found "LAMB", expected "AdamW", "Lion", "SGD" or "Adagrad")") !=
+        std::string::npos);
+  bad = j;
+  bad["optimizer"]["type"] = "SGD";
+  bad["optimizer"]["state"] = nlohmann::json::array();
+  bad["files"][0]["size"] = 24;
+  bad["files"][1]["size"] = 24;
+  CHECK(error_of(bad).empty()); // SGD without momentum: the master alone
+}

@@ -416,3 +416,75 @@ TEST_CASE("ZenFlow with overlap_step: a save publishes the host update still pen
     }
   }
 }
+
+TEST_CASE("Lion, SGD and Adagrad resume bit-identically and reshard; a load under another rule is refused") {
+  // Each rule's state (Lion's exp_avg, SGD's momentum_buffer or none, Adagrad's sum) is all a resume needs:
+  // saved at world 4, stage 2, loaded at world 2, stage 3 and at world 1, stage 0, and between host memory and the
+  // device.
+  const std::vector<std::pair<std::string, std::string>> rules = {
+      {"Lion", R"({"type": "Lion", "params": {"lr": 0.01, "weight_decay": 0.1}})"},
+      {"SGD", R"({"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9, "nesterov": true}})"},
+      {"SGD without momentum", R"({"type": "SGD", "params": {"lr": 0.01}})"},
+      {"Adagrad", R"({"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.1, "initial_accumulator_value": 0.5}})"}};
+  for (const auto& rule : rules) {
+    const std::string name = rule.first;
+    CAPTURE(name);
+    zt::run_spec a{.stage = 2, .world = 4, .steps = 5, .batch = 64, .param_coupling = 0, .optimizer = rule.second};
+    const auto want = zt::train_plain(a);
+    for (int world : {1, 2}) {
+      zt::run_spec b = a;
+      b.world = world;
+      b.stage = world == 1 ? 0 : 3;
+      CAPTURE(world);
+      const auto dir = zt::scratch("rule-reshard");
+      CHECK(zt::train_with_break(a, 3, b, dir).params == want.params);
+    }
+    // Offloaded to host memory when saved, on the device when loaded (and the other way): the same bits.
+    zt::run_spec offloaded = a;
+    offloaded.zero_extra = R"("offload_optimizer": {"device": "cpu"})";
+    zt::run_spec in_memory = a;
+    in_memory.world = 2;
+    CHECK(zt::train_with_break(offloaded, 3, in_memory, zt::scratch("rule-offloaded")).params == want.params);
+    CHECK(zt::train_with_break(in_memory, 3, offloaded, zt::scratch("rule-offloaded-2")).params ==
+          zt::train_plain(in_memory).params);
+    // The same world and stage with gradients that read the parameters: bit for bit.
+    zt::run_spec c{.stage = 1, .world = 2, .steps = 4, .batch = 64, .optimizer = rule.second};
+    const auto dir = zt::scratch("rule-resume");
+    CHECK(zt::train_with_break(c, 2, c, dir).params == zt::train_plain(c).params);
+    // The shard holds the master and the rule's tensors only.
+    const auto snap = zt::read_snapshot(dir);
+    CHECK(snap.tensors.contains("fc1.weight/1") == (name != "SGD without momentum"));
+    CHECK(!snap.tensors.contains("fc1.weight/2"));
+  }
+  // Saved by Lion, loaded by AdamW (or by SGD with momentum, whose state differs): refused, naming both.
+  zt::run_spec lion{
+      .stage = 2, .world = 2, .steps = 2, .batch = 64, .optimizer = R"({"type": "Lion", "params": {"lr": 0.01}})"};
+  const auto dir = zt::scratch("rule-mismatch");
+  zt::with_engine(lion, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+    zt::init_and_train(eng, mh, comm, lion, 2);
+    eng.save(dir, "lion");
+  });
+  for (const std::string& other : {std::string(R"({"type": "AdamW", "params": {}})"),
+                                   std::string(R"({"type": "SGD", "params": {"momentum": 0.5}})")}) {
+    zt::run_spec b = lion;
+    b.optimizer = other;
+    zt::with_engine(b, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+      zt::init_all(eng);
+      zt::run_result before;
+      zt::collect_params(eng, mh, comm, before);
+      std::string what;
+      try {
+        eng.load(dir, "lion");
+      } catch (const zero::checkpoint_error& e) {
+        what = e.what();
+      }
+      CHECK(what.find("holds the state of Lion (exp_avg); this engine runs ") != std::string::npos);
+      CHECK(what.find(other.find("AdamW") != std::string::npos ? "AdamW (exp_avg, exp_avg_sq)"
+                                                               : "SGD (momentum_buffer)") != std::string::npos);
+      zt::run_result after; // nothing changed
+      zt::collect_params(eng, mh, comm, after);
+      CHECK(after.params == before.params);
+      CHECK(eng.global_steps() == 0);
+    });
+  }
+}

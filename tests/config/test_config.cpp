@@ -588,6 +588,13 @@ TEST_CASE("to_json writes every key under DeepSpeed's names") {
       for (std::string_view key : zero::detail::schedule_params(c.scheduler->type)) {
         CHECK_MESSAGE(j["scheduler"]["params"].contains(std::string(key)), key);
       }
+    } else if (path == "optimizer.params") { // only the parameters of the optimizer type in force
+      const auto theirs = zero::detail::optimizer_params(c.optimizer->type);
+      for (const auto& row : Table) {
+        const bool its_own = std::find(theirs.begin(), theirs.end(), row.name) != theirs.end();
+        CHECK_MESSAGE(j["optimizer"]["params"].contains(std::string(row.name)) == (its_own && row.write != nullptr),
+                      row.name);
+      }
     } else if (path == "zero_optimization.offload_optimizer.delayed_update") {
       // Written only when given (its presence turns the delayed update on): test_config_check.cpp.
       CHECK_FALSE(j["zero_optimization"]["offload_optimizer"].contains("delayed_update"));

@@ -149,7 +149,8 @@ TEST_CASE("enumerated values suggest the nearest accepted one") {
        "zero_optimization.offload_optimizer.device: found \"cpuu\"; expected one of \"none\", \"cpu\", \"nvme\"; "
        "did you mean \"cpu\"?"},
       {R"({"optimizer": {"type": "Adamm"}})",
-       "optimizer.type: found \"Adamm\"; expected one of \"Adam\", \"AdamW\"; did you mean \"Adam\"?"},
+       "optimizer.type: found \"Adamm\"; expected one of \"Adam\", \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\"; did you "
+       "mean \"Adam\"?"},
       {R"({"scheduler": {"type": "WarmupLr"}})", "did you mean \"WarmupLR\"?"},
       {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linaer"}}})",
        "scheduler.params.warmup_type: found \"linaer\"; expected one of \"log\", \"linear\"; did you mean \"linear\"?"},
@@ -182,10 +183,11 @@ TEST_CASE("settings that need a feature this version lacks say so, and what is a
   }
   SUBCASE("other optimizers") {
     const auto e = error_of(R"({"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}})");
-    CHECK(has(e, "optimizer.type: found \"Lamb\"; this needs optimizers other than Adam and AdamW, which is not "
-                 "implemented in this version (not planned); accepted here: \"Adam\" or \"AdamW\""));
-    CHECK(has(error_of(R"({"optimizer": {"type": "OneBitAdam"}})"), "optimizers other than Adam and AdamW"));
-    CHECK(has(error_of(R"({"optimizer": {"type": "SGD"}})"), "optimizers other than Adam and AdamW"));
+    CHECK(has(e, "optimizer.type: found \"Lamb\"; this needs optimizers other than Adam, AdamW, Lion, SGD and "
+                 "Adagrad, which is not implemented in this version (not planned); accepted here: \"Adam\", "
+                 "\"AdamW\", \"Lion\", \"SGD\" or \"Adagrad\""));
+    CHECK(has(error_of(R"({"optimizer": {"type": "OneBitAdam"}})"), "optimizers other than Adam, AdamW, Lion"));
+    CHECK(has(error_of(R"({"optimizer": {"type": "RMSprop"}})"), "optimizers other than Adam, AdamW, Lion"));
   }
   SUBCASE("OneCycle and LRRangeTest: the keys DeepSpeed requires or refuses") {
     const auto e = error_of(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 1e-3}}})");
@@ -388,7 +390,7 @@ TEST_CASE("scheduler parameters belong to their schedule") {
             "scheduler.params.total_num_steps: missing; WarmupDecayLR needs the number of training steps"));
   CHECK(has(error_of(R"({"scheduler": {"params": {}}})"), "scheduler.type: missing"));
   CHECK(has(error_of(R"({"optimizer": {"params": {"lr": 1}}})"),
-            "optimizer.type: missing; expected \"Adam\" or \"AdamW\""));
+            "optimizer.type: missing; expected \"Adam\", \"AdamW\", \"Lion\", \"SGD\" or \"Adagrad\""));
 }
 
 TEST_CASE("JSON that is not valid, duplicate keys, and unreadable files") {

@@ -17,6 +17,12 @@
 
 namespace zero::test {
 
+/// Two element types for a TEST_CASE_TEMPLATE over pairs (a source and a destination, a gradient and a parameter).
+template <class A, class B> struct type_pair {
+  using first = A;
+  using second = B;
+};
+
 /// The raw bits of an element (uint32_t for float, uint16_t for f16 / bf16).
 template <class T> [[nodiscard]] auto bits_of(T v) noexcept {
   if constexpr (sizeof(T) == 4) {

@@ -11,10 +11,7 @@
 
 namespace {
 
-template <class A, class B> struct type_pair {
-  using first = A;
-  using second = B;
-};
+using zero::test::type_pair;
 
 template <class T> std::vector<T> random_values(std::size_t n, unsigned seed, float lo, float hi) {
   std::mt19937 gen(seed);

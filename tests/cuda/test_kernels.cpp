@@ -33,10 +33,7 @@ using zero::test::device_buffer;
 using zero::test::test_sizes;
 using zero::test::test_stream;
 
-template <class S, class D> struct type_pair {
-  using first = S;
-  using second = D;
-};
+using zero::test::type_pair;
 
 // Host reference of one conversion: widen exactly, then round to nearest even (dtype.hpp).
 template <class S, class D> D host_cast(S x) { return zero::from_float<D>(zero::to_float(x)); }

@@ -78,6 +78,8 @@ struct run_spec {
   std::string zero_extra{};
   /// More top-level keys, e.g. `"aio": {"block_size": 4096}` (empty: none).
   std::string top_extra{};
+  /// The optimizer block, e.g. `{"type": "Lion", "params": {"lr": 0.01}}` (empty: AdamW at lr and weight_decay).
+  std::string optimizer{};
 };
 
 inline std::string config_json(const run_spec& s) {
@@ -89,10 +91,12 @@ inline std::string config_json(const run_spec& s) {
   }
   return "{" + (s.top_extra.empty() ? "" : s.top_extra + ", ") + precision + R"("train_batch_size": )" +
          std::to_string(s.batch) + R"(, "gradient_accumulation_steps": )" + std::to_string(s.accumulation) +
-         R"(, "gradient_clipping": )" + std::to_string(s.clip) +
-         R"(, "optimizer": {"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) + R"(, "weight_decay": )" +
-         std::to_string(s.weight_decay) + R"(}}, "zero_optimization": {"stage": )" + std::to_string(s.stage) +
-         R"(, "reduce_bucket_size": )" + std::to_string(s.bucket) + R"(, "allgather_bucket_size": )" +
+         R"(, "gradient_clipping": )" + std::to_string(s.clip) + R"(, "optimizer": )" +
+         (s.optimizer.empty() ? R"({"type": "AdamW", "params": {"lr": )" + std::to_string(s.lr) +
+                                    R"(, "weight_decay": )" + std::to_string(s.weight_decay) + "}}"
+                              : s.optimizer) +
+         R"(, "zero_optimization": {"stage": )" + std::to_string(s.stage) + R"(, "reduce_bucket_size": )" +
+         std::to_string(s.bucket) + R"(, "allgather_bucket_size": )" +
          std::to_string(s.allgather_bucket < 0 ? s.bucket * 2 : s.allgather_bucket) +
          R"(, "stage3_param_persistence_threshold": )" + std::to_string(s.persistence_threshold) +
          (s.zero_extra.empty() ? "" : ", " + s.zero_extra) + "}}";

@@ -25,7 +25,7 @@
 
 namespace zero {
 
-/// Hyper-parameters and per-step factors of one Adam/AdamW update.
+/// Hyper-parameters and per-step factors of one Adam/AdamW update, and of the other rules' (update_rules.hpp).
 struct adamw_step_args {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -40,11 +40,21 @@ struct adamw_step_args {
   float grad_scale = 1.0f;
   /// true: AdamW, decoupled weight decay; false: Adam with L2 added to the gradient.
   bool adam_w_mode = true;
+  /// The optimizer step (1-based), set by `set_step`: SGD's momentum starts from the gradient at step 1, and
+  /// Adagrad decays its lr with it (zero/backend/update_rules.hpp).
+  std::int64_t step = 1;
+  /// SGD: the momentum factor (0: none, no state), its dampening, and Nesterov's form.
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  bool nesterov = false;
+  /// Adagrad: the lr's decay per step.
+  float lr_decay = 0.0f;
 
-  /// Fills the bias corrections for optimizer step `step` (1-based).
-  void set_step(std::int64_t step, bool bias_correction = true) {
-    bias_correction1 = bias_correction ? 1.0f - static_cast<float>(std::pow(double(beta1), double(step))) : 1.0f;
-    bias_correction2 = bias_correction ? 1.0f - static_cast<float>(std::pow(double(beta2), double(step))) : 1.0f;
+  /// Sets `step` to optimizer step `index` (1-based) and fills its bias corrections.
+  void set_step(std::int64_t index, bool bias_correction = true) {
+    step = index;
+    bias_correction1 = bias_correction ? 1.0f - static_cast<float>(std::pow(double(beta1), double(index))) : 1.0f;
+    bias_correction2 = bias_correction ? 1.0f - static_cast<float>(std::pow(double(beta2), double(index))) : 1.0f;
   }
 };
 

@@ -103,12 +103,15 @@
 #include "zero/backend/detail/cpu_kernels_scalar.hpp"
 #include "zero/backend/detail/thread_pool.hpp"
 #include "zero/backend/quantize.hpp"
+#include "zero/backend/simd_level.hpp"
+#include "zero/backend/update_rules.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/error.hpp"
 #include "zero/memory/allocator.hpp"
 #include "zero/memory/host_allocator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -121,54 +124,6 @@
 #include <utility>
 
 namespace zero {
-
-/// Which instruction set `cpu_backend`'s kernels use.
-enum class simd_level : std::uint8_t {
-  scalar,   ///< portable C++, no intrinsics
-  avx2,     ///< AVX2 + F16C, 8 fp32 lanes
-  avx512,   ///< AVX-512F + AVX-512BW, 16 fp32 lanes
-  automatic ///< the widest level this CPU has
-};
-
-/// Name of a SIMD level for reports: "scalar", "avx2", "avx512", "automatic".
-[[nodiscard]] constexpr std::string_view name_of(simd_level s) noexcept {
-  switch (s) {
-  case simd_level::scalar:
-    return "scalar";
-  case simd_level::avx2:
-    return "avx2";
-  case simd_level::avx512:
-    return "avx512";
-  case simd_level::automatic:
-    return "automatic";
-  }
-  return "?";
-}
-
-/// True when this build and this CPU can run kernels of level `s` (`automatic` always can).
-[[nodiscard]] inline bool simd_supported(simd_level s) noexcept {
-  switch (s) {
-  case simd_level::scalar:
-  case simd_level::automatic:
-    return true;
-  case simd_level::avx2:
-    return detail::cpu::has_avx2();
-  case simd_level::avx512:
-    return detail::cpu::has_avx512();
-  }
-  return false;
-}
-
-/// The widest SIMD level this build and this CPU support.
-[[nodiscard]] inline simd_level best_simd_level() noexcept {
-  if (detail::cpu::has_avx512()) {
-    return simd_level::avx512;
-  }
-  if (detail::cpu::has_avx2()) {
-    return simd_level::avx2;
-  }
-  return simd_level::scalar;
-}
 
 /// How a `cpu_backend` runs its kernels.
 struct cpu_backend_options {
@@ -297,6 +252,44 @@ public:
     require(m != nullptr, "adamw_step", "m");
     require(v != nullptr, "adamw_step", "v");
     adamw_chunks("adamw_step", {master, m, v}, {master, m, v}, grad, param, n, args);
+  }
+
+  /// One step of update rule `Rule` (zero/backend/update_rules.hpp: `rules::lion`, `rules::sgd`,
+  /// `rules::adagrad`, or a framework's own) over `n` elements: `master` fp32, updated in place; `state` its
+  /// `Rule::state_count(args)` fp32 state tensors, updated in place (the rest may be null); `grad` in `G`;
+  /// `param` the low-precision copy written in `P`, or null. Over the pool's chunks; the built-in rules with the
+  /// SIMD level's own loop, a framework's with `detail::cpu::rule_chunk` (four lanes of the vector extension):
+  /// the bits of the rule's formula, whatever the level and thread count.
+  template <class Rule, backend_float G, backend_float P>
+  void rule_step(float* master, const std::array<float*, max_rule_state>& state, const G* grad, P* param, std::size_t n,
+                 const adamw_step_args& args, const stream_type& /*s*/) {
+    if (n == 0) {
+      return;
+    }
+    require(master != nullptr, "rule_step", "master");
+    require(grad != nullptr, "rule_step", "grad");
+    const std::size_t count = Rule::state_count(args);
+    for (std::size_t j = 0; j < count; ++j) {
+      require(state[j] != nullptr, "rule_step", "a state tensor");
+    }
+    const auto f = Rule::make(args);
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      // The SIMD level's loop for a built-in rule, then the portable one for what it left (all of a framework's).
+      std::size_t done = 0;
+      std::array<float*, max_rule_state> at{};
+      for (std::size_t j = 0; j < count; ++j) {
+        at[j] = state[j] + b;
+      }
+      dispatch([&](auto isa) noexcept {
+        done = decltype(isa)::template rule<Rule>(f, master + b, at.data(), count, grad + b,
+                                                  param != nullptr ? param + b : nullptr, len);
+      });
+      for (std::size_t j = 0; j < count; ++j) {
+        at[j] += done;
+      }
+      detail::cpu::rule_chunk<Rule>(f, master + b + done, at.data(), count, grad + b + done,
+                                    param != nullptr ? param + b + done : nullptr, len - done);
+    });
   }
 
   /// The same step out of place: reads the state at `master_in`, `m_in`, `v_in` and writes the new

@@ -19,6 +19,7 @@
 #include "zero/memory/device_allocator.hpp"
 #include "zero/memory/pinned_allocator.hpp"
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -200,6 +201,12 @@ public:
   void adamw_step(float* master, float* m, float* v, const G* grad, P* param, std::size_t n,
                   const adamw_step_args& args, const stream_type& s) const {
     cuda::adamw_step(master, m, v, grad, param, n, args, s.get());
+  }
+  /// See zero::cuda::rule_step.
+  template <class Rule, backend_float G, backend_float P>
+  void rule_step(float* master, const std::array<float*, max_rule_state>& state, const G* grad, P* param, std::size_t n,
+                 const adamw_step_args& args, const stream_type& s) const {
+    cuda::rule_step<Rule>(master, state, grad, param, n, args, s.get());
   }
   /// See zero::cuda::cast.
   template <backend_float S, backend_float D>

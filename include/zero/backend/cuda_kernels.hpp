@@ -1,11 +1,11 @@
 #pragma once
 /// \file
 /// Host launchers of the CUDA kernels ZeRO needs: fill, cast, accumulate, scale, unscale-and-check, squared
-/// norm, the fused AdamW step over a flat shard, and ZeRO++'s block quantization. Compiles with a plain C++20 compiler;
-/// the kernels are compiled once into `zero::cuda` for `float`, `zero::f16` and `zero::bf16` (bit-compatible with
-/// `__half` and
-/// `__nv_bfloat16`). A `.cu` of the user's own that needs another element type includes the kernel
-/// templates from `<zero/kernels/*.cuh>` instead.
+/// norm, the fused AdamW step over a flat shard, the other update rules' step (Lion, SGD, Adagrad), and ZeRO++'s
+/// block quantization. Compiles with a plain C++20 compiler; the kernels are compiled once into `zero::cuda` for
+/// `float`, `zero::f16` and `zero::bf16` (bit-compatible with `__half` and `__nv_bfloat16`). A `.cu` of the user's
+/// own that needs another element type or update rule includes the kernel templates from `<zero/kernels/*.cuh>`
+/// instead.
 ///
 /// Conventions shared by every launcher, in the manner of `nccl.h`:
 /// - Pointers are device-accessible memory (device or mapped pinned memory) owned by the caller. The
@@ -28,8 +28,10 @@
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/quantize.hpp"
+#include "zero/backend/update_rules.hpp"
 #include "zero/core/dtype.hpp"
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -174,6 +176,31 @@ void squared_norm(const T* x, std::size_t n, float* out, void* workspace, std::s
 template <float_element G, float_element P>
 void adamw_step(float* master, float* m, float* v, const G* grad, P* param_out, std::size_t n,
                 const adamw_step_args& args, cudaStream_t stream);
+
+/// One step of update rule `Rule` (zero/backend/update_rules.hpp) over a flat shard of `n` parameters, in one
+/// pass over memory: reads grad, master and the rule's state tensors, writes master, the state and (when
+/// `param_out` is not null) the low-precision copy of the parameters. Each element runs `Rule::apply` with every
+/// operation correctly rounded in fp32 (`__fmul_rn` and its kin) on the factors `Rule::make(args)` forms on the
+/// host, so it gives `cpu_backend::rule_step`'s bits; `param_out[i]` is `master[i]` rounded to nearest even.
+/// Compiled into `zero::cuda` for `rules::lion`, `rules::sgd` and `rules::adagrad`; a rule of a framework's own
+/// runs through `launch_rule_step` of `<zero/kernels/rules.cuh>` in a `.cu` of its own.
+/// \param master    device-accessible fp32 master weights of `n` elements, read and written in `stream` order.
+/// \param state     the rule's fp32 state tensors of `n` elements each: the first `Rule::state_count(args)` are
+///                  device-accessible, read and written in `stream` order (Lion's exp_avg, SGD's
+///                  momentum_buffer, none for SGD without momentum, Adagrad's sum); the others are not touched
+///                  and may be null.
+/// \param grad      device-accessible gradients of `n` elements (not yet unscaled: `args.grad_scale` is
+///                  applied), read in `stream` order.
+/// \param param_out device-accessible output of `n` elements written in `stream` order, or null to skip it.
+/// \param n         number of elements; 0 enqueues nothing.
+/// \param args      hyper-parameters and the step (copied at the call; the launcher keeps nothing).
+/// \param stream    the stream that orders every access.
+/// The buffers must not overlap.
+/// \throws usage_error, before anything is enqueued, if master, grad or a state tensor in use is null and
+///         `n > 0`; cuda_error if the launch fails.
+template <class Rule, float_element G, float_element P>
+void rule_step(float* master, const std::array<float*, max_rule_state>& state, const G* grad, P* param_out,
+               std::size_t n, const adamw_step_args& args, cudaStream_t stream);
 
 /// ZeRO++'s block quantization of `x` (n elements) into `codes` (`f.code_bytes(n)` bytes) and `scales`
 /// (`f.blocks(n)` floats): the codes of `zero::quantize_block` (zero/backend/quantize.hpp), bit for bit.

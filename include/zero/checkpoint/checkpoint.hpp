@@ -57,6 +57,29 @@
 namespace zero {
 
 namespace checkpoint {
+namespace detail {
+
+/// The manifest's "optimizer" entry of an engine running `cfg`: its rule and the state tensors it keeps.
+inline optimizer_entry optimizer_of(const config& cfg) {
+  optimizer_entry e;
+  if (cfg.optimizer) {
+    e.type = std::string(name_of(rule_of(cfg.optimizer->type)));
+    const auto [count, names] = rule_state_of(*cfg.optimizer);
+    e.state.assign(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(count));
+  }
+  return e;
+}
+
+/// "Lion (exp_avg)", "SGD (no state)": a rule and its state tensors, for messages.
+inline std::string rule_text(const optimizer_entry& e) {
+  std::string names;
+  for (const auto& n : e.state) {
+    names += cat(names.empty() ? "" : ", ", n);
+  }
+  return cat(e.type, " (", names.empty() ? "no state" : names, ")");
+}
+
+} // namespace detail
 
 /// Saves `eng` as checkpoint `tag` of `root` (of `root/pipe-PP-tensor-TT` for an engine in a
 /// model-parallel job: `model_dir`); collective over the engine's communicator. Call it between
@@ -121,6 +144,8 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
   for (const auto& g : eng.optimizer().groups()) {
     m.groups.emplace_back(g.lr, g.weight_decay);
   }
+  m.optimizer = detail::optimizer_of(cfg);
+  const std::size_t state_tensors = m.optimizer.state.size();
   std::vector<std::size_t> index_of_layout_id(layout.param_count());
   std::vector<std::size_t> index_of_frozen_id(frozen.param_count());
   for (const auto& r : registered) {
@@ -143,7 +168,7 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
     std::uint64_t at = 0;
     for (const auto& o : owned[static_cast<std::size_t>(q)]) {
       fe.pieces.push_back({index_of_layout_id[o.id], o.param_offset, o.count, at});
-      at += o.count * shard_bytes_per_element;
+      at += o.count * m.shard_element_bytes();
     }
     fe.size = at;
     m.files.push_back(std::move(fe));
@@ -199,7 +224,8 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
   }
   detail::agree(eng, err, cat("save(\"", tag, "\"): creating ", tmp.string()));
 
-  // Each rank writes its shard: master, m, v per piece; and with ZenFlow its window's file.
+  // Each rank writes its shard: master and the rule's state (AdamW's m, v) per piece; and with ZenFlow its window's
+  // file.
   std::vector<std::int64_t> sums(4 * static_cast<std::size_t>(world), 0);
   try {
     const auto& mine = owned[static_cast<std::size_t>(rank)];
@@ -208,18 +234,19 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
       auto& optim = eng.optimizer();
       // Host copies of the rank's state, wherever it lives (the backend, host memory).
       const std::size_t n_state = optim.state_size();
-      std::vector<float> master(n_state), m1(n_state), m2(n_state);
-      optim.read_state(state_tensor::master, 0, master);
-      optim.read_state(state_tensor::exp_avg, 0, m1);
-      optim.read_state(state_tensor::exp_avg_sq, 0, m2);
+      // The master, then the rule's state tensors (Adam's m and v), each as a whole.
+      std::vector<std::vector<float>> t(1 + state_tensors, std::vector<float>(n_state));
+      optim.read_state(state_tensor::master, 0, t[0]);
+      for (std::size_t j = 0; j < state_tensors; ++j) {
+        optim.read_state(j == 0 ? state_tensor::exp_avg : state_tensor::exp_avg_sq, 0, t[1 + j]);
+      }
       detail::hashing_writer w(tmp / detail::shard_name(rank));
       event("shard_created");
       std::size_t k = 0;
       for (const auto& o : mine) {
-        const std::size_t bytes = o.count * sizeof(float);
-        w.write(master.data() + o.state, bytes);
-        w.write(m1.data() + o.state, bytes);
-        w.write(m2.data() + o.state, bytes);
+        for (const auto& tensor : t) {
+          w.write(tensor.data() + o.state, o.count * sizeof(float));
+        }
         event("shard_piece", k++);
       }
       w.finish();
@@ -360,7 +387,8 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
   for (const auto& o : mine) {
     total += o.count;
   }
-  std::vector<float> master(total), m1(total), m2(total);
+  const std::size_t state_tensors = detail::optimizer_of(cfg).state.size();
+  std::vector<float> master(total), m1(state_tensors >= 1 ? total : 0), m2(state_tensors >= 2 ? total : 0);
   std::vector<float> window; // ZenFlow's, when the engine runs it and the checkpoint holds one
   auto* zen = eng.optimizer().zenflow();
   std::vector<std::vector<float>> frozen_values(frozen.param_count());
@@ -369,6 +397,11 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
     rd.emplace(root, tag, at != nullptr ? at->pipe : -1);
     const manifest& m = rd->info();
     const std::string source = (rd->parts().front()->path() / manifest_name).string();
+    if (const auto mine_rule = detail::optimizer_of(cfg); m.optimizer != mine_rule) {
+      throw checkpoint_error(cat(source, ": holds the state of ", detail::rule_text(m.optimizer), "; this engine runs ",
+                                 detail::rule_text(mine_rule),
+                                 " (optimizer.type and its state must be those that saved it)"));
+    }
     // Per layout id: the saved parameter, and the cut of it this engine holds.
     std::vector<std::size_t> saved_index_of_layout(layout.param_count());
     std::vector<std::size_t> saved_index_of_frozen(frozen.param_count());
@@ -409,8 +442,12 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
       const std::size_t s = saved_index_of_layout[o.id];
       const auto& h = held_of_layout[o.id];
       rd->read_slice(s, tensor_kind::master, h.cut, h.index, o.param_offset, {master.data() + next, o.count});
-      rd->read_slice(s, tensor_kind::exp_avg, h.cut, h.index, o.param_offset, {m1.data() + next, o.count});
-      rd->read_slice(s, tensor_kind::exp_avg_sq, h.cut, h.index, o.param_offset, {m2.data() + next, o.count});
+      if (state_tensors >= 1) {
+        rd->read_slice(s, tensor_kind::exp_avg, h.cut, h.index, o.param_offset, {m1.data() + next, o.count});
+      }
+      if (state_tensors >= 2) {
+        rd->read_slice(s, tensor_kind::exp_avg_sq, h.cut, h.index, o.param_offset, {m2.data() + next, o.count});
+      }
       if (zen != nullptr && m.zenflow) {
         window.resize(total);
         rd->read_slice(s, tensor_kind::zenflow_window, h.cut, h.index, o.param_offset, {window.data() + next, o.count});
@@ -438,8 +475,12 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
     P* ps = reinterpret_cast<P*>(store);
     std::vector<P> rounded;
     for (const auto& o : mine) {
-      optim.write_state(state_tensor::exp_avg, o.state, {m1.data() + next, o.count});
-      optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + next, o.count});
+      if (state_tensors >= 1) {
+        optim.write_state(state_tensor::exp_avg, o.state, {m1.data() + next, o.count});
+      }
+      if (state_tensors >= 2) {
+        optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + next, o.count});
+      }
       // The master (for fp32 training the optimizer's own copy of the parameters, when offloaded).
       optim.write_state(state_tensor::master, o.state, {master.data() + next, o.count});
       if (ps != nullptr) { // null: stage 3 keeps no 16-bit shard, the gathers cast the master

@@ -18,8 +18,12 @@
 ///                 "pieces": [{"param": "fc1.weight", "offset": 0, "count": 1000, "byte_offset": 0}, …]},
 ///                {"name": "frozen.bin", "kind": "frozen", "rank": 0, …}]}
 ///
-/// A piece of a `shard` file holds `count` fp32 master weights, then `count` Adam first moments,
-/// then `count` second moments, back to back from `byte_offset` (12 bytes per element). A piece of
+/// A piece of a `shard` file holds `count` fp32 master weights, then `count` values of each of the update
+/// rule's state tensors, back to back from `byte_offset`: Adam/AdamW's first and second moments (12 bytes per
+/// element). A rule other than AdamW names itself and its state tensors in the block
+/// `"optimizer": {"type": "Lion", "state": ["exp_avg"]}` (zero/backend/update_rules.hpp: Lion's exp_avg, SGD's
+/// momentum_buffer or none, Adagrad's sum), and its pieces hold 4 bytes per element per tensor, master included;
+/// a manifest without the block holds AdamW's. A piece of
 /// the `frozen` file holds `count` elements of the parameter's dtype. xxh64 is of the whole file
 /// (seed 0), as 16 lowercase hex digits.
 ///
@@ -40,6 +44,7 @@
 /// `checkpoint::reader` checks before parsing.
 
 #include "zero/checkpoint/detail/manifest_fields.hpp"
+#include "zero/checkpoint/detail/optimizer_block.hpp"
 #include "zero/config/config.hpp"
 #include "zero/config/detail/reader.hpp"
 #include "zero/core/detail/text.hpp"
@@ -74,8 +79,6 @@ inline constexpr std::uint64_t max_param_elements = std::uint64_t{1} << 48;
 inline constexpr int max_world_size = 1 << 20;
 /// The most dimensions a parameter may have.
 inline constexpr std::size_t max_dims = 16;
-/// Bytes per element of a shard piece: fp32 master, m and v.
-inline constexpr std::uint64_t shard_bytes_per_element = 12;
 /// Bytes per element of a `zenflow` piece: the fp32 window.
 inline constexpr std::uint64_t zenflow_bytes_per_element = 4;
 /// The manifest's file name in a tag's directory.
@@ -168,6 +171,11 @@ struct manifest {
   std::vector<file_entry> files;
   /// Set when an engine running ZenFlow saved this; its window is in the files of kind "zenflow".
   std::optional<zenflow_entry> zenflow;
+  /// The update rule of the shards' state.
+  optimizer_entry optimizer;
+
+  /// Bytes per element of a shard piece: the fp32 master and each state tensor of `optimizer`.
+  [[nodiscard]] std::uint64_t shard_element_bytes() const noexcept { return 4 * (1 + optimizer.state.size()); }
 
   /// Index of the parameter named `name`, or -1.
   [[nodiscard]] std::ptrdiff_t find(std::string_view name) const {
@@ -318,6 +326,9 @@ inline nlohmann::json manifest::to_json() const {
                   {"pieces", std::move(pieces)}});
   }
   j["files"] = std::move(fs);
+  if (optimizer != optimizer_entry{}) {
+    j["optimizer"] = {{"type", optimizer.type}, {"state", optimizer.state}};
+  }
   if (zenflow) {
     json cs = json::array();
     for (const auto& [param, cols] : zenflow->columns) {
@@ -390,6 +401,9 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
   for (const json& v : top.array("groups")) {
     const fields g(v, source, cat("groups[", std::to_string(gi++), "]"));
     m.groups.emplace_back(g.number("lr"), g.number("weight_decay"));
+  }
+  if (top.has("optimizer")) {
+    m.optimizer = detail::parse_optimizer(top);
   }
   if (top.has("model")) {
     const fields f(top.at("model"), source, "model");
@@ -500,7 +514,7 @@ inline manifest manifest::parse(std::string_view text, const std::string& source
                              ") do not lie inside \"", p.name, "\" of ", std::to_string(p.numel), " elements"));
       }
       const std::uint64_t bytes = pc.count * (zen     ? zenflow_bytes_per_element
-                                              : shard ? shard_bytes_per_element
+                                              : shard ? m.shard_element_bytes()
                                                       : size_of(p.type));
       if (pc.byte_offset > fe.size || bytes > fe.size - pc.byte_offset) {
         pf.fail("byte_offset", cat("bytes [", std::to_string(pc.byte_offset), ", +", std::to_string(bytes),

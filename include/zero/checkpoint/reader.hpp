@@ -49,8 +49,8 @@ struct save_options {
 /// Which of a parameter's saved tensors to read.
 enum class tensor_kind : std::uint8_t {
   master,     ///< fp32 master weights (for a frozen parameter: its values)
-  exp_avg,    ///< Adam's first moment
-  exp_avg_sq, ///< Adam's second moment
+  exp_avg,    ///< Adam's first moment; another rule's first state tensor (manifest::optimizer)
+  exp_avg_sq, ///< Adam's second moment; another rule's second state tensor
   /// ZenFlow's window (the files of kind "zenflow"; a checkpoint with the manifest's "zenflow" block only)
   zenflow_window,
 };
@@ -265,6 +265,12 @@ public:
     }
     if (!p.trainable && kind != tensor_kind::master) {
       throw usage_error(cat("checkpoint read of \"", p.name, "\": a frozen parameter has no optimizer state"));
+    }
+    if ((kind == tensor_kind::exp_avg || kind == tensor_kind::exp_avg_sq) &&
+        static_cast<std::size_t>(kind) > m_.optimizer.state.size()) {
+      throw usage_error(cat("checkpoint read of \"", p.name, "\": ", m_.optimizer.type, " keeps ",
+                            std::to_string(m_.optimizer.state.size()), " state tensors; ",
+                            kind == tensor_kind::exp_avg ? "the first" : "the second", " is not one of them"));
     }
     const bool window = kind == tensor_kind::zenflow_window;
     if (window && !m_.zenflow) {

@@ -152,7 +152,8 @@ inline void check_delayed_update(const config& c) {
 /// [0, 1] or below 1 with NVMe (optimizer or parameters); a host_ratio outside [0, 1), or above 0 without
 /// device nvme, with a ratio below 1 or with parameters on NVMe; an overlap key without the host holding the
 /// state; qgZ with offload or with bits other than 4 and 8; HSDP with offload or with ZeRO++'s node
-/// groups; a missing optimizer; a communication dtype other than the gradient dtype; and, with
+/// groups; an optimizer other than Adam/AdamW with NVMe offload, backward_overlap, delayed_update or ZenFlow; a
+/// missing optimizer; a communication dtype other than the gradient dtype; and, with
 /// `ranks`, an HSDP shard group, hpZ partition or qgZ node that does not divide the ranks.
 inline void check_engine_config(const config& c, std::optional<std::int64_t> ranks = std::nullopt) {
   const auto& op = c.zero_optimization.offload_param;
@@ -172,6 +173,26 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
                        "offload_optimizer.device \"cpu\" or \"nvme\": fp32 training keeps its master weights in "
                        "the parameters, and with the optimizer state in device memory a step that could not read "
                        "them back from NVMe could not be undone");
+  }
+  if (c.optimizer && c.optimizer->type != optimizer_type::adam && c.optimizer->type != optimizer_type::adamw) {
+    // Another update rule runs wherever partitioned_adamw steps it: on the device and in host memory (whole or
+    // split); the NVMe file's slots, the updates out of place and the delayed or selective steps are AdamW's.
+    const std::string rule = "optimizer.type \"" + std::string(name_of(c.optimizer->type)) + "\"";
+    const auto refuse_rule = [&](bool on, const std::string& key) {
+      if (on) {
+        throw config_error("zero_optimization." + key + " with " + rule + ": this version runs " +
+                           std::string(name_of(c.optimizer->type)) +
+                           " with its state in device or host memory (offload_optimizer.device \"none\" or "
+                           "\"cpu\" with a numeric ratio, without backward_overlap, delayed_update or zenflow; "
+                           "\"auto\" measures AdamW's rates); expected optimizer.type \"Adam\" or \"AdamW\" for "
+                           "this key");
+      }
+    };
+    refuse_rule(o.device == offload_device::nvme, "offload_optimizer.device \"nvme\"");
+    refuse_rule(o.device == offload_device::cpu && o.ratio_auto, "offload_optimizer.ratio \"auto\"");
+    refuse_rule(o.backward_overlap != 0, "offload_optimizer.backward_overlap");
+    refuse_rule(o.delayed_update, "offload_optimizer.delayed_update");
+    refuse_rule(c.zero_optimization.zenflow.enabled, "zenflow");
   }
   if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
     throw config_error("zero_optimization.offload_optimizer.ratio: " + detail::show_number(o.ratio) +

@@ -10,12 +10,25 @@
 
 namespace zero {
 
-/// The optimizers this version runs: DeepSpeed's `"Adam"` and `"AdamW"`.
-enum class optimizer_type : std::uint8_t { adam, adamw };
+/// The optimizers this version runs: DeepSpeed's `"Adam"`, `"AdamW"`, `"Lion"`, `"Adagrad"` and PyTorch's `"SGD"`
+/// (which DeepSpeed takes from torch.optim by name). zero/backend/update_rules.hpp has their formulas.
+enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad };
 
-/// DeepSpeed's name of an optimizer type: "Adam", "AdamW".
+/// DeepSpeed's name of an optimizer type: "Adam", "AdamW", "Lion", "SGD", "Adagrad".
 [[nodiscard]] constexpr std::string_view name_of(optimizer_type t) noexcept {
-  return t == optimizer_type::adam ? "Adam" : "AdamW";
+  switch (t) {
+  case optimizer_type::adam:
+    return "Adam";
+  case optimizer_type::lion:
+    return "Lion";
+  case optimizer_type::sgd:
+    return "SGD";
+  case optimizer_type::adagrad:
+    return "Adagrad";
+  case optimizer_type::adamw:
+    break;
+  }
+  return "AdamW";
 }
 
 /// The learning-rate schedules this version runs (DeepSpeed's `deepspeed.runtime.lr_schedules`).
@@ -46,24 +59,36 @@ enum class warmup_curve : std::uint8_t { log, linear };
   return c == warmup_curve::log ? "log" : "linear";
 }
 
-/// The `optimizer` block. Only Adam and AdamW are implemented; other DeepSpeed optimizers are
-/// refused by `unimplemented_features`.
+/// The `optimizer` block. Each type takes its own parameters (DeepSpeed passes them to the optimizer's
+/// constructor): a parameter of another type is refused by name. Other DeepSpeed optimizers are refused by
+/// `unimplemented_features`.
 struct optimizer_config {
-  /// `optimizer.type`: "Adam" or "AdamW" (case-insensitive, as in DeepSpeed).
+  /// `optimizer.type`: "Adam", "AdamW", "Lion", "SGD" or "Adagrad" (case-insensitive, as in DeepSpeed).
   optimizer_type type = optimizer_type::adamw;
-  /// `optimizer.params.lr`. Default 1e-3 (DeepSpeed's FusedAdam and CPUAdam).
+  /// `optimizer.params.lr`. Default 1e-3 (DeepSpeed's FusedAdam, CPUAdam and Lion, torch.optim.SGD), 1e-2 for
+  /// Adagrad (torch.optim.Adagrad, DeepSpeed's CPU Adagrad).
   double lr = 1e-3;
-  /// `optimizer.params.betas`: [beta1, beta2]. Default [0.9, 0.999].
+  /// `optimizer.params.betas` (Adam, AdamW, Lion): [beta1, beta2]. Default [0.9, 0.999], Lion's [0.9, 0.99].
   std::array<double, 2> betas{0.9, 0.999};
-  /// `optimizer.params.eps`. Default 1e-8.
+  /// `optimizer.params.eps` (Adam, AdamW, Adagrad). Default 1e-8, Adagrad's 1e-10.
   double eps = 1e-8;
   /// `optimizer.params.weight_decay`. Default 0, or 0.01 for AdamW with `torch_adam` (PyTorch's default).
   double weight_decay = 0.0;
   /// Decoupled weight decay (AdamW) when true, L2 added to the gradient (Adam) when false. DeepSpeed
   /// runs AdamW for type "AdamW" and for type "Adam" unless `optimizer.params.adam_w_mode` is false.
   bool adam_w_mode = true;
-  /// `optimizer.params.bias_correction`. Default true.
+  /// `optimizer.params.bias_correction` (Adam, AdamW). Default true.
   bool bias_correction = true;
+  /// `optimizer.params.momentum` (SGD): the momentum factor; 0 (default) keeps no state.
+  double momentum = 0.0;
+  /// `optimizer.params.dampening` (SGD). Default 0.
+  double dampening = 0.0;
+  /// `optimizer.params.nesterov` (SGD): Nesterov momentum (needs momentum > 0 and dampening 0). Default false.
+  bool nesterov = false;
+  /// `optimizer.params.lr_decay` (Adagrad): the lr is lr / (1 + (step - 1) * lr_decay). Default 0.
+  double lr_decay = 0.0;
+  /// `optimizer.params.initial_accumulator_value` (Adagrad): the sum of squares' first value. Default 0.
+  double initial_accumulator_value = 0.0;
   friend bool operator==(const optimizer_config&, const optimizer_config&) = default;
 };
 

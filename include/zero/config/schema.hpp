@@ -32,7 +32,10 @@ inline constexpr choice<offload_device> offload_devices[] = {
 inline constexpr choice<zenflow_select> zenflow_selects[] = {
     {"auto", zenflow_select::automatic}, {"step", zenflow_select::step}, {"epoch", zenflow_select::epoch}};
 inline constexpr choice<optimizer_type> optimizer_types[] = {{"Adam", optimizer_type::adam},
-                                                             {"AdamW", optimizer_type::adamw}};
+                                                             {"AdamW", optimizer_type::adamw},
+                                                             {"Lion", optimizer_type::lion},
+                                                             {"SGD", optimizer_type::sgd},
+                                                             {"Adagrad", optimizer_type::adagrad}};
 inline constexpr choice<scheduler_type> scheduler_types[] = {{"WarmupLR", scheduler_type::warmup_lr},
                                                              {"WarmupDecayLR", scheduler_type::warmup_decay_lr},
                                                              {"WarmupCosineLR", scheduler_type::warmup_cosine_lr},
@@ -152,7 +155,21 @@ inline constexpr key_row<optimizer_config> optimizer_params_keys[] = {
     key<&optimizer_config::adam_w_mode>("adam_w_mode").by_hand(),
     key<&optimizer_config::bias_correction>("bias_correction").by_hand(),
     hand<optimizer_config>("torch_adam"),
+    // SGD's and Adagrad's (torch.optim's names and defaults).
+    key<&optimizer_config::momentum>("momentum").at_least(0.0),
+    key<&optimizer_config::dampening>("dampening").at_least(0.0),
+    key<&optimizer_config::nesterov>("nesterov"),
+    key<&optimizer_config::lr_decay>("lr_decay").at_least(0.0),
+    key<&optimizer_config::initial_accumulator_value>("initial_accumulator_value").at_least(0.0),
 };
+
+// The parameters each optimizer type takes (its constructor's in DeepSpeed or torch.optim).
+inline constexpr std::string_view adam_params[] = {"lr",          "betas",           "eps",        "weight_decay",
+                                                   "adam_w_mode", "bias_correction", "torch_adam", "amsgrad"};
+inline constexpr std::string_view lion_params[] = {"lr", "betas", "weight_decay"};
+inline constexpr std::string_view sgd_params[] = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+inline constexpr std::string_view adagrad_params[] = {"lr", "lr_decay", "weight_decay", "initial_accumulator_value",
+                                                      "eps"};
 
 inline constexpr key_row<scheduler_config> scheduler_keys[] = {
     key<&scheduler_config::type, scheduler_types>("type").by_hand(), // required (parse_scheduler)
@@ -246,6 +263,22 @@ constexpr std::span<const std::string_view> schedule_params(scheduler_type t) {
     break;
   }
   return warmup_cosine_lr_params;
+}
+
+/// The parameters of optimizer type `t`.
+constexpr std::span<const std::string_view> optimizer_params(optimizer_type t) {
+  switch (t) {
+  case optimizer_type::lion:
+    return lion_params;
+  case optimizer_type::sgd:
+    return sgd_params;
+  case optimizer_type::adagrad:
+    return adagrad_params;
+  case optimizer_type::adam:
+  case optimizer_type::adamw:
+    break;
+  }
+  return adam_params;
 }
 
 /// True when schedule `t` takes the parameter `key`.

@@ -99,9 +99,10 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "sequence-parallel communication", "not planned", ""},
     // ---- optimizer and scheduler ---------------------------------------------------------------
     {"optimizer.type", unimplemented_when::one_of,
-     R"(["lamb", "onebitadam", "zerooneadam", "onebitlamb", "adagrad", "muadam", "muadamw", "musgd", "lion", "muon",)"
-     R"( "sgd", "rmsprop", "adadelta", "adamax", "asgd", "lbfgs", "nadam", "radam", "rprop", "sparseadam"])",
-     "optimizers other than Adam and AdamW", "not planned", R"("Adam" or "AdamW")"},
+     R"(["lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw", "musgd", "muon",)"
+     R"( "rmsprop", "adadelta", "adamax", "asgd", "lbfgs", "nadam", "radam", "rprop", "sparseadam"])",
+     "optimizers other than Adam, AdamW, Lion, SGD and Adagrad", "not planned",
+     R"("Adam", "AdamW", "Lion", "SGD" or "Adagrad")"},
     {"optimizer.legacy_fusion", unimplemented_when::differs_from, "false", "legacy fused fp16 optimizer", "not planned",
      ""},
     {"optimizer.params.amsgrad", unimplemented_when::differs_from, "false", "AMSGrad", "not planned", ""},

@@ -308,8 +308,9 @@ template <class S> void init_params(S& s, const init_fn& fn) {
 /// Bytes per tag from the counting allocator, beside the ZeRO formula, with what the plan and stage 3's
 /// residency keep apart (the host's, NVMe's, hpZ's secondary partition).
 template <class S> memory_report memory_of(const S& s) {
-  auto m = make_memory_report(s.cfg.stage(), s.comm.size(), s.reg.layout(), s.cfg.grad_accum_dtype, s.state_alloc,
-                              s.buffer_alloc, s.work_alloc);
+  auto m =
+      make_memory_report(s.cfg.stage(), s.comm.size(), s.reg.layout(), s.cfg.grad_accum_dtype, s.state_alloc,
+                         s.buffer_alloc, s.work_alloc, s.cfg.optimizer ? rule_state_of(*s.cfg.optimizer).first : 2);
   s.plan.add_memory(m, s.split);
   if constexpr (can_all_gather<typename S::comm_type>) {
     const auto* c = s.params.coordinator();

@@ -124,6 +124,11 @@ struct engine_state {
                           .grad_type = cfg.grad_accum_dtype,
                           .params_sharded = params([](auto& r) { return r.sharded_store; }),
                           .params_on_host = stage == 3 && z.offload_param.device == offload_device::cpu};
+    if (cfg.optimizer) { // the update rule and its state (check_engine_config refuses a missing optimizer)
+      place.rule = rule_of(cfg.optimizer->type);
+      place.state_tensors = rule_state_of(*cfg.optimizer).first;
+      place.state_init = static_cast<float>(cfg.optimizer->initial_accumulator_value);
+    }
     if (auto* f = params.param_file()) {
       place.params_in_file = [f](param_use use, std::size_t k) { return f->params_for(use, k); };
     } else {

@@ -14,8 +14,11 @@
 
 namespace zero {
 
-/// K of the formula: fp32 master, m and v per parameter (12), or m and v for fp32 training (8).
-[[nodiscard]] inline double optimizer_state_bytes(dtype param) noexcept { return param == dtype::f32 ? 8.0 : 12.0; }
+/// K of the formula: fp32 master, m and v per parameter (12), or m and v for fp32 training (8); for a rule with
+/// `state_tensors` fp32 state tensors other than Adam's two (update_rules.hpp), 4 bytes for each and the master.
+[[nodiscard]] inline double optimizer_state_bytes(dtype param, std::size_t state_tensors = 2) noexcept {
+  return 4.0 * static_cast<double>(state_tensors + (param == dtype::f32 ? 0 : 1));
+}
 
 /// Model-state bytes per rank that ZeRO promises for `psi` parameters over `n` ranks.
 ///
@@ -29,10 +32,12 @@ namespace zero {
 /// | 1 | (P + G) psi + K psi / n |
 /// | 2 | P psi + (G + K) psi / n |
 /// | 3 | (P + G + K) psi / n |
-[[nodiscard]] inline double zero_formula_bytes(int stage, double psi, int n, dtype param, dtype grad) {
+/// `state_tensors`: the update rule's, beside the master (K above is Adam's, 2).
+[[nodiscard]] inline double zero_formula_bytes(int stage, double psi, int n, dtype param, dtype grad,
+                                               std::size_t state_tensors = 2) {
   const double p = static_cast<double>(size_of(param));
   const double g = static_cast<double>(size_of(grad));
-  const double k = optimizer_state_bytes(param);
+  const double k = optimizer_state_bytes(param, state_tensors);
   const double nn = static_cast<double>(n);
   switch (stage) {
   case 0:
@@ -48,8 +53,10 @@ namespace zero {
 
 /// Host bytes per rank of ZeRO-Offload's optimizer over `psi` parameters on `n` ranks: the state
 /// (K) and the rank's gradient (G) and parameter (P) shards staged in host memory, (K + P + G) psi / n.
-[[nodiscard]] inline double offloaded_host_formula_bytes(double psi, int n, dtype param, dtype grad) {
-  return (optimizer_state_bytes(param) + static_cast<double>(size_of(param)) + static_cast<double>(size_of(grad))) *
+[[nodiscard]] inline double offloaded_host_formula_bytes(double psi, int n, dtype param, dtype grad,
+                                                         std::size_t state_tensors = 2) {
+  return (optimizer_state_bytes(param, state_tensors) + static_cast<double>(size_of(param)) +
+          static_cast<double>(size_of(grad))) *
          psi / static_cast<double>(n);
 }
 
@@ -69,6 +76,8 @@ struct memory_report {
   std::size_t parameters = 0;
   /// Padding elements in the flat buffer (alignment and even splitting over ranks).
   std::size_t padding = 0;
+  /// The update rule's fp32 state tensors per element beside the master (Adam/AdamW's two moments; the formula's K).
+  std::size_t state_tensors = 2;
   /// Live bytes now, per tag.
   std::size_t params = 0, grads = 0, optimizer = 0, buffers = 0;
   /// Peak bytes since the engine was built (or since `reset_peaks`).
@@ -165,10 +174,12 @@ struct memory_report {
 
 /// The report of an engine's counting allocators: `state` (params, grads, optimizer), `buffers`
 /// and `work` (stage 3's gathered working set), beside the formula for `layout` (not finalized: no
-/// parameters yet) at `stage` over `world` ranks with gradients in `grad`.
+/// parameters yet) at `stage` over `world` ranks with gradients in `grad`, for an update rule of `state_tensors`
+/// fp32 state tensors beside the master.
 template <class Counting>
 [[nodiscard]] memory_report make_memory_report(int stage, int world, const flat_layout& layout, dtype grad,
-                                               const Counting& state, const Counting& buffers, const Counting& work) {
+                                               const Counting& state, const Counting& buffers, const Counting& work,
+                                               std::size_t state_tensors = 2) {
   memory_report m;
   m.stage = stage;
   m.world_size = world;
@@ -176,6 +187,7 @@ template <class Counting>
   m.grad_type = grad;
   m.parameters = layout.finalized() ? layout.numel() : 0;
   m.padding = layout.finalized() ? layout.padding() : 0;
+  m.state_tensors = state_tensors;
   m.params = state.live(memory_tag::params);
   m.grads = state.live(memory_tag::grads);
   m.optimizer = state.live(memory_tag::optimizer);
@@ -186,7 +198,8 @@ template <class Counting>
   m.buffers_peak = buffers.peak(memory_tag::buffers);
   m.model_state_peak = state.total().peak;
   m.working_set_peak = work.total().peak;
-  m.formula = zero_formula_bytes(m.stage, static_cast<double>(m.parameters), m.world_size, layout.type(), grad);
+  m.formula =
+      zero_formula_bytes(m.stage, static_cast<double>(m.parameters), m.world_size, layout.type(), grad, state_tensors);
   return m;
 }
 
@@ -203,11 +216,11 @@ void add_host_memory(memory_report& m, const Counting& host, double share = 1.0,
   m.host_optimizer = host.live(memory_tag::optimizer);
   m.host_peak = host.total().peak;
   m.offload_ratio = share;
-  m.host_formula =
-      share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type);
+  m.host_formula = share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type,
+                                                        m.grad_type, m.state_tensors);
   m.host_buffers = host.live(memory_tag::buffers);
   const double psi_n = static_cast<double>(m.parameters) / m.world_size;
-  m.formula -= share * optimizer_state_bytes(m.param_type) * psi_n;
+  m.formula -= share * optimizer_state_bytes(m.param_type, m.state_tensors) * psi_n;
   m.formula -= grads_share * static_cast<double>(size_of(m.grad_type)) * psi_n;
 }
 
@@ -238,9 +251,9 @@ void add_host_nvme_memory(memory_report& m, const Counting& host, const Counting
   m.host_optimizer += host.live(memory_tag::optimizer);
   m.host_buffers += host.live(memory_tag::buffers);
   m.host_peak += host.total().peak;
-  m.host_formula =
-      share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type, m.grad_type) +
-      (1.0 - share) * m.host_formula;
+  m.host_formula = share * offloaded_host_formula_bytes(static_cast<double>(m.parameters), m.world_size, m.param_type,
+                                                        m.grad_type, m.state_tensors) +
+                   (1.0 - share) * m.host_formula;
   m.host_share = share;
 }
 

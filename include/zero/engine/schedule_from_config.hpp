@@ -4,6 +4,7 @@
 /// the `fp16` block as a `loss_scaler`, and the settings an engine must refuse.
 
 #include "zero/backend/adamw_args.hpp"
+#include "zero/backend/update_rules.hpp"
 #include "zero/config/check.hpp" // check_engine_config: what the engine refuses
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
@@ -12,7 +13,10 @@
 #include "zero/optim/lr_schedule.hpp"
 
 #include <array>
+#include <cstddef>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace zero {
 
@@ -101,7 +105,36 @@ namespace zero {
   args.adam_w_mode = o.adam_w_mode;
   args.set_step(step, o.bias_correction);
   args.grad_scale = static_cast<float>(grad_scale);
+  args.momentum = static_cast<float>(o.momentum);
+  args.dampening = static_cast<float>(o.dampening);
+  args.nesterov = o.nesterov;
+  args.lr_decay = static_cast<float>(o.lr_decay);
   return args;
+}
+
+/// The update rule of optimizer type `t`: Adam and AdamW run `adamw_step`, the others their rule of
+/// zero/backend/update_rules.hpp.
+[[nodiscard]] constexpr update_rule rule_of(optimizer_type t) noexcept {
+  switch (t) {
+  case optimizer_type::lion:
+    return update_rule::lion;
+  case optimizer_type::sgd:
+    return update_rule::sgd;
+  case optimizer_type::adagrad:
+    return update_rule::adagrad;
+  case optimizer_type::adam:
+  case optimizer_type::adamw:
+    break;
+  }
+  return update_rule::adamw;
+}
+
+/// The fp32 state tensors `o`'s rule keeps per element beside the master copy, and their names (`rule_state`).
+[[nodiscard]] inline std::pair<std::size_t, std::array<std::string_view, max_rule_state>>
+rule_state_of(const optimizer_config& o) {
+  adamw_step_args a;
+  a.momentum = static_cast<float>(o.momentum);
+  return rule_state(rule_of(o.type), a);
 }
 
 /// DeepSpeed's clip: the factor the gradients are scaled by, `max_norm / (norm + 1e-6)` when that is

@@ -127,6 +127,13 @@ struct estimate_options {
   std::int64_t gpus_per_node = 1;  ///< ranks per node
   std::int64_t nodes = 1;          ///< nodes
   dtype param_dtype = dtype::bf16; ///< dtype of parameters (fp32, fp16, bf16)
+  /// The update rule's fp32 state tensors per parameter beside the master (`rule_state`: 2 for Adam/AdamW, 1 for
+  /// Lion, Adagrad and SGD with momentum, 0 for SGD without), and whether it is Adam/AdamW (the only rule the
+  /// NVMe optimizer runs: other rules' nvme rows are not implemented).
+  std::int64_t state_tensors = 2;
+  bool adam = true;
+  /// The rule's name for the estimate's header ("Adam/AdamW", "Lion", "SGD", "Adagrad").
+  std::string rule_name = "Adam/AdamW";
   /// dtype gradients accumulate in; empty: the config's default at each stage
   /// (`default_grad_accum_dtype`: fp32 for bf16 at stage 0, the parameter dtype otherwise)
   std::optional<dtype> grad_dtype;
@@ -340,7 +347,8 @@ struct estimate_row {
   const auto p = static_cast<std::int64_t>(size_of(o.param_dtype));
 
   const std::int64_t master = o.param_dtype == dtype::f32 ? 0 : 4;
-  const std::int64_t moments = 8;
+  // The rule's fp32 state tensors beside the master: Adam's m and v, one for Lion, Adagrad and SGD with momentum.
+  const std::int64_t moments = 4 * o.state_tensors;
   const std::int64_t working =
       std::min({psi, o.stage3_max_live_parameters, o.largest_layer_params + o.stage3_prefetch_bucket_size}) * p;
   // The largest segment of stages 1-2: a bucket, or a parameter larger than one.
@@ -359,7 +367,8 @@ struct estimate_row {
     r.offload_optimizer = opt;
     r.offload_param = par;
     // The engine runs every row, but HSDP's with offload.
-    r.implemented = !(hsdp && stage >= 1 && (opt != offload_device::none || par != offload_device::none));
+    r.implemented = !(hsdp && stage >= 1 && (opt != offload_device::none || par != offload_device::none)) &&
+                    (o.adam || opt != offload_device::nvme); // the NVMe step is Adam/AdamW's alone
     r.offload_ratio = opt == offload_device::none ? 0.0 : opt == offload_device::nvme ? 1.0 : o.offload_ratio;
     std::int64_t host = 0;
     std::int64_t nvme = 0;

@@ -67,6 +67,7 @@
 #include "zero/core/detail/bytes_text.hpp"
 #include "zero/core/detail/text.hpp"
 #include "zero/core/error.hpp"
+#include "zero/engine/schedule_from_config.hpp" // rule_of, rule_state_of: the optimizer's state
 #include "zero/tools/estimate.hpp"
 #include "zero/tools/plan_settings.hpp"
 #include "zero/tools/rates.hpp"
@@ -526,6 +527,13 @@ struct plan_result {
   o.gpus_per_node = ranks_per_node;
   o.nodes = nodes;
   o.param_dtype = c.param_dtype();
+  if (c.optimizer) {
+    o.state_tensors = static_cast<std::int64_t>(rule_state_of(*c.optimizer).first);
+    o.adam = rule_of(c.optimizer->type) == update_rule::adamw;
+    if (!o.adam) {
+      o.rule_name = std::string(name_of(rule_of(c.optimizer->type)));
+    }
+  }
   if (c.grad_accum_dtype != default_grad_accum_dtype(o.param_dtype, c.stage())) {
     o.grad_dtype = c.grad_accum_dtype;
   }

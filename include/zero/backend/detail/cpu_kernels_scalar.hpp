@@ -14,6 +14,7 @@
 /// see through: the bits do not depend on `-ffp-contract`, `-march` or the compiler.
 
 #include "zero/backend/adamw_args.hpp"
+#include "zero/backend/update_rules.hpp"
 #include "zero/core/dtype.hpp"
 
 #include <cmath>
@@ -86,6 +87,203 @@ template <class T> inline float load1(const T* p) noexcept {
 
 /// Stores one float as `T`, rounding to nearest even for the half types.
 template <class T> inline void store1(T* p, float x) noexcept { *p = from_float<T>(x); }
+
+/// The fp32 operations of an update rule on the host (update_rules.hpp): each rounded on its own, a product
+/// never fused with the sum that uses it.
+struct host_ops {
+  static float mul(float a, float b) noexcept { return product(a, b); }
+  static float div(float a, float b) noexcept { return a / b; }
+  static float add(float a, float b) noexcept { return a + b; }
+  static float sub(float a, float b) noexcept { return a - b; }
+  static float sqrt(float a) noexcept { return std::sqrt(a); }
+  static float sign(float a) noexcept { return rules::sign_of(a); }
+};
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__aarch64__))
+/// The lanes `host_vec_ops` computes at once: 16 bytes, the vector every x86-64 and AArch64 target has (GCC's and
+/// Clang's vector extension, so the same code for both and for every -march).
+inline constexpr std::size_t rule_lanes = 4;
+using rule_vec = float __attribute__((vector_size(16)));
+using rule_mask = std::int32_t __attribute__((vector_size(16)));
+
+/// `host_ops` lane by lane over `rule_vec`, a float factor broadcast to every lane: the same operations in the
+/// same order, so the same bits as one element at a time.
+struct host_vec_ops {
+  static rule_vec vec(rule_vec a) noexcept { return a; }
+  static rule_vec vec(float a) noexcept { return rule_vec{a, a, a, a}; }
+  template <class A, class B> static rule_vec mul(A a, B b) noexcept {
+    rule_vec p = vec(a) * vec(b);
+#if defined(__x86_64__)
+    __asm__("" : "+x"(p)); // hidden from the optimizer: never fused into an FMA with the sum that uses it
+#else
+    __asm__("" : "+w"(p));
+#endif
+    return p;
+  }
+  template <class A, class B> static rule_vec div(A a, B b) noexcept { return vec(a) / vec(b); }
+  template <class A, class B> static rule_vec add(A a, B b) noexcept { return vec(a) + vec(b); }
+  template <class A, class B> static rule_vec sub(A a, B b) noexcept { return vec(a) - vec(b); }
+  static rule_vec sqrt(rule_vec a) noexcept {
+#if defined(__x86_64__)
+    return __builtin_ia32_sqrtps(a); // SSE's sqrtps: IEEE's correctly rounded square root, lane by lane
+#else
+    for (std::size_t i = 0; i < rule_lanes; ++i) {
+      a[i] = std::sqrt(a[i]);
+    }
+    return a;
+#endif
+  }
+  /// `rules::sign_of` per lane: 1 where a > 0, -1 where a < 0, a itself elsewhere (0, -0, NaN): where a is
+  /// either, its sign bit on 1.0's bits.
+  static rule_vec sign(rule_vec a) noexcept {
+    const rule_vec zero{};
+    const rule_mask nonzero = (a > zero) | (a < zero);
+    const rule_mask bits = reinterpret_cast<rule_mask>(a);
+    const rule_mask unit = (bits & static_cast<std::int32_t>(0x80000000u)) | 0x3f800000; // +-1.0f
+    return reinterpret_cast<rule_vec>((nonzero & unit) | (~nonzero & bits));
+  }
+};
+
+using rule_u32 = std::uint32_t __attribute__((vector_size(16)));
+using rule_u16 = std::uint16_t __attribute__((vector_size(8)));
+
+/// `rule_lanes` elements of `p` as floats (exact): fp32 copied, bf16 widened in the vector unit, f16 one by one.
+template <class T> inline rule_vec load_lanes(const T* p) noexcept {
+  rule_vec out;
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(&out, p, sizeof out);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    rule_u16 h;
+    std::memcpy(&h, p, sizeof h);
+    const rule_u32 w = __builtin_convertvector(h, rule_u32) << 16;
+    std::memcpy(&out, &w, sizeof out);
+  } else {
+    for (std::size_t k = 0; k < rule_lanes; ++k) {
+      out[k] = load1(p + k);
+    }
+  }
+  return out;
+}
+
+/// Stores `v`'s lanes into `p` as `store1` would, lane by lane: fp32 copied, bf16 rounded to nearest even in the
+/// vector unit (a NaN kept quiet, bf16::from_float's rule), f16 one by one.
+template <class T> inline void store_lanes(T* p, rule_vec v) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(p, &v, sizeof v);
+  } else if constexpr (std::is_same_v<T, bf16>) {
+    rule_u32 x;
+    std::memcpy(&x, &v, sizeof x);
+    const rule_u32 nan = (x & 0x7fffffffu) > 0x7f800000u; // all ones where NaN
+    const rule_u32 rounded = (x + (0x7fffu + ((x >> 16) & 1u))) >> 16;
+    const rule_u32 quiet = (x >> 16) | 0x0040u;
+    const rule_u32 bits16 = (nan & quiet) | (~nan & rounded); // each below 2^16
+#if defined(__x86_64__)
+    // SSE2's signed pack, moved to the signed range and back: one instruction for the four lanes' low halves.
+    using i32x4 = std::int32_t __attribute__((vector_size(16)));
+    const auto centred = reinterpret_cast<i32x4>(bits16 - 0x8000u);
+    const auto packed = reinterpret_cast<rule_u32>(__builtin_ia32_packssdw128(centred, centred)) ^ 0x80008000u;
+    rule_u16 h;
+    std::memcpy(&h, &packed, sizeof h);
+#else
+    const rule_u16 h = __builtin_convertvector(bits16, rule_u16);
+#endif
+    std::memcpy(static_cast<void*>(p), &h, sizeof h); // bf16 is trivially copyable
+  } else {
+    for (std::size_t k = 0; k < rule_lanes; ++k) {
+      store1(p + k, v[k]);
+    }
+  }
+}
+#else
+inline constexpr std::size_t rule_lanes = 0;
+#endif
+
+/// One rule's step over [0, n) of a chunk: `state[j]` are its `count` state tensors. `rule_lanes` elements at a
+/// time with `host_vec_ops`, the last few in one vector padded with zeros (without the vector extension, one by
+/// one with `host_ops`): the same bits as `host_ops` element by element.
+template <class Rule, class G, class P>
+inline void rule_chunk(const typename Rule::factors& factors, float* master, float* const* state, std::size_t count,
+                       const G* grad, P* param, std::size_t n) noexcept {
+  const typename Rule::factors f = factors; // a copy no store below can alias: its broadcasts leave the loop
+  constexpr std::size_t slots = Rule::max_state > 0 ? Rule::max_state : 1;
+  count = count < slots ? count : slots; // Rule::state_count never exceeds max_state; this says so to the compiler
+  float* st[slots]{};                    // the state pointers, held where no store can change them
+  for (std::size_t j = 0; j < count; ++j) {
+    st[j] = state[j];
+  }
+  std::size_t i = 0;
+  // The state loops run over the rule's slots, a constant, so each tensor's value stays in a register.
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__aarch64__))
+  for (; i + rule_lanes <= n; i += rule_lanes) {
+    rule_vec w = load_lanes(master + i);
+    rule_vec s[slots]{};
+    for (std::size_t j = 0; j < slots; ++j) {
+      if (j < count) {
+        s[j] = load_lanes(st[j] + i);
+      }
+    }
+    Rule::template apply<host_vec_ops>(f, w, s, load_lanes(grad + i));
+    store_lanes(master + i, w);
+    for (std::size_t j = 0; j < slots; ++j) {
+      if (j < count) {
+        store_lanes(st[j] + i, s[j]);
+      }
+    }
+    if (param != nullptr) {
+      store_lanes(param + i, w);
+    }
+  }
+  // The last n - i < rule_lanes elements through one vector, its other lanes zero and dropped.
+  const std::size_t rest = n - i;
+  if (rest == 0) {
+    return;
+  }
+  rule_vec w{};
+  rule_vec g{};
+  rule_vec s[slots]{};
+  for (std::size_t k = 0; k < rest && k < rule_lanes; ++k) {
+    w[k] = master[i + k];
+    g[k] = load1(grad + i + k);
+    for (std::size_t j = 0; j < slots; ++j) {
+      if (j < count) {
+        s[j][k] = st[j][i + k];
+      }
+    }
+  }
+  Rule::template apply<host_vec_ops>(f, w, s, g);
+  for (std::size_t k = 0; k < rest && k < rule_lanes; ++k) {
+    master[i + k] = w[k];
+    for (std::size_t j = 0; j < slots; ++j) {
+      if (j < count) {
+        st[j][i + k] = s[j][k];
+      }
+    }
+    if (param != nullptr) {
+      store1(param + i + k, w[k]);
+    }
+  }
+#else
+  for (; i < n; ++i) {
+    float s[slots]{};
+    for (std::size_t j = 0; j < slots; ++j) {
+      if (j < count) {
+        s[j] = st[j][i];
+      }
+    }
+    float w = master[i];
+    Rule::template apply<host_ops>(f, w, s, load1(grad + i));
+    master[i] = w;
+    for (std::size_t j = 0; j < slots; ++j) {
+      if (j < count) {
+        st[j][i] = s[j];
+      }
+    }
+    if (param != nullptr) {
+      store1(param + i, w);
+    }
+  }
+#endif
+}
 
 /// True when the stored element is inf or NaN (its exponent bits are all ones).
 template <class T> inline bool nonfinite1(const T* p) noexcept {
@@ -208,6 +406,12 @@ namespace scalar {
 /// The portable chunk kernels, under the names `cpu_backend` dispatches to (the same as
 /// `avx2::kernels` and `avx512::kernels`).
 struct kernels {
+  /// The rules' vector loops of the SIMD levels have no scalar twin here: `rule_chunk` does every element.
+  template <class Rule, class G, class P>
+  static std::size_t rule(const typename Rule::factors& /*f*/, float* /*master*/, float* const* /*st*/,
+                          std::size_t /*count*/, const G* /*grad*/, P* /*param*/, std::size_t /*n*/) noexcept {
+    return 0;
+  }
   /// One AdamW chunk of n elements (see adamw1), from `in` to `out`; `param` may be null. `stream`
   /// (non-temporal stores) and `prefetch` mean nothing to the portable loop.
   template <bool AdamW, class G, class P>

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace zero::detail::cpu::ZERO_CPU_SIMD_NS {
 
@@ -33,6 +34,16 @@ ZERO_CPU_SIMD_TARGET inline vec::reg product(vec::reg a, vec::reg b) noexcept {
   vec::reg p = a * b;
   __asm__("" : "+v"(p)); // "v": any vector register of the instruction set
   return p;
+}
+
+/// `rules::sign_of` per lane: where a is neither 0, -0 nor NaN, its sign bit on 1.0's bits; a itself elsewhere.
+ZERO_CPU_SIMD_TARGET inline vec::reg sign(vec::reg a) noexcept {
+  const vec::reg zero = vec::zero();
+  const auto nonzero = (a > zero) | (a < zero);
+  using mask = std::remove_const_t<decltype(nonzero)>;
+  const auto bits = reinterpret_cast<mask>(a);
+  const mask unit = (bits & static_cast<std::int32_t>(0x80000000u)) | 0x3f800000; // +-1.0f
+  return reinterpret_cast<vec::reg>((nonzero & unit) | (~nonzero & bits));
 }
 
 /// The chunk kernels of this instruction set, under the names `cpu_backend` dispatches to (the same
@@ -208,6 +219,75 @@ struct kernels {
       vec::store(x + i, vec::load(x + i) * f);
     }
     scale_tail(x, i, n, factor);
+  }
+
+  /// The built-in rules' step (update_rules.hpp: Lion, SGD, Adagrad) over a chunk, `vec::lanes` at a time, each
+  /// operation as the rule's `apply` orders it (products through `product`); \returns the elements done, a
+  /// multiple of `vec::lanes` (0 for a rule of the framework's own), which the caller's portable loop
+  /// (`rule_chunk`) finishes. `st` are the rule's `count` state tensors.
+  template <class Rule, class G, class P>
+  ZERO_CPU_SIMD_TARGET static std::size_t rule(const typename Rule::factors& f, float* master, float* const* st,
+                                               std::size_t count, const G* grad, P* param, std::size_t n) noexcept {
+    using reg = vec::reg;
+    std::size_t i = 0;
+    if constexpr (std::is_same_v<Rule, rules::lion>) {
+      const reg gs = vec::set1(f.grad_scale), lr = vec::set1(f.lr), decay = vec::set1(f.decay);
+      const reg b1 = vec::set1(f.beta1), omb1 = vec::set1(f.one_minus_beta1);
+      const reg b2 = vec::set1(f.beta2), omb2 = vec::set1(f.one_minus_beta2);
+      float* m = st[0];
+      for (; i + vec::lanes <= n; i += vec::lanes) {
+        const reg g = product(vec::load(grad + i), gs);
+        reg w = product(vec::load(master + i), decay);
+        const reg mi = vec::load(m + i);
+        const reg c = product(b1, mi) + product(omb1, g);
+        w = w - product(lr, sign(c));
+        vec::store(m + i, product(b2, mi) + product(omb2, g));
+        vec::store(master + i, w);
+        if (param != nullptr) {
+          vec::store(param + i, w);
+        }
+      }
+    } else if constexpr (std::is_same_v<Rule, rules::sgd>) {
+      const reg gs = vec::set1(f.grad_scale), lr = vec::set1(f.lr), wd = vec::set1(f.weight_decay);
+      const reg mom = vec::set1(f.momentum), omd = vec::set1(f.one_minus_dampening);
+      float* b = count > 0 ? st[0] : nullptr;
+      for (; i + vec::lanes <= n; i += vec::lanes) {
+        reg w = vec::load(master + i);
+        reg g = product(vec::load(grad + i), gs);
+        if (f.weight_decay != 0.0f) {
+          g = g + product(wd, w);
+        }
+        if (f.momentum != 0.0f) {
+          const reg bi = f.first ? g : product(mom, vec::load(b + i)) + product(omd, g);
+          vec::store(b + i, bi);
+          g = f.nesterov ? g + product(mom, bi) : bi;
+        }
+        w = w - product(lr, g);
+        vec::store(master + i, w);
+        if (param != nullptr) {
+          vec::store(param + i, w);
+        }
+      }
+    } else if constexpr (std::is_same_v<Rule, rules::adagrad>) {
+      const reg gs = vec::set1(f.grad_scale), clr = vec::set1(f.clr), wd = vec::set1(f.weight_decay);
+      const reg eps = vec::set1(f.eps);
+      float* sum = st[0];
+      for (; i + vec::lanes <= n; i += vec::lanes) {
+        reg w = vec::load(master + i);
+        reg g = product(vec::load(grad + i), gs);
+        if (f.weight_decay != 0.0f) {
+          g = g + product(wd, w);
+        }
+        const reg si = vec::load(sum + i) + product(g, g);
+        vec::store(sum + i, si);
+        w = w - product(clr, g / (vec::sqrt(si) + eps));
+        vec::store(master + i, w);
+        if (param != nullptr) {
+          vec::store(param + i, w);
+        }
+      }
+    }
+    return i;
   }
 };
 

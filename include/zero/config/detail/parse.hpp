@@ -196,6 +196,45 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
 
 // ---- optimizer and scheduler -----------------------------------------------------------------------
 
+/// Fails every key of `params` that `type` does not take (`params_of(type)`): DeepSpeed passes them to the
+/// optimizer's or schedule's constructor, which has no such argument. Names what `type` takes and which other
+/// types of `types` take the key.
+template <class T, std::size_t N, class ParamsOf>
+void refuse_foreign_params(parse_context& ctx, const object_reader& p, const json* params, T type,
+                           const choice<T> (&types)[N], ParamsOf params_of) {
+  if (params == nullptr || !params->is_object()) {
+    return;
+  }
+  const auto takes = [&](T t, std::string_view key) {
+    for (std::string_view k : params_of(t)) {
+      if (k == key) {
+        return true;
+      }
+    }
+    return false;
+  };
+  for (auto it = params->begin(); it != params->end(); ++it) {
+    if (takes(type, it.key())) {
+      continue;
+    }
+    std::string allowed;
+    for (auto k : params_of(type)) {
+      allowed += cat(allowed.empty() ? "" : ", ", k);
+    }
+    std::string takers;
+    int taker_count = 0;
+    for (const auto& c : types) {
+      if (takes(c.value, it.key())) {
+        takers += cat(takers.empty() ? "" : " and ", c.name);
+        ++taker_count;
+      }
+    }
+    ctx.fail(p.path_of(it.key()),
+             cat("not a parameter of ", name_of(type), " (it takes ", allowed, ")",
+                 (takers.empty() ? "" : cat("; ", takers, taker_count == 1 ? " takes it" : " take it"))));
+  }
+}
+
 inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const json* block, const config_inputs& in) {
   if (block == nullptr) {
     return std::nullopt;
@@ -203,8 +242,8 @@ inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const
   object_reader r = open_block<optimizer_keys>(ctx, *block, "optimizer");
   optimizer_config o;
   if (!r.has("type")) {
-    ctx.fail("optimizer.type", "missing; expected \"Adam\" or \"AdamW\" (without a type DeepSpeed ignores the "
-                               "optimizer block)");
+    ctx.fail("optimizer.type", "missing; expected \"Adam\", \"AdamW\", \"Lion\", \"SGD\" or \"Adagrad\" (without "
+                               "a type DeepSpeed ignores the optimizer block)");
   }
   read_named(r, optimizer_keys, "type", o, in);
   const json* params = r.get("params");
@@ -212,6 +251,27 @@ inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const
   const json empty = json::object();
   object_reader p = open_block<optimizer_params_keys>(ctx, params == nullptr || params->is_null() ? empty : *params,
                                                       "optimizer.params");
+  refuse_foreign_params(ctx, p, params, o.type, optimizer_types, optimizer_params);
+  if (o.type != optimizer_type::adam && o.type != optimizer_type::adamw) {
+    // The other rules' defaults (DeepSpeed's Lion, torch.optim's SGD and Adagrad); none of Adam's keys apply.
+    if (o.type == optimizer_type::lion) {
+      o.betas = {0.9, 0.99};
+    } else if (o.type == optimizer_type::adagrad) {
+      o.lr = 1e-2;
+      o.eps = 1e-10;
+    }
+    o.adam_w_mode = o.type == optimizer_type::lion; // Lion decouples its decay; SGD and Adagrad add L2
+    o.bias_correction = false;
+    read_keys(p, optimizer_params_keys, o, in);
+    if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
+      ctx.fail(p.path_of("nesterov"),
+               cat("true with momentum ", show(json(o.momentum)), " and dampening ", show(json(o.dampening)),
+                   "; Nesterov momentum needs momentum above 0 and dampening 0 (torch.optim.SGD "
+                   "refuses it)"));
+    }
+    p.finish();
+    return o;
+  }
 
   bool torch_adam = false;
   if (const json* v = p.get("torch_adam")) {
@@ -258,28 +318,7 @@ inline std::optional<scheduler_config> parse_scheduler(parse_context& ctx, const
   const json empty = json::object();
   object_reader p = open_block<scheduler_params_keys>(ctx, params == nullptr ? empty : *params, "scheduler.params");
   // Each schedule takes only the parameters of its constructor in DeepSpeed.
-  const std::span<const std::string_view> keys = schedule_params(s.type);
-  if (params != nullptr) {
-    for (auto it = params->begin(); it != params->end(); ++it) {
-      if (!schedule_takes(s.type, it.key())) {
-        std::string allowed;
-        for (auto k : keys) {
-          allowed += cat(allowed.empty() ? "" : ", ", k);
-        }
-        std::string takers;
-        int taker_count = 0;
-        for (const auto& c : scheduler_types) {
-          if (schedule_takes(c.value, it.key())) {
-            takers += cat(takers.empty() ? "" : " and ", c.name);
-            ++taker_count;
-          }
-        }
-        ctx.fail(p.path_of(it.key()),
-                 cat("not a parameter of ", name_of(s.type), " (it takes ", allowed, ")",
-                     (takers.empty() ? "" : cat("; ", takers, taker_count == 1 ? " takes it" : " take it"))));
-      }
-    }
-  }
+  refuse_foreign_params(ctx, p, params, s.type, scheduler_types, schedule_params);
   read_keys(p, scheduler_params_keys, s, in);
   if (s.type == scheduler_type::one_cycle) {
     if (s.cycle_first_step_size == 0) {
@@ -513,7 +552,13 @@ inline nlohmann::json config::to_json() const {
   j["data_types"] = write_keys(data_types_keys, *this);
   if (optimizer) {
     j["optimizer"] = write_keys(optimizer_keys, *optimizer);
-    j["optimizer"]["params"] = write_keys(optimizer_params_keys, *optimizer);
+    // Only the type's own parameters: another type's would be refused when the written config is read back.
+    json params = write_keys(optimizer_params_keys, *optimizer);
+    const auto theirs = optimizer_params(optimizer->type);
+    for (auto it = params.begin(); it != params.end();) {
+      it = std::find(theirs.begin(), theirs.end(), it.key()) == theirs.end() ? params.erase(it) : std::next(it);
+    }
+    j["optimizer"]["params"] = std::move(params);
   }
   if (scheduler) {
     json params = json::object();

@@ -6,6 +6,7 @@
 /// works (`adamw_placement`) and the owned ranges of a placement (`owned_ranges`). The registry,
 /// the parameter file and the optimizers include this rather than `partitioned_adamw.hpp`.
 
+#include "zero/backend/update_rules.hpp"
 #include "zero/core/dtype.hpp"
 #include "zero/core/flat_layout.hpp"
 
@@ -33,9 +34,14 @@ struct owned_run {
   std::size_t group = 0;
 };
 
-/// One of the three fp32 tensors of optimizer state a rank keeps per owned element. `master` is the
-/// fp32 parameter: the master copy, or for fp32 training the parameter itself.
+/// One of the fp32 tensors of optimizer state a rank keeps per owned element. `master` is the fp32
+/// parameter: the master copy, or for fp32 training the parameter itself. `exp_avg` and `exp_avg_sq` are
+/// Adam's moments, and the first and second state tensor of any rule (update_rules.hpp: Lion's exp_avg, SGD's
+/// momentum_buffer, Adagrad's sum are its first); `state_slot` numbers them.
 enum class state_tensor : std::uint8_t { master, exp_avg, exp_avg_sq };
+
+/// The rule's state tensor `t` stands for: 0 for exp_avg, 1 for exp_avg_sq (not for master).
+[[nodiscard]] constexpr std::size_t state_slot(state_tensor t) noexcept { return t == state_tensor::exp_avg ? 0 : 1; }
 
 /// What an optimizer asks of parameters that live in a file (stage 3, offload_param nvme), through
 /// `adamw_placement::params_in_file`.
@@ -49,6 +55,13 @@ enum class param_use : std::uint8_t {
 struct adamw_placement {
   /// This rank.
   int rank = 0;
+  /// The update rule, and the fp32 state tensors it keeps per element beside the master (`rule_state`;
+  /// Adam/AdamW's two moments by default) with the value they start at (Adagrad's initial_accumulator_value).
+  /// `partitioned_adamw` runs every rule, and with it `offloaded_adamw`'s host step and `partial_adamw`'s two
+  /// parts; the optimizers that keep the state in a file, update out of place or delay refuse rules but AdamW.
+  update_rule rule = update_rule::adamw;
+  std::size_t state_tensors = 2;
+  float state_init = 0.0f;
   /// Own one slice per segment (stages 1-3) or everything (stage 0).
   bool partitioned = false;
   /// Dtype of the reduced gradients the step reads.

@@ -95,6 +95,9 @@ public:
                                            counted_, state_elements(layout, place) * param_size_, memory_tag::params)),
         inner_(layout,
                adamw_placement{.rank = place.rank,
+                               .rule = place.rule,
+                               .state_tensors = place.state_tensors,
+                               .state_init = place.state_init,
                                .partitioned = place.partitioned,
                                .grad_type = place.grad_type,
                                .params = params_on_host_ ? place.params : host_params_.data(),
@@ -525,7 +528,9 @@ private:
   home home_of(std::size_t k, std::uint8_t side) {
     const std::size_t off = inner_.ranges()[k].second;
     if (side == 0) {
-      return {inner_.has_master() ? inner_.master() + off : nullptr, inner_.exp_avg() + off, inner_.exp_avg_sq() + off};
+      // A rule other than AdamW may keep one state tensor or none (adamw_placement::state_tensors).
+      const auto at = [off](float* t) { return t != nullptr ? t + off : nullptr; };
+      return {at(inner_.has_master() ? inner_.master() : nullptr), at(inner_.exp_avg()), at(inner_.exp_avg_sq())};
     }
     return second_.at(off);
   }

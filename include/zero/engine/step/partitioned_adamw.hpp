@@ -11,6 +11,7 @@
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
 #include "zero/backend/transfer.hpp"
+#include "zero/backend/update_rules.hpp"
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/step/adamw_placement.hpp"
@@ -18,6 +19,7 @@
 #include "zero/memory/counting_allocator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -25,6 +27,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -68,13 +71,22 @@ public:
       split_runs(range, state_offset, group_of);
     }
     range_runs_.push_back(runs_.size());
+    if (place.rule != update_rule::adamw && (place.state_elsewhere || place.state_tensors > max_rule_state)) {
+      throw usage_error("partitioned_adamw: " + std::string(name_of(place.rule)) + " keeps " +
+                        std::to_string(place.state_tensors) + " state tensors " +
+                        (place.state_elsewhere ? "elsewhere" : "") + "; expected them here, at most " +
+                        std::to_string(max_rule_state));
+    }
     if (place.state_elsewhere) {
       return;
     }
-    m_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
-    v_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
-    backend_.fill(m_.data(), state_size_, 0.0f, stream_);
-    backend_.fill(v_.data(), state_size_, 0.0f, stream_);
+    // The rule's state tensors (Adam's m and v; Lion, SGD with momentum and Adagrad keep one, SGD without none).
+    for (buffer<float, counting>* t : {&m_, &v_}) {
+      if (t == &m_ ? place.state_tensors >= 1 : place.state_tensors >= 2) {
+        *t = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
+        backend_.fill(t->data(), state_size_, place.state_init, stream_);
+      }
+    }
     if (param_type_ != dtype::f32) {
       master_ = buffer<float, counting>(alloc, state_size_, memory_tag::optimizer);
       backend_.fill(master_.data(), state_size_, 0.0f, stream_);
@@ -91,6 +103,9 @@ public:
   [[nodiscard]] float* master() noexcept { return master_.data(); }
   [[nodiscard]] float* exp_avg() noexcept { return m_.data(); }
   [[nodiscard]] float* exp_avg_sq() noexcept { return v_.data(); }
+  /// The rule this optimizer runs, and the state tensors it keeps beside the master (exp_avg first).
+  [[nodiscard]] update_rule rule() const noexcept { return place_.rule; }
+  [[nodiscard]] std::size_t state_tensors() const noexcept { return place_.state_tensors; }
   /// Group hyper-parameters, changeable between steps.
   [[nodiscard]] std::vector<param_group>& groups() noexcept { return groups_; }
   /// True when an fp32 master copy is kept apart from the parameters (16-bit training).
@@ -206,7 +221,10 @@ public:
           const std::size_t d = lo - w.first;
           const G* g = reinterpret_cast<const G*>(w.grads) + d;
           P* p = w.params != nullptr ? reinterpret_cast<P*>(w.params) + d : nullptr;
-          if constexpr (std::is_same_v<P, float>) {
+          if (place_.rule != update_rule::adamw) {
+            step_rule(std::is_same_v<P, float> ? reinterpret_cast<float*>(p) : w.master + d, w, d, g,
+                      std::is_same_v<P, float> ? nullptr : p, hi - lo, a, s);
+          } else if constexpr (std::is_same_v<P, float>) {
             // fp32 training: the parameters are the master copy.
             backend_.adamw_step(p, w.m + d, w.v + d, g, static_cast<float*>(nullptr), hi - lo, a, s);
           } else if (out_of_place) {
@@ -229,6 +247,27 @@ public:
   }
 
 private:
+  /// `place_.rule`'s step over n elements of window `w` from its element d: `master` the fp32 parameter,
+  /// `param` the low-precision copy or null. \throws usage_error for a backend without `rule_step`.
+  template <class G, class P>
+  void step_rule(float* master, const window& w, std::size_t d, const G* g, P* param, std::size_t n,
+                 const adamw_step_args& a, const typename Backend::stream_type& s) {
+    if (w.master_in != nullptr) {
+      throw usage_error("partitioned_adamw::step_window: an update out of place runs Adam/AdamW only, not " +
+                        std::string(name_of(place_.rule)));
+    }
+    const std::array<float*, max_rule_state> state{w.m != nullptr ? w.m + d : nullptr,
+                                                   w.v != nullptr ? w.v + d : nullptr};
+    visit_rule(place_.rule, [&]<class R>(std::type_identity<R>) {
+      if constexpr (requires { backend_.template rule_step<R>(master, state, g, param, n, a, s); }) {
+        backend_.template rule_step<R>(master, state, g, param, n, a, s);
+      } else {
+        throw usage_error("partitioned_adamw: this backend has no rule_step, which optimizer.type " +
+                          std::string(R::name) + " needs (zero/backend/update_rules.hpp)");
+      }
+    });
+  }
+
   /// The parameters' first byte: `params`, or an image of a shard that lives in a file.
   std::byte* params_base() {
     return place_.params_in_file ? place_.params_in_file(param_use::whole, 0) : place_.params;
@@ -246,6 +285,11 @@ private:
     }
     if (place_.state_elsewhere) {
       throw usage_error("partitioned_adamw: the state lives elsewhere (adamw_placement::state_elsewhere)");
+    }
+    if (t != state_tensor::master && state_slot(t) >= place_.state_tensors) {
+      throw usage_error("partitioned_adamw: " + std::string(name_of(place_.rule)) + " keeps " +
+                        std::to_string(place_.state_tensors) + " state tensors beside the master; " +
+                        (t == state_tensor::exp_avg ? "exp_avg" : "exp_avg_sq") + " is not one of them");
     }
     if (t != state_tensor::master || has_master() || place_.params_sharded) {
       float* base = t == state_tensor::exp_avg      ? m_.data()
@@ -291,8 +335,8 @@ private:
                  .first = off + d,
                  .count = hi - lo,
                  .master = has_master() ? master_.data() + off + d : nullptr,
-                 .m = m_.data() + off + d,
-                 .v = v_.data() + off + d,
+                 .m = m_.data() != nullptr ? m_.data() + off + d : nullptr,
+                 .v = v_.data() != nullptr ? v_.data() + off + d : nullptr,
                  .grads = static_cast<const std::byte*>(grad_of(range, off)) + d * size_of(place_.grad_type),
                  .params = place_.params_in_file ? place_.params_in_file(param_use::update, k) + d * psize
                            : place_.params_from_master
