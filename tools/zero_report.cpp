@@ -17,6 +17,7 @@
 #include "zero/config/check.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/detail/text.hpp"
+#include "zero/engine/schedule_from_config.hpp" // rule_of: the host update's name
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -593,9 +594,8 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
       if (opt.forward_overlap) {
         const bool acts = c.stage() >= 2 && z.offload_param.device != zero::offload_device::nvme;
         // The host's update: AdamW, or the config's other rule (docs/optimizers.md).
-        const std::string rule = c.optimizer && c.optimizer->type != zero::optimizer_type::adam
-                                     ? std::string(zero::name_of(c.optimizer->type))
-                                     : std::string("AdamW");
+        const std::string rule(
+            zero::name_of(zero::rule_of(c.optimizer ? c.optimizer->type : zero::optimizer_type::adamw)));
         std::cout << "  offload: "
                   << (acts ? (split
                                   ? "step() will return while the host still runs " + rule +

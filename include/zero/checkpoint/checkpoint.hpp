@@ -238,7 +238,7 @@ void save(Engine& eng, const std::filesystem::path& root, const std::string& tag
       std::vector<std::vector<float>> t(1 + state_tensors, std::vector<float>(n_state));
       optim.read_state(state_tensor::master, 0, t[0]);
       for (std::size_t j = 0; j < state_tensors; ++j) {
-        optim.read_state(j == 0 ? state_tensor::exp_avg : state_tensor::exp_avg_sq, 0, t[1 + j]);
+        optim.read_state(state_tensor_at(j), 0, t[1 + j]);
       }
       detail::hashing_writer w(tmp / detail::shard_name(rank));
       event("shard_created");
@@ -387,8 +387,11 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
   for (const auto& o : mine) {
     total += o.count;
   }
-  const std::size_t state_tensors = detail::optimizer_of(cfg).state.size();
-  std::vector<float> master(total), m1(state_tensors >= 1 ? total : 0), m2(state_tensors >= 2 ? total : 0);
+  // The rule's state tensors, in a shard piece's order: AdamW's exp_avg and exp_avg_sq, or fewer.
+  const optimizer_entry rule = detail::optimizer_of(cfg);
+  constexpr tensor_kind slot_kind[] = {tensor_kind::exp_avg, tensor_kind::exp_avg_sq};
+  std::vector<float> master(total);
+  std::vector<std::vector<float>> state(rule.state.size(), std::vector<float>(total));
   std::vector<float> window; // ZenFlow's, when the engine runs it and the checkpoint holds one
   auto* zen = eng.optimizer().zenflow();
   std::vector<std::vector<float>> frozen_values(frozen.param_count());
@@ -397,9 +400,9 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
     rd.emplace(root, tag, at != nullptr ? at->pipe : -1);
     const manifest& m = rd->info();
     const std::string source = (rd->parts().front()->path() / manifest_name).string();
-    if (const auto mine_rule = detail::optimizer_of(cfg); m.optimizer != mine_rule) {
+    if (m.optimizer != rule) {
       throw checkpoint_error(cat(source, ": holds the state of ", detail::rule_text(m.optimizer), "; this engine runs ",
-                                 detail::rule_text(mine_rule),
+                                 detail::rule_text(rule),
                                  " (optimizer.type and its state must be those that saved it)"));
     }
     // Per layout id: the saved parameter, and the cut of it this engine holds.
@@ -442,11 +445,8 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
       const std::size_t s = saved_index_of_layout[o.id];
       const auto& h = held_of_layout[o.id];
       rd->read_slice(s, tensor_kind::master, h.cut, h.index, o.param_offset, {master.data() + next, o.count});
-      if (state_tensors >= 1) {
-        rd->read_slice(s, tensor_kind::exp_avg, h.cut, h.index, o.param_offset, {m1.data() + next, o.count});
-      }
-      if (state_tensors >= 2) {
-        rd->read_slice(s, tensor_kind::exp_avg_sq, h.cut, h.index, o.param_offset, {m2.data() + next, o.count});
+      for (std::size_t j = 0; j < state.size(); ++j) {
+        rd->read_slice(s, slot_kind[j], h.cut, h.index, o.param_offset, {state[j].data() + next, o.count});
       }
       if (zen != nullptr && m.zenflow) {
         window.resize(total);
@@ -475,11 +475,8 @@ template <class Engine> void load(Engine& eng, const std::filesystem::path& root
     P* ps = reinterpret_cast<P*>(store);
     std::vector<P> rounded;
     for (const auto& o : mine) {
-      if (state_tensors >= 1) {
-        optim.write_state(state_tensor::exp_avg, o.state, {m1.data() + next, o.count});
-      }
-      if (state_tensors >= 2) {
-        optim.write_state(state_tensor::exp_avg_sq, o.state, {m2.data() + next, o.count});
+      for (std::size_t j = 0; j < state.size(); ++j) {
+        optim.write_state(state_tensor_at(j), o.state, {state[j].data() + next, o.count});
       }
       // The master (for fp32 training the optimizer's own copy of the parameters, when offloaded).
       optim.write_state(state_tensor::master, o.state, {master.data() + next, o.count});

@@ -129,7 +129,7 @@ struct estimate_options {
   dtype param_dtype = dtype::bf16; ///< dtype of parameters (fp32, fp16, bf16)
   /// The update rule's fp32 state tensors per parameter beside the master (`rule_state`: 2 for Adam/AdamW, 1 for
   /// Lion, Adagrad and SGD with momentum, 0 for SGD without), and whether it is Adam/AdamW (the only rule the
-  /// NVMe optimizer runs: other rules' nvme rows are not implemented).
+  /// NVMe optimizer runs: another rule's nvme rows are marked as not run).
   std::int64_t state_tensors = 2;
   bool adam = true;
   /// The rule's name for the estimate's header ("Adam/AdamW", "Lion", "SGD", "Adagrad").

@@ -42,6 +42,10 @@ enum class state_tensor : std::uint8_t { master, exp_avg, exp_avg_sq };
 
 /// The rule's state tensor `t` stands for: 0 for exp_avg, 1 for exp_avg_sq (not for master).
 [[nodiscard]] constexpr std::size_t state_slot(state_tensor t) noexcept { return t == state_tensor::exp_avg ? 0 : 1; }
+/// The state tensor of slot `j` (0 or 1): `state_slot`'s inverse.
+[[nodiscard]] constexpr state_tensor state_tensor_at(std::size_t j) noexcept {
+  return j == 0 ? state_tensor::exp_avg : state_tensor::exp_avg_sq;
+}
 
 /// What an optimizer asks of parameters that live in a file (stage 3, offload_param nvme), through
 /// `adamw_placement::params_in_file`.
