@@ -72,8 +72,16 @@ run() {
 import json, sys
 run = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
 print({k: run.get(k) for k in ("tokens_per_s", "mfu", "model_tflops_per_s", "losses", "device_peak_bytes",
-                               "activation_bytes", "checkpoint_host_bytes", "host_share", "nvme_bytes",
-                               "host_formula_bytes")})
+                               "device_base_bytes", "device_reserved_peak_bytes", "activation_bytes",
+                               "checkpoint_host_bytes", "host_share", "nvme_bytes", "host_formula_bytes")})
+if run.get("device_reserved_peak_bytes"):
+    # What the GPU held beyond the engine's pool, the model's activations and the use before the engine (the CUDA
+    # context): cuBLAS's and the kernels' own memory, and what --config auto-plan's budget does not count.
+    outside = run["device_peak_bytes"] - run["device_base_bytes"] - run["device_reserved_peak_bytes"] - \
+        run["activation_bytes"]
+    print("beyond the pool, the activations and the context: %.2f GiB; pool reserved %.2f GiB against its in-use "
+          "count %.2f GiB" % (outside / 2**30, run["device_reserved_peak_bytes"] / 2**30,
+                               (run["model_state_peak_bytes"] + run["peak_bytes"]["buffers"]) / 2**30))
 print("host peak (counted):", run["peak_bytes"]["host"], "model state on the device:", run["model_state_peak_bytes"])
 est = json.loads([l for l in open(sys.argv[2]) if l.startswith("{")][-1])
 print("zero-estimate's rows for the run's config:")

@@ -142,13 +142,19 @@ struct cuda_runtime {
   template <class Engine> void synchronize(Engine&) const { ZERO_CHECK_CUDA(cudaDeviceSynchronize()); }
   /// Notes the device memory in use now (cudaMemGetInfo: every allocation on the GPU, the framework's too, and with
   /// --one-gpu every rank's).
-  void sample_memory() {
-    std::size_t free = 0, total = 0;
-    ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
-    peak_ = std::max(peak_, total - free);
-  }
+  void sample_memory() { peak_ = std::max(peak_, used_now()); }
+  /// Notes the device memory in use before the engine and the model allocate (the CUDA context, the modules loaded
+  /// so far, and with --one-gpu the other ranks' memory of the moment).
+  void sample_base() { base_ = used_now(); }
   /// The most device memory in use at a sample.
   [[nodiscard]] std::size_t device_peak_bytes() const { return peak_; }
+  /// The device memory in use at sample_base.
+  [[nodiscard]] std::size_t device_base_bytes() const { return base_; }
+  /// The most bytes the engine's caching pool held from CUDA at once (in use or cached): with device_peak_bytes,
+  /// device_base_bytes and the model's activation_bytes, what the GPU held beyond every count.
+  template <class Engine> [[nodiscard]] static std::size_t reserved_peak_bytes(Engine& eng) {
+    return eng.backend().get_allocator().peak_bytes_reserved();
+  }
   /// Dense bf16 peak by the GPU's name, the rate llm.c's MFU divides by: H100 and H200 SXM 989.4 TFLOP/s, H100
   /// PCIe 756; 0 (no MFU reported) for another GPU.
   [[nodiscard]] double peak_flops() const {
@@ -204,7 +210,12 @@ struct cuda_runtime {
   }
 
 private:
-  std::size_t peak_ = 0;
+  static std::size_t used_now() {
+    std::size_t free = 0, total = 0;
+    ZERO_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+    return total - free;
+  }
+  std::size_t peak_ = 0, base_ = 0;
 };
 
 } // namespace gpt

@@ -42,8 +42,14 @@ struct cpu_runtime {
   template <class Engine> void synchronize(Engine&) const {}
   /// Notes the device memory in use (nothing to note on the CPU: the engine's memory() counts the host's).
   void sample_memory() const {}
+  /// Notes the device memory in use before the engine allocates (nothing on the CPU).
+  void sample_base() const {}
   /// The most device memory in use at a sample; 0 on the CPU.
   [[nodiscard]] std::size_t device_peak_bytes() const { return 0; }
+  /// The device memory in use at sample_base; 0 on the CPU.
+  [[nodiscard]] std::size_t device_base_bytes() const { return 0; }
+  /// The most bytes the engine's device pool held; 0 on the CPU (the engine's memory() counts the host's).
+  template <class Engine> [[nodiscard]] static std::size_t reserved_peak_bytes(Engine&) { return 0; }
   /// The device's peak dense bf16 rate for MFU, in FLOP/s; 0 (unknown) on the CPU.
   [[nodiscard]] double peak_flops() const { return 0; }
   /// The device's name for the report.

@@ -115,7 +115,9 @@ struct outcome {
   std::vector<double> grad_norms; ///< each optimizer step's global gradient norm (before clipping)
   double flops_per_token = 0;     ///< the model's training FLOPs per token (gpt::flops_per_token)
   std::size_t device_peak_bytes = 0, activation_bytes = 0;
-  std::size_t checkpoint_host_bytes = 0; ///< host memory of the activation checkpoints (cpu_checkpointing)
+  std::size_t device_base_bytes = 0;          ///< the GPU's use before the engine allocated (the CUDA context)
+  std::size_t device_reserved_peak_bytes = 0; ///< the most the engine's device pool held from CUDA
+  std::size_t checkpoint_host_bytes = 0;      ///< host memory of the activation checkpoints (cpu_checkpointing)
   bool checkpoint_activations = false;
   std::vector<std::pair<std::string, double>> profile; ///< ms per step of each operation (--profile)
   double peak_flops = 0;                               ///< the device's peak rate (0: unknown, no MFU)
@@ -289,6 +291,7 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   const auto cfg = zero::config::from_json(cfg_json, inputs, o.config_file.empty() ? "built-in config" : o.config_file);
   Runtime rt;
   auto backend = rt.backend(comm);
+  rt.sample_base();
   typename Runtime::template engine_type<Comm> eng(cfg, comm, backend);
   gpt::host_sums<Comm> sum(comm);
   if (o.timeout) {
@@ -391,6 +394,8 @@ outcome train(Comm& comm, const nlohmann::json& cfg_json, const options& o, cons
   }
   out.flops_per_token = gpt::flops_per_token(o.model);
   out.device_peak_bytes = rt.device_peak_bytes();
+  out.device_base_bytes = rt.device_base_bytes();
+  out.device_reserved_peak_bytes = Runtime::reserved_peak_bytes(eng);
   out.peak_flops = rt.peak_flops();
   out.device = rt.device_name();
   out.activation_bytes = model.activation_bytes();
@@ -520,6 +525,8 @@ void report(const outcome& r, const options& o, double entropy) {
                      {"checkpoint_host_bytes", r.checkpoint_host_bytes}};
     if (r.device_peak_bytes > 0) {
       j["device_peak_bytes"] = r.device_peak_bytes; // cudaMemGetInfo's use of rank 0's GPU at its highest step end
+      j["device_base_bytes"] = r.device_base_bytes; // its use before the engine allocated
+      j["device_reserved_peak_bytes"] = r.device_reserved_peak_bytes; // the engine pool's most held from CUDA
     }
     if (r.peak_flops > 0) {
       // tokens_per_s counts the global batch: the peak of every GPU the ranks ran on (one with --one-gpu).

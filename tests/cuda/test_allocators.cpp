@@ -56,6 +56,13 @@ static_assert(pool_t::size_class((1u << 20) - 1) == (1u << 20));
 static_assert(pool_t::size_class(1u << 20) == (1u << 20));
 static_assert(pool_t::size_class((1u << 20) + 1) == (1u << 20) + (1u << 15));
 static_assert(pool_t::size_class(std::size_t{3} << 30) == std::size_t{3} << 30);
+// Past 64 MiB the granule stops at 2 MiB: the largest request is reserved within 2 MiB of its bytes (a 1/32 granule
+// reserved 20.40 GB for the 19.89 GB of one AdamW tensor of a 10.68 G-parameter model's device share).
+static_assert(pool_t::size_class((std::size_t{64} << 20) + 1) == (std::size_t{66} << 20));
+static_assert(pool_t::size_class((std::size_t{64} << 20) - 1) == (std::size_t{64} << 20));
+static_assert(pool_t::size_class(402'759'680) == 402'653'184 + (std::size_t{2} << 20));
+static_assert(pool_t::size_class(19'885'251'624) - 19'885'251'624 < (std::size_t{2} << 20));
+static_assert(pool_t::size_class(19'885'251'624) % (std::size_t{2} << 20) == 0);
 
 } // namespace
 

@@ -247,9 +247,13 @@ static_assert(device_allocator_policy<device_allocator> && !host_allocator_polic
 /// sizes every step (a training step) reaches the upstream allocator (CUDA) only in its first iteration.
 ///
 /// Size classes: requests up to 512 bytes share the 512-byte class; below 1 MiB sizes round up to a multiple
-/// of 512 bytes; from 1 MiB up, to a multiple of 1/32 of the request's power of two, so at most 3.1% (or
-/// 511 bytes) more than asked is reserved. A block is reused only for the same class and alignment: no
-/// splitting, no best-fit, so what a step reserves is what it asked for, rounded as above.
+/// of 512 bytes; from 1 MiB up, to a multiple of 1/32 of the request's power of two, but never of more than
+/// 2 MiB (cudaMalloc's own page), so at most 3.1% (or 511 bytes) more than asked is reserved, and at most
+/// 2 MiB for a request past 64 MiB. A flat buffer of model state (tens of GiB at once) is thus reserved at
+/// its formula's bytes, where a 1/32 granule would add up to 3.1% of it (1.5 GB over the three AdamW tensors
+/// of a 10.68 G-parameter model's device share: the memory the planner's budget did not have). A block is
+/// reused only for the same class and alignment: no splitting, no best-fit, so what a step reserves is what
+/// it asked for, rounded as above.
 ///
 /// When the upstream allocation fails with `memory_error`, the pool gives every cached block back and
 /// tries once more before rethrowing. `release_cached` gives them back on request; the last copy's
@@ -280,10 +284,12 @@ public:
   [[nodiscard]] static constexpr std::size_t size_class(std::size_t bytes) noexcept {
     constexpr std::size_t small_granule = 512;
     constexpr std::size_t large_from = std::size_t{1} << 20;
+    constexpr std::size_t largest_granule = std::size_t{2} << 20;
     if (bytes <= small_granule) {
       return small_granule;
     }
-    const std::size_t granule = bytes < large_from ? small_granule : std::bit_floor(bytes) / 32;
+    const std::size_t granule =
+        bytes < large_from ? small_granule : std::min(std::bit_floor(bytes) / 32, largest_granule);
     if (bytes > std::numeric_limits<std::size_t>::max() - granule) {
       return bytes; // absurd request: let the upstream refuse it
     }
