@@ -1,6 +1,7 @@
 /// \file
-/// zero::cuda::rule_step for `rules::lion`, `rules::sgd` and `rules::adagrad` (zero/backend/update_rules.hpp),
-/// with gradients and parameter copies in float, zero::f16 and zero::bf16.
+/// zero::cuda::rule_step for `rules::lion`, `rules::sgd`, `rules::adagrad` and `rules::lamb`
+/// (zero/backend/update_rules.hpp), with gradients and parameter copies in float, zero::f16 and zero::bf16; and
+/// LAMB's first pass, zero::cuda::rule_norms, with gradients in each.
 
 #include "rules.cuh"
 #include "zero/backend/cuda_kernels.hpp"
@@ -13,6 +14,26 @@ void rule_step(float* master, const std::array<float*, max_rule_state>& state, c
   kernels::launch_rule_step<Rule>(master, state, kernels::to_device(grad), kernels::to_device(param_out), n, args,
                                   stream);
 }
+
+std::size_t rule_norms_workspace_bytes(std::size_t n) { return kernels::rule_norms_workspace(n); }
+
+template <class Rule, float_element G>
+void rule_norms(const float* master, const std::array<float*, max_rule_state>& state, const G* grad, std::size_t n,
+                const adamw_step_args& args, double* out, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream) {
+  kernels::launch_rule_norms<Rule>(master, state, kernels::to_device(grad), n, args, out, workspace, workspace_bytes,
+                                   stream);
+}
+
+template void rule_norms<rules::lamb, float>(const float*, const std::array<float*, max_rule_state>&, const float*,
+                                             std::size_t, const adamw_step_args&, double*, void*, std::size_t,
+                                             cudaStream_t);
+template void rule_norms<rules::lamb, f16>(const float*, const std::array<float*, max_rule_state>&, const f16*,
+                                           std::size_t, const adamw_step_args&, double*, void*, std::size_t,
+                                           cudaStream_t);
+template void rule_norms<rules::lamb, bf16>(const float*, const std::array<float*, max_rule_state>&, const bf16*,
+                                            std::size_t, const adamw_step_args&, double*, void*, std::size_t,
+                                            cudaStream_t);
 
 #define ZERO_INSTANTIATE_ONE(RULE, G)                                                                                  \
   template void rule_step<RULE, G, float>(float*, const std::array<float*, max_rule_state>&, const G*, float*,         \
@@ -29,6 +50,7 @@ void rule_step(float* master, const std::array<float*, max_rule_state>& state, c
 ZERO_INSTANTIATE_RULE(rules::lion)
 ZERO_INSTANTIATE_RULE(rules::sgd)
 ZERO_INSTANTIATE_RULE(rules::adagrad)
+ZERO_INSTANTIATE_RULE(rules::lamb)
 
 #undef ZERO_INSTANTIATE_RULE
 #undef ZERO_INSTANTIATE_ONE

@@ -1,14 +1,16 @@
 #pragma once
 /// \file
-/// The update rules besides AdamW (zero/backend/update_rules.hpp: Lion, SGD, Adagrad) as one kernel template over
+/// The update rules besides AdamW (zero/backend/update_rules.hpp: Lion, SGD, Adagrad, LAMB) as one kernel template over
 /// a flat shard: one pass over memory (read grad, master and the rule's state tensors; write master, the state and
 /// optionally the low-precision parameters), packs of four elements per thread (128-bit accesses of the fp32
 /// streams), the grid covering the shard as `adamw_kernel`'s does. On an H100 with bf16 grad and param, 0.95-0.97 of
 /// device copy bandwidth at 16M parameters, 0.98-1.0 from 64M to 256M, 0.89-0.93 at 4M (bench/cuda/bench_adamw.cpp).
 /// Each element runs the rule's own `apply` with `device_ops`, whose `_rn` intrinsics round every operation on its
 /// own as the CPU backend's `host_ops` does, so `zero::cuda::rule_step` and `cpu_backend::rule_step` give the same
-/// bits. `zero::cuda::rule_step` (cuda_kernels.hpp) is this, instantiated for `rules::lion`, `rules::sgd` and
-/// `rules::adagrad` with G, P in {float, __half, __nv_bfloat16}.
+/// bits. `zero::cuda::rule_step` (cuda_kernels.hpp) is this, instantiated for `rules::lion`, `rules::sgd`,
+/// `rules::adagrad` and `rules::lamb` with G, P in {float, __half, __nv_bfloat16}. LAMB's first pass (its moments
+/// and its tensor's two sums of squares, `rule_norms_kernel`) is `reduce.cuh`'s two-pass deterministic reduction,
+/// in double.
 ///
 /// A rule defined outside zero runs on the GPU from a `.cu` of the user's own: give it update_rules.hpp's
 /// members (`apply` marked `ZERO_HOST_DEVICE`, so the CPU backend's `rule_step` runs it too), include this file
@@ -26,6 +28,7 @@
 ///     }
 
 #include "numeric.cuh"
+#include "reduce.cuh"
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/update_rules.hpp"
 
@@ -172,6 +175,131 @@ void launch_rule_step(float* master, const std::array<float*, max_rule_state>& s
   rule_kernel<Rule, G, P><<<grid, block_threads, 0, stream>>>(master, buffers, static_cast<int>(count), grad, param, n,
                                                               head, Rule::make(args));
   check_launch("zero::cuda::kernels::rule_kernel");
+}
+
+/// Bytes of workspace `launch_rule_norms` needs for `n` elements: two doubles per first-pass block, the blocks
+/// `squared_norm_blocks(n)` (a function of n alone).
+[[nodiscard]] inline std::size_t rule_norms_workspace(std::size_t n) noexcept {
+  return squared_norm_blocks(n) * 2 * sizeof(double);
+}
+
+/// The sums of `a` and `b` over the block in a fixed order (warp shuffles, then the first warp over the warp
+/// sums), in double; valid in thread 0. Call at most once per kernel: it uses static shared memory.
+__device__ __forceinline__ void block_sum2(double& a, double& b) {
+  constexpr int warps = block_threads / 32;
+  __shared__ double sums[2][warps];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    a = __dadd_rn(a, __shfl_xor_sync(0xffffffffu, a, offset));
+    b = __dadd_rn(b, __shfl_xor_sync(0xffffffffu, b, offset));
+  }
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  if (lane == 0) {
+    sums[0][warp] = a;
+    sums[1][warp] = b;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < warps ? sums[0][lane] : 0.0;
+    b = lane < warps ? sums[1][lane] : 0.0;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      a = __dadd_rn(a, __shfl_xor_sync(0xffffffffu, a, offset));
+      b = __dadd_rn(b, __shfl_xor_sync(0xffffffffu, b, offset));
+    }
+  }
+}
+
+/// LAMB's first pass over [0, n) (update_rules.hpp, `rules::has_trust_ratio`): `Rule::moments` on each element's
+/// state, and this block's sums of master² and `Rule::direction`² in double into `partials[2 * blockIdx.x]`
+/// and the next double. Grid-stride, so the elements a thread takes depend on n and the grid alone.
+template <class Rule, class G>
+__global__ void __launch_bounds__(block_threads)
+    rule_norms_kernel(const float* __restrict__ master, rule_state_buffers state, const G* __restrict__ grad,
+                      ::cuda::std::size_t n, typename Rule::factors f, double* __restrict__ partials) {
+  constexpr int slots = Rule::max_state > 0 ? static_cast<int>(Rule::max_state) : 1;
+  double w_sq = 0.0;
+  double u_sq = 0.0;
+  const ::cuda::std::size_t stride = static_cast<::cuda::std::size_t>(gridDim.x) * block_threads;
+  for (::cuda::std::size_t i = static_cast<::cuda::std::size_t>(blockIdx.x) * block_threads + threadIdx.x; i < n;
+       i += stride) {
+    float s[slots] = {};
+#pragma unroll
+    for (int j = 0; j < static_cast<int>(Rule::max_state); ++j) {
+      s[j] = state.tensor[j][i];
+    }
+    Rule::template moments<device_ops>(f, s, element_traits<G>::load(grad[i]));
+#pragma unroll
+    for (int j = 0; j < static_cast<int>(Rule::max_state); ++j) {
+      state.tensor[j][i] = s[j];
+    }
+    const float w = master[i];
+    const double wd = w;
+    const double ud = Rule::template direction<device_ops>(f, w, s);
+    w_sq = __dadd_rn(w_sq, __dmul_rn(wd, wd));
+    u_sq = __dadd_rn(u_sq, __dmul_rn(ud, ud));
+  }
+  block_sum2(w_sq, u_sq);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = w_sq;
+    partials[2 * blockIdx.x + 1] = u_sq;
+  }
+}
+
+/// Second pass, one block: `out[0]`, `out[1]` = the sums of `count` blocks' partial pairs, in a fixed order.
+template <class Rule>
+__global__ void __launch_bounds__(block_threads)
+    rule_norms_final_kernel(const double* __restrict__ partials, unsigned count, double* __restrict__ out) {
+  double a = 0.0;
+  double b = 0.0;
+  for (unsigned i = threadIdx.x; i < count; i += block_threads) {
+    a = __dadd_rn(a, partials[2 * i]);
+    b = __dadd_rn(b, partials[2 * i + 1]);
+  }
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    out[0] = a;
+    out[1] = b;
+  }
+}
+
+/// Enqueues LAMB's first pass on `stream` (see zero::cuda::rule_norms): the moments, then `out[0]` the sum of
+/// master² and `out[1]` of the direction² over the n elements, deterministic for a given n.
+/// \throws usage_error for a null buffer in use, a small or misaligned workspace; cuda_error if a launch fails.
+template <class Rule, class G>
+void launch_rule_norms(const float* master, const std::array<float*, max_rule_state>& state, const G* grad,
+                       std::size_t n, const zero::adamw_step_args& args, double* out, void* workspace,
+                       std::size_t workspace_bytes, cudaStream_t stream) {
+  static_assert(zero::rules::has_trust_ratio<Rule>, "zero::cuda::rule_norms: the rule has no trust ratio");
+  constexpr const char* function = "zero::cuda::rule_norms";
+  require_buffer(out, 2, function, "out");
+  require_buffer(master, n, function, "master");
+  require_buffer(grad, n, function, "grad");
+  rule_state_buffers buffers{};
+  for (std::size_t j = 0; j < Rule::max_state; ++j) {
+    require_buffer(state[j], n, function, ("state[" + std::to_string(j) + "]").c_str());
+    buffers.tensor[j] = state[j];
+  }
+  const std::size_t blocks = squared_norm_blocks(n);
+  const std::size_t needed = rule_norms_workspace(n);
+  if (workspace_bytes < needed) {
+    throw zero::usage_error(std::string(function) + ": workspace of " + std::to_string(workspace_bytes) +
+                            " bytes is too small; n = " + std::to_string(n) + " needs " + std::to_string(needed) +
+                            " (rule_norms_workspace_bytes)");
+  }
+  require_buffer(workspace, needed, function, "workspace");
+  if (reinterpret_cast<std::uintptr_t>(workspace) % alignof(double) != 0) {
+    throw zero::usage_error(std::string(function) + ": workspace must be 8-byte aligned");
+  }
+  auto* partials = static_cast<double*>(workspace);
+  if (blocks > 0) {
+    rule_norms_kernel<Rule, G><<<static_cast<unsigned>(blocks), block_threads, 0, stream>>>(master, buffers, grad, n,
+                                                                                            Rule::make(args), partials);
+    check_launch("zero::cuda::kernels::rule_norms_kernel");
+  }
+  rule_norms_final_kernel<Rule><<<1, block_threads, 0, stream>>>(partials, static_cast<unsigned>(blocks), out);
+  check_launch("zero::cuda::kernels::rule_norms_final_kernel");
 }
 
 } // namespace zero::cuda::kernels

@@ -199,7 +199,7 @@ TEST_CASE("a rule's optimizer block reads back, sizes the pieces, and a bad one 
         std::string::npos);
   bad = j;
   bad["optimizer"]["type"] = "LAMB";
-  CHECK(error_of(bad).find(R"(optimizer.type: found "LAMB", expected "AdamW", "Lion", "SGD" or "Adagrad")") !=
+  CHECK(error_of(bad).find(R"(optimizer.type: found "LAMB", expected "AdamW", "Lion", "SGD", "Adagrad" or "Lamb")") !=
         std::string::npos);
   bad = j;
   bad["optimizer"]["type"] = "SGD";

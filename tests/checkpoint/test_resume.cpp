@@ -417,6 +417,46 @@ TEST_CASE("ZenFlow with overlap_step: a save publishes the host update still pen
   }
 }
 
+namespace {
+
+/// `a` (an update rule's block, saved at world 4 and stage 2 after 3 of its steps) resumed at world 1 and stage 0
+/// and at world 2 and stage 3: the uninterrupted run's bits.
+void check_reshard(const zt::run_spec& a) {
+  const auto want = zt::train_plain(a);
+  for (int world : {1, 2}) {
+    zt::run_spec b = a;
+    b.world = world;
+    b.stage = world == 1 ? 0 : 3;
+    CAPTURE(world);
+    CHECK(zt::train_with_break(a, 3, b, zt::scratch("rule-reshard")).params == want.params);
+  }
+}
+
+/// Loads checkpoint `tag` of `dir` into a fresh engine of `loader` (initialised, untrained) and returns the
+/// checkpoint_error's text; checks that the refused load changed nothing.
+std::string refused_load(const zt::run_spec& loader, const std::filesystem::path& dir, const std::string& tag) {
+  std::string what;
+  zt::with_engine(loader, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+    zt::init_all(eng);
+    zt::run_result before;
+    zt::collect_params(eng, mh, comm, before);
+    try {
+      eng.load(dir, tag);
+    } catch (const zero::checkpoint_error& e) {
+      if (comm.rank() == 0) {
+        what = e.what();
+      }
+    }
+    zt::run_result after; // nothing changed
+    zt::collect_params(eng, mh, comm, after);
+    CHECK(after.params == before.params);
+    CHECK(eng.global_steps() == 0);
+  });
+  return what;
+}
+
+} // namespace
+
 TEST_CASE("Lion, SGD and Adagrad resume bit-identically and reshard; a load under another rule is refused") {
   // Each rule's state (Lion's exp_avg, SGD's momentum_buffer or none, Adagrad's sum) is all a resume needs:
   // saved at world 4, stage 2, loaded at world 2, stage 3 and at world 1, stage 0, and between host memory and the
@@ -430,15 +470,8 @@ TEST_CASE("Lion, SGD and Adagrad resume bit-identically and reshard; a load unde
     const std::string name = rule.first;
     CAPTURE(name);
     zt::run_spec a{.stage = 2, .world = 4, .steps = 5, .batch = 64, .param_coupling = 0, .optimizer = rule.second};
+    check_reshard(a);
     const auto want = zt::train_plain(a);
-    for (int world : {1, 2}) {
-      zt::run_spec b = a;
-      b.world = world;
-      b.stage = world == 1 ? 0 : 3;
-      CAPTURE(world);
-      const auto dir = zt::scratch("rule-reshard");
-      CHECK(zt::train_with_break(a, 3, b, dir).params == want.params);
-    }
     // Offloaded to host memory when saved, on the device when loaded (and the other way): the same bits.
     zt::run_spec offloaded = a;
     offloaded.zero_extra = R"("offload_optimizer": {"device": "cpu"})";
@@ -468,23 +501,39 @@ TEST_CASE("Lion, SGD and Adagrad resume bit-identically and reshard; a load unde
                                    std::string(R"({"type": "SGD", "params": {"momentum": 0.5}})")}) {
     zt::run_spec b = lion;
     b.optimizer = other;
-    zt::with_engine(b, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
-      zt::init_all(eng);
-      zt::run_result before;
-      zt::collect_params(eng, mh, comm, before);
-      std::string what;
-      try {
-        eng.load(dir, "lion");
-      } catch (const zero::checkpoint_error& e) {
-        what = e.what();
-      }
-      CHECK(what.find("holds the state of Lion (exp_avg); this engine runs ") != std::string::npos);
-      CHECK(what.find(other.find("AdamW") != std::string::npos ? "AdamW (exp_avg, exp_avg_sq)"
-                                                               : "SGD (momentum_buffer)") != std::string::npos);
-      zt::run_result after; // nothing changed
-      zt::collect_params(eng, mh, comm, after);
-      CHECK(after.params == before.params);
-      CHECK(eng.global_steps() == 0);
+    const std::string what = refused_load(b, dir, "lion");
+    CHECK(what.find("holds the state of Lion (exp_avg); this engine runs ") != std::string::npos);
+    CHECK(what.find(other.find("AdamW") != std::string::npos ? "AdamW (exp_avg, exp_avg_sq)"
+                                                             : "SGD (momentum_buffer)") != std::string::npos);
+  }
+}
+
+TEST_CASE("Lamb resumes bit-identically and reshards; AdamW's state, with the same tensors, is refused under Lamb") {
+  // Lamb keeps AdamW's two tensors and sums each parameter over the ranks at every step (docs/optimizers.md), so a
+  // resume at another world size and stage takes every tensor's ratio whole again: the uninterrupted run's bits.
+  const std::string lamb = R"({"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.1}})";
+  check_reshard({.stage = 2, .world = 4, .steps = 5, .batch = 64, .param_coupling = 0, .optimizer = lamb});
+  zt::run_spec c{.stage = 1, .world = 2, .steps = 4, .batch = 64, .optimizer = lamb};
+  CHECK(zt::train_with_break(c, 2, c, zt::scratch("lamb-resume")).params == zt::train_plain(c).params);
+  // Saved by AdamW (a manifest without an optimizer block), loaded by Lamb, and the other way: refused, nothing
+  // changed, though both keep exp_avg and exp_avg_sq.
+  for (const bool adamw_first : {true, false}) {
+    CAPTURE(adamw_first);
+    zt::run_spec saver{.stage = 2,
+                       .world = 2,
+                       .steps = 2,
+                       .batch = 64,
+                       .optimizer = adamw_first ? R"({"type": "AdamW", "params": {}})" : lamb};
+    zt::run_spec loader = saver;
+    loader.optimizer = adamw_first ? lamb : R"({"type": "AdamW", "params": {}})";
+    const auto dir = zt::scratch("lamb-mismatch");
+    zt::with_engine(saver, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+      zt::init_and_train(eng, mh, comm, saver, 2);
+      eng.save(dir, "tag");
     });
+    CHECK(refused_load(loader, dir, "tag")
+              .find(adamw_first ? "holds the state of AdamW (exp_avg, exp_avg_sq); this engine runs Lamb"
+                                : "holds the state of Lamb (exp_avg, exp_avg_sq); this engine runs AdamW") !=
+          std::string::npos);
   }
 }

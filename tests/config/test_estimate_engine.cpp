@@ -587,3 +587,38 @@ TEST_CASE("zero-estimate counts the update rule's state: Lion, SGD and Adagrad r
     }
   }
 }
+
+TEST_CASE("zero-estimate counts Lamb as AdamW's state on the device, within 2% of the engine; its offload rows are "
+          "not run") {
+  zero::tools::model_summary model;
+  model.params = model_params;
+  model.largest_layer_params = largest_layer;
+  model.largest_param = 250'000;
+  model.param_counts = {{250'000, 8}, {500, 8}};
+  const std::string block = R"({"type": "Lamb", "params": {}})";
+  const auto cfg =
+      zero::config::from_string(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "optimizer": )" +
+                                    block + R"(, "zero_optimization": {"stage": 2}})",
+                                {.world_size = 2});
+  const auto o = zero::tools::estimate_options_from(cfg, model, 2);
+  CHECK(o.state_tensors == 2);
+  CHECK(!o.host_offload);
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    const auto in_memory = measure(stage, 2, R"("bf16": {"enabled": true},)", "", "", "", block);
+    int rows = 0;
+    for (const auto& r : zero::tools::estimate_memory(o)) {
+      if (r.stage != stage) {
+        continue;
+      }
+      CAPTURE(zero::name_of(r.offload_optimizer));
+      CAPTURE(zero::name_of(r.offload_param));
+      CHECK(r.implemented == (r.offload_optimizer == zero::offload_device::none));
+      if (r.offload_optimizer == zero::offload_device::none && r.offload_param == zero::offload_device::none) {
+        check_device_and_host(r, in_memory);
+        ++rows;
+      }
+    }
+    CHECK(rows == 1);
+  }
+}

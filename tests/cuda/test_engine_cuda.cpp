@@ -388,13 +388,15 @@ TEST_SUITE("engine") {
     }
   }
 
-  TEST_CASE("Lion, SGD and Adagrad on GPUs give what the CPU engine gives, at stages 0-3") {
+  TEST_CASE("Lion, SGD, Adagrad and Lamb on GPUs give what the CPU engine gives, at stages 0-3") {
     // The rules' CUDA kernels give cpu_backend's bits (tests/cuda/test_rule_kernels.cpp); the engine around them
-    // differs from the CPU engine only in the order of the norm's sums: fp32 within 1e-6, bf16 within 1/128.
+    // differs from the CPU engine only in the order of the norm's sums (and Lamb's sums of squares): fp32 within
+    // 1e-6, bf16 within 1/128. Lamb's ratios are summed over the ranks of the GPU group.
     for (const char* block : {R"({"type": "Lion", "params": {"lr": 0.01, "weight_decay": 0.1}})",
                               R"({"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9, "nesterov": true}})",
                               R"({"type": "SGD", "params": {"lr": 0.01, "weight_decay": 0.1}})",
-                              R"({"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.05}})"}) {
+                              R"({"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.05}})",
+                              R"({"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.1}})"}) {
       for (const auto ranks : zero::test::gpu_rank_sets()) {
         for (int stage : {0, 1, 2, 3}) {
           for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {

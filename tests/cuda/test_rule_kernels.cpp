@@ -1,10 +1,10 @@
 /// \file
 /// zero::cuda::rule_step against zero::cpu_backend::rule_step, bit for bit: Lion with weight decay; SGD with
 /// momentum and dampening, with and without Nesterov, and without momentum (no state); Adagrad with lr decay and
-/// weight decay. For G x P in (float, float), (bf16, bf16), (f16, f16), (float, bf16), over three steps, at an odd
-/// length and a tiny one, aligned, off by one element and with the gradient misaligned against the rest, with
-/// and without a parameter copy, with guard zones around every output. Also the usage errors, and
-/// cuda_backend's verb.
+/// weight decay; Lamb's two passes (rule_norms, then rule_step with the ratio). For G x P in (float, float), (bf16,
+/// bf16), (f16, f16), (float, bf16), over three steps, at an odd length and a tiny one, aligned, off by one element and
+/// with the gradient misaligned against the rest, with and without a parameter copy, with guard zones around every
+/// output. Also the usage errors, and cuda_backend's verb.
 
 #include "cuda_test_support.hpp"
 #include "zero/backend/cpu_backend.hpp"
@@ -239,6 +239,82 @@ TEST_SUITE("kernels") {
     CHECK(same_bits(d_master.download(), master));
     CHECK(same_bits(d_m.download(), m));
     CHECK(same_bits(d_param.download(), param));
+  }
+
+  TEST_CASE_TEMPLATE("Lamb's two passes: rule_norms gives cpu_backend's state and sums, rule_step its bits", G, float,
+                     bf16, f16) {
+    // The moments carry the same bits; the sums of squares (double, another order) agree within 1e-12 relative and
+    // give the same fp32 ratio; then the second pass, with that ratio, the same master and copy. Three steps, at
+    // one block, several and past the first pass's 1024 blocks.
+    test_stream stream;
+    zero::cuda_backend gpu(0);
+    const auto s = gpu.make_stream();
+    zero::cpu_backend cpu({.threads = 2});
+    const zero::cpu_stream cpu_stream = cpu.make_stream();
+    using zero::rules::lamb;
+    for (const std::size_t n : {std::size_t{3}, std::size_t{10007}, std::size_t{9'000'001}}) {
+      CAPTURE(n);
+      zero::adamw_step_args a;
+      a.lr = 1e-2f;
+      a.weight_decay = 0.1f;
+      a.eps = 1e-6f;
+      std::vector<float> master = zero::test::random_values<float>(n, 7 + n);
+      std::vector<float> m = zero::test::random_values<float>(n, 8 + n, 0.1f);
+      std::vector<float> v(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        v[i] = m[i] * m[i];
+      }
+      std::vector<bf16> param(n);
+      device_buffer<float> d_master(n), d_m(n), d_v(n);
+      device_buffer<G> d_grad(n);
+      device_buffer<bf16> d_param(n);
+      device_buffer<double> d_out(2);
+      device_buffer<std::byte> d_ws(std::max<std::size_t>(gpu.rule_norms_workspace_bytes(n), 8));
+      std::vector<std::byte> ws(cpu.rule_norms_workspace_bytes(n) + 8);
+      d_master.upload(master);
+      d_m.upload(m);
+      d_v.upload(v);
+      for (int step = 1; step <= 3; ++step) {
+        CAPTURE(step);
+        a.set_step(step);
+        a.grad_scale = 1.0f / static_cast<float>(1 << step);
+        const std::vector<G> grad = zero::test::random_values<G>(n, 100 * n + static_cast<unsigned>(step));
+        d_grad.upload(grad);
+        gpu.rule_norms<lamb>(d_master.get(), {d_m.get(), d_v.get()}, static_cast<const G*>(d_grad.get()), n, a,
+                             d_out.get(), d_ws.get(), d_ws.size(), s);
+        double sums[2] = {0, 0};
+        cpu.rule_norms<lamb>(master.data(), {m.data(), v.data()}, grad.data(), n, a, sums, ws.data(), ws.size(),
+                             cpu_stream);
+        gpu.synchronize(s);
+        REQUIRE(same_bits(d_m.download(), m));
+        REQUIRE(same_bits(d_v.download(), v));
+        const auto got = d_out.download();
+        CHECK(got[0] == doctest::Approx(sums[0]).epsilon(1e-12));
+        CHECK(got[1] == doctest::Approx(sums[1]).epsilon(1e-12));
+        const float ratio = zero::rules::trust_ratio(sums[0], sums[1], 0.01f, 10.0f);
+        CHECK(zero::rules::trust_ratio(got[0], got[1], 0.01f, 10.0f) == ratio);
+        a.trust_ratio = ratio;
+        gpu.rule_step<lamb>(d_master.get(), {d_m.get(), d_v.get()}, static_cast<const G*>(d_grad.get()), d_param.get(),
+                            n, a, s);
+        cpu.rule_step<lamb>(master.data(), {m.data(), v.data()}, grad.data(), param.data(), n, a, cpu_stream);
+        gpu.synchronize(s);
+        REQUIRE(same_bits(d_master.download(), master));
+        REQUIRE(same_bits(d_param.download(), param));
+        REQUIRE(same_bits(d_v.download(), v)); // the second pass only reads the state
+      }
+      CHECK(d_master.guards_intact());
+      CHECK(d_m.guards_intact());
+      CHECK(d_v.guards_intact());
+      CHECK(d_out.guards_intact());
+    }
+    // A workspace too small is refused before anything is enqueued.
+    device_buffer<float> x(100000);
+    device_buffer<G> g(100000);
+    device_buffer<double> out(2);
+    CHECK_THROWS_WITH_AS(zero::cuda::rule_norms<lamb>(x.get(), {x.get(), x.get()}, static_cast<const G*>(g.get()),
+                                                      100000, zero::adamw_step_args{}, out.get(), out.get(), 16,
+                                                      stream.get()),
+                         doctest::Contains("rule_norms_workspace_bytes"), zero::usage_error);
   }
 
 } // TEST_SUITE("kernels")

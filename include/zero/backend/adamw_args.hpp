@@ -49,6 +49,12 @@ struct adamw_step_args {
   bool nesterov = false;
   /// Adagrad: the lr's decay per step.
   float lr_decay = 0.0f;
+  /// LAMB: the trust ratio's bounds, eps inside the square root (DeepSpeed's eps_inside_sqrt), and the ratio of
+  /// the parameter tensor a `rule_step` call updates (formed by `rules::trust_ratio` between LAMB's two passes).
+  float max_coeff = 10.0f;
+  float min_coeff = 0.01f;
+  bool eps_inside_sqrt = false;
+  float trust_ratio = 1.0f;
 
   /// Sets `step` to optimizer step `index` (1-based) and fills its bias corrections.
   void set_step(std::int64_t index, bool bias_correction = true) {

@@ -67,30 +67,9 @@
 ///
 /// ## Replacing one kernel
 ///
-/// A framework that wants its own kernel for one case and the library's for all others derives
-/// from `basic_cpu_backend`, brings the library's overloads of that kernel back with a
-/// using-declaration, and declares its own overload with the exact parameter types of its case:
-///
-///     struct my_backend : zero::cpu_backend {
-///       using zero::cpu_backend::cpu_backend; // the constructors
-///       using zero::cpu_backend::adamw_step;  // the library's adamw_step for every other G and P
-///       void adamw_step(float* master, float* m, float* v, const float* grad, float* param, std::size_t n,
-///                       const zero::adamw_step_args& args, const stream_type& s) {
-///         my_fp32_adamw(master, m, v, grad, param, n, args); // fp32 gradients and parameters
-///       }
-///     };
-///     static_assert(zero::check_backend<my_backend>());
-///
-/// A call with `const float*` gradients and `float*` parameters then picks the framework's
-/// overload (a non-template beats a template that matches as well), every other call the
-/// library's template, and the other kernels stay the library's. Without the using-declaration the
-/// one `adamw_step` would hide all of the library's (a name declared in a derived class hides the
-/// base's; the kernels are member templates, not virtual functions), and `check_backend` stops
-/// the build with "zero::backend: this type has no usable adamw_step". The framework's overload
-/// may hand cases back with a qualified call, `zero::cpu_backend::adamw_step(master, ..., s)`.
-/// Engines must be instantiated with `my_backend`: the choice is made at compile time, so a
-/// `cpu_backend&` bound to a `my_backend` calls the library's kernels. docs/backends.md has more;
-/// tests/backend/test_replace_kernel.cpp is this example, checked.
+/// A framework derives from `basic_cpu_backend`, brings the library's overloads of the kernel back with a
+/// using-declaration and adds its own overload with the exact parameter types of its case: docs/backends.md,
+/// "Replacing one kernel of `cpu_backend`", and tests/backend/test_replace_kernel.cpp, checked.
 ///
 /// The CPU has no asynchrony to hide: streams and events are empty tags and every kernel has
 /// finished when it returns. They keep the shape of `zero::backend` so engines are written once.
@@ -292,6 +271,48 @@ public:
     });
   }
 
+  /// Bytes of workspace `rule_norms` needs for `n` elements: 0 up to one chunk, else 16 per chunk.
+  [[nodiscard]] std::size_t rule_norms_workspace_bytes(std::size_t n) const noexcept {
+    return n <= chunk_elements ? 0 : chunks(n) * 2 * sizeof(double);
+  }
+
+  /// The first pass of a rule with a trust ratio (`rules::has_trust_ratio`: LAMB) over the `n` elements of one
+  /// tensor's piece: `Rule::moments` on the state tensors from `grad` (times `args.grad_scale`), then `out[0]` =
+  /// the sum of master² and `out[1]` of `Rule::direction`², in double, element by element per chunk of
+  /// `chunk_elements`, then the chunks in order: the inputs alone decide it, not the threads. `master` is read.
+  /// \param workspace at least `rule_norms_workspace_bytes(n)` bytes aligned for double (null when that is 0).
+  /// \throws usage_error for a null master, grad, state tensor or out, or a missing or small workspace.
+  template <class Rule, backend_float G>
+  requires rules::has_trust_ratio<Rule>
+  void rule_norms(const float* master, const std::array<float*, max_rule_state>& state, const G* grad, std::size_t n,
+                  const adamw_step_args& args, double* out, void* workspace, std::size_t workspace_bytes,
+                  const stream_type& /*s*/) {
+    require(out != nullptr, "rule_norms", "out");
+    out[0] = out[1] = 0.0;
+    if (n == 0) {
+      return;
+    }
+    require(master != nullptr && grad != nullptr, "rule_norms", "master or grad");
+    for (std::size_t j = 0; j < Rule::state_count(args); ++j) {
+      require(state[j] != nullptr, "rule_norms", "a state tensor");
+    }
+    const std::size_t need = rule_norms_workspace_bytes(n);
+    require_workspace("rule_norms", n, need, workspace, workspace_bytes);
+    const auto f = Rule::make(args);
+    double* partial = need > 0 ? static_cast<double*>(workspace) : out;
+    for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
+      std::array<float*, max_rule_state> at{};
+      for (std::size_t j = 0; j < Rule::max_state; ++j) {
+        at[j] = state[j] != nullptr ? state[j] + b : nullptr;
+      }
+      detail::cpu::rule_norms_chunk<Rule>(f, master + b, at.data(), grad + b, len, partial + 2 * (b / chunk_elements));
+    });
+    for (std::size_t c = 0; need > 0 && c < chunks(n); ++c) {
+      out[0] += partial[2 * c];
+      out[1] += partial[2 * c + 1];
+    }
+  }
+
   /// The same step out of place: reads the state at `master_in`, `m_in`, `v_in` and writes the new
   /// state to `master`, `m`, `v`, leaving the input as it was (an update that may still be dropped:
   /// `offloaded_adamw`'s updates during backward). Same bits as `adamw_step` on a copy of the input.
@@ -370,12 +391,7 @@ public:
       dispatch([&](auto isa) noexcept { *out = decltype(isa)::squared_norm(x, n); });
       return;
     }
-    const std::size_t need = squared_norm_workspace_bytes<T>(n);
-    if (workspace == nullptr || workspace_bytes < need) {
-      throw usage_error("cpu_backend::squared_norm: the workspace for " + std::to_string(n) + " elements needs " +
-                        std::to_string(need) + " bytes (squared_norm_workspace_bytes), got " +
-                        std::to_string(workspace == nullptr ? 0 : workspace_bytes));
-    }
+    require_workspace("squared_norm", n, squared_norm_workspace_bytes<T>(n), workspace, workspace_bytes);
     float* partial = static_cast<float*>(workspace);
     for_chunks(n, [&](std::size_t b, std::size_t len) noexcept {
       dispatch([&](auto isa) noexcept { partial[b / chunk_elements] = decltype(isa)::squared_norm(x + b, len); });
@@ -537,6 +553,15 @@ private:
 
   // Takes the test rather than the pointer: passing a pointer to an uninitialised result (`float
   // norm; b.squared_norm(..., &norm, ...)`) to a const-pointer parameter trips GCC's -Wmaybe-uninitialized.
+  /// \throws usage_error naming `kernel`'s workspace query when `need` bytes are not there.
+  static void require_workspace(const char* kernel, std::size_t n, std::size_t need, const void* workspace,
+                                std::size_t bytes) {
+    if (need > 0 && (workspace == nullptr || bytes < need)) {
+      throw usage_error(std::string("cpu_backend::") + kernel + ": the workspace for " + std::to_string(n) +
+                        " elements needs " + std::to_string(need) + " bytes (" + kernel + "_workspace_bytes), got " +
+                        std::to_string(workspace == nullptr ? 0 : bytes));
+    }
+  }
   static void require(bool non_null, const char* kernel, const char* arg) {
     if (!non_null) {
       throw usage_error(std::string("cpu_backend::") + kernel + ": " + arg + " is null");

@@ -208,6 +208,18 @@ public:
                  const adamw_step_args& args, const stream_type& s) const {
     cuda::rule_step<Rule>(master, state, grad, param, n, args, s.get());
   }
+  /// See zero::cuda::rule_norms_workspace_bytes.
+  [[nodiscard]] std::size_t rule_norms_workspace_bytes(std::size_t n) const {
+    return cuda::rule_norms_workspace_bytes(n);
+  }
+  /// See zero::cuda::rule_norms.
+  template <class Rule, backend_float G>
+  requires rules::has_trust_ratio<Rule>
+  void rule_norms(const float* master, const std::array<float*, max_rule_state>& state, const G* grad, std::size_t n,
+                  const adamw_step_args& args, double* out, void* workspace, std::size_t workspace_bytes,
+                  const stream_type& s) const {
+    cuda::rule_norms<Rule>(master, state, grad, n, args, out, workspace, workspace_bytes, s.get());
+  }
   /// See zero::cuda::cast.
   template <backend_float S, backend_float D>
   void cast(const S* src, D* dst, std::size_t n, const stream_type& s) const {

@@ -182,7 +182,8 @@ void adamw_step(float* master, float* m, float* v, const G* grad, P* param_out, 
 /// `param_out` is not null) the low-precision copy of the parameters. Each element runs `Rule::apply` with every
 /// operation correctly rounded in fp32 (`__fmul_rn` and its kin) on the factors `Rule::make(args)` forms on the
 /// host, so it gives `cpu_backend::rule_step`'s bits; `param_out[i]` is `master[i]` rounded to nearest even.
-/// Compiled into `zero::cuda` for `rules::lion`, `rules::sgd` and `rules::adagrad`; a rule of a framework's own
+/// Compiled into `zero::cuda` for `rules::lion`, `rules::sgd`, `rules::adagrad` and `rules::lamb` (its second
+/// pass, after `rule_norms`); a rule of a framework's own
 /// runs through `launch_rule_step` of `<zero/kernels/rules.cuh>` in a `.cu` of its own.
 /// \param master    device-accessible fp32 master weights of `n` elements, read and written in `stream` order.
 /// \param state     the rule's fp32 state tensors of `n` elements each: the first `Rule::state_count(args)` are
@@ -201,6 +202,23 @@ void adamw_step(float* master, float* m, float* v, const G* grad, P* param_out, 
 template <class Rule, float_element G, float_element P>
 void rule_step(float* master, const std::array<float*, max_rule_state>& state, const G* grad, P* param_out,
                std::size_t n, const adamw_step_args& args, cudaStream_t stream);
+
+/// Bytes of device workspace `rule_norms` needs for `n` elements (a function of n alone).
+[[nodiscard]] std::size_t rule_norms_workspace_bytes(std::size_t n);
+
+/// The first pass of a rule with a trust ratio (`rules::has_trust_ratio`: LAMB) over the `n` elements of one
+/// parameter tensor's piece: `Rule::moments` updates the rule's state tensors from `grad` (times
+/// `args.grad_scale`), then `out[0]` = the sum of master², `out[1]` = the sum of `Rule::direction`², in double,
+/// in a fixed order for a given n (a fixed grid, no atomics; `reduce.cuh`'s two passes). Each element's fp32
+/// operations are `cpu_backend::rule_norms`'s, so the state gets its bits; the sums match it within double
+/// rounding. `master` is only read. Compiled into `zero::cuda` for `rules::lamb`.
+/// \param out       two doubles of device-accessible memory, written in `stream` order.
+/// \param workspace at least `rule_norms_workspace_bytes(n)` bytes of device memory, 8-byte aligned.
+/// \throws usage_error for a null buffer in use or a small or misaligned workspace; cuda_error if a launch fails.
+template <class Rule, float_element G>
+void rule_norms(const float* master, const std::array<float*, max_rule_state>& state, const G* grad, std::size_t n,
+                const adamw_step_args& args, double* out, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream);
 
 /// ZeRO++'s block quantization of `x` (n elements) into `codes` (`f.code_bytes(n)` bytes) and `scales`
 /// (`f.blocks(n)` floats): the codes of `zero::quantize_block` (zero/backend/quantize.hpp), bit for bit.

@@ -193,6 +193,14 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
     refuse_rule(o.backward_overlap != 0, "offload_optimizer.backward_overlap");
     refuse_rule(o.delayed_update, "offload_optimizer.delayed_update");
     refuse_rule(c.zero_optimization.zenflow.enabled, "zenflow");
+    if (c.optimizer->type == optimizer_type::lamb && o.device != offload_device::none) {
+      throw config_error("zero_optimization.offload_optimizer.device \"" + std::string(name_of(o.device)) + "\" with " +
+                         rule +
+                         ": Lamb's trust ratio sums every parameter over the ranks before any piece moves, which "
+                         "the host's step (range by range, beside the GPU) does not wait for; this version runs "
+                         "Lamb with its state in device memory (offload_optimizer.device \"none\"; offload_param "
+                         "may offload the parameters)");
+    }
   }
   if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {
     throw config_error("zero_optimization.offload_optimizer.ratio: " + detail::show_number(o.ratio) +

@@ -10,11 +10,11 @@
 
 namespace zero {
 
-/// The optimizers this version runs: DeepSpeed's `"Adam"`, `"AdamW"`, `"Lion"`, `"Adagrad"` and PyTorch's `"SGD"`
-/// (which DeepSpeed takes from torch.optim by name). zero/backend/update_rules.hpp has their formulas.
-enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad };
+/// The optimizers this version runs: DeepSpeed's `"Adam"`, `"AdamW"`, `"Lion"`, `"Adagrad"`, `"Lamb"` and PyTorch's
+/// `"SGD"` (which DeepSpeed takes from torch.optim by name). zero/backend/update_rules.hpp has their formulas.
+enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad, lamb };
 
-/// DeepSpeed's name of an optimizer type: "Adam", "AdamW", "Lion", "SGD", "Adagrad".
+/// DeepSpeed's name of an optimizer type: "Adam", "AdamW", "Lion", "SGD", "Adagrad", "Lamb".
 [[nodiscard]] constexpr std::string_view name_of(optimizer_type t) noexcept {
   switch (t) {
   case optimizer_type::adam:
@@ -25,6 +25,8 @@ enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad };
     return "SGD";
   case optimizer_type::adagrad:
     return "Adagrad";
+  case optimizer_type::lamb:
+    return "Lamb";
   case optimizer_type::adamw:
     break;
   }
@@ -63,21 +65,21 @@ enum class warmup_curve : std::uint8_t { log, linear };
 /// constructor): a parameter of another type is refused by name. Other DeepSpeed optimizers are refused by
 /// `unimplemented_features`.
 struct optimizer_config {
-  /// `optimizer.type`: "Adam", "AdamW", "Lion", "SGD" or "Adagrad" (case-insensitive, as in DeepSpeed).
+  /// `optimizer.type`: "Adam", "AdamW", "Lion", "SGD", "Adagrad" or "Lamb" (case-insensitive, as in DeepSpeed).
   optimizer_type type = optimizer_type::adamw;
   /// `optimizer.params.lr`. Default 1e-3 (DeepSpeed's FusedAdam, CPUAdam and Lion, torch.optim.SGD), 1e-2 for
   /// Adagrad (torch.optim.Adagrad, DeepSpeed's CPU Adagrad).
   double lr = 1e-3;
-  /// `optimizer.params.betas` (Adam, AdamW, Lion): [beta1, beta2]. Default [0.9, 0.999], Lion's [0.9, 0.99].
+  /// `optimizer.params.betas` (Adam, AdamW, Lion, Lamb): [beta1, beta2]. Default [0.9, 0.999], Lion's [0.9, 0.99].
   std::array<double, 2> betas{0.9, 0.999};
-  /// `optimizer.params.eps` (Adam, AdamW, Adagrad). Default 1e-8, Adagrad's 1e-10.
+  /// `optimizer.params.eps` (Adam, AdamW, Adagrad, Lamb). Default 1e-8, Adagrad's 1e-10.
   double eps = 1e-8;
   /// `optimizer.params.weight_decay`. Default 0, or 0.01 for AdamW with `torch_adam` (PyTorch's default).
   double weight_decay = 0.0;
   /// Decoupled weight decay (AdamW) when true, L2 added to the gradient (Adam) when false. DeepSpeed
   /// runs AdamW for type "AdamW" and for type "Adam" unless `optimizer.params.adam_w_mode` is false.
   bool adam_w_mode = true;
-  /// `optimizer.params.bias_correction` (Adam, AdamW). Default true.
+  /// `optimizer.params.bias_correction` (Adam, AdamW, Lamb). Default true.
   bool bias_correction = true;
   /// `optimizer.params.momentum` (SGD): the momentum factor; 0 (default) keeps no state.
   double momentum = 0.0;
@@ -89,6 +91,14 @@ struct optimizer_config {
   double lr_decay = 0.0;
   /// `optimizer.params.initial_accumulator_value` (Adagrad): the sum of squares' first value. Default 0.
   double initial_accumulator_value = 0.0;
+  /// `optimizer.params.max_coeff` and `min_coeff` (Lamb): the trust ratio's bounds. Default 10 and 0.01.
+  double max_coeff = 10.0;
+  double min_coeff = 0.01;
+  /// `optimizer.params.eps_inside_sqrt` (Lamb): sqrt(v + eps) rather than sqrt(v) + eps. Default false.
+  bool eps_inside_sqrt = false;
+  /// `optimizer.params.max_grad_norm` (Lamb): DeepSpeed's FusedLamb clip of the global norm; only 0 (off) is
+  /// taken, as zero clips with `gradient_clipping`.
+  double max_grad_norm = 0.0;
   friend bool operator==(const optimizer_config&, const optimizer_config&) = default;
 };
 

@@ -31,11 +31,9 @@ inline constexpr choice<offload_device> offload_devices[] = {
     {"none", offload_device::none}, {"cpu", offload_device::cpu}, {"nvme", offload_device::nvme}};
 inline constexpr choice<zenflow_select> zenflow_selects[] = {
     {"auto", zenflow_select::automatic}, {"step", zenflow_select::step}, {"epoch", zenflow_select::epoch}};
-inline constexpr choice<optimizer_type> optimizer_types[] = {{"Adam", optimizer_type::adam},
-                                                             {"AdamW", optimizer_type::adamw},
-                                                             {"Lion", optimizer_type::lion},
-                                                             {"SGD", optimizer_type::sgd},
-                                                             {"Adagrad", optimizer_type::adagrad}};
+inline constexpr choice<optimizer_type> optimizer_types[] = {
+    {"Adam", optimizer_type::adam}, {"AdamW", optimizer_type::adamw},     {"Lion", optimizer_type::lion},
+    {"SGD", optimizer_type::sgd},   {"Adagrad", optimizer_type::adagrad}, {"Lamb", optimizer_type::lamb}};
 inline constexpr choice<scheduler_type> scheduler_types[] = {{"WarmupLR", scheduler_type::warmup_lr},
                                                              {"WarmupDecayLR", scheduler_type::warmup_decay_lr},
                                                              {"WarmupCosineLR", scheduler_type::warmup_cosine_lr},
@@ -161,6 +159,11 @@ inline constexpr key_row<optimizer_config> optimizer_params_keys[] = {
     key<&optimizer_config::nesterov>("nesterov"),
     key<&optimizer_config::lr_decay>("lr_decay").at_least(0.0),
     key<&optimizer_config::initial_accumulator_value>("initial_accumulator_value").at_least(0.0),
+    // Lamb's (DeepSpeed's FusedLamb).
+    key<&optimizer_config::max_coeff>("max_coeff").at_least(0.0),
+    key<&optimizer_config::min_coeff>("min_coeff").at_least(0.0),
+    key<&optimizer_config::eps_inside_sqrt>("eps_inside_sqrt"),
+    key<&optimizer_config::max_grad_norm>("max_grad_norm").at_least(0.0),
 };
 
 // The parameters each optimizer type takes (its constructor's in DeepSpeed or torch.optim).
@@ -170,6 +173,9 @@ inline constexpr std::string_view lion_params[] = {"lr", "betas", "weight_decay"
 inline constexpr std::string_view sgd_params[] = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
 inline constexpr std::string_view adagrad_params[] = {"lr", "lr_decay", "weight_decay", "initial_accumulator_value",
                                                       "eps"};
+inline constexpr std::string_view lamb_params[] = {
+    "lr",        "bias_correction", "betas",           "eps",           "weight_decay",
+    "max_coeff", "min_coeff",       "eps_inside_sqrt", "max_grad_norm", "amsgrad"};
 
 inline constexpr key_row<scheduler_config> scheduler_keys[] = {
     key<&scheduler_config::type, scheduler_types>("type").by_hand(), // required (parse_scheduler)
@@ -274,6 +280,8 @@ constexpr std::span<const std::string_view> optimizer_params(optimizer_type t) {
     return sgd_params;
   case optimizer_type::adagrad:
     return adagrad_params;
+  case optimizer_type::lamb:
+    return lamb_params;
   case optimizer_type::adam:
   case optimizer_type::adamw:
     break;

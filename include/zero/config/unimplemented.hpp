@@ -99,10 +99,10 @@ inline constexpr unimplemented_feature unimplemented_features[] = {
      "sequence-parallel communication", "not planned", ""},
     // ---- optimizer and scheduler ---------------------------------------------------------------
     {"optimizer.type", unimplemented_when::one_of,
-     R"(["lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw", "musgd", "muon",)"
+     R"(["onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw", "musgd", "muon",)"
      R"( "rmsprop", "adadelta", "adamax", "asgd", "lbfgs", "nadam", "radam", "rprop", "sparseadam"])",
-     "optimizers other than Adam, AdamW, Lion, SGD and Adagrad", "not planned",
-     R"("Adam", "AdamW", "Lion", "SGD" or "Adagrad")"},
+     "optimizers other than Adam, AdamW, Lion, SGD, Adagrad and Lamb", "not planned",
+     R"("Adam", "AdamW", "Lion", "SGD", "Adagrad" or "Lamb")"},
     {"optimizer.legacy_fusion", unimplemented_when::differs_from, "false", "legacy fused fp16 optimizer", "not planned",
      ""},
     {"optimizer.params.amsgrad", unimplemented_when::differs_from, "false", "AMSGrad", "not planned", ""},

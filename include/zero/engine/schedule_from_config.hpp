@@ -109,6 +109,9 @@ namespace zero {
   args.dampening = static_cast<float>(o.dampening);
   args.nesterov = o.nesterov;
   args.lr_decay = static_cast<float>(o.lr_decay);
+  args.max_coeff = static_cast<float>(o.max_coeff);
+  args.min_coeff = static_cast<float>(o.min_coeff);
+  args.eps_inside_sqrt = o.eps_inside_sqrt;
   return args;
 }
 
@@ -122,6 +125,8 @@ namespace zero {
     return update_rule::sgd;
   case optimizer_type::adagrad:
     return update_rule::adagrad;
+  case optimizer_type::lamb:
+    return update_rule::lamb;
   case optimizer_type::adam:
   case optimizer_type::adamw:
     break;

@@ -530,6 +530,7 @@ struct plan_result {
   if (c.optimizer) {
     o.state_tensors = static_cast<std::int64_t>(rule_state_of(*c.optimizer).first);
     o.adam = rule_of(c.optimizer->type) == update_rule::adamw;
+    o.host_offload = rule_of(c.optimizer->type) != update_rule::lamb;
     if (!o.adam) {
       o.rule_name = std::string(name_of(rule_of(c.optimizer->type)));
     }

@@ -285,6 +285,33 @@ inline void rule_chunk(const typename Rule::factors& factors, float* master, flo
 #endif
 }
 
+/// The first pass of a rule with a trust ratio (update_rules.hpp: LAMB) over [0, n) of a chunk: `Rule::moments` on
+/// every element's state, then the sums of master² and of `Rule::direction`² in double, element by element in
+/// order (each square exact in double), into `sums[0]` and `sums[1]`.
+template <class Rule, class G>
+inline void rule_norms_chunk(const typename Rule::factors& f, const float* master, float* const* state, const G* grad,
+                             std::size_t n, double* sums) noexcept {
+  constexpr std::size_t slots = Rule::max_state > 0 ? Rule::max_state : 1;
+  double w_sq = 0.0;
+  double u_sq = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    float s[slots]{};
+    for (std::size_t j = 0; j < Rule::max_state; ++j) {
+      s[j] = state[j][i];
+    }
+    Rule::template moments<host_ops>(f, s, load1(grad + i));
+    for (std::size_t j = 0; j < Rule::max_state; ++j) {
+      state[j][i] = s[j];
+    }
+    const double w = master[i];
+    const double u = Rule::template direction<host_ops>(f, master[i], s);
+    w_sq += w * w;
+    u_sq += u * u;
+  }
+  sums[0] = w_sq;
+  sums[1] = u_sq;
+}
+
 /// True when the stored element is inf or NaN (its exponent bits are all ones).
 template <class T> inline bool nonfinite1(const T* p) noexcept {
   if constexpr (std::is_same_v<T, float>) {

@@ -41,7 +41,8 @@ inline optimizer_entry parse_optimizer(const fields& top) {
     e.state.push_back(v.get<std::string>());
   }
   // The names each rule may keep: its tensors in order (SGD without momentum none, its first with).
-  for (update_rule r : {update_rule::adamw, update_rule::lion, update_rule::sgd, update_rule::adagrad}) {
+  for (update_rule r :
+       {update_rule::adamw, update_rule::lion, update_rule::sgd, update_rule::adagrad, update_rule::lamb}) {
     if (name_of(r) != e.type) {
       continue;
     }
@@ -62,7 +63,8 @@ inline optimizer_entry parse_optimizer(const fields& top) {
     }
     return e;
   }
-  o.fail("type", cat("found \"", e.type.substr(0, 40), "\", expected \"AdamW\", \"Lion\", \"SGD\" or \"Adagrad\""));
+  o.fail("type",
+         cat("found \"", e.type.substr(0, 40), "\", expected \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\" or \"Lamb\""));
 }
 
 } // namespace detail

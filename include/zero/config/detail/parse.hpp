@@ -7,6 +7,7 @@
 /// and the checks that span keys.
 
 #include "zero/config/detail/batch.hpp"
+#include "zero/config/detail/foreign_params.hpp"
 #include "zero/config/detail/hand_keys.hpp"
 #include "zero/config/detail/json_text.hpp"
 #include "zero/config/detail/key_row.hpp"
@@ -196,45 +197,6 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
 
 // ---- optimizer and scheduler -----------------------------------------------------------------------
 
-/// Fails every key of `params` that `type` does not take (`params_of(type)`): DeepSpeed passes them to the
-/// optimizer's or schedule's constructor, which has no such argument. Names what `type` takes and which other
-/// types of `types` take the key.
-template <class T, std::size_t N, class ParamsOf>
-void refuse_foreign_params(parse_context& ctx, const object_reader& p, const json* params, T type,
-                           const choice<T> (&types)[N], ParamsOf params_of) {
-  if (params == nullptr || !params->is_object()) {
-    return;
-  }
-  const auto takes = [&](T t, std::string_view key) {
-    for (std::string_view k : params_of(t)) {
-      if (k == key) {
-        return true;
-      }
-    }
-    return false;
-  };
-  for (auto it = params->begin(); it != params->end(); ++it) {
-    if (takes(type, it.key())) {
-      continue;
-    }
-    std::string allowed;
-    for (auto k : params_of(type)) {
-      allowed += cat(allowed.empty() ? "" : ", ", k);
-    }
-    std::string takers;
-    int taker_count = 0;
-    for (const auto& c : types) {
-      if (takes(c.value, it.key())) {
-        takers += cat(takers.empty() ? "" : " and ", c.name);
-        ++taker_count;
-      }
-    }
-    ctx.fail(p.path_of(it.key()),
-             cat("not a parameter of ", name_of(type), " (it takes ", allowed, ")",
-                 (takers.empty() ? "" : cat("; ", takers, taker_count == 1 ? " takes it" : " take it"))));
-  }
-}
-
 inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const json* block, const config_inputs& in) {
   if (block == nullptr) {
     return std::nullopt;
@@ -242,8 +204,8 @@ inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const
   object_reader r = open_block<optimizer_keys>(ctx, *block, "optimizer");
   optimizer_config o;
   if (!r.has("type")) {
-    ctx.fail("optimizer.type", "missing; expected \"Adam\", \"AdamW\", \"Lion\", \"SGD\" or \"Adagrad\" (without "
-                               "a type DeepSpeed ignores the optimizer block)");
+    ctx.fail("optimizer.type", "missing; expected \"Adam\", \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\" or \"Lamb\" "
+                               "(without a type DeepSpeed ignores the optimizer block)");
   }
   read_named(r, optimizer_keys, "type", o, in);
   const json* params = r.get("params");
@@ -253,16 +215,31 @@ inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const
                                                       "optimizer.params");
   refuse_foreign_params(ctx, p, params, o.type, optimizer_types, optimizer_params);
   if (o.type != optimizer_type::adam && o.type != optimizer_type::adamw) {
-    // The other rules' defaults (DeepSpeed's Lion, torch.optim's SGD and Adagrad); none of Adam's keys apply.
+    // The other rules' defaults (DeepSpeed's Lion and Lamb, torch.optim's SGD and Adagrad); Lamb reads Adam's
+    // bias_correction, the others none of Adam's own keys.
     if (o.type == optimizer_type::lion) {
       o.betas = {0.9, 0.99};
     } else if (o.type == optimizer_type::adagrad) {
       o.lr = 1e-2;
       o.eps = 1e-10;
     }
-    o.adam_w_mode = o.type == optimizer_type::lion; // Lion decouples its decay; SGD and Adagrad add L2
-    o.bias_correction = false;
+    // Lion and Lamb decouple their decay (Lamb adds it to the direction, not the gradient); SGD and Adagrad add L2.
+    o.adam_w_mode = o.type == optimizer_type::lion || o.type == optimizer_type::lamb;
+    o.bias_correction = o.type == optimizer_type::lamb;
+    if (o.type == optimizer_type::lamb) {
+      read_named(p, optimizer_params_keys, "bias_correction", o, in);
+    }
     read_keys(p, optimizer_params_keys, o, in);
+    if (o.max_grad_norm != 0.0) {
+      ctx.fail(p.path_of("max_grad_norm"),
+               cat("found ", show(json(o.max_grad_norm)),
+                   "; zero clips the global gradient norm before every rule with gradient_clipping, as DeepSpeed "
+                   "does beside FusedLamb's own clip: set gradient_clipping to it and max_grad_norm to 0"));
+    }
+    if (o.min_coeff > o.max_coeff) {
+      ctx.fail(p.path_of("min_coeff"), cat("found ", show(json(o.min_coeff)), " above max_coeff ",
+                                           show(json(o.max_coeff)), "; expected min_coeff <= max_coeff"));
+    }
     if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
       ctx.fail(p.path_of("nesterov"),
                cat("true with momentum ", show(json(o.momentum)), " and dampening ", show(json(o.dampening)),

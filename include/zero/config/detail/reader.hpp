@@ -364,7 +364,7 @@ inline void check_unimplemented(const parse_context& ctx, std::string_view path,
 /// Keys people put in a DeepSpeed config that DeepSpeed spells differently, with where they go.
 inline std::string_view misplaced_key_hint(std::string_view key) {
   if (key == "max_grad_norm") {
-    return "gradient_clipping (top level); DeepSpeed refuses max_grad_norm as an optimizer parameter";
+    return "gradient_clipping (top level); of DeepSpeed's optimizers only Lamb takes max_grad_norm";
   }
   if (key == "zero_stage") {
     return "zero_optimization.stage";

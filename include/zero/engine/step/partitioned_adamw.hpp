@@ -7,6 +7,13 @@
 /// it owns the whole buffer. For fp32 training the parameters are their own master copy and only m
 /// and v are kept. Parameter groups (their own lr and weight decay) split the owned ranges into
 /// runs; padding joins the run beside it (its gradient, master, m and v are zero and stay zero).
+///
+/// LAMB (a rule with a trust ratio, update_rules.hpp) steps in two passes: `form_trust_ratios` runs its first
+/// pass over each parameter's piece in the rank's shard (the moments and two sums of squares), sums each
+/// parameter's pair over the ranks that hold its pieces (the engine's shard group: one all-reduce of two doubles
+/// per parameter), and forms every parameter's ratio; `step` and `step_range` then move each piece by its
+/// parameter's ratio. A parameter split over 3 ranks thus gets the ratio of the whole tensor (DeepSpeed's
+/// FusedLamb takes it per tensor, which ZeRO's flat shards would otherwise cut).
 
 #include "zero/backend/adamw_args.hpp"
 #include "zero/backend/backend.hpp"
@@ -71,6 +78,14 @@ public:
       split_runs(range, state_offset, group_of);
     }
     range_runs_.push_back(runs_.size());
+    if (place.rule == update_rule::lamb) {
+      if (place.state_elsewhere || place.state_begin != 0 ||
+          place.state_end != std::numeric_limits<std::size_t>::max()) {
+        throw usage_error("partitioned_adamw: Lamb's trust ratio needs every piece of the rank's state here; found "
+                          "the state split or elsewhere (offload_optimizer)");
+      }
+      make_pieces(alloc, group_of);
+    }
     if (place.rule != update_rule::adamw && (place.state_elsewhere || place.state_tensors > max_rule_state)) {
       throw usage_error("partitioned_adamw: " + std::string(name_of(place.rule)) + " keeps " +
                         std::to_string(place.state_tensors) + " state tensors " +
@@ -140,6 +155,49 @@ public:
       }
     });
   }
+
+  /// True when the rule scales each parameter's step by a trust ratio: `form_trust_ratios` comes before
+  /// each step's `step` or `step_range` calls.
+  [[nodiscard]] bool needs_trust_ratios() const noexcept { return place_.rule == update_rule::lamb; }
+
+  /// LAMB's first pass over every owned piece (its moments, its sums of master² and direction²), the sums of
+  /// each parameter over the ranks holding its pieces, and each parameter's ratio (see the file comment), for
+  /// the step `base.step`. Arguments as `step`'s; `sum_over_ranks(double* sums, n)` adds `n` doubles in backend
+  /// memory over those ranks in place (the engine's shard group; nothing at stage 0, where a rank holds every
+  /// piece), after the work enqueued on this optimizer's stream.
+  template <class GradOf, class GroupLr, class SumOverRanks>
+  void form_trust_ratios(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of,
+                         SumOverRanks&& sum_over_ranks) {
+    const std::size_t n = 2 * layout_.param_count();
+    std::fill(norms_host_.begin(), norms_host_.end(), 0.0);
+    upload<A::host_accessible>(backend_, stream_, norms_host_.data(), norms_.data(), n);
+    visit_float(place_.grad_type, [&]<class G>(type_tag<G>) {
+      for (const piece& pc : pieces_) {
+        const auto& [range, off] = ranges_[pc.range];
+        const std::size_t d = pc.state_offset - off;
+        adamw_step_args a = base;
+        a.lr = static_cast<float>(group_lr(groups_[group_of_[pc.param]].lr));
+        a.weight_decay = static_cast<float>(groups_[group_of_[pc.param]].weight_decay);
+        const G* g = reinterpret_cast<const G*>(static_cast<const std::byte*>(grad_of(range, off))) + d;
+        const float* w = has_master() ? master_.data() + pc.state_offset
+                                      : reinterpret_cast<const float*>(place_.params) +
+                                            (place_.params_sharded ? pc.state_offset : range.begin + d);
+        backend_.template rule_norms<rules::lamb>(w, {m_.data() + pc.state_offset, v_.data() + pc.state_offset}, g,
+                                                  pc.count, a, norms_.data() + 2 * pc.param, workspace_.data(),
+                                                  workspace_.size(), stream_);
+      }
+    });
+    if (place_.partitioned) {
+      sum_over_ranks(norms_.data(), n);
+    }
+    download<A::host_accessible>(backend_, stream_, norms_.data(), norms_host_.data(), n);
+    for (std::size_t p = 0; p < ratio_.size(); ++p) {
+      ratio_[p] = rules::trust_ratio(norms_host_[2 * p], norms_host_[2 * p + 1], base.min_coeff, base.max_coeff);
+    }
+    ratios_step_ = base.step;
+  }
+  /// The trust ratio of parameter `id` formed by the last `form_trust_ratios` (1 before any).
+  [[nodiscard]] float trust_ratio(std::size_t id) const { return ratio_.at(id); }
 
   /// One optimizer step over every owned run.
   /// \param base      betas, eps, mode, bias corrections and grad_scale; lr and weight decay come from
@@ -221,7 +279,9 @@ public:
           const std::size_t d = lo - w.first;
           const G* g = reinterpret_cast<const G*>(w.grads) + d;
           P* p = w.params != nullptr ? reinterpret_cast<P*>(w.params) + d : nullptr;
-          if (place_.rule != update_rule::adamw) {
+          if (needs_trust_ratios()) {
+            step_pieces(w, lo, hi, g, p, a, s);
+          } else if (place_.rule != update_rule::adamw) {
             step_rule(std::is_same_v<P, float> ? reinterpret_cast<float*>(p) : w.master + d, w, d, g,
                       std::is_same_v<P, float> ? nullptr : p, hi - lo, a, s);
           } else if constexpr (std::is_same_v<P, float>) {
@@ -247,6 +307,64 @@ public:
   }
 
 private:
+  /// A parameter's piece in an owned range (LAMB): its state indices [state_offset, state_offset + count).
+  struct piece {
+    std::size_t range = 0;
+    std::size_t state_offset = 0;
+    std::size_t count = 0;
+    std::size_t param = 0;
+  };
+
+  /// The pieces of every parameter in the owned ranges, in order, and LAMB's sums, ratios and workspace.
+  void make_pieces(counting alloc, const std::vector<std::size_t>& group_of) {
+    group_of_ = group_of;
+    std::size_t workspace = 0;
+    for (std::size_t k = 0; k < ranges_.size(); ++k) {
+      const auto& [range, off] = ranges_[k];
+      range_pieces_.push_back(pieces_.size());
+      for (std::size_t id : layout_.flat_order()) {
+        const auto& p = layout_.param(id);
+        const std::size_t b = std::max(range.begin, p.offset);
+        const std::size_t e = std::min(range.end, p.offset + p.numel);
+        if (b < e) {
+          pieces_.push_back({k, off + (b - range.begin), e - b, id});
+          workspace = std::max(workspace, backend_.rule_norms_workspace_bytes(e - b));
+        }
+      }
+    }
+    range_pieces_.push_back(pieces_.size());
+    const std::size_t n = 2 * layout_.param_count();
+    norms_ = buffer<double, counting>(alloc, std::max<std::size_t>(n, 1), memory_tag::buffers);
+    norms_host_.assign(n, 0.0);
+    ratio_.assign(layout_.param_count(), 1.0f);
+    workspace_ = buffer<std::byte, counting>(alloc, std::max<std::size_t>(workspace, 1), memory_tag::buffers);
+  }
+
+  /// LAMB's second pass over the state elements [lo, hi) of window `w` (one group's run): each parameter's piece
+  /// moved by its ratio; `g` and `p` point at element lo. Padding between the pieces stays as it is (zero).
+  template <class G, class P>
+  void step_pieces(const window& w, std::size_t lo, std::size_t hi, const G* g, P* p, const adamw_step_args& a,
+                   const typename Backend::stream_type& s) {
+    if (ratios_step_ != a.step) {
+      throw usage_error("partitioned_adamw: Lamb's step " + std::to_string(a.step) +
+                        " has no trust ratios; form_trust_ratios comes first in each step");
+    }
+    for (std::size_t j = range_pieces_[w.range]; j < range_pieces_[w.range + 1]; ++j) {
+      const piece& pc = pieces_[j];
+      const std::size_t b = std::max(lo, pc.state_offset);
+      const std::size_t e = std::min(hi, pc.state_offset + pc.count);
+      if (b >= e) {
+        continue;
+      }
+      adamw_step_args at = a;
+      at.trust_ratio = ratio_[pc.param];
+      const std::size_t d = b - w.first; // from the window's first element
+      const std::size_t from_lo = b - lo;
+      step_rule(std::is_same_v<P, float> ? reinterpret_cast<float*>(p + from_lo) : w.master + d, w, d, g + from_lo,
+                std::is_same_v<P, float> || p == nullptr ? nullptr : p + from_lo, e - b, at, s);
+    }
+  }
+
   /// `place_.rule`'s step over n elements of window `w` from its element d: `master` the fp32 parameter,
   /// `param` the low-precision copy or null. \throws usage_error for a backend without `rule_step`.
   template <class G, class P>
@@ -386,6 +504,16 @@ private:
   buffer<float, counting> master_;
   buffer<float, counting> m_;
   buffer<float, counting> v_;
+  // LAMB: the parameters' pieces (those of owned range k are [range_pieces_[k], range_pieces_[k + 1])), each
+  // parameter's group, its two sums (backend memory and a host copy), its ratio, and the step they were formed for.
+  std::vector<piece> pieces_;
+  std::vector<std::size_t> range_pieces_;
+  std::vector<std::size_t> group_of_;
+  buffer<double, counting> norms_;
+  std::vector<double> norms_host_;
+  std::vector<float> ratio_;
+  buffer<std::byte, counting> workspace_;
+  std::int64_t ratios_step_ = -1;
 };
 
 } // namespace zero

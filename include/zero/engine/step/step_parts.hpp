@@ -74,10 +74,20 @@ template <class Backend, class Comm, class Allocator, class Storage> struct step
 
 /// AdamW over the rank's owned ranges of `opt` with `args`: segment by segment on the update stream,
 /// each handed to `after` behind its update, when the engine has one; else all at once on the
-/// engine's stream.
+/// engine's stream. A rule with a trust ratio (LAMB) first forms every parameter's ratio on the engine's stream.
 template <class Optimizer, class Parts>
 void run_update(Optimizer& opt, Parts& p, const adamw_step_args& args, const typename Parts::after_update& after) {
   auto group_lr = p.group_lr();
+  if constexpr (requires { opt.needs_trust_ratios(); }) {
+    // LAMB: every parameter's ratio before any piece moves, its sums added over the shard group.
+    if (opt.needs_trust_ratios()) {
+      opt.form_trust_ratios(args, group_lr, p.reduced(), [&p](double* sums, std::size_t n) {
+        if (p.comm->size() > 1) {
+          p.comm->all_reduce(sums, sums, n, reduce_op::sum).wait();
+        }
+      });
+    }
+  }
   if (p.overlap != nullptr) {
     p.overlap->run(
         p.layout->segments().size(),
