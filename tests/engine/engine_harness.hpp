@@ -420,6 +420,28 @@ struct reference_state {
   }
 };
 
+/// A single-process reference of `s` for a rule written out in a test: each step's global-batch gradient
+/// (`reference_grads`) and its norm; an overflow step skipped (nothing moves, the step count stays); else
+/// `update(st, applied, g, coef)` with the steps applied so far (from 1) and the clip's coefficient. `st` is the
+/// state it starts from; its master is the result.
+template <class Update> run_result train_reference_with(const run_spec& s, reference_state st, Update&& update) {
+  run_result out;
+  std::int64_t applied = 0;
+  for (std::int64_t t = 0; t < s.steps; ++t) {
+    std::vector<std::vector<float>> g;
+    const double norm = std::sqrt(reference_grads(s, st.model, t, st.master, g));
+    out.norms.push_back(norm);
+    out.applied.push_back(t != s.overflow_step);
+    if (t == s.overflow_step) {
+      continue;
+    }
+    ++applied;
+    update(st, applied, g, reference_clip(s, norm));
+  }
+  out.params = st.master;
+  return out;
+}
+
 /// Plain single-process AdamW on the global-batch gradient: the oracle.
 /// `sched`: the lr and Adam's betas of each applied step come from it (stepped after each), as the engine's do;
 /// null: s.lr and (0.9, 0.999).

@@ -53,55 +53,35 @@ float direction(const lamb_case& c, float m, float v, float wd, float w) {
 }
 
 /// The single-process LAMB of `s`: the global-batch gradient, clipped; per tensor the moments, the two sums of
-/// squares in double in element order, the ratio, then each element moved. `ratios` gets each applied step's.
-zt::run_result train_lamb_reference(const zt::run_spec& s, const lamb_case& c,
-                                    std::vector<std::vector<float>>* ratios = nullptr) {
-  zt::reference_state st;
-  zt::run_result out;
-  std::int64_t applied = 0;
-  for (std::int64_t t = 0; t < s.steps; ++t) {
-    std::vector<std::vector<float>> g;
-    const double norm = std::sqrt(zt::reference_grads(s, st.model, t, st.master, g));
-    out.norms.push_back(norm);
-    if (t == s.overflow_step) {
-      out.applied.push_back(false);
-      continue;
-    }
-    out.applied.push_back(true);
-    ++applied;
-    const float coef = zt::reference_clip(s, norm);
-    // The engine's bias corrections (adamw_step_args::set_step): the float betas' powers in double.
-    const auto power = [&](float beta) { return static_cast<float>(std::pow(double(beta), double(applied))); };
-    const float bc1 = c.bias_correction ? 1.0f - power(c.beta1) : 1.0f;
-    const float bc2 = c.bias_correction ? 1.0f - power(c.beta2) : 1.0f;
-    const float step_size = c.lr * std::sqrt(bc2) / bc1;
-    std::vector<float> step_ratios;
-    for (std::size_t k = 0; k < st.model.size(); ++k) {
-      const float wd = st.decay_of(s, k);
-      double w_sq = 0;
-      double u_sq = 0;
-      for (std::size_t i = 0; i < st.master[k].size(); ++i) {
-        const float gi = g[k][i] * coef;
-        st.m[k][i] = c.beta1 * st.m[k][i] + (1.0f - c.beta1) * gi;
-        st.v[k][i] = c.beta2 * st.v[k][i] + (1.0f - c.beta2) * gi * gi;
-        const double w = st.master[k][i];
-        const double u = direction(c, st.m[k][i], st.v[k][i], wd, st.master[k][i]);
-        w_sq += w * w;
-        u_sq += u * u;
-      }
-      const float ratio = zero::rules::trust_ratio(w_sq, u_sq, c.min_coeff, c.max_coeff);
-      step_ratios.push_back(ratio);
-      const float scale = step_size * ratio;
-      for (std::size_t i = 0; i < st.master[k].size(); ++i) {
-        st.master[k][i] = st.master[k][i] - scale * direction(c, st.m[k][i], st.v[k][i], wd, st.master[k][i]);
-      }
-    }
-    if (ratios != nullptr) {
-      ratios->push_back(step_ratios);
-    }
-  }
-  out.params = st.master;
-  return out;
+/// squares in double in element order, the ratio, then each element moved.
+zt::run_result train_lamb_reference(const zt::run_spec& s, const lamb_case& c) {
+  return zt::train_reference_with(
+      s, zt::reference_state{}, [&](zt::reference_state& at, std::int64_t applied, const auto& g, float coef) {
+        // The engine's bias corrections (adamw_step_args::set_step): the float betas' powers in double.
+        const auto power = [&](float beta) { return static_cast<float>(std::pow(double(beta), double(applied))); };
+        const float bc1 = c.bias_correction ? 1.0f - power(c.beta1) : 1.0f;
+        const float bc2 = c.bias_correction ? 1.0f - power(c.beta2) : 1.0f;
+        const float step_size = c.lr * std::sqrt(bc2) / bc1;
+        for (std::size_t k = 0; k < at.model.size(); ++k) {
+          const float wd = at.decay_of(s, k);
+          double w_sq = 0;
+          double u_sq = 0;
+          for (std::size_t i = 0; i < at.master[k].size(); ++i) {
+            const float gi = g[k][i] * coef;
+            at.m[k][i] = c.beta1 * at.m[k][i] + (1.0f - c.beta1) * gi;
+            at.v[k][i] = c.beta2 * at.v[k][i] + (1.0f - c.beta2) * gi * gi;
+            const double w = at.master[k][i];
+            const double u = direction(c, at.m[k][i], at.v[k][i], wd, at.master[k][i]);
+            w_sq += w * w;
+            u_sq += u * u;
+          }
+          const float ratio = zero::rules::trust_ratio(w_sq, u_sq, c.min_coeff, c.max_coeff);
+          const float scale = step_size * ratio;
+          for (std::size_t i = 0; i < at.master[k].size(); ++i) {
+            at.master[k][i] = at.master[k][i] - scale * direction(c, at.m[k][i], at.v[k][i], wd, at.master[k][i]);
+          }
+        }
+      });
 }
 
 zt::run_spec with_lamb(zt::run_spec s, const lamb_case& c) {

@@ -99,27 +99,13 @@ zt::run_result train_rule_reference(const zt::run_spec& s, const rule_case& r) {
   for (auto& m : st.m) {
     std::fill(m.begin(), m.end(), r.initial);
   }
-  zt::run_result out;
-  std::int64_t applied = 0;
-  for (std::int64_t t = 0; t < s.steps; ++t) {
-    std::vector<std::vector<float>> g;
-    const double norm = std::sqrt(zt::reference_grads(s, st.model, t, st.master, g));
-    out.norms.push_back(norm);
-    if (t == s.overflow_step) { // skipped: nothing moves, and the step count stays
-      out.applied.push_back(false);
-      continue;
-    }
-    out.applied.push_back(true);
-    ++applied;
-    const float coef = zt::reference_clip(s, norm);
-    for (std::size_t k = 0; k < st.model.size(); ++k) {
-      for (std::size_t i = 0; i < st.master[k].size(); ++i) {
-        reference_update(r, applied, g[k][i] * coef, st.decay_of(s, k), st.master[k][i], st.m[k][i]);
+  return zt::train_reference_with(s, st, [&](zt::reference_state& at, std::int64_t applied, const auto& g, float coef) {
+    for (std::size_t k = 0; k < at.model.size(); ++k) {
+      for (std::size_t i = 0; i < at.master[k].size(); ++i) {
+        reference_update(r, applied, g[k][i] * coef, at.decay_of(s, k), at.master[k][i], at.m[k][i]);
       }
     }
-  }
-  out.params = st.master;
-  return out;
+  });
 }
 
 zt::run_spec with_rule(zt::run_spec s, const rule_case& r) {
