@@ -78,9 +78,7 @@ inline config make_config(const run_spec& s, const ckpt_spec& c) {
     j["scheduler"] = {{"type", "WarmupLR"},
                       {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", s.lr}, {"warmup_num_steps", 4}}}};
   }
-  config_inputs in;
-  in.world_size = s.world;
-  return config::from_json(j, in);
+  return config::from_json(j, inputs_of(s));
 }
 
 /// Runs `body(eng, handles, comm)` on `s.world` ranks with a finalized engine of the small model.
@@ -101,6 +99,7 @@ void with_engine(const run_spec& s, const ckpt_spec& c, Body&& body) {
     if (c.frozen) {
       static_cast<void>(eng.add_param(mh.modules[0], "frozen.table", {7, 3}, {.trainable = false}));
     }
+    install_rule(s, eng);
     eng.finalize();
     body(eng, mh, comm);
   });

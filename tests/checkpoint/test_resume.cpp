@@ -1,6 +1,7 @@
 // Save, load, train on: the same as training without a break, at every stage and world size, and
 // after resharding to another world size or stage.
 
+#include "../engine/signum_rule.hpp"
 #include "ckpt_harness.hpp"
 #include "zero/checkpoint/safetensors.hpp"
 
@@ -536,4 +537,38 @@ TEST_CASE("Lamb resumes bit-identically and reshards; AdamW's state, with the sa
                                 : "holds the state of Lamb (exp_avg, exp_avg_sq); this engine runs AdamW") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("a framework's own rule (Signum) resumes and reshards from host memory; AdamW refuses its state") {
+  // Saved at world 4, stage 3 with the optimizer in host memory, after 3 of 6 steps; resumed at world 2, stage 3
+  // offloaded too, and at world 1, stage 0 in memory: the uninterrupted run's bits.
+  zt::run_spec a = zt::with_signum({.stage = 3,
+                                    .world = 4,
+                                    .steps = 6,
+                                    .batch = 64,
+                                    .param_coupling = 0,
+                                    .zero_extra = R"("offload_optimizer": {"device": "cpu"})"});
+  const auto want = zt::train_plain(a);
+  for (int world : {1, 2}) {
+    zt::run_spec b = a;
+    b.world = world;
+    b.stage = world == 1 ? 0 : 3;
+    if (world == 1) {
+      b.zero_extra.clear();
+    }
+    CAPTURE(world);
+    CHECK(zt::train_with_break(a, 3, b, zt::scratch("signum-reshard")).params == want.params);
+  }
+  // Under AdamW its checkpoint is refused before anything changes, naming the rule and its tensor.
+  const auto dir = zt::scratch("signum-mismatch");
+  zt::with_engine(a, {}, [&](zt::test_engine& eng, const zt::model_handles& mh, zero::thread_communicator& comm) {
+    zt::init_and_train(eng, mh, comm, a, 2);
+    eng.save(dir, "tag");
+  });
+  zt::run_spec adamw = a;
+  adamw.optimizer.clear();
+  adamw.optimizers.clear();
+  adamw.use_rule.reset();
+  CHECK(refused_load(adamw, dir, "tag").find("holds the state of Signum (momentum_buffer); this engine runs AdamW") !=
+        std::string::npos);
 }

@@ -8,8 +8,10 @@
 #include "zero/engine/engine.hpp"
 
 #include <algorithm>
+#include <any>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -80,7 +82,34 @@ struct run_spec {
   std::string top_extra{};
   /// The optimizer block, e.g. `{"type": "Lion", "params": {"lr": 0.01}}` (empty: AdamW at lr and weight_decay).
   std::string optimizer{};
+  /// A framework's own rule the block may name (config_inputs::optimizers), and what gives the CPU engine of the
+  /// harness its type: `with_custom_rule<Rule>` sets both, `install_rule` runs the second before finalize.
+  std::vector<custom_optimizer> optimizers{};
+  std::any use_rule{};
 };
+
+/// `s` with the framework's rule `Rule` registered for the config and given to every CPU engine the harness builds.
+template <class Rule> run_spec with_custom_rule(run_spec s) {
+  s.optimizers = {custom_optimizer::of<Rule>()};
+  s.use_rule = std::function<void(engine<cpu_backend, thread_communicator>&)>(
+      [](engine<cpu_backend, thread_communicator>& eng) { eng.template use_rule<Rule>(); });
+  return s;
+}
+
+/// Gives `eng` the rule of `with_custom_rule`, if `s` has one (std::bad_any_cast for an engine of another type).
+template <class Engine> void install_rule(const run_spec& s, Engine& eng) {
+  if (s.use_rule.has_value()) {
+    std::any_cast<const std::function<void(Engine&)>&>(s.use_rule)(eng);
+  }
+}
+
+/// The config inputs of `s`: its world size and its framework's rules.
+inline config_inputs inputs_of(const run_spec& s) {
+  config_inputs in;
+  in.world_size = s.world;
+  in.optimizers = s.optimizers;
+  return in;
+}
 
 inline std::string config_json(const run_spec& s) {
   std::string precision;
@@ -295,12 +324,11 @@ template <class Backend, class RunGroup, class MakeBackend, class Body>
 void with_engine_group(const run_spec& s, RunGroup run_group, MakeBackend make_backend, Body body) {
   run_group(s.world, [&](auto& comm) {
     using comm_type = std::remove_cvref_t<decltype(comm)>;
-    config_inputs inputs;
-    inputs.world_size = s.world;
-    auto cfg = config::from_string(config_json(s), inputs);
+    auto cfg = config::from_string(config_json(s), inputs_of(s));
     Backend backend = make_backend(comm);
     engine<Backend, comm_type> eng(cfg, comm, backend);
     const auto mh = register_model(eng);
+    install_rule(s, eng);
     eng.finalize();
     body(eng, mh, comm);
   });
@@ -312,12 +340,11 @@ void with_engine_group(const run_spec& s, RunGroup run_group, MakeBackend make_b
 template <class Engine = engine<cpu_backend, thread_communicator>, class Body>
 void with_cpu_engines(const run_spec& s, Body body) {
   run_ranks(s.world, [&](thread_communicator& comm) {
-    config_inputs inputs;
-    inputs.world_size = s.world;
-    const auto cfg = config::from_string(config_json(s), inputs);
+    const auto cfg = config::from_string(config_json(s), inputs_of(s));
     cpu_backend backend({.threads = 1});
     Engine eng(cfg, comm, backend);
     const auto mh = register_model(eng);
+    install_rule(s, eng);
     eng.finalize();
     init_model(eng);
     body(eng, mh, comm);

@@ -78,8 +78,9 @@
 namespace zero {
 
 /// The update rules a partitioned optimizer runs: Adam/AdamW (`adamw_step`, its own kernels) and the rules of
-/// this file (`rule_step`; LAMB's first pass `rule_norms`).
-enum class update_rule : std::uint8_t { adamw, lion, sgd, adagrad, lamb };
+/// this file (`rule_step`; LAMB's first pass `rule_norms`); `custom`, a framework's own rule, whose type the engine
+/// is given at run time (`engine::use_rule<Rule>()`, zero/engine/step/custom_rule.hpp).
+enum class update_rule : std::uint8_t { adamw, lion, sgd, adagrad, lamb, custom };
 
 /// The most fp32 state tensors a rule keeps beside the master copy (Adam's two moments).
 inline constexpr std::size_t max_rule_state = 2;
@@ -243,14 +244,16 @@ template <class R> inline constexpr bool has_trust_ratio = requires { requires R
     return rules::adagrad::name;
   case update_rule::lamb:
     return rules::lamb::name;
+  case update_rule::custom:
+    return "custom";
   case update_rule::adamw:
     break;
   }
   return "AdamW";
 }
 
-/// Calls `f(type_tag)` with the rule type of `r` (`rules::lion`, ...); `r` must not be `adamw`, which runs
-/// `adamw_step`. Returns what `f` returns.
+/// Calls `f(type_tag)` with the rule type of `r` (`rules::lion`, ...); `r` must be one of this file's rules, not
+/// `adamw` (which runs `adamw_step`) nor `custom` (whose type the engine holds erased). Returns what `f` returns.
 template <class F> decltype(auto) visit_rule(update_rule r, F&& f) {
   switch (r) {
   case update_rule::lion:
@@ -261,6 +264,7 @@ template <class F> decltype(auto) visit_rule(update_rule r, F&& f) {
     return std::forward<F>(f)(std::type_identity<rules::lamb>{});
   case update_rule::adagrad:
   case update_rule::adamw:
+  case update_rule::custom:
     break;
   }
   return std::forward<F>(f)(std::type_identity<rules::adagrad>{});

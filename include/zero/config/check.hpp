@@ -177,11 +177,11 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
   if (c.optimizer && c.optimizer->type != optimizer_type::adam && c.optimizer->type != optimizer_type::adamw) {
     // Another update rule runs wherever partitioned_adamw steps it: on the device and in host memory (whole or
     // split); the NVMe file's slots, the updates out of place and the delayed or selective steps are AdamW's.
-    const std::string rule = "optimizer.type \"" + std::string(name_of(c.optimizer->type)) + "\"";
+    const std::string rule = "optimizer.type \"" + optimizer_name(*c.optimizer) + "\"";
     const auto refuse_rule = [&](bool on, const std::string& key) {
       if (on) {
         throw config_error("zero_optimization." + key + " with " + rule + ": this version runs " +
-                           std::string(name_of(c.optimizer->type)) +
+                           optimizer_name(*c.optimizer) +
                            " with its state in device or host memory (offload_optimizer.device \"none\" or "
                            "\"cpu\" with a numeric ratio, without backward_overlap, delayed_update or zenflow; "
                            "\"auto\" measures AdamW's rates); expected optimizer.type \"Adam\" or \"AdamW\" for "

@@ -397,6 +397,9 @@ struct config_inputs {
   std::optional<dtype> precision{};
   /// `zero_optimization.stage3_gather_16bit_weights_on_model_save` (Accelerate writes "auto" there).
   std::optional<bool> gather_16bit_weights_on_model_save{};
+  /// Update rules of the framework's own that `optimizer.type` may name besides DeepSpeed's
+  /// (`custom_optimizer::of<Rule>()`; docs/optimizers.md). A config written with such a rule reads back with them.
+  std::vector<custom_optimizer> optimizers{};
 };
 
 /// A DeepSpeed config, read, validated and resolved. Build one with `from_file`, `from_string` or

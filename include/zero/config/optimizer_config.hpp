@@ -4,17 +4,22 @@
 /// the learning-rate schedule that drives it, with DeepSpeed's names, defaults and meanings.
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace zero {
 
 /// The optimizers this version runs: DeepSpeed's `"Adam"`, `"AdamW"`, `"Lion"`, `"Adagrad"`, `"Lamb"` and PyTorch's
 /// `"SGD"` (which DeepSpeed takes from torch.optim by name). zero/backend/update_rules.hpp has their formulas.
-enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad, lamb };
+/// `custom` is a framework's own rule, named in `config_inputs::optimizers` (`custom_optimizer`).
+enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad, lamb, custom };
 
-/// DeepSpeed's name of an optimizer type: "Adam", "AdamW", "Lion", "SGD", "Adagrad", "Lamb".
+/// DeepSpeed's name of an optimizer type: "Adam", "AdamW", "Lion", "SGD", "Adagrad", "Lamb"; "custom" for a
+/// framework's own (`optimizer_name` gives its name).
 [[nodiscard]] constexpr std::string_view name_of(optimizer_type t) noexcept {
   switch (t) {
   case optimizer_type::adam:
@@ -27,6 +32,8 @@ enum class optimizer_type : std::uint8_t { adam, adamw, lion, sgd, adagrad, lamb
     return "Adagrad";
   case optimizer_type::lamb:
     return "Lamb";
+  case optimizer_type::custom:
+    return "custom";
   case optimizer_type::adamw:
     break;
   }
@@ -99,7 +106,40 @@ struct optimizer_config {
   /// `optimizer.params.max_grad_norm` (Lamb): DeepSpeed's FusedLamb clip of the global norm; only 0 (off) is
   /// taken, as zero clips with `gradient_clipping`.
   double max_grad_norm = 0.0;
+  /// A framework's own rule (`type` custom): its `optimizer.type`, the `optimizer.params` keys it takes and its
+  /// fp32 state tensors' names, from the `custom_optimizer` of `config_inputs::optimizers` that matched.
+  std::string custom;
+  std::vector<std::string> custom_params;
+  std::vector<std::string> custom_state;
   friend bool operator==(const optimizer_config&, const optimizer_config&) = default;
+};
+
+/// The name `optimizer.type` gives `o`'s rule: DeepSpeed's, or a framework's own.
+[[nodiscard]] inline std::string optimizer_name(const optimizer_config& o) {
+  return o.type == optimizer_type::custom ? o.custom : std::string(name_of(o.type));
+}
+
+/// A framework's own update rule as the config reads it (docs/optimizers.md, "A framework's own rule"): the
+/// `optimizer.type` that names it (compared ignoring case, as DeepSpeed's), the `optimizer.params` keys it takes
+/// (zero's names, whose values reach the rule through `adamw_step_args`: lr, betas, eps, weight_decay, momentum,
+/// dampening, nesterov, lr_decay, ...) and its fp32 state tensors' names (at most two, the checkpoint's names).
+/// The engine runs it once given the rule's type (`engine::use_rule<Rule>()`).
+struct custom_optimizer {
+  std::string name;
+  std::vector<std::string> params;
+  std::vector<std::string> state;
+
+  /// The entry of a rule type with update_rules.hpp's members and `params`, an array of the keys it takes.
+  template <class Rule> [[nodiscard]] static custom_optimizer of() {
+    custom_optimizer c{.name = std::string(Rule::name), .params = {}, .state = {}};
+    for (std::string_view k : Rule::params) {
+      c.params.emplace_back(k);
+    }
+    for (std::size_t i = 0; i < Rule::max_state; ++i) {
+      c.state.emplace_back(Rule::state_names[i]);
+    }
+    return c;
+  }
 };
 
 /// The `scheduler` block: one of DeepSpeed's schedules. Each reads only its own parameters (the others keep

@@ -271,9 +271,12 @@ constexpr std::span<const std::string_view> schedule_params(scheduler_type t) {
   return warmup_cosine_lr_params;
 }
 
-/// The parameters of optimizer type `t`.
+/// The parameters of optimizer type `t` (none for `custom`: a framework's rule declares its own,
+/// `optimizer_config::custom_params`).
 constexpr std::span<const std::string_view> optimizer_params(optimizer_type t) {
   switch (t) {
+  case optimizer_type::custom:
+    return {};
   case optimizer_type::lion:
     return lion_params;
   case optimizer_type::sgd:

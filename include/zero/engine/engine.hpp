@@ -35,6 +35,8 @@
 #include "zero/engine/engine_protocol.hpp"
 #include "zero/engine/engine_state.hpp"
 #include "zero/engine/engine_types.hpp"
+#include "zero/engine/step/custom_rule.hpp"
+#include "zero/engine/step/offload_options.hpp"
 #include "zero/engine/tensor_view.hpp"
 
 #include <array>
@@ -81,6 +83,24 @@ public:
                          const param_options& opt = {}) {
     detail::check_open(s_, "add_param(\"" + name + "\")");
     return s_.reg.add_param(module, name, shape, opt);
+  }
+  /// Gives the engine the type of the framework's own update rule the config names (docs/optimizers.md, "A
+  /// framework's own rule"): `Rule` has update_rules.hpp's members and `params`, and the config was read with
+  /// `custom_optimizer::of<Rule>()` in `config_inputs::optimizers`. It runs wherever a built-in rule runs: on the
+  /// engine's backend (whose `rule_step<Rule>` must be callable: on a GPU, a kernel instantiated from
+  /// kernels/rules.cuh in a .cu of the framework's) and on the host with `offload_optimizer` cpu. Call it before
+  /// `finalize`. \throws usage_error after finalize, or when the config's optimizer is not `Rule`.
+  template <class Rule> void use_rule() {
+    detail::check_open(s_, "use_rule");
+    const auto& o = s_.cfg.optimizer;
+    if (!o || o->type != optimizer_type::custom || o->custom != Rule::name) {
+      throw usage_error("use_rule<" + std::string(Rule::name) + ">: the config's optimizer.type is " +
+                        (o ? "\"" + optimizer_name(*o) + "\"" : std::string("missing")) +
+                        "; expected the rule's name, read with custom_optimizer::of<Rule>() in "
+                        "config_inputs::optimizers");
+    }
+    s_.custom_steps = {make_custom_rule_step<Backend, Rule>(),
+                       make_custom_rule_step<host_backend_t<offload_allocator_t<Backend>>, Rule>()};
   }
   /// Lays out and allocates everything: parameters, gradients and the rank's optimizer state. \throws usage_error
   /// when no trainable parameter was registered; memory_error when memory runs out (nothing allocated so far

@@ -35,6 +35,7 @@
 #include "zero/storage/storage.hpp"
 
 #include <algorithm>
+#include <any>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -128,6 +129,11 @@ struct engine_state {
       place.rule = rule_of(cfg.optimizer->type);
       place.state_tensors = rule_state_of(*cfg.optimizer).first;
       place.state_init = static_cast<float>(cfg.optimizer->initial_accumulator_value);
+      if (place.rule == update_rule::custom && custom_steps.empty()) {
+        throw usage_error("finalize: optimizer.type \"" + cfg.optimizer->custom +
+                          "\" is a framework's own rule; call use_rule<Rule>() with its type before finalize");
+      }
+      place.custom_steps = custom_steps;
     }
     if (auto* f = params.param_file()) {
       place.params_in_file = [f](param_use use, std::size_t k) { return f->params_for(use, k); };
@@ -233,6 +239,8 @@ struct engine_state {
   std::optional<update_rates> offload_rates;
   offload_split split;
   bool finalized = false;
+  /// The framework's own rule's steps (`use_rule`), or none.
+  std::vector<std::any> custom_steps;
   bool init_master_exact = false;
 
 private:

@@ -12,6 +12,7 @@
 #include "zero/optim/loss_scaler.hpp"
 #include "zero/optim/lr_schedule.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -127,6 +128,8 @@ namespace zero {
     return update_rule::adagrad;
   case optimizer_type::lamb:
     return update_rule::lamb;
+  case optimizer_type::custom:
+    return update_rule::custom;
   case optimizer_type::adam:
   case optimizer_type::adamw:
     break;
@@ -137,6 +140,14 @@ namespace zero {
 /// The fp32 state tensors `o`'s rule keeps per element beside the master copy, and their names (`rule_state`).
 [[nodiscard]] inline std::pair<std::size_t, std::array<std::string_view, max_rule_state>>
 rule_state_of(const optimizer_config& o) {
+  if (o.type == optimizer_type::custom) { // a framework's rule: the names its custom_optimizer gave (at most 2)
+    std::array<std::string_view, max_rule_state> names{};
+    const std::size_t count = std::min(o.custom_state.size(), max_rule_state);
+    for (std::size_t i = 0; i < count; ++i) {
+      names[i] = o.custom_state[i];
+    }
+    return {count, names};
+  }
   adamw_step_args a;
   a.momentum = static_cast<float>(o.momentum);
   return rule_state(rule_of(o.type), a);

@@ -7,8 +7,10 @@
 #include "zero/backend/update_rules.hpp"
 #include "zero/checkpoint/detail/manifest_fields.hpp"
 #include "zero/config/detail/reader.hpp" // detail::show
+#include "zero/core/detail/printable.hpp"
 #include "zero/core/detail/text.hpp"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -63,8 +65,15 @@ inline optimizer_entry parse_optimizer(const fields& top) {
     }
     return e;
   }
-  o.fail("type",
-         cat("found \"", e.type.substr(0, 40), "\", expected \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\" or \"Lamb\""));
+  // A framework's own rule (custom_optimizer): any name, which the engine that loads compares with its own.
+  const bool plain = std::all_of(e.type.begin(), e.type.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+  if (e.type.empty() || e.type.size() > 64 || !plain) {
+    o.fail("type",
+           cat("found \"", zero::detail::printable(e.type.substr(0, 40)),
+               "\", expected \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\", \"Lamb\" or a framework's rule's name (1 "
+               "to 64 printable characters)"));
+  }
+  return e;
 }
 
 } // namespace detail

@@ -197,11 +197,102 @@ inline void parse_zero_optimization(parse_context& ctx, object_reader& top, cons
 
 // ---- optimizer and scheduler -----------------------------------------------------------------------
 
+/// The framework's rule of `in.optimizers` that the block's `optimizer.type` names (ignoring case), or null; every
+/// entry is checked first. \throws config_error for an entry without a name, with one of DeepSpeed's, with a
+/// parameter zero does not read into `adamw_step_args` or with more than two state tensors.
+inline const custom_optimizer* custom_type_of(const json& block, const config_inputs& in) {
+  const auto same = [](std::string_view a, std::string_view b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+             return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+           });
+  };
+  constexpr std::string_view not_read[] = {"adam_w_mode", "torch_adam", "max_grad_norm"};
+  for (const auto& c : in.optimizers) {
+    const std::string what = cat("config_inputs::optimizers: \"", c.name, "\"");
+    if (c.name.empty()) {
+      throw config_error("config_inputs::optimizers: an entry without a name; expected the optimizer.type it answers");
+    }
+    for (const auto& t : optimizer_types) {
+      if (same(t.name, c.name)) {
+        throw config_error(cat(what, " is DeepSpeed's ", t.name, "; a framework's rule needs a name of its own"));
+      }
+    }
+    if (c.state.size() > 2) {
+      throw config_error(cat(what, " keeps ", std::to_string(c.state.size()),
+                             " state tensors; expected at most 2 (zero::max_rule_state)"));
+    }
+    for (const auto& k : c.params) {
+      const bool known = std::any_of(std::begin(optimizer_params_keys), std::end(optimizer_params_keys),
+                                     [&](const auto& row) { return row.name == k; });
+      if (!known || std::find(std::begin(not_read), std::end(not_read), k) != std::end(not_read)) {
+        throw config_error(cat(what, " takes \"", k,
+                               "\", which zero does not read into adamw_step_args; expected some of lr, betas, "
+                               "eps, weight_decay, bias_correction, momentum, dampening, nesterov, lr_decay, "
+                               "initial_accumulator_value, max_coeff, min_coeff, eps_inside_sqrt"));
+      }
+    }
+  }
+  const auto t = block.find("type");
+  if (t == block.end() || !t->is_string()) {
+    return nullptr;
+  }
+  for (const auto& c : in.optimizers) {
+    if (same(c.name, t->get<std::string>())) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+/// The block of a framework's rule `c`: the keys it declares (a key it does not declare is refused by name), with
+/// zero's defaults (bias correction off unless it takes `bias_correction`).
+inline optimizer_config parse_custom_optimizer(parse_context& ctx, object_reader& r, const custom_optimizer& c,
+                                               const config_inputs& in) {
+  optimizer_config o;
+  o.type = optimizer_type::custom;
+  o.custom = c.name;
+  o.custom_params = c.params;
+  o.custom_state = c.state;
+  o.bias_correction = false;
+  static_cast<void>(r.get("type"));
+  const json* params = r.get("params");
+  r.finish();
+  const json empty = json::object();
+  object_reader p = open_block<optimizer_params_keys>(ctx, params == nullptr || params->is_null() ? empty : *params,
+                                                      "optimizer.params");
+  const auto takes = [&](std::string_view k) {
+    return std::find(c.params.begin(), c.params.end(), k) != c.params.end();
+  };
+  if (params != nullptr && params->is_object()) {
+    for (auto it = params->begin(); it != params->end(); ++it) {
+      if (!takes(it.key())) {
+        std::string allowed;
+        for (const auto& k : c.params) {
+          allowed += cat(allowed.empty() ? "" : ", ", k);
+        }
+        ctx.fail(p.path_of(it.key()),
+                 cat("not a parameter of ", c.name, " (it takes ", allowed.empty() ? std::string("none") : allowed,
+                     "; config_inputs::optimizers)"));
+      }
+    }
+  }
+  if (takes("bias_correction")) {
+    o.bias_correction = true;
+    read_named(p, optimizer_params_keys, "bias_correction", o, in);
+  }
+  read_keys(p, optimizer_params_keys, o, in);
+  p.finish();
+  return o;
+}
+
 inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const json* block, const config_inputs& in) {
   if (block == nullptr) {
     return std::nullopt;
   }
   object_reader r = open_block<optimizer_keys>(ctx, *block, "optimizer");
+  if (const custom_optimizer* c = custom_type_of(*block, in)) {
+    return parse_custom_optimizer(ctx, r, *c, in);
+  }
   optimizer_config o;
   if (!r.has("type")) {
     ctx.fail("optimizer.type", "missing; expected \"Adam\", \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\" or \"Lamb\" "
@@ -493,73 +584,6 @@ inline config parse_config(const json& root, const config_inputs& in, std::strin
 
 } // namespace detail
 
-inline config config::from_json(const nlohmann::json& j, const config_inputs& inputs, std::string_view source) {
-  detail::check_depth(j, source);
-  return detail::parse_config(j, inputs, source);
-}
-
-inline config config::from_string(std::string_view text, const config_inputs& inputs, std::string_view source) {
-  // parse_text has bounded the depth already.
-  return detail::parse_config(detail::parse_text(text, source), inputs, source);
-}
-
-inline nlohmann::json config::read_json_file(const std::filesystem::path& path) {
-  return detail::parse_text(detail::read_config_text(path), path.string());
-}
-
-inline config config::from_file(const std::filesystem::path& path, const config_inputs& inputs) {
-  return from_string(detail::read_config_text(path), inputs, path.string());
-}
-
-inline config config::rebatched(std::int64_t world) const {
-  config c = *this;
-  const batch_sizes b = resolve_batch(batch_given, world);
-  c.world_size = world;
-  c.train_batch_size = b.train_batch_size;
-  c.train_micro_batch_size_per_gpu = b.train_micro_batch_size_per_gpu;
-  c.gradient_accumulation_steps = b.gradient_accumulation_steps;
-  return c;
-}
-
-inline nlohmann::json config::to_json() const {
-  using namespace detail;
-  json j = write_keys(top_keys, *this);
-  j["fp16"] = write_keys(fp16_keys, fp16);
-  j["bf16"] = write_keys(bf16_keys, bf16);
-  j["data_types"] = write_keys(data_types_keys, *this);
-  if (optimizer) {
-    j["optimizer"] = write_keys(optimizer_keys, *optimizer);
-    // Only the type's own parameters: another type's would be refused when the written config is read back.
-    json params = write_keys(optimizer_params_keys, *optimizer);
-    const auto theirs = optimizer_params(optimizer->type);
-    for (auto it = params.begin(); it != params.end();) {
-      it = std::find(theirs.begin(), theirs.end(), it.key()) == theirs.end() ? params.erase(it) : std::next(it);
-    }
-    j["optimizer"]["params"] = std::move(params);
-  }
-  if (scheduler) {
-    json params = json::object();
-    for (std::string_view key : schedule_params(scheduler->type)) {
-      params[std::string(key)] = row_of<scheduler_config>(scheduler_params_keys, key).write(*scheduler);
-    }
-    j["scheduler"] = write_keys(scheduler_keys, *scheduler);
-    j["scheduler"]["params"] = std::move(params);
-  }
-  j["zero_optimization"] = write_keys(zero_optimization_keys, zero_optimization);
-  j["zero_optimization"]["offload_optimizer"] = write_keys(offload_optimizer_keys, zero_optimization.offload_optimizer);
-  if (zero_optimization.offload_optimizer.delayed_update) {
-    j["zero_optimization"]["offload_optimizer"]["delayed_update"] =
-        write_keys(delayed_update_keys, zero_optimization.offload_optimizer);
-  }
-  j["zero_optimization"]["offload_param"] = write_keys(offload_param_keys, zero_optimization.offload_param);
-  if (zero_optimization.zenflow.enabled) {
-    j["zero_optimization"]["zenflow"] = write_keys(zenflow_keys, zero_optimization.zenflow);
-  }
-  j["aio"] = write_keys(aio_keys, aio);
-  j["pipeline"] = write_keys(pipeline_keys, pipeline);
-  j["tensor_parallel"] = write_keys(tensor_parallel_keys, tensor_parallel);
-  j["activation_checkpointing"] = write_keys(activation_checkpointing_keys, activation_checkpointing);
-  return j;
-}
-
 } // namespace zero
+
+#include "zero/config/detail/config_members.hpp" // config's readers and writer, over the parse above

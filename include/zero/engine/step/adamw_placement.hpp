@@ -11,6 +11,7 @@
 #include "zero/core/flat_layout.hpp"
 
 #include <algorithm>
+#include <any>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -66,6 +67,9 @@ struct adamw_placement {
   update_rule rule = update_rule::adamw;
   std::size_t state_tensors = 2;
   float state_init = 0.0f;
+  /// With `rule` custom, the framework's rule's step for each backend it runs on (`custom_rule_step`s,
+  /// custom_rule.hpp): the engine's backend and the host's.
+  std::vector<std::any> custom_steps{};
   /// Own one slice per segment (stages 1-3) or everything (stage 0).
   bool partitioned = false;
   /// Dtype of the reduced gradients the step reads.

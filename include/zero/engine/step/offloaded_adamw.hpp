@@ -98,6 +98,7 @@ public:
                                .rule = place.rule,
                                .state_tensors = place.state_tensors,
                                .state_init = place.state_init,
+                               .custom_steps = place.custom_steps,
                                .partitioned = place.partitioned,
                                .grad_type = place.grad_type,
                                .params = params_on_host_ ? place.params : host_params_.data(),

@@ -22,6 +22,7 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/flat_layout.hpp"
 #include "zero/engine/step/adamw_placement.hpp"
+#include "zero/engine/step/custom_rule.hpp"
 #include "zero/memory/buffer.hpp"
 #include "zero/memory/counting_allocator.hpp"
 
@@ -78,6 +79,10 @@ public:
       split_runs(range, state_offset, group_of);
     }
     range_runs_.push_back(runs_.size());
+    if (place.rule == update_rule::custom && find_custom_rule_step<Backend>(place.custom_steps) == nullptr) {
+      throw usage_error("partitioned_adamw: the config names a framework's own rule, but no step of it was given for "
+                        "this backend; call use_rule<Rule>() on the engine before finalize");
+    }
     if (place.rule == update_rule::lamb) {
       if (place.state_elsewhere || place.state_begin != 0 ||
           place.state_end != std::numeric_limits<std::size_t>::max()) {
@@ -376,6 +381,12 @@ private:
     }
     const std::array<float*, max_rule_state> state{w.m != nullptr ? w.m + d : nullptr,
                                                    w.v != nullptr ? w.v + d : nullptr};
+    if (place_.rule == update_rule::custom) {
+      find_custom_rule_step<Backend>(place_.custom_steps)
+          ->run(backend_, master, state, reinterpret_cast<const std::byte*>(g), place_.grad_type,
+                reinterpret_cast<std::byte*>(param), dtype_v<P>, n, a, s);
+      return;
+    }
     visit_rule(place_.rule, [&]<class R>(std::type_identity<R>) {
       if constexpr (requires { backend_.template rule_step<R>(master, state, g, param, n, a, s); }) {
         backend_.template rule_step<R>(master, state, g, param, n, a, s);
