@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <benchmark/benchmark.h>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -140,6 +141,34 @@ template <class Rule> void BM_rule_step(benchmark::State& state) {
                  " params");
 }
 
+// BM_lamb_step/threads:T: LAMB's whole step over N parameters as one tensor (bf16 gradients and parameters, fp32
+// master, exp_avg and exp_avg_sq): its first pass (`rule_norms`: the moments and the two sums of squares in double,
+// a scalar loop) and its second (`rule_step` with the ratio: master and the 16-bit copy), the ratio formed between.
+void BM_lamb_step(benchmark::State& state) {
+  zero::cpu_backend b({.threads = static_cast<unsigned>(state.range(0))});
+  const std::size_t n = bench_params();
+  host_array<float> master(n), m(n), v(n);
+  host_array<zero::bf16> grad(n), param(n);
+  std::fill_n(master.p, n, 0.5f);
+  std::fill_n(m.p, n, 0.25f);
+  std::fill_n(v.p, n, 0.0625f);
+  std::fill_n(grad.p, n, zero::from_float<zero::bf16>(0.125f));
+  std::vector<std::byte> ws(b.rule_norms_workspace_bytes(n) + 8);
+  zero::adamw_step_args a;
+  a.set_step(2);
+  const auto st = b.make_stream();
+  for (auto _ : state) {
+    double sums[2] = {0, 0};
+    b.rule_norms<zero::rules::lamb>(master.p, {m.p, v.p}, grad.p, n, a, sums, ws.data(), ws.size(), st);
+    a.trust_ratio = zero::rules::trust_ratio(sums[0], sums[1], a.min_coeff, a.max_coeff);
+    b.rule_step<zero::rules::lamb>(master.p, {m.p, v.p}, grad.p, param.p, n, a, st);
+    benchmark::ClobberMemory();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["params/s"] = benchmark::Counter(iters * static_cast<double>(n), benchmark::Counter::kIsRate);
+  state.SetLabel("Lamb, " + std::to_string(b.threads()) + " threads, " + std::to_string(n) + " params");
+}
+
 // Threads 1, 2, 4, ... up to the hardware's.
 void rule_args(benchmark::internal::Benchmark* bm) {
   const auto hw = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
@@ -224,6 +253,7 @@ BENCHMARK(BM_adamw_step<float, float>)->Apply(adamw_args);
 BENCHMARK(BM_rule_step<zero::rules::lion>)->Apply(rule_args);
 BENCHMARK(BM_rule_step<zero::rules::sgd>)->Apply(rule_args);
 BENCHMARK(BM_rule_step<zero::rules::adagrad>)->Apply(rule_args);
+BENCHMARK(BM_lamb_step)->Apply(rule_args);
 BENCHMARK(BM_squared_norm<zero::bf16>)->Apply(thread_and_simd_args);
 BENCHMARK(BM_cast_f32_to_bf16)->Apply(thread_and_simd_args);
 
