@@ -594,10 +594,7 @@ void report_config(const std::string& file, const zero::config_inputs& in, verdi
       if (opt.forward_overlap) {
         const bool acts = c.stage() >= 2 && z.offload_param.device != zero::offload_device::nvme;
         // The host's update: AdamW, or the config's other rule (docs/optimizers.md).
-        const std::string rule = !c.optimizer ? std::string("AdamW")
-                                 : c.optimizer->type == zero::optimizer_type::custom
-                                     ? c.optimizer->custom
-                                     : std::string(zero::name_of(zero::rule_of(c.optimizer->type)));
+        const std::string rule = c.optimizer ? zero::rule_name_of(*c.optimizer) : std::string("AdamW");
         std::cout << "  offload: "
                   << (acts ? (split
                                   ? "step() will return while the host still runs " + rule +

@@ -63,8 +63,7 @@ namespace detail {
 inline optimizer_entry optimizer_of(const config& cfg) {
   optimizer_entry e;
   if (cfg.optimizer) {
-    e.type = cfg.optimizer->type == optimizer_type::custom ? cfg.optimizer->custom
-                                                           : std::string(name_of(rule_of(cfg.optimizer->type)));
+    e.type = rule_name_of(*cfg.optimizer);
     const auto [count, names] = rule_state_of(*cfg.optimizer);
     e.state.assign(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(count));
   }

@@ -137,6 +137,13 @@ namespace zero {
   return update_rule::adamw;
 }
 
+/// The name of `o`'s update rule: "AdamW" for Adam and AdamW (which run one rule), the other rules' own
+/// (`name_of(update_rule)`), or a framework's rule's (`optimizer_config::custom`). What checkpoints, zero-estimate
+/// and zero-report call it.
+[[nodiscard]] inline std::string rule_name_of(const optimizer_config& o) {
+  return o.type == optimizer_type::custom ? o.custom : std::string(name_of(rule_of(o.type)));
+}
+
 /// The fp32 state tensors `o`'s rule keeps per element beside the master copy, and their names (`rule_state`).
 [[nodiscard]] inline std::pair<std::size_t, std::array<std::string_view, max_rule_state>>
 rule_state_of(const optimizer_config& o) {

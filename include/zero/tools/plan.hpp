@@ -532,8 +532,7 @@ struct plan_result {
     o.adam = rule_of(c.optimizer->type) == update_rule::adamw;
     o.host_offload = rule_of(c.optimizer->type) != update_rule::lamb;
     if (!o.adam) {
-      o.rule_name = c.optimizer->type == optimizer_type::custom ? c.optimizer->custom
-                                                                : std::string(name_of(rule_of(c.optimizer->type)));
+      o.rule_name = rule_name_of(*c.optimizer);
     }
   }
   if (c.grad_accum_dtype != default_grad_accum_dtype(o.param_dtype, c.stage())) {

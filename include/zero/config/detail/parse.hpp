@@ -263,19 +263,8 @@ inline optimizer_config parse_custom_optimizer(parse_context& ctx, object_reader
   const auto takes = [&](std::string_view k) {
     return std::find(c.params.begin(), c.params.end(), k) != c.params.end();
   };
-  if (params != nullptr && params->is_object()) {
-    for (auto it = params->begin(); it != params->end(); ++it) {
-      if (!takes(it.key())) {
-        std::string allowed;
-        for (const auto& k : c.params) {
-          allowed += cat(allowed.empty() ? "" : ", ", k);
-        }
-        ctx.fail(p.path_of(it.key()),
-                 cat("not a parameter of ", c.name, " (it takes ", allowed.empty() ? std::string("none") : allowed,
-                     "; config_inputs::optimizers)"));
-      }
-    }
-  }
+  refuse_keys_outside(ctx, p, params, c.name, c.params,
+                      [](const std::string&) { return std::string("; config_inputs::optimizers gives its keys"); });
   if (takes("bias_correction")) {
     o.bias_correction = true;
     read_named(p, optimizer_params_keys, "bias_correction", o, in);

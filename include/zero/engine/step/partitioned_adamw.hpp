@@ -79,9 +79,13 @@ public:
       split_runs(range, state_offset, group_of);
     }
     range_runs_.push_back(runs_.size());
-    if (place.rule == update_rule::custom && find_custom_rule_step<Backend>(place.custom_steps) == nullptr) {
-      throw usage_error("partitioned_adamw: the config names a framework's own rule, but no step of it was given for "
-                        "this backend; call use_rule<Rule>() on the engine before finalize");
+    if (place.rule == update_rule::custom) {
+      const auto* step = find_custom_rule_step<Backend>(place.custom_steps);
+      if (step == nullptr) {
+        throw usage_error("partitioned_adamw: the config names a framework's own rule, but no step of it was given "
+                          "for this backend; call use_rule<Rule>() on the engine before finalize");
+      }
+      custom_ = *step; // looked up once, not at every run's step
     }
     if (place.rule == update_rule::lamb) {
       if (place.state_elsewhere || place.state_begin != 0 ||
@@ -382,9 +386,8 @@ private:
     const std::array<float*, max_rule_state> state{w.m != nullptr ? w.m + d : nullptr,
                                                    w.v != nullptr ? w.v + d : nullptr};
     if (place_.rule == update_rule::custom) {
-      find_custom_rule_step<Backend>(place_.custom_steps)
-          ->run(backend_, master, state, reinterpret_cast<const std::byte*>(g), place_.grad_type,
-                reinterpret_cast<std::byte*>(param), dtype_v<P>, n, a, s);
+      custom_.run(backend_, master, state, reinterpret_cast<const std::byte*>(g), place_.grad_type,
+                  reinterpret_cast<std::byte*>(param), dtype_v<P>, n, a, s);
       return;
     }
     visit_rule(place_.rule, [&]<class R>(std::type_identity<R>) {
@@ -525,6 +528,8 @@ private:
   std::vector<float> ratio_;
   buffer<std::byte, counting> workspace_;
   std::int64_t ratios_step_ = -1;
+  // A framework's rule: its step on this backend (`adamw_placement::custom_steps`).
+  custom_rule_step<Backend> custom_;
 };
 
 } // namespace zero
