@@ -13,6 +13,8 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace zero::tools {
 
@@ -62,6 +64,10 @@ public:
     g->add_option("--precision", precision_, "training precision: fp32, fp16 or bf16 (fp16.enabled / bf16.enabled)")
         ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
     g->add_option("--gather-16bit-weights", gather_, "stage3_gather_16bit_weights_on_model_save (true/false)");
+    g->add_option("--custom-optimizer", custom_,
+                  "a framework's own update rule the config's optimizer.type may name, as NAME:KEYS:STATE: the "
+                  "optimizer.params keys it takes and its fp32 state tensors, each a comma-separated list "
+                  "(e.g. Signum:lr,momentum,weight_decay:momentum_buffer; docs/optimizers.md); repeatable");
   }
 
   /// The options given, as `config_inputs`.
@@ -88,7 +94,57 @@ public:
       in.precision = parse_dtype(*precision_);
     }
     in.gather_16bit_weights_on_model_save = gather_;
+    for (const std::string& spec : custom_) {
+      in.optimizers.push_back(parse_custom_optimizer(spec));
+    }
     return in;
+  }
+
+  /// A framework's rule from `NAME:KEYS:STATE` (--custom-optimizer): the name, then two comma-separated lists, each
+  /// possibly empty. The config reader checks the entry itself (DeepSpeed's names, keys zero does not read, more
+  /// than two state tensors). \throws CLI::ValidationError for another shape.
+  [[nodiscard]] static custom_optimizer parse_custom_optimizer(const std::string& spec) {
+    const auto fail = [&](const std::string& why) {
+      return CLI::ValidationError("--custom-optimizer",
+                                  why +
+                                      "; expected NAME:KEYS:STATE such as "
+                                      "Signum:lr,momentum,weight_decay:momentum_buffer, found \"" +
+                                      zero::detail::printable(spec) + "\"");
+    };
+    std::vector<std::string> parts{""};
+    for (const char ch : spec) {
+      if (ch == ':') {
+        parts.emplace_back();
+      } else {
+        parts.back() += ch;
+      }
+    }
+    if (parts.size() != 3) {
+      throw fail(std::to_string(parts.size()) + " field" + (parts.size() == 1 ? "" : "s") + " separated by ':'");
+    }
+    if (parts[0].empty()) {
+      throw fail("no name");
+    }
+    const auto list = [&](const std::string& field, const char* what) {
+      std::vector<std::string> items;
+      if (field.empty()) {
+        return items;
+      }
+      std::string item;
+      for (std::size_t i = 0; i <= field.size(); ++i) {
+        if (i == field.size() || field[i] == ',') {
+          if (item.empty()) {
+            throw fail(std::string("an empty ") + what + " name");
+          }
+          items.push_back(std::move(item));
+          item.clear();
+        } else {
+          item += field[i];
+        }
+      }
+      return items;
+    };
+    return custom_optimizer{.name = parts[0], .params = list(parts[1], "key"), .state = list(parts[2], "state tensor")};
   }
 
 private:
@@ -96,6 +152,7 @@ private:
   std::optional<double> max_grad_norm_, lr_, beta1_, beta2_, eps_, weight_decay_;
   std::optional<std::string> precision_;
   std::optional<bool> gather_;
+  std::vector<std::string> custom_;
 };
 
 } // namespace zero::tools
