@@ -12,24 +12,25 @@
 /// and its tensor's two sums of squares, `rule_norms_kernel`) is `reduce.cuh`'s two-pass deterministic reduction,
 /// in double.
 ///
-/// A rule defined outside zero runs on the GPU from a `.cu` of the user's own: give it update_rules.hpp's
-/// members (`apply` marked `ZERO_HOST_DEVICE`, so the CPU backend's `rule_step` runs it too), include this file
-/// and call the launcher, compiled with nvcc in C++20 mode and without `--use_fast_math`:
+/// A rule defined outside zero runs on the GPU, in the engine too (`engine::use_rule<Rule>()` with `cuda_backend`),
+/// from a `.cu` of the user's own: give it update_rules.hpp's members (`apply` marked `ZERO_HOST_DEVICE`, so the
+/// CPU backend's `rule_step` runs it too), include this file and instantiate `zero::cuda::rule_step` for it, at
+/// namespace scope, compiled with nvcc in C++20 mode and without `--use_fast_math`:
 ///
 ///     #include <zero/kernels/rules.cuh>
 ///
 ///     struct my_rule { ... };  // name, max_state, state_names, factors, make, state_count, apply
 ///
-///     void my_rule_step(float* master, const std::array<float*, zero::max_rule_state>& state,
-///                       const zero::bf16* grad, zero::bf16* param, std::size_t n,
-///                       const zero::adamw_step_args& args, cudaStream_t stream) {
-///       namespace k = zero::cuda::kernels;
-///       k::launch_rule_step<my_rule>(master, state, k::to_device(grad), k::to_device(param), n, args, stream);
-///     }
+///     ZERO_CUDA_RULE_STEP(my_rule)  // zero::cuda::rule_step<my_rule, G, P>, G and P in float, f16, bf16
+///
+/// A host translation unit then calls `zero::cuda::rule_step<my_rule>` (or `cuda_backend::rule_step`) as it calls
+/// a built-in rule's, declared in zero/backend/cuda_kernels.hpp. `kernels::launch_rule_step` is the launcher
+/// under it, for element types of the user's own.
 
 #include "numeric.cuh"
 #include "reduce.cuh"
 #include "zero/backend/adamw_args.hpp"
+#include "zero/backend/cuda_kernels.hpp"
 #include "zero/backend/update_rules.hpp"
 
 #include <array>
@@ -303,3 +304,59 @@ void launch_rule_norms(const float* master, const std::array<float*, max_rule_st
 }
 
 } // namespace zero::cuda::kernels
+
+namespace zero::cuda {
+
+// zero::cuda::rule_step and zero::cuda::rule_norms (declared in cuda_kernels.hpp): the kernels above for zero's
+// element types. rules.cu instantiates them for the built-in rules; ZERO_CUDA_RULE_STEP for a user's.
+
+template <class Rule, float_element G, float_element P>
+void rule_step(float* master, const std::array<float*, max_rule_state>& state, const G* grad, P* param_out,
+               std::size_t n, const adamw_step_args& args, cudaStream_t stream) {
+  kernels::launch_rule_step<Rule>(master, state, kernels::to_device(grad), kernels::to_device(param_out), n, args,
+                                  stream);
+}
+
+template <class Rule, float_element G>
+void rule_norms(const float* master, const std::array<float*, max_rule_state>& state, const G* grad, std::size_t n,
+                const adamw_step_args& args, double* out, void* workspace, std::size_t workspace_bytes,
+                cudaStream_t stream) {
+  kernels::launch_rule_norms<Rule>(master, state, kernels::to_device(grad), n, args, out, workspace, workspace_bytes,
+                                   stream);
+}
+
+} // namespace zero::cuda
+
+/// \cond ZERO_INTERNAL
+#define ZERO_CUDA_RULE_STEP_ONE_(RULE, G)                                                                              \
+  template void zero::cuda::rule_step<RULE, G, float>(float*, const std::array<float*, zero::max_rule_state>&,         \
+                                                      const G*, float*, std::size_t, const zero::adamw_step_args&,     \
+                                                      cudaStream_t);                                                   \
+  template void zero::cuda::rule_step<RULE, G, zero::f16>(float*, const std::array<float*, zero::max_rule_state>&,     \
+                                                          const G*, zero::f16*, std::size_t,                           \
+                                                          const zero::adamw_step_args&, cudaStream_t);                 \
+  template void zero::cuda::rule_step<RULE, G, zero::bf16>(float*, const std::array<float*, zero::max_rule_state>&,    \
+                                                           const G*, zero::bf16*, std::size_t,                         \
+                                                           const zero::adamw_step_args&, cudaStream_t);
+/// \endcond
+
+/// Instantiates `zero::cuda::rule_step<RULE, G, P>` for G and P each float, zero::f16 and zero::bf16: what
+/// `cuda_backend::rule_step<RULE>` and the engine's `use_rule<RULE>()` link against. Use it once per rule, in one
+/// `.cu` of the program, at namespace scope.
+#define ZERO_CUDA_RULE_STEP(RULE)                                                                                      \
+  ZERO_CUDA_RULE_STEP_ONE_(RULE, float)                                                                                \
+  ZERO_CUDA_RULE_STEP_ONE_(RULE, zero::f16)                                                                            \
+  ZERO_CUDA_RULE_STEP_ONE_(RULE, zero::bf16)
+
+/// Instantiates `zero::cuda::rule_norms<RULE, G>` for G float, zero::f16 and zero::bf16: the first pass of a rule
+/// with a trust ratio (`zero::rules::has_trust_ratio`).
+#define ZERO_CUDA_RULE_NORMS(RULE)                                                                                     \
+  template void zero::cuda::rule_norms<RULE, float>(const float*, const std::array<float*, zero::max_rule_state>&,     \
+                                                    const float*, std::size_t, const zero::adamw_step_args&, double*,  \
+                                                    void*, std::size_t, cudaStream_t);                                 \
+  template void zero::cuda::rule_norms<RULE, zero::f16>(const float*, const std::array<float*, zero::max_rule_state>&, \
+                                                        const zero::f16*, std::size_t, const zero::adamw_step_args&,   \
+                                                        double*, void*, std::size_t, cudaStream_t);                    \
+  template void zero::cuda::rule_norms<RULE, zero::bf16>(                                                              \
+      const float*, const std::array<float*, zero::max_rule_state>&, const zero::bf16*, std::size_t,                   \
+      const zero::adamw_step_args&, double*, void*, std::size_t, cudaStream_t);

@@ -22,8 +22,10 @@ struct signum {
     return {a.grad_scale, a.lr, zero::rules::one_minus_product(a.lr, a.weight_decay), a.momentum, 1.0f - a.momentum};
   }
   static std::size_t state_count(const zero::adamw_step_args& /*a*/) noexcept { return 1; }
-  /// One element, or one vector of lanes: every operation through Ops, so each backend gives the same bits.
-  template <class Ops, class F> static void apply(const factors& f, F& w, F* s, F grad) noexcept {
+  /// One element, or one vector of lanes: every operation through Ops, so each backend gives the same bits;
+  /// ZERO_HOST_DEVICE, so that a `.cu` can instantiate it for the GPU too (ZERO_CUDA_RULE_STEP,
+  /// zero/kernels/rules.cuh).
+  template <class Ops, class F> ZERO_HOST_DEVICE static void apply(const factors& f, F& w, F* s, F grad) noexcept {
     const F g = Ops::mul(grad, f.grad_scale);
     s[0] = Ops::add(Ops::mul(f.momentum, s[0]), Ops::mul(f.one_minus_momentum, g));
     w = Ops::sub(Ops::mul(w, f.decay), Ops::mul(f.lr, Ops::sign(s[0])));

@@ -568,7 +568,7 @@ TEST_CASE("a framework's own rule (Signum) resumes and reshards from host memory
   zt::run_spec adamw = a;
   adamw.optimizer.clear();
   adamw.optimizers.clear();
-  adamw.use_rule.reset();
+  adamw.use_rule.clear();
   CHECK(refused_load(adamw, dir, "tag").find("holds the state of Signum (momentum_buffer); this engine runs AdamW") !=
         std::string::npos);
 }

@@ -4,8 +4,10 @@
 /// weight decay; Lamb's two passes (rule_norms, then rule_step with the ratio). For G x P in (float, float), (bf16,
 /// bf16), (f16, f16), (float, bf16), over three steps, at an odd length and a tiny one, aligned, off by one element and
 /// with the gradient misaligned against the rest, with and without a parameter copy, with guard zones around every
-/// output. Also the usage errors, and cuda_backend's verb.
+/// output. The same for a framework's own rule (examples/custom_rule's Signum), which zero::cuda knows nothing of:
+/// tests/cuda/signum_rule.cu instantiates it with ZERO_CUDA_RULE_STEP. Also the usage errors, and cuda_backend's verb.
 
+#include "../../examples/custom_rule/signum.hpp"
 #include "cuda_test_support.hpp"
 #include "zero/backend/cpu_backend.hpp"
 #include "zero/backend/cuda_backend.hpp"
@@ -134,8 +136,8 @@ void check_rule_like_cpu(zero::cpu_backend& cpu, const test_stream& stream, cons
 
 TEST_SUITE("kernels") {
 
-  TEST_CASE_TEMPLATE("rule_step gives cpu_backend's bits for Lion, SGD and Adagrad", T, type_pair<float, float>,
-                     type_pair<bf16, bf16>, type_pair<f16, f16>, type_pair<float, bf16>) {
+  TEST_CASE_TEMPLATE("rule_step gives cpu_backend's bits for Lion, SGD, Adagrad and a framework's rule", T,
+                     type_pair<float, float>, type_pair<bf16, bf16>, type_pair<f16, f16>, type_pair<float, bf16>) {
     using G = typename T::first;
     using P = typename T::second;
     test_stream stream;
@@ -171,6 +173,13 @@ TEST_SUITE("kernels") {
       a.weight_decay = 0.01f;
       a.eps = 1e-10f;
       check_rule_like_cpu<zero::rules::adagrad, G, P>(cpu, stream, "adagrad", a);
+    }
+    SUBCASE("a framework's rule: Signum, instantiated outside zero::cuda by ZERO_CUDA_RULE_STEP") {
+      zero::adamw_step_args a;
+      a.lr = 1e-2f;
+      a.momentum = 0.9f;
+      a.weight_decay = 0.1f;
+      check_rule_like_cpu<signum, G, P>(cpu, stream, "signum", a);
     }
   }
 

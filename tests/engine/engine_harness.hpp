@@ -82,24 +82,37 @@ struct run_spec {
   std::string top_extra{};
   /// The optimizer block, e.g. `{"type": "Lion", "params": {"lr": 0.01}}` (empty: AdamW at lr and weight_decay).
   std::string optimizer{};
-  /// A framework's own rule the block may name (config_inputs::optimizers), and what gives the CPU engine of the
-  /// harness its type: `with_custom_rule<Rule>` sets both, `install_rule` runs the second before finalize.
+  /// A framework's own rule the block may name (config_inputs::optimizers), and what gives each engine type of the
+  /// harness its type (a `std::function<void(Engine&)>` per engine type): `with_custom_rule<Rule>` sets both,
+  /// `install_rule` runs the engine's before finalize.
   std::vector<custom_optimizer> optimizers{};
-  std::any use_rule{};
+  std::vector<std::any> use_rule{};
 };
 
-/// `s` with the framework's rule `Rule` registered for the config and given to every CPU engine the harness builds.
-template <class Rule> run_spec with_custom_rule(run_spec s) {
+/// `s` with the framework's rule `Rule` registered for the config and given to every engine the harness builds of
+/// the CPU's type (engine<cpu_backend, thread_communicator>) or of one of `Engines` (GPU engines: their backend
+/// must have `Rule`'s step, zero/kernels/rules.cuh).
+template <class Rule, class... Engines> run_spec with_custom_rule(run_spec s) {
   s.optimizers = {custom_optimizer::of<Rule>()};
-  s.use_rule = std::function<void(engine<cpu_backend, thread_communicator>&)>(
-      [](engine<cpu_backend, thread_communicator>& eng) { eng.template use_rule<Rule>(); });
+  const auto install = []<class Engine>(type_tag<Engine>) {
+    return std::any(std::function<void(Engine&)>([](Engine& eng) { eng.template use_rule<Rule>(); }));
+  };
+  s.use_rule = {install(type_tag<engine<cpu_backend, thread_communicator>>{}), install(type_tag<Engines>{})...};
   return s;
 }
 
-/// Gives `eng` the rule of `with_custom_rule`, if `s` has one (std::bad_any_cast for an engine of another type).
+/// Gives `eng` the rule of `with_custom_rule`, if `s` has one. \throws std::logic_error when `s` has a rule for
+/// other engine types only.
 template <class Engine> void install_rule(const run_spec& s, Engine& eng) {
-  if (s.use_rule.has_value()) {
-    std::any_cast<const std::function<void(Engine&)>&>(s.use_rule)(eng);
+  for (const std::any& a : s.use_rule) {
+    if (const auto* f = std::any_cast<std::function<void(Engine&)>>(&a)) {
+      (*f)(eng);
+      return;
+    }
+  }
+  if (!s.use_rule.empty()) {
+    throw std::logic_error("install_rule: the run's framework rule was given for other engine types; name this "
+                           "engine's type in with_custom_rule<Rule, Engines...>");
   }
 }
 

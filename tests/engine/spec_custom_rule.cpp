@@ -127,14 +127,14 @@ TEST_CASE("a framework's own rule: what the config and the engine refuse, by nam
   CHECK(config_refusal(signum_block, rules, R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})").empty());
   // The engine: finalize without the rule's type, or use_rule with another rule, is a usage error naming it.
   zt::run_spec s = with_signum({.steps = 1});
-  s.use_rule.reset();
+  s.use_rule.clear();
   CHECK_THROWS_WITH_AS(zt::train_with_engine(s),
                        doctest::Contains("optimizer.type \"Signum\" is a framework's own "
                                          "rule; call use_rule<Rule>() with its type"),
                        zero::usage_error);
   s.optimizer.clear(); // AdamW
-  s.use_rule = std::function<void(zero::engine<zero::cpu_backend, zero::thread_communicator>&)>(
-      [](zero::engine<zero::cpu_backend, zero::thread_communicator>& eng) { eng.use_rule<signum>(); });
+  s.use_rule = {std::function<void(zero::engine<zero::cpu_backend, zero::thread_communicator>&)>(
+      [](zero::engine<zero::cpu_backend, zero::thread_communicator>& eng) { eng.use_rule<signum>(); })};
   CHECK_THROWS_WITH_AS(zt::train_with_engine(s),
                        doctest::Contains("use_rule<Signum>: the config's optimizer.type is \"AdamW\""),
                        zero::usage_error);

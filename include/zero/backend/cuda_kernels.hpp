@@ -183,8 +183,8 @@ void adamw_step(float* master, float* m, float* v, const G* grad, P* param_out, 
 /// operation correctly rounded in fp32 (`__fmul_rn` and its kin) on the factors `Rule::make(args)` forms on the
 /// host, so it gives `cpu_backend::rule_step`'s bits; `param_out[i]` is `master[i]` rounded to nearest even.
 /// Compiled into `zero::cuda` for `rules::lion`, `rules::sgd`, `rules::adagrad` and `rules::lamb` (its second
-/// pass, after `rule_norms`); a rule of a framework's own
-/// runs through `launch_rule_step` of `<zero/kernels/rules.cuh>` in a `.cu` of its own.
+/// pass, after `rule_norms`); a framework's own rule is instantiated by `ZERO_CUDA_RULE_STEP(Rule)` of
+/// `<zero/kernels/rules.cuh>` in a `.cu` of its own.
 /// \param master    device-accessible fp32 master weights of `n` elements, read and written in `stream` order.
 /// \param state     the rule's fp32 state tensors of `n` elements each: the first `Rule::state_count(args)` are
 ///                  device-accessible, read and written in `stream` order (Lion's exp_avg, SGD's
@@ -211,7 +211,8 @@ void rule_step(float* master, const std::array<float*, max_rule_state>& state, c
 /// `args.grad_scale`), then `out[0]` = the sum of master², `out[1]` = the sum of `Rule::direction`², in double,
 /// in a fixed order for a given n (a fixed grid, no atomics; `reduce.cuh`'s two passes). Each element's fp32
 /// operations are `cpu_backend::rule_norms`'s, so the state gets its bits; the sums match it within double
-/// rounding. `master` is only read. Compiled into `zero::cuda` for `rules::lamb`.
+/// rounding. `master` is only read. Compiled into `zero::cuda` for `rules::lamb`; `ZERO_CUDA_RULE_NORMS(Rule)`
+/// of `<zero/kernels/rules.cuh>` instantiates it for a framework's rule.
 /// \param out       two doubles of device-accessible memory, written in `stream` order.
 /// \param workspace at least `rule_norms_workspace_bytes(n)` bytes of device memory, 8-byte aligned.
 /// \throws usage_error for a null buffer in use or a small or misaligned workspace; cuda_error if a launch fails.
