@@ -566,10 +566,7 @@ int main(int argc, char** argv) {
             << o.rule_name << " (fp32 master" << (o.param_dtype == zero::dtype::f32 ? " = parameters" : "") << ", "
             << (o.adam ? std::string("fp32 moments")
                        : std::to_string(o.state_tensors) + " fp32 state tensor" + (o.state_tensors == 1 ? "" : "s"))
-            << (o.adam           ? ""
-                : o.host_offload ? "; its nvme rows are not run"
-                                 : "; its offload rows are not run")
-            << ")\n";
+            << (o.adam ? "" : "; its nvme rows are not run") << ")\n";
   if (o.padded) {
     std::cout << "layout: the engine's, with " << o.padded->bucket_total - o.params << " elements of padding at stages "
               << "0-2 and " << o.padded->module_shard * o.shard_ranks() - o.params << " at stage 3 (each parameter "
@@ -606,10 +603,9 @@ int main(int argc, char** argv) {
     std::cout << "   " << r.stage << "   | " << pad(std::string(zero::name_of(r.offload_optimizer)), 17) << " | "
               << pad(std::string(zero::name_of(r.offload_param)), 13) << " | " << gib(r.gpu_bytes_per_rank) << " | "
               << gib(r.host_bytes_per_node) << " | " << gib(r.nvme_bytes_per_node)
-              << (r.implemented     ? ""
-                  : o.adam          ? "  (not run with HSDP)"
-                  : !o.host_offload ? "  (not run with " + o.rule_name + ": its state stays in device memory)"
-                                    : "  (not run with " + o.rule_name + ": its NVMe step is AdamW's)")
+              << (r.implemented ? ""
+                  : o.adam      ? "  (not run with HSDP)"
+                                : "  (not run with " + o.rule_name + ": its NVMe step is AdamW's)")
               << (r.delayed_warmup >= 0 ? "  (delayed update: the gradient shard twice; NOT EXACT)" : "")
               << (!r.zenflow                 ? ""
                   : o.config_zenflow_overlap ? "  (ZenFlow with overlap_step: the host's window and the gradient shard "

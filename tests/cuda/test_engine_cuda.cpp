@@ -3,7 +3,9 @@
 /// against the engine on the CPU (cpu_backend + thread_communicator) and against the single-process AdamW oracle:
 /// stages 0-3 on 1 and 2 GPUs and at 2 and 4 ranks of one GPU (`gpu_rank_sets`), fp32, bf16 and fp16, with and
 /// without accumulation and clipping, offloaded to host memory and NVMe, the delayed update and ZenFlow; HSDP and
-/// ZeRO++ at 4 ranks of one GPU; the update rules besides AdamW (Lion, SGD, Adagrad).
+/// ZeRO++ at 4 ranks of one GPU; the update rules besides AdamW (Lion, SGD, Adagrad, LAMB) and a framework's own
+/// (examples/custom_rule's Signum, its GPU step instantiated by tests/cuda/signum_rule.cu), on the GPU and offloaded.
+#include "../engine/signum_rule.hpp"
 #include "gpu_engine.hpp"
 
 #include <algorithm>
@@ -19,6 +21,41 @@
 #include <vector>
 
 namespace {
+
+/// A rule besides AdamW (`base`'s optimizer) on every set of GPU ranks, at stages 0-3, fp32 and bf16, in memory and
+/// offloaded to the host (whose cpu_backend steps the rule; Lamb's sums go over the ranks from host memory), with
+/// clipping, against the CPU engine: the engine around the rule's kernel (which gives cpu_backend's bits) differs
+/// only in the order of the norm's sums (and Lamb's sums of squares), so fp32 within 1e-6 and bf16 within 1/128; the
+/// same steps applied; and not AdamW's run (the rule moved the parameters).
+void check_rule_like_cpu_engine(const zero::testing::run_spec& base) {
+  for (const auto ranks : zero::test::gpu_rank_sets()) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
+        for (const bool offload : {false, true}) {
+          if (offload && stage == 0) {
+            continue; // offload_optimizer needs stage 1 or more
+          }
+          zero::testing::run_spec s = base;
+          s.stage = stage;
+          s.world = ranks.world;
+          s.type = type;
+          s.clip = 1.0;
+          s.zero_extra = offload ? R"("offload_optimizer": {"device": "cpu"})" : "";
+          CAPTURE(s.optimizer);
+          CAPTURE(ranks);
+          CAPTURE(stage);
+          CAPTURE(offload);
+          CAPTURE(zero::name_of(type));
+          const auto gpu = zero::test::train_on(s, ranks);
+          const auto cpu = zero::testing::train_with_engine(s);
+          CHECK(zero::testing::max_rel_diff(gpu.params, cpu.params) <= (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
+          CHECK(gpu.applied == cpu.applied);
+          CHECK(zero::testing::max_rel_diff(gpu.params, zero::testing::train_reference(s).params) > 1e-3);
+        }
+      }
+    }
+  }
+}
 
 /// An offloaded GPU run against the in-memory one: the same bits, but where the gradients were
 /// accumulated on the host (`host_norm`: stages 2-3 with the whole state offloaded and accumulation),
@@ -388,34 +425,23 @@ TEST_SUITE("engine") {
     }
   }
 
-  TEST_CASE("Lion, SGD, Adagrad and Lamb on GPUs give what the CPU engine gives, at stages 0-3") {
-    // The rules' CUDA kernels give cpu_backend's bits (tests/cuda/test_rule_kernels.cpp); the engine around them
-    // differs from the CPU engine only in the order of the norm's sums (and Lamb's sums of squares): fp32 within
-    // 1e-6, bf16 within 1/128. Lamb's ratios are summed over the ranks of the GPU group.
+  TEST_CASE("Lion, SGD, Adagrad and Lamb on GPUs give what the CPU engine gives, at stages 0-3 and offloaded") {
+    // The rules' CUDA kernels give cpu_backend's bits (tests/cuda/test_rule_kernels.cpp).
     for (const char* block : {R"({"type": "Lion", "params": {"lr": 0.01, "weight_decay": 0.1}})",
                               R"({"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9, "nesterov": true}})",
                               R"({"type": "SGD", "params": {"lr": 0.01, "weight_decay": 0.1}})",
                               R"({"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.05}})",
                               R"({"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.1}})"}) {
-      for (const auto ranks : zero::test::gpu_rank_sets()) {
-        for (int stage : {0, 1, 2, 3}) {
-          for (zero::dtype type : {zero::dtype::f32, zero::dtype::bf16}) {
-            zero::testing::run_spec s{
-                .stage = stage, .world = ranks.world, .type = type, .clip = 1.0, .optimizer = block};
-            const std::string optimizer = block;
-            CAPTURE(optimizer);
-            CAPTURE(ranks);
-            CAPTURE(stage);
-            CAPTURE(zero::name_of(type));
-            const auto gpu = zero::test::train_on(s, ranks);
-            const auto cpu = zero::testing::train_with_engine(s);
-            CHECK(zero::testing::max_rel_diff(gpu.params, cpu.params) <= (type == zero::dtype::f32 ? 1e-6 : 1.0 / 128));
-            CHECK(gpu.applied == cpu.applied);
-            // Not AdamW's run: the rule moved these parameters.
-            CHECK(zero::testing::max_rel_diff(gpu.params, zero::testing::train_reference(s).params) > 1e-3);
-          }
-        }
-      }
+      check_rule_like_cpu_engine({.optimizer = block});
     }
+  }
+
+  TEST_CASE("a framework's own rule on GPUs (Signum) gives what the CPU engine gives, at stages 0-3 and offloaded") {
+    // use_rule<signum>() on a cuda_backend engine links against zero::cuda::rule_step<signum>, which zero::cuda
+    // does not hold: tests/cuda/signum_rule.cu instantiates it as a framework would (ZERO_CUDA_RULE_STEP).
+    using one_gpu_engine = zero::engine<zero::cuda_backend, zero::device_group_communicator>;
+    using gpus_engine = zero::engine<zero::cuda_backend, zero::nccl_communicator>;
+    check_rule_like_cpu_engine(zero::testing::with_custom_rule<zero::testing::signum, one_gpu_engine, gpus_engine>(
+        zero::testing::with_signum({})));
   }
 } // TEST_SUITE("engine")

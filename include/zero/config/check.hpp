@@ -193,13 +193,16 @@ inline void check_engine_config(const config& c, std::optional<std::int64_t> ran
     refuse_rule(o.backward_overlap != 0, "offload_optimizer.backward_overlap");
     refuse_rule(o.delayed_update, "offload_optimizer.delayed_update");
     refuse_rule(c.zero_optimization.zenflow.enabled, "zenflow");
-    if (c.optimizer->type == optimizer_type::lamb && o.device != offload_device::none) {
-      throw config_error("zero_optimization.offload_optimizer.device \"" + std::string(name_of(o.device)) + "\" with " +
-                         rule +
-                         ": Lamb's trust ratio sums every parameter over the ranks before any piece moves, which "
-                         "the host's step (range by range, beside the GPU) does not wait for; this version runs "
-                         "Lamb with its state in device memory (offload_optimizer.device \"none\"; offload_param "
-                         "may offload the parameters)");
+    if (c.optimizer->type == optimizer_type::lamb && o.device == offload_device::cpu &&
+        ((!o.ratio_auto && o.ratio < 1) || o.forward_overlap)) {
+      throw config_error(
+          "zero_optimization.offload_optimizer." +
+          std::string(o.forward_overlap ? "forward_overlap true" : "ratio " + detail::show_number(o.ratio)) + " with " +
+          rule +
+          ": Lamb's trust ratio sums every parameter over the ranks before any piece moves, so its "
+          "host step waits for every gradient and runs once the step begins; this version runs Lamb "
+          "with its whole state in device memory or in host memory (offload_optimizer.ratio 1, "
+          "forward_overlap false)");
     }
   }
   if (!o.ratio_auto && !(o.ratio >= 0 && o.ratio <= 1)) {

@@ -118,6 +118,11 @@ struct engine_state {
     if (make_offload_storage(nvme, cfg, [&](const std::string& line) { log.write(comm.rank(), line); })) {
       agree = buffer<int, counting>(buffer_alloc, 1, memory_tag::buffers);
     }
+    if (cfg.optimizer && cfg.optimizer->type == optimizer_type::lamb &&
+        z.offload_optimizer.device != offload_device::none && comm.size() > 1) {
+      // LAMB's sums of the host's step, staged in backend memory for the all-reduce (step_parts::sum_over_ranks).
+      trust_sums = buffer<double, counting>(buffer_alloc, 2 * layout.param_count(), memory_tag::buffers);
+    }
     params.make(cfg, reg, backend, comm, state_alloc, buffer_alloc, work_alloc, stream, log.sink_for(comm.rank()),
                 nvme ? &*nvme : nullptr);
     adamw_placement place{.rank = comm.rank(),
@@ -187,7 +192,8 @@ struct engine_state {
              .overlap = overlap ? &*overlap : nullptr,
              .scheduler = &scheduler,
              .counters = &counters,
-             .agree = &agree};
+             .agree = &agree,
+             .trust_sums = trust_sums.size() > 0 ? &trust_sums : nullptr};
     plan.connect(parts);
     finalized = true;
   }
@@ -219,6 +225,8 @@ struct engine_state {
   std::optional<update_overlap<Backend, Comm>> overlap;
   /// One int in backend memory: the ranks agree on whether an NVMe step's I/O failed anywhere.
   buffer<int, counting> agree;
+  /// LAMB's sums per parameter in backend memory, where its host step all-reduces them (step_parts::trust_sums).
+  buffer<double, counting> trust_sums;
   loss_scaler scaler;
   lr_scheduler scheduler;
   step_log log;

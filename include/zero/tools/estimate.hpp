@@ -132,9 +132,9 @@ struct estimate_options {
   /// NVMe optimizer runs: another rule's nvme rows are marked as not run).
   std::int64_t state_tensors = 2;
   bool adam = true;
-  /// Whether the rule runs with its state in host memory (offload_optimizer cpu): every rule but Lamb, whose trust
-  /// ratio sums each parameter over the ranks before any piece moves (its offload rows are marked as not run).
-  bool host_offload = true;
+  /// Whether the rule's state may be split between the device and host memory (offload_optimizer.ratio below 1,
+  /// which the plan proposes): every rule but Lamb, whose host step waits for every gradient of the step.
+  bool partial_offload = true;
   /// The rule's name for the estimate's header ("Adam/AdamW", "Lion", "SGD", "Adagrad", "Lamb").
   std::string rule_name = "Adam/AdamW";
   /// dtype gradients accumulate in; empty: the config's default at each stage
@@ -371,8 +371,7 @@ struct estimate_row {
     r.offload_param = par;
     // The engine runs every row, but HSDP's with offload.
     r.implemented = !(hsdp && stage >= 1 && (opt != offload_device::none || par != offload_device::none)) &&
-                    (o.adam || opt != offload_device::nvme) && // the NVMe step is Adam/AdamW's alone
-                    (o.host_offload || opt == offload_device::none);
+                    (o.adam || opt != offload_device::nvme); // the NVMe step is Adam/AdamW's alone
     r.offload_ratio = opt == offload_device::none ? 0.0 : opt == offload_device::nvme ? 1.0 : o.offload_ratio;
     std::int64_t host = 0;
     std::int64_t nvme = 0;

@@ -322,7 +322,8 @@ struct plan_result {
 };
 
 /// Ranks `plan_settings(o)`, then the partial offloads of stages 1-3 for `budget`
-/// (`partial_offload_setting`; none when `rates.device` is "cpu", the CPU backend), by
+/// (`partial_offload_setting`; none when `rates.device` is "cpu", the CPU backend, or for a rule without
+/// `estimate_options::partial_offload`), by
 /// `estimate_step_cost` (stable: equal costs keep that order) and chooses the first that fits
 /// `budget`. With `stale_warmup` (zero-estimate's --allow-stale: the user accepts parameters one step
 /// old) and a config without the delayed block, the rows of `plan_settings` that can run the delayed update
@@ -369,7 +370,7 @@ struct plan_result {
   // On the CPU backend the device and the host are the same cores and the same memory: a partial offload
   // would only move state between two budgets of one memory, at no gain in speed. With HSDP the engine
   // offloads nothing.
-  if (rates.device != "cpu" && o.shard_ranks() == o.ranks()) {
+  if (rates.device != "cpu" && o.shard_ranks() == o.ranks() && o.partial_offload) {
     add_sized(
         [&](int stage, offload_device param) { return partial_offload_setting(o, stage, budget.device_bytes, param); });
   }
@@ -530,7 +531,7 @@ struct plan_result {
   if (c.optimizer) {
     o.state_tensors = static_cast<std::int64_t>(rule_state_of(*c.optimizer).first);
     o.adam = rule_of(c.optimizer->type) == update_rule::adamw;
-    o.host_offload = rule_of(c.optimizer->type) != update_rule::lamb;
+    o.partial_offload = rule_of(c.optimizer->type) != update_rule::lamb;
     if (!o.adam) {
       o.rule_name = rule_name_of(*c.optimizer);
     }

@@ -19,20 +19,12 @@
 /// updated, as in memory). On a GPU the host's AdamW rounds each operation as the device kernel does
 /// (docs/offload.md).
 ///
-/// **Updates during backward** (`offload_options::backward_overlap`, stages 2-3 without
-/// accumulation): the last ranges (the segments backward reduces first, that share of the state)
-/// have a second home in host memory. While backward runs, a thread of the host updates each such
-/// range as soon as its gradients landed, out of place: from the home its state is in to the other
-/// one, with the bf16 parameters written to staging (stage 3's host shard: in place, docs/offload.md
-/// "Parameters in place"). The previous state stays whole, so when the step learns it must not
-/// apply these updates (an overflow anywhere, a clip coefficient below 1) it drops them, and the
-/// step runs as without them; otherwise each updated range now lives in its other home and the
-/// step only uploads its parameters. Same kernel arithmetic, same arguments: the same bits.
-///
-/// **The step beside the next forward** (`offload_options::forward_overlap`, docs/offload.md):
-/// `begin_async` hands the ranges to the host's thread, which updates them in order and sets each
-/// range's word (`detail::range_flags`); `step_range` only posts a wait for the word and the upload.
-/// `join_async` waits for the host; whatever reads or writes the state here joins first.
+/// **Updates during backward** (`offload_options::backward_overlap`, stages 2-3 without accumulation): the last
+/// ranges have a second home; a thread of the host updates each out of place as soon as its gradients landed, and
+/// the step keeps those updates or drops them (an overflow, a clip below 1) and runs as without them: the same
+/// bits (docs/offload.md, "Updates during backward"). **The step beside the next forward**
+/// (`offload_options::forward_overlap`): `detail::async_updates`, a base of this class. **LAMB**: `form_trust_ratios`
+/// runs its first pass on the host once every gradient landed.
 ///
 /// **The delayed update** (`offload_options::delayed_update`): `detail::delayed_updates`, a base of this class.
 
@@ -41,10 +33,10 @@
 #include "zero/core/dispatch.hpp"
 #include "zero/core/error.hpp"
 #include "zero/core/flat_layout.hpp"
+#include "zero/engine/step/detail/async_updates.hpp"
 #include "zero/engine/step/detail/delayed_updates.hpp"
 #include "zero/engine/step/detail/host_gradients.hpp"
 #include "zero/engine/step/detail/job_thread.hpp"
-#include "zero/engine/step/detail/range_flags.hpp"
 #include "zero/engine/step/detail/second_home.hpp"
 #include "zero/engine/step/offload_options.hpp"
 #include "zero/engine/step/partitioned_adamw.hpp"
@@ -70,8 +62,11 @@ namespace zero {
 /// is `partitioned_adamw`'s (`ranges`, `runs`, `state_size`, `groups`, `has_master`, `load_master`,
 /// `step`, `step_range`, `read_state`, `write_state`).
 template <backend Backend, allocator DeviceAlloc, allocator HostAlloc = offload_allocator_t<Backend>>
-class offloaded_adamw : public detail::delayed_updates<offloaded_adamw<Backend, DeviceAlloc, HostAlloc>, Backend> {
+class offloaded_adamw : public detail::delayed_updates<offloaded_adamw<Backend, DeviceAlloc, HostAlloc>, Backend>,
+                        public detail::async_updates<offloaded_adamw<Backend, DeviceAlloc, HostAlloc>, Backend,
+                                                     counting_allocator<HostAlloc>> {
   friend detail::delayed_updates<offloaded_adamw, Backend>;
+  friend detail::async_updates<offloaded_adamw, Backend, counting_allocator<HostAlloc>>;
   using host_backend = host_backend_t<HostAlloc>;
   using host_counting = counting_allocator<HostAlloc>;
   using stream_type = typename Backend::stream_type;
@@ -125,8 +120,7 @@ public:
       }
     }
     if (opt.forward_overlap && !in_file_) {
-      flags_ = detail::range_flags<host_counting>(counted_, inner_.ranges().size());
-      async_posts_.assign(inner_.ranges().size(), 0);
+      this->hold_async(counted_, inner_.ranges().size());
     }
     if (opt.delayed_update) {
       if (params_on_host_ || in_file_ || second_.elements() > 0) {
@@ -142,7 +136,7 @@ public:
   /// Waits for copies still in flight into or out of the host shards; never throws.
   ~offloaded_adamw() {
     try {
-      join_async();
+      this->join_async();
       backend_.synchronize(stream_);
     } catch (...) { // NOLINT(bugprone-empty-catch): a destructor reports nothing
     }
@@ -241,10 +235,10 @@ public:
     }
     early_ = false;
     // Only early updates are queued now: a step beside the forward was joined before backward.
-    const std::size_t cancelled = can_run_async() ? worker_.cancel_pending() : 0;
+    const std::size_t cancelled = this->can_run_async() ? worker_.cancel_pending() : 0;
     early_counts_.cancelled += cancelled;
     const std::size_t started = queued_ - cancelled;
-    if (keep && can_run_async() && defer_running(started)) {
+    if (keep && this->can_run_async() && defer_running(started)) {
       return;
     }
     std::size_t handled = 0;
@@ -298,73 +292,10 @@ public:
   };
   [[nodiscard]] early_counts early_updates() const noexcept { return early_counts_; }
 
-  /// True when the step can run beside the next forward (`forward_overlap`, state in memory).
-  [[nodiscard]] bool can_run_async() const noexcept { return flags_.size() > 0; }
-  /// Steps run beside the next forward so far.
-  [[nodiscard]] std::size_t async_steps() const noexcept { return async_steps_; }
-
-  /// Begins a step on the thread of the host (see the file comment): every range not already updated
-  /// during backward is updated there, in order, with `base` and `group_lr` (which must not change
-  /// under it: give it the schedule of this step by value). The gradients must be final on the host
-  /// (after `grads().finish()`). The caller then calls `step_range(k, s, ...)` for every range in
-  /// order, which posts the waits and uploads. \throws usage_error without `forward_overlap`.
-  void begin_async(const adamw_step_args& base, std::function<double(double)> group_lr) {
-    if (!can_run_async()) {
-      throw usage_error("offloaded_adamw::begin_async: made without forward_overlap (or with parameters in a file)");
-    }
-    join_async();
-    ++epoch_;
-    // In the forward's order: the thread updates every range not updated during backward, and marks
-    // done those kept from backward whose update may still run (kept_ 2: in order after it); the
-    // uploads of those that need nothing more (kept_ 3) are posted ahead of every wait (async_posts_ 2,
-    // see step_range).
-    std::vector<std::pair<std::size_t, bool>> todo; // (range, kept from backward)
-    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
-      const std::uint8_t kept = k < kept_.size() ? kept_[k] : 0;
-      if (kept == 0 || kept == 2) {
-        todo.emplace_back(k, kept == 2);
-      }
-      if (kept != 0) {
-        kept_[k] = 0; // updated during backward (end_early)
-      }
-      async_posts_[k] = kept == 1 ? 0 : kept == 3 ? 2 : 1; // kept 1: its parameters are already on their way
-    }
-    async_ahead_ = true;
-    async_ = true;
-    ++async_steps_;
-    worker_.post([this, todo = std::move(todo), base, group_lr = std::move(group_lr), epoch = epoch_] {
-      std::size_t i = 0;
-      try {
-        for (; i < todo.size(); ++i) {
-          const auto [k, kept] = todo[i];
-          if (!kept) { // a kept range's update has ended (this thread ran it before); step_range uploads it
-            grads_.wait_landed(k);
-            update_range(k, base, group_lr);
-          }
-          flags_.set(k, epoch);
-        }
-      } catch (...) {
-        for (; i < todo.size(); ++i) {
-          flags_.set(todo[i].first, epoch); // nothing may wait for a range forever; join_async reports the error
-        }
-        throw;
-      }
-    });
-  }
-  /// Waits until the host has finished the step begun by `begin_async`. \throws what an update threw
-  /// (a range's bounds: a bug, not the data).
-  void join_async() {
-    if (!async_) {
-      return;
-    }
-    async_ = false;
-    worker_.drain();
-  }
-
   /// Copies the owned part of the device parameters to the host and fills the master copy from it.
   void load_master() {
     this->drop_delayed();
-    join_async();
+    this->join_async();
     end_early(false);
     second_.settle(inner_.ranges(), [this](std::size_t k) { return home_of(k, 0); });
     for (const auto& [range, state_offset] : inner_.ranges()) {
@@ -380,7 +311,7 @@ public:
   /// Host copies of the state (see `partitioned_adamw::read_state`; host memory, so a plain copy).
   void read_state(state_tensor t, std::size_t state_offset, std::span<float> out) {
     this->join_delayed();
-    join_async();
+    this->join_async();
     end_early(false);
     second_.for_each_piece(inner_.ranges(), inner_.state_size(), t, state_offset, out.size(),
                            [&](float* second, std::size_t lo, std::size_t n) {
@@ -395,7 +326,7 @@ public:
   /// checkpoint writes both).
   void write_state(state_tensor t, std::size_t state_offset, std::span<const float> in) {
     this->drop_delayed();
-    join_async();
+    this->join_async();
     end_early(false);
     second_.for_each_piece(inner_.ranges(), inner_.state_size(), t, state_offset, in.size(),
                            [&](float* second, std::size_t lo, std::size_t n) {
@@ -407,9 +338,27 @@ public:
                            });
   }
 
+  /// True when the rule scales each parameter's step by a trust ratio (LAMB): `form_trust_ratios` first.
+  [[nodiscard]] bool needs_trust_ratios() const noexcept { return inner_.needs_trust_ratios(); }
+  /// LAMB's first pass on the host, its sums in host memory, once every range's gradients landed (fetched: posted
+  /// here, and found posted by the step's `wait`s).
+  template <class GradOf, class GroupLr, class SumOverRanks>
+  void form_trust_ratios(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of, SumOverRanks&& sum) {
+    if (grads_.streamed()) {
+      grads_.finish();
+    } else {
+      grads_.fetch_all(stream_, grad_of);
+    }
+    for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
+      grads_.wait_landed(k);
+    }
+    inner_.form_trust_ratios(
+        base, group_lr, [this](const flat_range& /*range*/, std::size_t off) { return grads_.at(off); }, sum);
+  }
+
   /// One optimizer step over every owned range, with its copies on the engine's stream.
   template <class GradOf, class GroupLr> void step(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of) {
-    join_async();
+    this->join_async();
     for (std::size_t k = 0; k < inner_.ranges().size(); ++k) {
       step_range(k, stream_, base, group_lr, grad_of);
     }
@@ -426,25 +375,7 @@ public:
       this->publish_range(k, s);
       return;
     }
-    if (async_) {
-      if (k >= async_posts_.size()) {
-        throw usage_error("offloaded_adamw::step_range: range " + std::to_string(k) +
-                          " does not exist; this rank owns " + std::to_string(async_posts_.size()));
-      }
-      if (std::exchange(async_ahead_, false)) {
-        // Kept from backward and done: uploaded first, while the host updates the first ranges.
-        for (std::size_t j = 0; j < async_posts_.size(); ++j) {
-          if (async_posts_[j] == 2) {
-            async_posts_[j] = 0;
-            post_upload(j, s);
-          }
-        }
-      }
-      if (async_posts_[k] == 1) {
-        async_posts_[k] = 0;
-        flags_.wait(backend_, s, k, epoch_);
-        post_upload(k, s);
-      }
+    if (this->step_async(k, s)) {
       return;
     }
     grads_.wait(k, s, grad_of, "offloaded_adamw");
@@ -585,14 +516,6 @@ private:
   early_counts early_counts_;
   adamw_step_args early_args_{};
   std::function<double(double)> early_lr_;
-  // The step beside the next forward: a word per range, the step's number, which ranges' uploads
-  // step_range still posts, and whether a step runs on the host.
-  detail::range_flags<host_counting> flags_;
-  std::uint32_t epoch_ = 0;
-  std::vector<std::uint8_t> async_posts_; // 1: wait and upload, 2: upload ahead of the waits
-  bool async_ = false;
-  bool async_ahead_ = false; // the uploads ahead of the waits are still to post
-  std::size_t async_steps_ = 0;
   /// Last: stopped and joined before anything its jobs use is destroyed.
   detail::job_thread worker_;
 };

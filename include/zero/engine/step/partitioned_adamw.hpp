@@ -171,9 +171,10 @@ public:
 
   /// LAMB's first pass over every owned piece (its moments, its sums of master² and direction²), the sums of
   /// each parameter over the ranks holding its pieces, and each parameter's ratio (see the file comment), for
-  /// the step `base.step`. Arguments as `step`'s; `sum_over_ranks(double* sums, n)` adds `n` doubles in backend
-  /// memory over those ranks in place (the engine's shard group; nothing at stage 0, where a rank holds every
-  /// piece), after the work enqueued on this optimizer's stream.
+  /// the step `base.step`. Arguments as `step`'s; `sum_over_ranks(double* sums, n, host)` adds `n` doubles over
+  /// those ranks in place (the engine's shard group; nothing at stage 0, where a rank holds every piece), after the
+  /// work enqueued on this optimizer's stream: in this optimizer's memory, host memory when `host` (an optimizer
+  /// of the host's, `offloaded_adamw`'s).
   template <class GradOf, class GroupLr, class SumOverRanks>
   void form_trust_ratios(const adamw_step_args& base, GroupLr&& group_lr, GradOf&& grad_of,
                          SumOverRanks&& sum_over_ranks) {
@@ -197,7 +198,7 @@ public:
       }
     });
     if (place_.partitioned) {
-      sum_over_ranks(norms_.data(), n);
+      sum_over_ranks(norms_.data(), n, A::host_accessible);
     }
     download<A::host_accessible>(backend_, stream_, norms_.data(), norms_host_.data(), n);
     for (std::size_t p = 0; p < ratio_.size(); ++p) {

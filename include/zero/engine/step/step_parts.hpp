@@ -6,6 +6,7 @@
 /// (`run_update`: segment by segment on the update stream, or at once) and the agreement on a step's
 /// NVMe writes (`any_rank`, `throw_agreed`). docs/design.md, "Step plans".
 
+#include "zero/backend/transfer.hpp"
 #include "zero/config/config.hpp"
 #include "zero/core/error.hpp"
 #include "zero/engine/engine_types.hpp"
@@ -46,6 +47,9 @@ template <class Backend, class Comm, class Allocator, class Storage> struct step
   const step_counters* counters = nullptr;
   /// One int in backend memory for `any_rank` (allocated where something is written to NVMe).
   buffer<int, counting_allocator<Allocator>>* agree = nullptr;
+  /// LAMB's sums staged in backend memory for `sum_over_ranks` when an optimizer holds them in host memory and
+  /// the backend's memory is not (LAMB with offload_optimizer cpu on several ranks of a device; else null).
+  buffer<double, counting_allocator<Allocator>>* trust_sums = nullptr;
 
   /// The reduced gradient of a rank's range (what an optimizer's `grad_of` reads): the reducer's slice.
   [[nodiscard]] auto reduced() const {
@@ -58,6 +62,25 @@ template <class Backend, class Comm, class Allocator, class Storage> struct step
   /// The same by value: an update on the host's thread may still run after the step has moved the schedule on.
   [[nodiscard]] std::function<double(double)> group_lr_by_value() const {
     return [sched = *scheduler](double lr) { return sched.group_lr(lr); };
+  }
+  /// Adds `n` doubles over the data group in place, after the engine's stream's work so far: in backend memory,
+  /// or (`host`) in host memory, staged through `trust_sums` where the backend's memory is not the host's.
+  /// \throws usage_error when such staging is needed and `trust_sums` holds fewer than `n`.
+  void sum_over_ranks(double* sums, std::size_t n, bool host) {
+    if (comm->size() == 1) {
+      return;
+    }
+    if (!host || Allocator::host_accessible) {
+      comm->all_reduce(sums, sums, n, reduce_op::sum).wait();
+      return;
+    }
+    if (trust_sums == nullptr || trust_sums->size() < n) {
+      throw usage_error("step_parts::sum_over_ranks: " + std::to_string(n) +
+                        " sums in host memory and no staging buffer in backend memory for them");
+    }
+    copy_async<false>(*backend, *stream, sums, trust_sums->data(), n);
+    comm->all_reduce(trust_sums->data(), trust_sums->data(), n, reduce_op::sum).wait();
+    copy_and_wait<false>(*backend, *stream, static_cast<const double*>(trust_sums->data()), sums, n);
   }
   /// True when `mine` is true on any rank (one all-reduce of an int in backend memory), its int written and
   /// read on `on` (the update stream, within a step on it) or on the engine's stream.
@@ -81,11 +104,8 @@ void run_update(Optimizer& opt, Parts& p, const adamw_step_args& args, const typ
   if constexpr (requires { opt.needs_trust_ratios(); }) {
     // LAMB: every parameter's ratio before any piece moves, its sums added over the shard group.
     if (opt.needs_trust_ratios()) {
-      opt.form_trust_ratios(args, group_lr, p.reduced(), [&p](double* sums, std::size_t n) {
-        if (p.comm->size() > 1) {
-          p.comm->all_reduce(sums, sums, n, reduce_op::sum).wait();
-        }
-      });
+      opt.form_trust_ratios(args, group_lr, p.reduced(),
+                            [&p](double* sums, std::size_t n, bool host) { p.sum_over_ranks(sums, n, host); });
     }
   }
   if (p.overlap != nullptr) {
