@@ -16,7 +16,8 @@
 #   NVME=/dir/on/the/disk bash bench/gpt/largest.sh
 #
 # Environment: ZERO_GPT (zero-gpt-cuda), ZERO_ESTIMATE (zero-estimate), OUT, B (1), T (1024), STEPS (4), HEADS (32),
-# WARMUP (the NVMe run's linear warm-up of the lr to 1e-4 over that many steps, WarmupLR; default 0: 1e-4 throughout),
+# LR (the peak learning rate, 1e-4; the planned run's is reached after max(2, STEPS / 10) warm-up steps),
+# WARMUP (the NVMe run's linear warm-up of the lr to LR over that many steps, WarmupLR; default 0: LR throughout),
 # TEXT (a text file whose bytes are the tokens, text_to_shard.py, so that the loss has something to fall to; default
 # random token ids, on which a few steps show no falling loss: the 8.27 G run of 2026-12-06 fit the 6 windows it saw,
 # 11.70 -> 10.10, then rose to 11.76),
@@ -50,7 +51,7 @@ else
     "$OUT/largest_val.bin" "$((T + 1))"
 fi
 common=(--heads "$NH" --d-model "$C" --seq "$T" --vocab 50257 --train "$OUT/largest_train.bin"
-  --val "$OUT/largest_val.bin" --batch "$B" --steps "$STEPS" --print-every 1 --clip 1.0 --lr 1e-4 --json)
+  --val "$OUT/largest_val.bin" --batch "$B" --steps "$STEPS" --print-every 1 --clip 1.0 --lr "${LR:-1e-4}" --json)
 timed=()
 [[ -x /usr/bin/time ]] && timed=(/usr/bin/time -v) # the process's resident peak, where the machine has GNU time
 
@@ -95,18 +96,18 @@ if want planned; then
     --nvme-path "$NVME" --offload-activations ${GPU_MEMORY:+--gpu-memory "$GPU_MEMORY"}
 fi
 if want nvme; then
-  python3 - "$OUT/largest_nvme.json" "$B" "${HOST_RATIO:-0.82}" "$NVME" "${WARMUP:-0}" <<'PY'
+  python3 - "$OUT/largest_nvme.json" "$B" "${HOST_RATIO:-0.82}" "$NVME" "${WARMUP:-0}" "${LR:-1e-4}" <<'PY'
 import json, sys
-out, b, h, nvme, w = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+out, b, h, nvme, w, lr = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
 json.dump({"train_micro_batch_size_per_gpu": b, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
            "bf16": {"enabled": True},
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+           "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                                  "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "host_ratio": h}},
            "activation_checkpointing": {"cpu_checkpointing": True}}, open(out, "w"))
 if w > 0:
     c = json.load(open(out))
-    c["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-4,
+    c["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": lr,
                                                      "warmup_num_steps": w, "warmup_type": "linear"}}
     json.dump(c, open(out, "w"))
 PY
