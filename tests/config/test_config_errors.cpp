@@ -151,7 +151,11 @@ TEST_CASE("enumerated values suggest the nearest accepted one") {
        "did you mean \"cpu\"?"},
       {R"({"optimizer": {"type": "Adamm"}})",
        "optimizer.type: found \"Adamm\"; expected one of \"Adam\", \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\", "
-       "\"Lamb\"; did you mean \"Adam\"?"},
+       "\"Lamb\", or a framework's own rule declared in config_inputs::optimizers (docs/optimizers.md); did you mean "
+       "\"Adam\"?"},
+      {R"({"optimizer": {"type": "Signum"}})",
+       "optimizer.type: found \"Signum\"; expected one of \"Adam\", \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\", "
+       "\"Lamb\", or a framework's own rule declared in config_inputs::optimizers"},
       {R"({"scheduler": {"type": "WarmupLr"}})", "did you mean \"WarmupLR\"?"},
       {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linaer"}}})",
        "scheduler.params.warmup_type: found \"linaer\"; expected one of \"log\", \"linear\"; did you mean \"linear\"?"},

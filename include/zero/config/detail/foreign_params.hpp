@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// The parameters of a block whose type decides them (the optimizer's and the schedule's `params`): DeepSpeed
-/// passes them to the type's constructor, so a key another type takes is refused here by name, saying what this
-/// type takes, which types take the key, and where a key people misplace belongs.
+/// The type and parameters of a block whose type decides them (the optimizer's and the schedule's `params`):
+/// DeepSpeed passes them to the type's constructor, so a key another type takes is refused here by name, saying what
+/// this type takes, which types take the key, and where a key people misplace belongs; and a type that is none of
+/// the block's is refused naming what else it could be.
 
 #include "zero/config/detail/reader.hpp"
 
@@ -10,8 +11,36 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace zero::detail {
+
+/// Fails a `type` string of `block` that names none of `types` (in any case): names them, then `alternative` (what
+/// else the type may name), then "did you mean" for a near miss. A type that is not a string, or "auto", is left to
+/// the type's reader.
+template <class E, std::size_t N>
+void refuse_unknown_type(const parse_context& ctx, const json& block, std::string_view path,
+                         const choice<E> (&types)[N], std::string_view alternative) {
+  const auto t = block.find("type");
+  if (t == block.end() || !t->is_string() || is_auto(*t)) {
+    return;
+  }
+  const std::string& s = t->get_ref<const std::string&>();
+  std::string allowed;
+  std::vector<std::string_view> names;
+  for (const auto& c : types) {
+    if (ascii_lower(s) == ascii_lower(c.name)) {
+      return;
+    }
+    allowed += cat(allowed.empty() ? "\"" : ", \"", c.name, "\"");
+    names.push_back(c.name);
+  }
+  std::string msg = cat("found ", show(*t), "; expected one of ", allowed, ", or ", alternative);
+  if (auto near = closest_match(s, names); !near.empty()) {
+    msg += cat("; did you mean \"", std::string(near), "\"?");
+  }
+  ctx.fail(path, msg);
+}
 
 /// Fails every key of `params` that `owner` does not take (`allowed`, a range of key names): names what it takes,
 /// then `others(key)` (who else takes the key, or ""), then where a key people misplace belongs.

@@ -287,6 +287,8 @@ inline std::optional<optimizer_config> parse_optimizer(parse_context& ctx, const
     ctx.fail("optimizer.type", "missing; expected \"Adam\", \"AdamW\", \"Lion\", \"SGD\", \"Adagrad\" or \"Lamb\" "
                                "(without a type DeepSpeed ignores the optimizer block)");
   }
+  refuse_unknown_type(ctx, *block, "optimizer.type", optimizer_types,
+                      "a framework's own rule declared in config_inputs::optimizers (docs/optimizers.md)");
   read_named(r, optimizer_keys, "type", o, in);
   const json* params = r.get("params");
   r.finish();
