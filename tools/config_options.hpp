@@ -8,6 +8,7 @@
 #include "zero/core/dtype.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <exception>
@@ -111,14 +112,19 @@ public:
                                       "Signum:lr,momentum,weight_decay:momentum_buffer, found \"" +
                                       zero::detail::printable(spec) + "\"");
     };
-    std::vector<std::string> parts{""};
-    for (const char ch : spec) {
-      if (ch == ':') {
-        parts.emplace_back();
-      } else {
-        parts.back() += ch;
+    // Every piece between separators, empty ones included.
+    const auto split = [](const std::string& s, char sep) {
+      std::vector<std::string> pieces{""};
+      for (const char ch : s) {
+        if (ch == sep) {
+          pieces.emplace_back();
+        } else {
+          pieces.back().push_back(ch);
+        }
       }
-    }
+      return pieces;
+    };
+    const std::vector<std::string> parts = split(spec, ':');
     if (parts.size() != 3) {
       throw fail(std::to_string(parts.size()) + " field" + (parts.size() == 1 ? "" : "s") + " separated by ':'");
     }
@@ -126,21 +132,9 @@ public:
       throw fail("no name");
     }
     const auto list = [&](const std::string& field, const char* what) {
-      std::vector<std::string> items;
-      if (field.empty()) {
-        return items;
-      }
-      std::string item;
-      for (std::size_t i = 0; i <= field.size(); ++i) {
-        if (i == field.size() || field[i] == ',') {
-          if (item.empty()) {
-            throw fail(std::string("an empty ") + what + " name");
-          }
-          items.push_back(std::move(item));
-          item.clear();
-        } else {
-          item += field[i];
-        }
+      const std::vector<std::string> items = field.empty() ? std::vector<std::string>{} : split(field, ',');
+      if (std::find(items.begin(), items.end(), std::string()) != items.end()) {
+        throw fail(std::string("an empty ") + what + " name");
       }
       return items;
     };
