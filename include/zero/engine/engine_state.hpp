@@ -118,9 +118,10 @@ struct engine_state {
     if (make_offload_storage(nvme, cfg, [&](const std::string& line) { log.write(comm.rank(), line); })) {
       agree = buffer<int, counting>(buffer_alloc, 1, memory_tag::buffers);
     }
-    if (cfg.optimizer && cfg.optimizer->type == optimizer_type::lamb &&
+    if (!Allocator::host_accessible && cfg.optimizer && cfg.optimizer->type == optimizer_type::lamb &&
         z.offload_optimizer.device != offload_device::none && comm.size() > 1) {
-      // LAMB's sums of the host's step, staged in backend memory for the all-reduce (step_parts::sum_over_ranks).
+      // LAMB's sums of the host's step, staged in device memory for the all-reduce (step_parts::sum_over_ranks;
+      // where the backend's memory is the host's they are all-reduced where they are).
       trust_sums = buffer<double, counting>(buffer_alloc, 2 * layout.param_count(), memory_tag::buffers);
     }
     params.make(cfg, reg, backend, comm, state_alloc, buffer_alloc, work_alloc, stream, log.sink_for(comm.rank()),
